@@ -1,0 +1,55 @@
+#include "baselines/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "core/memory_model.h"
+#include "core/model.h"
+
+namespace sbp {
+
+StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Batch& batch) {
+  model.zero_grad();
+  objective.prepare(batch);
+  const int L = int(model.config().num_hidden_layers);
+  PhaseClock clock;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> inputs(L + 1);  // inputs[l]: [B, T, d] input of layer l; inputs[L]: last hidden state
+  {
+    Phase phase(clock, "forward");
+    at::NoGradGuard no_grad;
+    inputs[0] = model.embed(batch.input_ids);
+    for (int l = 0; l < L; ++l) inputs[l + 1] = model.layer_forward(l, inputs[l]);
+  }
+  at::Tensor grad;  // dLoss/d(output of the current layer): [B, T, d]
+  double loss = 0;
+  {
+    Phase phase(clock, "head");
+    auto h = inputs[L].detach().requires_grad_(true);
+    inputs[L].reset();
+    auto term = objective.chunk_loss(model.logits(model.final_norm(h)), 0);
+    term.backward();
+    loss = term.item<double>();
+    grad = h.grad();
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    Phase phase(clock, "layer");
+    auto h = inputs[l].detach().requires_grad_(true);
+    inputs[l].reset();  // the checkpoint is consumed by its own re-forward
+    model.layer_forward(l, h).backward(grad);
+    grad = h.grad();
+  }
+  {
+    Phase phase(clock, "embedding");
+    model.embed(batch.input_ids).backward(grad);
+  }
+  StepResult result;
+  result.loss = loss;
+  result.bp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.phases = clock.totals();
+  return result;
+}
+
+MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const { return checkpoint_memory(w); }
+
+}  // namespace sbp

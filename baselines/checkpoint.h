@@ -1,0 +1,17 @@
+// HF-style per-layer gradient checkpointing: the forward keeps only each layer's input; the backward re-forwards
+// one layer on the full sequence and back-propagates it. Full-sequence fp32 logits and their gradient (the
+// paper's Figure 1). LibTorch has no C++ checkpoint utility, so the re-forward is written out here.
+#pragma once
+
+#include "core/method.h"
+
+namespace sbp {
+
+class CheckpointBackprop final : public BackpropMethod {
+ public:
+  std::string spec() const override { return "checkpoint"; }
+  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
+  MemoryEstimate memory_model(const Workload& workload) const override;
+};
+
+}  // namespace sbp

@@ -1,0 +1,36 @@
+#include "baselines/methods.h"
+
+#include <stdexcept>
+
+#include "baselines/checkpoint.h"
+#include "baselines/standard.h"
+#include "core/spec.h"
+#include "core/streambp.h"
+
+namespace sbp {
+
+std::vector<std::string> method_names() { return {"standard", "checkpoint", "streambp"}; }
+
+std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
+  const Spec spec = parse_spec(text);
+  if (spec.name == "standard") {
+    spec.check_keys({});
+    return std::make_unique<StandardBackprop>();
+  }
+  if (spec.name == "checkpoint") {
+    spec.check_keys({});
+    return std::make_unique<CheckpointBackprop>();
+  }
+  if (spec.name == "streambp") {
+    spec.check_keys({"layer_chunk", "head_chunk"});
+    StreamBP::Options o;
+    o.layer_chunk = spec.get_int("layer_chunk", o.layer_chunk, 1);
+    o.head_chunk = spec.get_int("head_chunk", o.head_chunk, 1);
+    return std::make_unique<StreamBP>(o);
+  }
+  std::string known;
+  for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown method '" + spec.name + "' (known: " + known + ")");
+}
+
+}  // namespace sbp

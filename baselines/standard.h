@@ -1,0 +1,16 @@
+// Standard backprop: one autograd graph over the whole model and the full-sequence fp32 logits (HF without
+// checkpointing). The reference every other method is checked against.
+#pragma once
+
+#include "core/method.h"
+
+namespace sbp {
+
+class StandardBackprop final : public BackpropMethod {
+ public:
+  std::string spec() const override { return "standard"; }
+  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
+  MemoryEstimate memory_model(const Workload& workload) const override;
+};
+
+}  // namespace sbp

@@ -1,0 +1,114 @@
+#include "core/memory_model.h"
+
+#include <algorithm>
+
+#include "core/dtype.h"
+
+namespace sbp {
+namespace {
+
+struct Sizes {
+  std::int64_t s, f;                // bytes per element: model dtype, compute dtype (norm statistics, logits)
+  std::int64_t B, T, d, V, L, P;
+  explicit Sizes(const Workload& w)
+      : s(std::int64_t(c10::elementSize(w.dtype))),
+        f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
+        B(w.batch_size), T(w.seq_len), d(w.config.hidden_size), V(w.config.vocab_size),
+        L(w.config.num_hidden_layers), P(w.config.num_parameters()) {}
+};
+
+// Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
+// scaled output (kept by the projections that follow) in model dtype.
+std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + 2 * z.s); }
+
+// Cross-entropy over c positions at its worst moment (log-softmax backward): the saved log-softmax output, the
+// gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
+std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * c * z.V * z.f; }
+
+MemoryEstimate largest(std::vector<MemoryEstimate> moments) {
+  return *std::max_element(moments.begin(), moments.end(), [](const auto& a, const auto& b) {
+    return a.total_bytes() < b.total_bytes();
+  });
+}
+
+}  // namespace
+
+std::int64_t MemoryEstimate::total_bytes() const {
+  std::int64_t total = 0;
+  for (const auto& t : terms) total += t.bytes;
+  return total;
+}
+
+std::int64_t layer_activation_bytes_per_token(const ModelConfig& c, c10::ScalarType dtype) {
+  const Sizes z(Workload{c, dtype, 1, 1});
+  const auto qw = c.q_width(), kw = c.kv_width(), I = c.intermediate_size;
+  // q/k: projection output (the norm's saved input) + normalised + rotated (kept by attention); without qk_norm
+  // only the rotated copy stays.
+  const auto qk = c.qk_norm ? (qw + kw) * (z.f + 2 * z.s) : (qw + kw) * z.s;
+  const auto attention = kw * z.s                  // v (kept by attention)
+                         + 2 * qw * z.s            // attention output + its [c, n_h*hd] copy for o_proj
+                         + c.num_attention_heads * 4;  // log-sum-exp rows (fp32)
+  const auto mlp = 4 * I * z.s;  // gate, silu(gate), up, silu(gate)*up
+  return 2 * norm_bytes(c.hidden_size, z) + qk + attention + mlp;
+}
+
+MemoryEstimate standard_memory(const Workload& w) {
+  const Sizes z(w);
+  // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
+  return {"head backward",
+          {{"weights", z.P * z.s},
+           {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w.config, w.dtype)},
+           {"final norm", z.B * z.T * norm_bytes(z.d, z)},
+           {"logits + loss", loss_peak_bytes(z.T, z)}}};
+}
+
+MemoryEstimate checkpoint_memory(const Workload& w) {
+  const Sizes z(w);
+  const auto btd = z.B * z.T * z.d * z.s;
+  MemoryEstimate head{"head backward",
+                      {{"weights", z.P * z.s},
+                       {"checkpoints", (z.L + 1) * btd},
+                       {"final norm", z.B * z.T * norm_bytes(z.d, z)},
+                       {"logits + loss", loss_peak_bytes(z.T, z)}}};
+  // Re-forward of layer 0: all gradients but an untied embedding's, one layer's activations, dL/dH in and out.
+  const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : z.V * z.d * z.s;
+  MemoryEstimate layer{"layer backward",
+                       {{"weights", z.P * z.s},
+                        {"gradients", z.P * z.s - embed_grad_later},
+                        {"checkpoints", btd},
+                        {"layer activations", z.B * z.T * layer_activation_bytes_per_token(w.config, w.dtype)},
+                        {"dL/dH in + out", 2 * btd}}};
+  return largest({head, layer});
+}
+
+MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk) {
+  const Sizes z(w);
+  const auto c = std::min(layer_chunk, z.T), ch = std::min(head_chunk, z.T);
+  const auto btd = z.B * z.T * z.d * z.s;
+  const auto lm_grad = z.V * z.d * z.s;
+  const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V, dK, dV: [B, n_kv, T, hd]
+  // Head chunk: the loss peak of c_h positions, or the chunk's lm_head gradient before it is added in place.
+  const auto head_work = std::max(loss_peak_bytes(ch, z), z.B * ch * z.V * z.f + lm_grad);
+  MemoryEstimate head{"head backward",
+                      {{"weights", z.P * z.s},
+                       {"checkpoints", (z.L + 1) * btd},
+                       {"dL/dH", btd},
+                       {"lm_head gradient", lm_grad},
+                       {"head chunk", head_work + z.B * ch * norm_bytes(z.d, z)}}};
+  // Last chunk of layer L-1: all gradients (an untied embedding's comes last), K/V + dK/dV of the layer, the
+  // chunk's activations and the [B, n_kv, T, hd] gradients of its K/V prefix.
+  const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : lm_grad;
+  MemoryEstimate layer{"layer backward",
+                       {{"weights", z.P * z.s},
+                        {"gradients", z.P * z.s - embed_grad_later},
+                        {"checkpoints", z.L * btd},
+                        {"dL/dH in + out", 2 * btd},
+                        {"K, V, dK, dV", 4 * kv},
+                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w.config, w.dtype) + 2 * kv}}};
+  // Embedding backward: the dense [V, d] gradient of the lookup before it is added to the (tied) gradient.
+  MemoryEstimate embedding{"embedding backward",
+                           {{"weights", z.P * z.s}, {"gradients", z.P * z.s}, {"dL/dH", btd}, {"lookup gradient", lm_grad}}};
+  return largest({head, layer, embedding});
+}
+
+}  // namespace sbp

@@ -1,0 +1,19 @@
+// Analytic peak memory of each BP method (DESIGN §4 floor, and its counterparts for the baselines). Each model is
+// the largest of a few moments of the step, each a sum of named terms that follow what autograd keeps alive at
+// that moment; the measured peak is printed next to it, so a drift between code and model shows up at once.
+#pragma once
+
+#include <cstdint>
+
+#include "core/method.h"
+
+namespace sbp {
+
+// Bytes autograd keeps per token for one decoder layer run with a graph on the full sequence.
+std::int64_t layer_activation_bytes_per_token(const ModelConfig& config, c10::ScalarType dtype);
+
+MemoryEstimate standard_memory(const Workload& w);
+MemoryEstimate checkpoint_memory(const Workload& w);
+MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
+
+}  // namespace sbp

@@ -1,0 +1,56 @@
+// The one interface every BP method implements (standard, checkpoint, MsT, StreamBP). Drivers and checkers only
+// see this: they never branch on the concrete method.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "core/batch.h"
+#include "core/config.h"
+#include "core/objective.h"
+#include "core/phase.h"
+
+namespace sbp {
+
+class Model;
+
+struct StepResult {
+  double loss = 0;        // value of the objective (sum of the chunk terms for streamed methods)
+  double bp_seconds = 0;  // forward + backward, excluding any optimizer
+  std::vector<PhaseTime> phases;
+};
+
+// Analytic peak memory: named terms in bytes, printed next to the measured peak.
+struct MemoryTerm {
+  std::string name;
+  std::int64_t bytes = 0;
+};
+struct MemoryEstimate {
+  std::string moment;  // when the peak happens, e.g. "head backward"
+  std::vector<MemoryTerm> terms;
+  std::int64_t total_bytes() const;
+};
+
+struct Workload {
+  ModelConfig config;
+  c10::ScalarType dtype = c10::kFloat;
+  std::int64_t batch_size = 1, seq_len = 1;
+};
+
+class BackpropMethod {
+ public:
+  virtual ~BackpropMethod() = default;
+  // Canonical spec; make_method(spec()) builds the same method.
+  virtual std::string spec() const = 0;
+  // Zeroes (frees) the model's gradients, runs forward + backward on `batch` and leaves the exact gradient of the
+  // objective in every parameter's grad().
+  virtual StepResult step(Model& model, Objective& objective, const Batch& batch) = 0;
+  // Analytic peak bytes of step() (weights and gradients included).
+  virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
+};
+
+}  // namespace sbp

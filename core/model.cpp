@@ -1,0 +1,236 @@
+#include "core/model.h"
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "core/dtype.h"
+
+namespace sbp {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+std::string layer_prefix(std::int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {  // [..., hd] -> [-x2, x1]
+  const auto half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c) {
+  const auto d = c.hidden_size, qw = c.q_width(), kw = c.kv_width(), inter = c.intermediate_size;
+  std::vector<std::pair<std::string, Shape>> out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const auto p = layer_prefix(i);
+    out.push_back({p + "input_layernorm.weight", {d}});
+    out.push_back({p + "self_attn.q_proj.weight", {qw, d}});
+    if (c.attention_bias) out.push_back({p + "self_attn.q_proj.bias", {qw}});
+    out.push_back({p + "self_attn.k_proj.weight", {kw, d}});
+    if (c.attention_bias) out.push_back({p + "self_attn.k_proj.bias", {kw}});
+    out.push_back({p + "self_attn.v_proj.weight", {kw, d}});
+    if (c.attention_bias) out.push_back({p + "self_attn.v_proj.bias", {kw}});
+    out.push_back({p + "self_attn.o_proj.weight", {d, qw}});
+    if (c.o_proj_bias) out.push_back({p + "self_attn.o_proj.bias", {d}});
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", {d}});
+    out.push_back({p + "mlp.gate_proj.weight", {inter, d}});
+    out.push_back({p + "mlp.up_proj.weight", {inter, d}});
+    out.push_back({p + "mlp.down_proj.weight", {d, inter}});
+  }
+  out.push_back({"model.norm.weight", {d}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
+  return out;
+}
+
+Model::Model(ModelConfig config, c10::ScalarType dtype, std::uint64_t seed)
+    : config_(std::move(config)), dtype_(dtype) {
+  config_.validate();
+  dtype_name(dtype_);  // rejects non-floating dtypes
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  for (const auto& [name, shape] : parameter_shapes(config_)) {
+    at::Tensor x;
+    if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight"))
+      x = 1.0 + at::normal(0.0, 0.02, shape, gen, f32);
+    else
+      x = at::normal(0.0, 0.02, shape, gen, f32);
+    parameters_.push_back({name, x.to(dtype_).requires_grad_(true)});
+  }
+  register_parameters();
+}
+
+Model::Model(ModelConfig config, c10::ScalarType dtype, const std::vector<NamedTensor>& tensors,
+             const std::string& source)
+    : config_(std::move(config)), dtype_(dtype) {
+  config_.validate();
+  dtype_name(dtype_);
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& t : tensors) by_name[t.name] = t.tensor;
+  for (const auto& [name, shape] : parameter_shapes(config_)) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::runtime_error(source + ": missing tensor '" + name + "'");
+    if (it->second.sizes() != at::IntArrayRef(shape))
+      throw std::runtime_error(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                               ", the config needs " + c10::str(at::IntArrayRef(shape)));
+    if (!at::isFloatingType(it->second.scalar_type()))
+      throw std::runtime_error(source + ": tensor '" + name + "' is not floating point");
+    parameters_.push_back({name, it->second.to(dtype_).detach().requires_grad_(true)});
+    by_name.erase(it);
+  }
+  // Tied checkpoints sometimes store lm_head.weight as a copy of the embedding: accept only an exact copy.
+  if (auto it = by_name.find("lm_head.weight"); it != by_name.end() && config_.tie_word_embeddings) {
+    if (!it->second.to(dtype_).equal(parameters_.front().tensor.detach()))
+      throw std::runtime_error(source + ": tensor 'lm_head.weight' differs from the embedding, but the config ties them");
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) throw std::runtime_error(source + ": unexpected tensor '" + by_name.begin()->first + "'");
+  register_parameters();
+}
+
+void Model::register_parameters() {
+  std::map<std::string, at::Tensor> p;
+  for (const auto& np : parameters_) p[np.name] = np.tensor;
+  auto get = [&](const std::string& name) { return p.count(name) ? p[name] : at::Tensor(); };
+  embed_ = get("model.embed_tokens.weight");
+  lm_head_ = config_.tie_word_embeddings ? embed_ : get("lm_head.weight");
+  norm_ = get("model.norm.weight");
+  layers_.clear();
+  for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const auto pre = layer_prefix(i);
+    LayerWeights w;
+    w.input_norm = get(pre + "input_layernorm.weight");
+    w.q_w = get(pre + "self_attn.q_proj.weight");
+    w.q_b = get(pre + "self_attn.q_proj.bias");
+    w.k_w = get(pre + "self_attn.k_proj.weight");
+    w.k_b = get(pre + "self_attn.k_proj.bias");
+    w.v_w = get(pre + "self_attn.v_proj.weight");
+    w.v_b = get(pre + "self_attn.v_proj.bias");
+    w.o_w = get(pre + "self_attn.o_proj.weight");
+    w.o_b = get(pre + "self_attn.o_proj.bias");
+    w.q_norm = get(pre + "self_attn.q_norm.weight");
+    w.k_norm = get(pre + "self_attn.k_norm.weight");
+    w.post_norm = get(pre + "post_attention_layernorm.weight");
+    w.gate_w = get(pre + "mlp.gate_proj.weight");
+    w.up_w = get(pre + "mlp.up_proj.weight");
+    w.down_w = get(pre + "mlp.down_proj.weight");
+    layers_.push_back(w);
+  }
+  // HF: inv_freq = 1 / theta^(2i/hd), in fp32.
+  const auto exponents = at::arange(0, config_.head_dim, 2, at::kLong).to(at::kFloat) / double(config_.head_dim);
+  inv_freq_ = at::reciprocal(at::pow(config_.rope_theta, exponents));
+}
+
+std::vector<NamedTensor> Model::gradients() const {
+  std::vector<NamedTensor> out;
+  for (const auto& p : parameters_) {
+    const auto& g = p.tensor.grad();
+    out.push_back({p.name, g.defined() ? g.detach() : at::zeros_like(p.tensor).detach()});
+  }
+  return out;
+}
+
+void Model::zero_grad() {
+  for (auto& p : parameters_) p.tensor.mutable_grad().reset();
+}
+
+at::Tensor Model::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
+  // HF Qwen3RMSNorm: statistics in (at least) fp32, cast back, then scale.
+  const auto xc = x.to(compute_dtype(dtype_));
+  const auto normed = xc * at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor Model::rope(const at::Tensor& x, std::int64_t start) const {
+  const auto c = x.size(2);
+  // Absolute positions: a chunk at `start` is rotated exactly like the same rows of the full sequence.
+  const auto positions = at::arange(start, start + c, at::TensorOptions().dtype(at::kFloat));
+  const auto freqs = at::outer(positions, inv_freq_);  // [c, hd/2] fp32
+  const auto angles = at::cat({freqs, freqs}, -1);      // [c, hd]
+  const auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
+  return x * cos + rotate_half(x) * sin;
+}
+
+at::Tensor Model::embed(const at::Tensor& input_ids) const { return at::embedding(embed_, input_ids); }
+
+std::pair<at::Tensor, at::Tensor> Model::kv_from_normed(const LayerWeights& w, const at::Tensor& hn,
+                                                        std::int64_t start) const {
+  const auto B = hn.size(0), c = hn.size(1), n_kv = config_.num_key_value_heads, hd = config_.head_dim;
+  auto k = at::linear(hn, w.k_w, w.k_b).view({B, c, n_kv, hd});  // [B, c, n_kv, hd]
+  if (config_.qk_norm) k = rms_norm(k, w.k_norm);
+  k = rope(k.transpose(1, 2), start);                                                       // [B, n_kv, c, hd]
+  auto v = at::linear(hn, w.v_w, w.v_b).view({B, c, n_kv, hd}).transpose(1, 2);  // [B, n_kv, c, hd]
+  return {k, v};
+}
+
+at::Tensor Model::q_from_normed(const LayerWeights& w, const at::Tensor& hn, std::int64_t start) const {
+  const auto B = hn.size(0), c = hn.size(1), n_h = config_.num_attention_heads, hd = config_.head_dim;
+  auto q = at::linear(hn, w.q_w, w.q_b).view({B, c, n_h, hd});  // [B, c, n_h, hd]
+  if (config_.qk_norm) q = rms_norm(q, w.q_norm);
+  return rope(q.transpose(1, 2), start);  // [B, n_h, c, hd]
+}
+
+std::pair<at::Tensor, at::Tensor> Model::kv(int layer, const at::Tensor& h, std::int64_t start) const {
+  const auto& w = layers_.at(layer);
+  return kv_from_normed(w, rms_norm(h, w.input_norm), start);
+}
+
+at::Tensor Model::q(int layer, const at::Tensor& h, std::int64_t start) const {
+  const auto& w = layers_.at(layer);
+  return q_from_normed(w, rms_norm(h, w.input_norm), start);
+}
+
+at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start) const {
+  const auto B = q.size(0), c = q.size(2), e = k.size(2);
+  TORCH_CHECK(e == q_start + c, "attend: keys must be the prefix [0, q_start + c) = [0, ", q_start + c, "), got ", e);
+  const double scale = 1.0 / std::sqrt(double(config_.head_dim));
+  const bool gqa = config_.num_key_value_heads != config_.num_attention_heads;
+  at::Tensor o;  // [B, n_h, c, hd]
+  if (q_start == 0) {
+    // Square block: SDPA's top-left causal rule coincides with the bottom-right one.
+    o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
+  } else {
+    // Query at absolute position q_start+i sees keys j <= q_start+i (bottom-right aligned). is_causal=true would
+    // align top-left and hide most of the prefix from every chunk after the first. The mask is [c, e]: O(c·T).
+    const auto opts = at::TensorOptions().dtype(at::kLong);
+    const auto mask = at::arange(e, opts).unsqueeze(0) <= at::arange(q_start, q_start + c, opts).unsqueeze(1);
+    o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
+  }
+  return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
+}
+
+at::Tensor Model::after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const {
+  const auto& w = layers_.at(layer);
+  const auto h_mid = h + at::linear(o, w.o_w, w.o_b);  // [B, c, d]
+  const auto hn = rms_norm(h_mid, w.post_norm);
+  const auto mlp = at::linear(at::silu(at::linear(hn, w.gate_w)) * at::linear(hn, w.up_w), w.down_w);
+  return h_mid + mlp;
+}
+
+at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const {
+  const auto& w = layers_.at(layer);
+  const auto hn = rms_norm(h, w.input_norm);
+  const auto [k, v] = kv_from_normed(w, hn, 0);
+  return after_attention(layer, h, attend(q_from_normed(w, hn, 0), k, v, 0));
+}
+
+at::Tensor Model::final_norm(const at::Tensor& h) const { return rms_norm(h, norm_); }
+
+at::Tensor Model::logits(const at::Tensor& h_normed) const {
+  return at::linear(h_normed, lm_head_).to(compute_dtype(dtype_));
+}
+
+}  // namespace sbp

@@ -1,0 +1,84 @@
+// Qwen3-family dense decoder (HF modeling_qwen3 semantics), exposed as the position-wise pieces every BP method
+// composes (DESIGN §3):
+//   kv(h, start)               input norm, k/v projection, k-norm, RoPE      h: [B, c, d] -> k, v: [B, n_kv, c, hd]
+//   q(h, start)                input norm, q projection, q-norm, RoPE        h: [B, c, d] -> q: [B, n_h, c, hd]
+//   attend(q, k, v, q_start)   causal attention, bottom-right aligned        -> o: [B, c, n_h*hd]
+//   after_attention(h, o)      o-proj, residual, post-norm, MLP, residual    -> h_out: [B, c, d]
+// `start` / `q_start` is the absolute position of the chunk's first token. The full-sequence forward is the same
+// pieces applied to one chunk [0, T).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/config.h"
+#include "core/safetensors.h"  // NamedTensor: an HF tensor name and its tensor
+
+namespace sbp {
+
+
+struct LayerWeights {
+  at::Tensor input_norm;            // [d]
+  at::Tensor q_w, q_b;              // [n_h*hd, d], [n_h*hd] (bias only with attention_bias)
+  at::Tensor k_w, k_b, v_w, v_b;    // [n_kv*hd, d], [n_kv*hd]
+  at::Tensor o_w, o_b;              // [d, n_h*hd], [d] (bias only with o_proj_bias)
+  at::Tensor q_norm, k_norm;        // [hd] (only with qk_norm)
+  at::Tensor post_norm;             // [d]
+  at::Tensor gate_w, up_w, down_w;  // [I, d], [I, d], [d, I]
+};
+
+class Model {
+ public:
+  // Seeded random init: normal(0, 0.02) like HF's _init_weights for matrices; unlike HF (zero biases, unit norms)
+  // biases are N(0, 0.02²) and norm weights 1 + N(0, 0.02²), so that every parameter's role in the forward is
+  // exercised by the gradient checks. Drawn in fp32, then cast: one seed gives the same weights in every dtype.
+  Model(ModelConfig config, c10::ScalarType dtype, std::uint64_t seed);
+  // Weights from HF-named tensors (cast to dtype). Throws naming the missing/unexpected tensor or wrong shape.
+  Model(ModelConfig config, c10::ScalarType dtype, const std::vector<NamedTensor>& tensors,
+        const std::string& source);
+
+  const ModelConfig& config() const { return config_; }
+  c10::ScalarType dtype() const { return dtype_; }
+  // Every parameter once (a tied lm_head is the embedding), in HF names and order.
+  const std::vector<NamedTensor>& parameters() const { return parameters_; }
+  std::vector<NamedTensor> gradients() const;  // same names; zeros where a grad is undefined
+  void zero_grad();                                // grads become undefined (freed), like set_to_none
+
+  at::Tensor embed(const at::Tensor& input_ids) const;                                 // [B, c] -> [B, c, d]
+  std::pair<at::Tensor, at::Tensor> kv(int layer, const at::Tensor& h, std::int64_t start) const;
+  at::Tensor q(int layer, const at::Tensor& h, std::int64_t start) const;
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start) const;
+  at::Tensor after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const;
+  // One decoder layer on a chunk whose keys are exactly the chunk (start 0): the pieces composed.
+  at::Tensor layer_forward(int layer, const at::Tensor& h) const;
+  at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
+  // Logits in compute_dtype (fp32 for bf16/fp32 models, like HF's loss upcast; fp64 stays fp64). [B, c, V]
+  at::Tensor logits(const at::Tensor& h_normed) const;
+  const at::Tensor& lm_head_weight() const { return lm_head_; }
+
+ private:
+  void register_parameters();
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor rope(const at::Tensor& x, std::int64_t start) const;  // x: [B, heads, c, hd]
+  // The projections after the input norm; kv()/q() norm first, layer_forward() norms once for both (as HF does).
+  std::pair<at::Tensor, at::Tensor> kv_from_normed(const LayerWeights& w, const at::Tensor& hn, std::int64_t start) const;
+  at::Tensor q_from_normed(const LayerWeights& w, const at::Tensor& hn, std::int64_t start) const;
+
+  ModelConfig config_;
+  c10::ScalarType dtype_;
+  at::Tensor embed_;    // [V, d]
+  at::Tensor lm_head_;  // [V, d]; the same tensor as embed_ when tied
+  at::Tensor norm_;     // [d]
+  std::vector<LayerWeights> layers_;
+  at::Tensor inv_freq_;  // [hd/2] fp32
+  std::vector<NamedTensor> parameters_;
+};
+
+// "model.layers.{i}." prefix etc. live in model.cpp; this lists (name, shape) for a config, in HF order.
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameter_shapes(const ModelConfig& config);
+
+}  // namespace sbp

@@ -1,0 +1,150 @@
+#include "core/streambp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/memory_model.h"
+#include "core/model.h"
+
+namespace sbp {
+namespace {
+
+// Chunk boundaries [s, e) covering [0, T); the last chunk is the remainder when c does not divide T.
+template <typename F>
+void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
+  for (std::int64_t s = 0; s < T; s += c) f(s, std::min(T, s + c));
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
+
+}  // namespace
+
+std::string StreamBP::spec() const {
+  return "streambp:layer_chunk=" + std::to_string(options_.layer_chunk) +
+         ",head_chunk=" + std::to_string(options_.head_chunk);
+}
+
+at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            std::int64_t q_start) const {
+  if (!faults_.top_left_causal) return model.attend(q, k, v, q_start);
+  const auto& c = model.config();
+  const auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
+                                                  1.0 / std::sqrt(double(c.head_dim)),
+                                                  c.num_key_value_heads != c.num_attention_heads);
+  return o.transpose(1, 2).reshape({q.size(0), q.size(2), c.q_width()});
+}
+
+StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch) {
+  model.zero_grad();
+  objective.prepare(batch);
+  const int L = int(model.config().num_hidden_layers);
+  const auto T = batch.seq_len();
+  PhaseClock clock;
+  const auto start = std::chrono::steady_clock::now();
+
+  // Forward without a graph, itself chunked: keeps the input of every layer (H[l]: [B, T, d]) and the last hidden
+  // state H[L]; per chunk only the Q path, attention and MLP of c tokens exist.
+  std::vector<at::Tensor> H(L + 1);
+  {
+    Phase phase(clock, "forward");
+    at::NoGradGuard no_grad;
+    H[0] = model.embed(batch.input_ids);
+    for (int l = 0; l < L; ++l) {
+      const auto [K, V] = model.kv(l, H[l], 0);  // [B, n_kv, T, hd]
+      H[l + 1] = at::empty_like(H[l]);
+      for_each_chunk(T, options_.layer_chunk, [&](std::int64_t s, std::int64_t e) {
+        const auto h = H[l].slice(1, s, e);
+        const auto o = model.attend(model.q(l, h, s), K.slice(2, 0, e), V.slice(2, 0, e), s);
+        H[l + 1].slice(1, s, e).copy_(model.after_attention(l, h, o));
+      });
+    }
+  }
+
+  // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
+  auto G = at::empty_like(H[L]);
+  double loss = 0;
+  {
+    Phase phase(clock, "head");
+    for_each_chunk(T, options_.head_chunk, [&](std::int64_t s, std::int64_t e) {
+      auto h = leaf(H[L].slice(1, s, e));  // [B, c_h, d]
+      auto term = objective.chunk_loss(model.logits(model.final_norm(h)), s);
+      if (faults_.double_head_grad) term = term * 2.0;
+      term.backward();
+      loss += term.item<double>();
+      G.slice(1, s, e).copy_(h.grad());
+    });
+    H[L].reset();
+  }
+
+  for (int l = L - 1; l >= 0; --l) {
+    G = stream_layer_backward(model, l, H[l], G, clock);
+    H[l].reset();  // a checkpoint is dead once its layer is done
+  }
+  {
+    Phase phase(clock, "embedding");
+    model.embed(batch.input_ids).backward(G);  // tied: adds into the lm_head gradient (one tensor)
+  }
+  StepResult result;
+  result.loss = loss;
+  result.bp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.phases = clock.totals();
+  return result;
+}
+
+at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in,
+                                           const at::Tensor& g_out, PhaseClock& clock) const {
+  const auto T = h_in.size(1);
+  const auto c = options_.layer_chunk;
+  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph.
+  at::Tensor K, V;  // [B, n_kv, T, hd]
+  {
+    at::NoGradGuard no_grad;
+    std::tie(K, V) = model.kv(layer, h_in, 0);
+  }
+  auto dK = at::zeros_like(K, at::MemoryFormat::Contiguous), dV = at::zeros_like(V, at::MemoryFormat::Contiguous);
+  auto g_in = at::empty_like(h_in);  // dLoss/dH_in: [B, T, d]
+  // The drop_tail fault forgets the last T mod c tokens, like a loop over T / c full chunks would.
+  const auto T_used = faults_.drop_tail && T % c != 0 ? T - T % c : T;
+  if (T_used < T) g_in.slice(1, T_used).zero_();
+
+  // Step 2: per chunk, Q path + attention over the prefix + o-proj/MLP with grad. Weight grads accumulate in
+  // place; dK/dV of the prefix accumulate here; the chunk's graph dies at the end of the iteration.
+  {
+    Phase phase(clock, "layer");
+    for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
+      auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
+      auto k = leaf(K.slice(2, 0, e)), v = leaf(V.slice(2, 0, e));  // [B, n_kv, e, hd]
+      const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), k, v, s));
+      out.backward(g_out.slice(1, s, e));
+      dK.slice(2, 0, e).add_(k.grad());
+      dV.slice(2, 0, e).add_(v.grad());
+      g_in.slice(1, s, e).copy_(h.grad());
+    });
+  }
+  K.reset();
+  V.reset();
+
+  // Step 3: the K/V path is position-wise, so it streams too: recompute k, v of a chunk with grad and push
+  // dK/dV of that chunk through it (W_k, W_v, k-norm, input norm, and the layer input).
+  if (!faults_.drop_kv_path) {
+    Phase phase(clock, "kv_path");
+    for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
+      auto h = leaf(h_in.slice(1, s, e));
+      const auto [k, v] = model.kv(layer, h, s);
+      torch::autograd::backward({k, v}, {dK.slice(2, s, e), dV.slice(2, s, e)});
+      g_in.slice(1, s, e).add_(h.grad());
+    });
+  }
+  return g_in;
+}
+
+MemoryEstimate StreamBP::memory_model(const Workload& w) const {
+  return streambp_memory(w, options_.layer_chunk, options_.head_chunk);
+}
+
+}  // namespace sbp

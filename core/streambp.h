@@ -1,0 +1,45 @@
+// StreamBP (Luo et al. 2025): exact backpropagation streamed along the sequence, layer by layer (DESIGN §4).
+// Memory: weights + gradients + one [B, T, d] checkpoint per layer + one layer's K/V and their gradients + the
+// working set of one layer chunk and of one head chunk; never a [T, T] tile, never full-T logits.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/method.h"
+
+namespace sbp {
+
+class StreamBP final : public BackpropMethod {
+ public:
+  struct Options {
+    std::int64_t layer_chunk = 512;  // tokens per chunk inside a decoder layer (c)
+    std::int64_t head_chunk = 512;   // tokens per chunk of the LM head + loss (c_h)
+  };
+  // Deliberate bugs for the negative controls of the exactness gate (tests only; all off in every other use).
+  struct Faults {
+    bool top_left_causal = false;  // SDPA's is_causal on [s, e) x [0, e): the classic chunking bug
+    bool drop_kv_path = false;     // skip step 3: dK/dV never reach W_k, W_v and the layer input
+    bool double_head_grad = false; // back-propagate 2x the head gradient
+    bool drop_tail = false;        // forget the last T mod c tokens of every layer's backward
+  };
+
+  explicit StreamBP(Options options) : options_(options) {}
+  std::string spec() const override;
+  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
+  MemoryEstimate memory_model(const Workload& workload) const override;
+  void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
+
+ private:
+  // One layer's exact backward, streamed: returns dLoss/dH_in [B, T, d] given H_in and dLoss/dH_out.
+  at::Tensor stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
+                                   PhaseClock& clock) const;
+  at::Tensor attend(const Model& model, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    std::int64_t q_start) const;
+
+  Options options_;
+  Faults faults_;
+};
+
+}  // namespace sbp

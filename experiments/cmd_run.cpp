@@ -1,0 +1,129 @@
+// `streambp run`: one model, one batch, one BP method; prints a summary and writes the JSON record.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "baselines/methods.h"
+#include "core/checkpoint_io.h"
+#include "core/dtype.h"
+#include "core/safetensors.h"
+#include "experiments/commands.h"
+#include "experiments/provenance.h"
+
+namespace sbp {
+
+void add_run_options(CLI::App& app, RunArgs& a) {
+  app.add_option("--preset", a.source.preset, "named model preset (tiny, qwen3-small, qwen3-0.6b ... qwen3-32b)");
+  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  app.add_option("--load", a.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
+  app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();
+  app.add_option("--objective", a.objective, "training objective")->check(CLI::IsMember({"sft"}));
+  app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber);
+  app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
+  app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--batch-file", a.batch_file, "safetensors with input_ids, labels, attention_mask")->check(CLI::ExistingFile);
+  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  app.add_option("--seed", a.seed, "seed of the random weights and batch");
+  app.add_option("--save-grads", a.save_grads, "write every parameter's gradient (safetensors, HF names)");
+  app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
+  app.add_option("--save-batch", a.save_batch, "write the batch (safetensors)");
+  app.add_option("--json", a.json, "write the run record (JSON)");
+  app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: the step fails with status oom above it")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
+  app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber);
+  app.add_flag("--force", a.force, "overwrite existing output files");
+}
+
+namespace {
+
+void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const BackpropMethod& method,
+                   const Measurement& m, const MemoryEstimate& est) {
+  fmt::print("model     {} ({:.1f} M parameters, {})\n", a.source.describe(), model.config().num_parameters() / 1e6,
+             dtype_name(model.dtype()));
+  fmt::print("batch     B={} T={} objective={}\n", batch.batch_size(), batch.seq_len(), a.objective);
+  fmt::print("method    {}\n", method.spec());
+  fmt::print("status    {}{}\n", m.status, m.error.empty() ? "" : "  (" + m.error + ")");
+  if (m.status == "passed") fmt::print("loss      {:.10g}\n", m.loss);
+  fmt::print("bp time   {:.3f} s (median of {})\n", m.median_seconds(), m.bp_seconds.size());
+  fmt::print("peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(m.peak_bytes),
+             format_bytes(est.total_bytes()), 100.0 * (double(m.peak_bytes) / double(est.total_bytes()) - 1.0),
+             est.moment);
+  for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
+  for (const auto& p : m.phase_peaks) {
+    double seconds = 0;
+    for (const auto& t : m.phases)
+      if (t.name == p.name) seconds = t.seconds;
+    fmt::print("  phase   {:<12} peak {:>12}  {:8.3f} s  x{}\n", p.name, format_bytes(p.peak_bytes), seconds, p.count);
+  }
+}
+
+}  // namespace
+
+int run_command(const RunArgs& a, const std::string& command_line) {
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  const bool random = a.batch_file.empty();
+  if (random && a.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
+  if (!random && a.seq_len != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
+  for (const auto& [file, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.json, "--json"}, {a.save_batch, "--save-batch"}})
+    if (!file.empty()) check_new_output(file, a.force, flag);
+  if (!a.save_model.empty()) check_new_output(a.save_model, a.force, "--save-model");
+
+  const auto dtype = parse_dtype(a.dtype);
+  auto method = make_method(a.method);
+  auto objective = make_objective(a.objective);
+  auto model = build_model(a.source, dtype, a.seed);
+  Batch batch = random ? random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction, a.prompt_fraction, a.seed})
+                       : read_batch_file(a.batch_file);
+  validate_batch(batch, model->config(), random ? "random batch" : a.batch_file);
+  if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
+  if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
+
+  const auto m = measure_method(*model, *method, *objective, batch, a.warmup, a.repeats, a.budget_bytes);
+  const auto est = method->memory_model({model->config(), dtype, batch.batch_size(), batch.seq_len()});
+  print_summary(a, *model, batch, *method, m, est);
+
+  const auto prov = collect_provenance(command_line);
+  if (!a.save_grads.empty() && m.status == "passed") {
+    save_gradients(*model, a.save_grads,
+                   {{"method", method->spec()}, {"dtype", a.dtype}, {"commit", prov.commit}, {"command", prov.command}});
+    fmt::print("gradients written to {}\n", a.save_grads);
+  }
+  if (!a.json.empty()) {
+    nlohmann::json terms = nlohmann::json::array(), phases = nlohmann::json::array();
+    for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+    for (const auto& p : m.phase_peaks) {
+      double seconds = 0;
+      for (const auto& t : m.phases)
+        if (t.name == p.name) seconds = t.seconds;
+      phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", seconds}, {"count", p.count}});
+    }
+    nlohmann::json j = {{"status", m.status},
+                        {"error", m.error},
+                        {"loss", m.status == "passed" ? nlohmann::json(m.loss) : nlohmann::json()},
+                        {"peak_bytes", m.peak_bytes},
+                        {"model_peak_bytes", est.total_bytes()},
+                        {"model_peak_moment", est.moment},
+                        {"model_terms", terms},
+                        {"weight_bytes", m.weight_bytes},
+                        {"bp_seconds", m.median_seconds()},
+                        {"bp_seconds_all", m.bp_seconds},
+                        {"phases", phases},
+                        {"process_peak_rss_bytes", process_peak_rss_bytes()},
+                        {"preset", a.source.describe()},
+                        {"method", method->spec()},
+                        {"objective", a.objective},
+                        {"dtype", a.dtype},
+                        {"seed", a.seed},
+                        {"batch_size", batch.batch_size()},
+                        {"seq_len", batch.seq_len()},
+                        {"budget_bytes", a.budget_bytes},
+                        {"provenance", to_json(prov)}};
+    write_file_atomically(a.json, j.dump(2) + "\n");
+  }
+  return m.status == "passed" ? 0 : 3;
+}
+
+}  // namespace sbp

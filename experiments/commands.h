@@ -1,0 +1,49 @@
+// The subcommands of the `streambp` CLI. Each returns the process exit code: 0 only when everything it was asked
+// to do worked and every check it ran passed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "experiments/runner.h"
+
+namespace CLI {
+class App;
+}
+
+namespace sbp {
+
+struct RunArgs {
+  ModelSource source;
+  std::string method = "standard", objective = "sft", dtype = "fp32";
+  std::int64_t batch_size = 1, seq_len = 0;
+  double pad_fraction = 0, prompt_fraction = 0;
+  std::string batch_file;
+  std::uint64_t seed = 0;
+  std::string save_grads, save_model, save_batch, json;
+  std::int64_t budget_bytes = 0;
+  int threads = 0, warmup = 0, repeats = 1;
+  bool force = false;
+};
+void add_run_options(CLI::App& app, RunArgs& args);
+int run_command(const RunArgs& args, const std::string& command_line);
+
+struct CompareArgs {
+  std::string ref, other, json;
+  double rtol = 1e-10;
+  bool force = false;
+};
+void add_compare_options(CLI::App& app, CompareArgs& args);
+int compare_command(const CompareArgs& args, const std::string& command_line);
+
+struct DemoArgs {
+  std::string preset = "qwen3-small", dtype = "fp32", out_dir = "results/demo";
+  std::string seq_lens = "1024,2048,4096";
+  std::string methods = "standard,checkpoint,streambp";
+  int repeats = 3, threads = 0;
+  std::int64_t check_seq_len = 700;
+};
+void add_demo_options(CLI::App& app, DemoArgs& args);
+int demo_command(const DemoArgs& args, const std::string& command_line);
+
+}  // namespace sbp

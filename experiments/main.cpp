@@ -1,0 +1,41 @@
+// streambp: the harness's command line. Subcommands: run (one BP step, measured), compare (gradient files),
+// demo (the side-by-side of the BP methods).
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include "experiments/commands.h"
+#include "experiments/provenance.h"
+#include "profiler/cpu_meter.h"
+
+int main(int argc, char** argv) {
+  // Before any tensor exists, so that every byte is seen (DESIGN §7).
+  sbp::CpuMemoryMeter::install();
+
+  CLI::App app{"StreamBP harness: exact, memory-efficient backpropagation for long sequences, next to its baselines"};
+  app.require_subcommand(1);
+  sbp::RunArgs run_args;
+  sbp::CompareArgs compare_args;
+  sbp::DemoArgs demo_args;
+  auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
+  sbp::add_run_options(*run, run_args);
+  auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
+  sbp::add_compare_options(*compare, compare_args);
+  auto* demo = app.add_subcommand("demo", "side-by-side of the BP methods: peak memory, analytic floor, time, check");
+  sbp::add_demo_options(*demo, demo_args);
+  CLI11_PARSE(app, argc, argv);
+
+  const auto command_line = sbp::shell_quote_argv(argc, argv);
+  try {
+    if (*run) return sbp::run_command(run_args, command_line);
+    if (*compare) return sbp::compare_command(compare_args, command_line);
+    return sbp::demo_command(demo_args, command_line);
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "streambp: error: {}\n", e.what());
+  }
+  return 2;
+}

@@ -1,0 +1,23 @@
+// Where a result came from (DESIGN §9): enough to regenerate the row, recorded beside every result.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace sbp {
+
+struct Provenance {
+  std::string commit;         // git HEAD of the source tree, "+dirty" when it has uncommitted changes
+  std::string date_utc;       // ISO 8601
+  std::string machine;        // hostname, CPU model, cores
+  int threads = 0;            // intra-op threads used
+  std::string torch_version;
+  std::string command;        // the argv that reproduces the run
+};
+
+Provenance collect_provenance(const std::string& command);
+nlohmann::json to_json(const Provenance& p);
+std::string shell_quote_argv(int argc, char** argv);
+
+}  // namespace sbp

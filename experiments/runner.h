@@ -1,0 +1,54 @@
+// What every command and driver shares: building the model and the batch a run asks for, and measuring one BP
+// method on them (peak bytes from the CPU meter, BP seconds over repeats, status).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/batch.h"
+#include "core/method.h"
+#include "core/model.h"
+#include "profiler/cpu_meter.h"
+
+namespace sbp {
+
+struct ModelSource {
+  std::string preset;        // --preset NAME
+  std::string config_file;   // --config config.json (random weights)
+  std::string load_dir;      // --load DIR (HF checkpoint)
+  std::string describe() const;  // what goes into the results' "preset" column
+};
+
+std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);
+
+Batch read_batch_file(const std::filesystem::path& file);  // safetensors: input_ids, labels, attention_mask (I64)
+void write_batch_file(const Batch& batch, const std::filesystem::path& file);
+
+struct Measurement {
+  std::string status = "passed";  // "passed", "oom" (budget exceeded), "error"
+  std::string error;
+  double loss = 0;
+  std::vector<double> bp_seconds;  // one per measured repeat
+  // Bytes live at the step's peak, counting the model's weights and what the step allocated; bytes the caller held
+  // before the step (reference gradients, other models) are not counted.
+  std::int64_t peak_bytes = 0;
+  std::int64_t weight_bytes = 0;
+  std::vector<PhaseTime> phases;       // of the last repeat
+  std::vector<PhasePeak> phase_peaks;  // in the same accounting as peak_bytes
+  double median_seconds() const;
+};
+
+// Runs warmup + repeats steps. budget_bytes > 0 caps peak_bytes (the step then ends with status "oom").
+Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+                           int warmup, int repeats, std::int64_t budget_bytes);
+
+std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
+// Refuses to overwrite an existing result unless `force` (results are never overwritten silently).
+void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag);
+
+}  // namespace sbp

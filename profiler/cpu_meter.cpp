@@ -1,0 +1,210 @@
+#include "profiler/cpu_meter.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+#include <unordered_map>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+namespace sbp {
+namespace {
+
+struct OpenPhase {
+  std::string name;
+  std::size_t slot;  // index into State::peaks
+};
+
+// All meter state behind one mutex: allocations come from every intra-op thread.
+struct State {
+  std::mutex mutex;
+  std::unordered_map<void*, std::size_t> sizes;  // live blocks allocated through the wrapper
+  std::int64_t current = 0, peak = 0, budget = 0;
+  std::vector<OpenPhase> open;
+  std::vector<PhasePeak> peaks;
+  bool recording = false;
+  std::chrono::steady_clock::time_point timeline_start;
+  std::vector<MemoryEvent> timeline;
+
+  void record_event() {
+    if (!recording) return;
+    timeline.push_back({std::chrono::duration<double>(std::chrono::steady_clock::now() - timeline_start).count(),
+                        current, open.empty() ? std::string() : open.back().name});
+  }
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: tensors may be freed during static destruction
+  return *s;
+}
+
+void tracked_free(void* ptr) {
+  if (!ptr) return;
+  auto& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    // A block from before install (oneDNN frees raw_allocate'd blocks through the current allocator) is unknown:
+    // free it without counting.
+    if (auto it = s.sizes.find(ptr); it != s.sizes.end()) {
+      s.current -= std::int64_t(it->second);
+      s.sizes.erase(it);
+      s.record_event();
+    }
+  }
+  c10::free_cpu(ptr);
+}
+
+// data == context (c10 relies on it for CPU tensors), raw_deleter provided, copy_data overridden (DESIGN §7).
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t n) override {
+    auto& s = state();
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (s.budget > 0 && s.current + std::int64_t(n) > s.budget)
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: ", s.current, " bytes live + ", n,
+                         " requested > budget of ", s.budget, " bytes");
+    }
+    void* ptr = n ? c10::alloc_cpu(n) : nullptr;
+    if (ptr) {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.sizes.emplace(ptr, n);
+      s.current += std::int64_t(n);
+      s.peak = std::max(s.peak, s.current);
+      for (const auto& p : s.open) s.peaks[p.slot].peak_bytes = std::max(s.peaks[p.slot].peak_bytes, s.current);
+      s.record_event();
+    }
+    return {ptr, ptr, &tracked_free, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &tracked_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+}  // namespace
+
+CpuMemoryMeter& CpuMemoryMeter::install() {
+  static CpuMemoryMeter* meter = [] {
+    static TrackingAllocator allocator;
+    // Priority above the default CPU allocator's, so nothing registered later at default priority replaces us.
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+    auto* m = new CpuMemoryMeter();
+    set_phase_listener(m);
+    return m;
+  }();
+  return *meter;
+}
+
+std::int64_t CpuMemoryMeter::current_bytes() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().current;
+}
+
+std::int64_t CpuMemoryMeter::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().peak;
+}
+
+void CpuMemoryMeter::reset_peak() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.peak = s.current;
+  s.peaks.clear();
+  s.open.clear();
+}
+
+void CpuMemoryMeter::set_budget_bytes(std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().budget = std::max<std::int64_t>(0, bytes);
+}
+
+std::int64_t CpuMemoryMeter::budget_bytes() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().budget;
+}
+
+std::vector<PhasePeak> CpuMemoryMeter::phase_peaks() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().peaks;
+}
+
+void CpuMemoryMeter::enter_phase(const std::string& name) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = std::find_if(s.peaks.begin(), s.peaks.end(), [&](const PhasePeak& p) { return p.name == name; });
+  if (it == s.peaks.end()) it = s.peaks.insert(s.peaks.end(), PhasePeak{name, 0, 0});
+  it->peak_bytes = std::max(it->peak_bytes, s.current);
+  ++it->count;
+  s.open.push_back({name, std::size_t(it - s.peaks.begin())});
+  s.record_event();
+}
+
+void CpuMemoryMeter::leave_phase(const std::string& name) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.open.empty() && s.open.back().name == name) s.open.pop_back();
+  s.record_event();
+}
+
+void CpuMemoryMeter::start_timeline() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.timeline.clear();
+  s.timeline_start = std::chrono::steady_clock::now();
+  s.recording = true;
+  s.record_event();
+}
+
+std::vector<MemoryEvent> CpuMemoryMeter::stop_timeline() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.recording = false;
+  return std::move(s.timeline);
+}
+
+namespace {
+std::int64_t proc_status_kib(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  return -1;
+}
+}  // namespace
+
+std::int64_t process_peak_rss_bytes() { return proc_status_kib("VmHWM"); }
+std::int64_t process_rss_bytes() { return proc_status_kib("VmRSS"); }
+
+void write_timeline_csv(const std::vector<MemoryEvent>& events, std::ostream& out) {
+  out << "seconds,current_bytes,phase\n";
+  for (const auto& e : events) out << e.seconds << ',' << e.current_bytes << ',' << e.phase << '\n';
+}
+
+void write_timeline_chrome_trace(const std::vector<MemoryEvent>& events, std::ostream& out) {
+  nlohmann::json trace = nlohmann::json::array();
+  std::string phase;
+  double phase_start = 0;
+  auto close_phase = [&](double until) {
+    if (!phase.empty())
+      trace.push_back({{"name", phase}, {"ph", "X"}, {"ts", phase_start * 1e6}, {"dur", (until - phase_start) * 1e6},
+                       {"pid", 1}, {"tid", 1}});
+  };
+  for (const auto& e : events) {
+    trace.push_back({{"name", "cpu live bytes"}, {"ph", "C"}, {"ts", e.seconds * 1e6}, {"pid", 1},
+                     {"args", {{"bytes", e.current_bytes}}}});
+    if (e.phase != phase) {
+      close_phase(e.seconds);
+      phase = e.phase;
+      phase_start = e.seconds;
+    }
+  }
+  if (!events.empty()) close_phase(events.back().seconds);
+  out << nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+}
+
+}  // namespace sbp

@@ -1,0 +1,63 @@
+// CPU memory meter: an allocator wrapper that sees every byte a CPU tensor allocates (DESIGN §7). Current and peak
+// bytes, per-phase peaks (it listens to the Phase marks of the BP methods), an optional budget that throws
+// c10::OutOfMemoryError like a full GPU would, and an optional timeline of (time, bytes, phase).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "core/phase.h"
+
+namespace sbp {
+
+struct PhasePeak {
+  std::string name;
+  std::int64_t peak_bytes = 0;  // highest live bytes while the phase was open (all its entries)
+  int count = 0;
+};
+
+struct MemoryEvent {
+  double seconds = 0;            // since the timeline started
+  std::int64_t current_bytes = 0;
+  std::string phase;             // innermost open phase, "" outside any
+};
+
+class CpuMemoryMeter final : public PhaseListener {
+ public:
+  // Installs the wrapper as the CPU allocator (once per process; later calls return the same meter) and starts
+  // listening to phases. Call it before any tensor exists: blocks allocated earlier are never counted (freeing
+  // them through the wrapper is fine).
+  static CpuMemoryMeter& install();
+
+  std::int64_t current_bytes() const;
+  std::int64_t peak_bytes() const;
+  void reset_peak();  // peak := current; also clears the phase peaks
+  // Allocations that would take live bytes above `bytes` throw c10::OutOfMemoryError; 0 = no budget.
+  void set_budget_bytes(std::int64_t bytes);
+  std::int64_t budget_bytes() const;
+  std::vector<PhasePeak> phase_peaks() const;
+
+  void start_timeline();  // clears and records every allocation and free from now on
+  std::vector<MemoryEvent> stop_timeline();
+
+  void enter_phase(const std::string& name) override;
+  void leave_phase(const std::string& name) override;
+
+  CpuMemoryMeter(const CpuMemoryMeter&) = delete;
+  CpuMemoryMeter& operator=(const CpuMemoryMeter&) = delete;
+
+ private:
+  CpuMemoryMeter() = default;
+};
+
+// Peak resident set size of this process (VmHWM), in bytes; -1 when /proc is not readable.
+std::int64_t process_peak_rss_bytes();
+std::int64_t process_rss_bytes();
+
+void write_timeline_csv(const std::vector<MemoryEvent>& events, std::ostream& out);
+// Chrome trace JSON (Perfetto): a counter track of live bytes and one slice per phase.
+void write_timeline_chrome_trace(const std::vector<MemoryEvent>& events, std::ostream& out);
+
+}  // namespace sbp

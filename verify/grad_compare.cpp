@@ -1,0 +1,74 @@
+#include "verify/grad_compare.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <ATen/ATen.h>
+
+namespace sbp {
+
+std::string module_group(const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("embed_tokens") || has("lm_head")) return "embedding/head";
+  if (has("norm")) return "norms";
+  if (has("self_attn")) return "attention";
+  if (has("mlp")) return "mlp";
+  return "other";
+}
+
+double GradComparison::max_normwise_rel() const {
+  double worst = 0;
+  for (const auto& t : tensors) worst = std::max(worst, t.normwise_rel);
+  return worst;
+}
+
+const TensorError* GradComparison::worst() const {
+  const TensorError* w = nullptr;
+  for (const auto& t : tensors)
+    if (!w || t.normwise_rel > w->normwise_rel) w = &t;
+  return w;
+}
+
+GradComparison compare_gradients(const TensorList& ref, const TensorList& other) {
+  GradComparison out;
+  std::map<std::string, at::Tensor> others;
+  for (const auto& t : other) others[t.name] = t.tensor;
+  for (const auto& r : ref) {
+    auto it = others.find(r.name);
+    if (it == others.end()) {
+      out.problems.push_back("tensor '" + r.name + "' is missing in the second file");
+      continue;
+    }
+    if (it->second.sizes() != r.tensor.sizes()) {
+      out.problems.push_back("tensor '" + r.name + "' has shape " + c10::str(it->second.sizes()) + ", reference " +
+                             c10::str(r.tensor.sizes()));
+      others.erase(it);
+      continue;
+    }
+    const auto a = r.tensor.to(at::kDouble), b = it->second.to(at::kDouble);
+    others.erase(it);
+    const auto diff = (a - b).abs();
+    TensorError e;
+    e.name = r.name;
+    e.group = module_group(r.name);
+    e.numel = a.numel();
+    if (e.numel > 0) {
+      e.max_abs = diff.max().item<double>();
+      e.er_abs = diff.mean().item<double>();
+      e.er_rel = (diff / (a.abs() + 1e-10)).mean().item<double>();
+      const double scale = a.abs().max().item<double>();
+      e.normwise_rel = scale > 0 ? e.max_abs / scale : (e.max_abs > 0 ? std::numeric_limits<double>::infinity() : 0);
+      const double energy = a.square().sum().item<double>();
+      const double err = diff.square().sum().item<double>();
+      e.nmse = energy > 0 ? err / energy : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
+      // NaN anywhere must fail the gate: comparisons with NaN are false, so turn it into +inf.
+      if (!(e.normwise_rel == e.normwise_rel)) e.normwise_rel = std::numeric_limits<double>::infinity();
+    }
+    out.tensors.push_back(e);
+  }
+  for (const auto& [name, t] : others) out.problems.push_back("tensor '" + name + "' is missing in the reference file");
+  return out;
+}
+
+}  // namespace sbp

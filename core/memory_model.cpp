@@ -87,14 +87,14 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const auto btd = z.B * z.T * z.d * z.s;
   const auto lm_grad = z.V * z.d * z.s;
   const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V, dK, dV: [B, n_kv, T, hd]
-  // Head chunk: the loss peak of c_h positions, or the chunk's lm_head gradient before it is added in place.
-  const auto head_work = std::max(loss_peak_bytes(ch, z), z.B * ch * z.V * z.f + lm_grad);
+  // Head chunk: the loss peak of c_h positions; the lm_head gradient exists from the second chunk on (it is
+  // accumulated inside the GEMM, so no [V, d] temporary).
   MemoryEstimate head{"head backward",
                       {{"weights", z.P * z.s},
                        {"checkpoints", (z.L + 1) * btd},
                        {"dL/dH", btd},
-                       {"lm_head gradient", lm_grad},
-                       {"head chunk", head_work + z.B * ch * norm_bytes(z.d, z)}}};
+                       {"lm_head gradient", z.T > ch ? lm_grad : 0},
+                       {"head chunk", loss_peak_bytes(ch, z) + z.B * ch * norm_bytes(z.d, z)}}};
   // Last chunk of layer L-1: all gradients (an untied embedding's comes last), K/V + dK/dV of the layer, the
   // chunk's activations and the [B, n_kv, T, hd] gradients of its K/V prefix.
   const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : lm_grad;

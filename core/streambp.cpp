@@ -72,7 +72,7 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     Phase phase(clock, "head");
     for_each_chunk(T, options_.head_chunk, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(H[L].slice(1, s, e));  // [B, c_h, d]
-      auto term = objective.chunk_loss(model.logits(model.final_norm(h)), s);
+      auto term = objective.chunk_loss(model.logits_accumulating_head_grad(model.final_norm(h)), s);
       if (faults_.double_head_grad) term = term * 2.0;
       term.backward();
       loss += term.item<double>();

@@ -1,3 +1,139 @@
-#include "experiments/commands.h"
+// `streambp demo`: the headline side-by-side. For each sequence length and BP method: measured peak memory, its
+// analytic model, BP time (median of repeats, methods interleaved in one run, reported as a ratio to checkpoint)
+// and the method's gradient check (fp64, every parameter against standard BP).
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
-namespace sbp { void add_demo_options(CLI::App&, DemoArgs&) {} int demo_command(const DemoArgs&, const std::string&) { return 1; } }
+#include <fmt/format.h>
+
+#include "baselines/methods.h"
+#include "core/dtype.h"
+#include "experiments/commands.h"
+#include "experiments/results_table.h"
+#include "verify/grad_compare.h"
+
+namespace sbp {
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Gradients of a step, detached copies (the model's grads are freed by the next step).
+TensorList step_gradients(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch) {
+  method.step(model, objective, batch);
+  TensorList grads;
+  for (auto& g : model.gradients()) grads.push_back({g.name, g.tensor.clone()});
+  model.zero_grad();
+  return grads;
+}
+
+struct Check {
+  std::string status;
+  double max_normwise_rel = 0;
+};
+
+// fp64, every parameter tensor of every method against standard BP, on the demo's preset with a T that is not a
+// multiple of the chunk sizes (so the remainder chunk is exercised too).
+std::map<std::string, Check> check_methods(const ModelConfig& config, const std::vector<std::string>& specs,
+                                           std::int64_t T, std::uint64_t seed) {
+  fmt::print("gradient check: fp64, B=1, T={}, every parameter against standard (rtol 1e-10)\n", T);
+  Model model(config, at::kDouble, seed);
+  const auto batch = random_batch(config, {1, T, 0.0, 0.1, seed});
+  auto objective = make_objective("sft");
+  auto standard = make_method("standard");
+  const auto reference = step_gradients(model, *standard, *objective, batch);
+  std::map<std::string, Check> out;
+  for (const auto& spec : specs) {
+    auto method = make_method(spec);
+    if (method->spec() == standard->spec()) {
+      out[spec] = {"passed", 0.0};  // the reference itself
+      continue;
+    }
+    const auto cmp = compare_gradients(reference, step_gradients(model, *method, *objective, batch));
+    out[spec] = {cmp.passed(1e-10) ? "passed" : "incorrect", cmp.max_normwise_rel()};
+    fmt::print("  {:<44} max normwise relative error {:.2e}: {}\n", method->spec(), cmp.max_normwise_rel(),
+               out[spec].status);
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_demo_options(CLI::App& app, DemoArgs& a) {
+  app.add_option("--preset", a.preset, "model preset");
+  app.add_option("--dtype", a.dtype, "dtype of the measured runs")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
+  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths");
+  app.add_option("--methods", a.methods, "semicolon-separated method specs");
+  app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber);
+  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check (0 = skip)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--out", a.out_dir, "results folder");
+}
+
+int demo_command(const DemoArgs& a, const std::string& command_line) {
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  const auto dtype = parse_dtype(a.dtype);
+  const auto config = preset_config(a.preset);
+  const auto specs = split(a.methods, ';');
+  std::vector<std::unique_ptr<BackpropMethod>> methods;
+  for (const auto& s : specs) methods.push_back(make_method(s));
+  std::vector<std::int64_t> lengths;
+  for (const auto& t : split(a.seq_lens, ',')) lengths.push_back(std::stoll(t));
+  const std::uint64_t seed = 0;
+
+  std::map<std::string, Check> checks;
+  if (a.check_seq_len > 0) checks = check_methods(config, specs, a.check_seq_len, seed);
+
+  Model model(config, dtype, seed);
+  auto objective = make_objective("sft");
+  ResultsTable table({"batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
+                      "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel"});
+  fmt::print("\n{:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}\n", "T", "method", "peak", "analytic", "meas/an",
+             "BP s", "vs ckpt", "grad check");
+  bool all_passed = true;
+  for (const auto T : lengths) {
+    const auto batch = random_batch(config, {1, T, 0.0, 0.1, seed});
+    std::vector<Measurement> results(methods.size());
+    // Methods interleaved repeat by repeat, so slow drifts of this shared machine hit all of them alike.
+    for (int r = 0; r < a.repeats; ++r)
+      for (std::size_t i = 0; i < methods.size(); ++i) {
+        auto m = measure_method(model, *methods[i], *objective, batch, 0, 1, 0);
+        if (m.status != "passed") throw std::runtime_error(methods[i]->spec() + " failed: " + m.error);
+        results[i].peak_bytes = std::max(results[i].peak_bytes, m.peak_bytes);
+        results[i].bp_seconds.push_back(m.bp_seconds.at(0));
+      }
+    double checkpoint_seconds = 0;
+    for (std::size_t i = 0; i < methods.size(); ++i)
+      if (methods[i]->spec() == "checkpoint") checkpoint_seconds = results[i].median_seconds();
+    for (std::size_t i = 0; i < methods.size(); ++i) {
+      const auto& m = results[i];
+      const auto est = methods[i]->memory_model({config, dtype, 1, T}).total_bytes();
+      const auto check = checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
+      all_passed = all_passed && check.status != "incorrect";
+      const double ratio = checkpoint_seconds > 0 ? m.median_seconds() / checkpoint_seconds : 0.0;
+      fmt::print("{:>6}  {:<40} {:>10} {:>10} {:>7.3f} {:>8.2f} {:>8.3f}  {}\n", T, methods[i]->spec(),
+                 format_bytes(m.peak_bytes), format_bytes(est), double(m.peak_bytes) / double(est), m.median_seconds(),
+                 ratio, check.status);
+      std::string all;
+      for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
+      table.add({a.preset, methods[i]->spec(), a.dtype, check.status, seed,
+                 {"1", std::to_string(T), std::to_string(m.peak_bytes), std::to_string(est),
+                  fmt::format("{:.4f}", double(m.peak_bytes) / double(est)), fmt::format("{:.4f}", m.median_seconds()),
+                  all, fmt::format("{:.4f}", ratio), fmt::format("{:.3e}", check.max_normwise_rel)}});
+    }
+  }
+  const auto csv = table.write(a.out_dir, "demo", collect_provenance(command_line));
+  fmt::print("\nresults: {} (BP s = median of {}; vs ckpt = ratio of medians in this run)\n", csv.string(), a.repeats);
+  return all_passed ? 0 : 1;
+}
+
+}  // namespace sbp

@@ -25,7 +25,7 @@ struct OpenPhase {
 struct State {
   std::mutex mutex;
   std::unordered_map<void*, std::size_t> sizes;  // live blocks allocated through the wrapper
-  std::int64_t current = 0, peak = 0, budget = 0;
+  std::int64_t current = 0, peak = 0, budget = 0, largest = 0;
   std::vector<OpenPhase> open;
   std::vector<PhasePeak> peaks;
   bool recording = false;
@@ -77,6 +77,7 @@ class TrackingAllocator final : public c10::Allocator {
       s.sizes.emplace(ptr, n);
       s.current += std::int64_t(n);
       s.peak = std::max(s.peak, s.current);
+      s.largest = std::max(s.largest, std::int64_t(n));
       for (const auto& p : s.open) s.peaks[p.slot].peak_bytes = std::max(s.peaks[p.slot].peak_bytes, s.current);
       s.record_event();
     }
@@ -114,8 +115,14 @@ void CpuMemoryMeter::reset_peak() {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.peak = s.current;
+  s.largest = 0;
   s.peaks.clear();
   s.open.clear();
+}
+
+std::int64_t CpuMemoryMeter::largest_allocation_bytes() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().largest;
 }
 
 void CpuMemoryMeter::set_budget_bytes(std::int64_t bytes) {

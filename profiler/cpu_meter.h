@@ -33,7 +33,9 @@ class CpuMemoryMeter final : public PhaseListener {
 
   std::int64_t current_bytes() const;
   std::int64_t peak_bytes() const;
-  void reset_peak();  // peak := current; also clears the phase peaks
+  // Largest single block allocated since the last reset_peak(): proves that no [T, T] tile was ever made.
+  std::int64_t largest_allocation_bytes() const;
+  void reset_peak();  // peak := current; also clears the phase peaks and the largest allocation
   // Allocations that would take live bytes above `bytes` throw c10::OutOfMemoryError; 0 = no budget.
   void set_budget_bytes(std::int64_t bytes);
   std::int64_t budget_bytes() const;

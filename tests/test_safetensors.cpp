@@ -5,9 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
-#include <fstream>
-#include <random>
-#include <sstream>
+
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using sbp::FormatError;
@@ -16,38 +15,14 @@ using sbp::TensorList;
 
 namespace {
 
-// A fresh folder under the system temp directory, removed with everything in it.
-class TempDir {
+using sbp::test::read_bytes;
+using sbp::test::write_bytes;
+
+// Each test's scratch folder.
+class TempDir : public sbp::test::TempDir {
  public:
-  TempDir() {
-    std::random_device device;
-    path_ = fs::temp_directory_path() /
-            ("sbp_test_safetensors_" + std::to_string(device()) + "_" + std::to_string(device()));
-    fs::create_directories(path_);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+  TempDir() : sbp::test::TempDir("sbp_test_safetensors_") {}
 };
-
-std::string read_bytes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-void write_bytes(const fs::path& file, const std::string& bytes) {
-  std::ofstream out(file, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string little_endian_u64(std::uint64_t value) {
   std::string bytes(8, '\0');

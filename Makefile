@@ -1,0 +1,57 @@
+# StreamBP harness: `make demo` and `make test` set up everything they need (Debian packages, the torch venv, the
+# CMake build) and are safe to repeat. Caches live outside the clone, under $(CACHE).
+SHELL := /bin/bash
+CACHE ?= $(HOME)/.cache/streambp
+TORCH_VERSION := 2.14.1
+VENV ?= $(CACHE)/venv-torch-$(TORCH_VERSION)
+PYTHON ?= python3.11
+BUILD ?= build
+JOBS ?= 2
+NVCC ?= /usr/local/cuda/bin/nvcc
+export CCACHE_DIR ?= $(CACHE)/ccache
+
+APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+DEPS_STAMP := $(CACHE)/apt-packages.stamp
+VENV_STAMP := $(VENV)/.torch-$(TORCH_VERSION).stamp
+CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
+
+.PHONY: demo test build configure deps venv plots clean
+
+demo: build
+	$(BUILD)/streambp demo
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+configure: $(BUILD)/CMakeCache.txt
+
+$(BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache $(CUDA_FLAGS) \
+	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
+
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP):
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:" $$missing; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+	@mkdir -p $(dir $@) && touch $@
+
+# The torch wheel (a CUDA 13 build, ~5.5 GB installed) is on this machine's disk: pip takes it without a download.
+venv: $(VENV_STAMP)
+$(VENV_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (the torch $(TORCH_VERSION) wheel here is for CPython 3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib
+	@touch $@
+
+plots: $(VENV_STAMP)
+	$(VENV)/bin/python plots/plot_results.py results
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,35 @@
+# The acceptance flow a user runs: gradients of standard BP in fp64, saved with the model and the batch; the same
+# model and batch loaded back for checkpointing and StreamBP; `compare` at 1e-10 passes for both, and fails at
+# rtol 0 against gradients that really differ. The exit code of `compare` is the verdict.
+source "$(dirname "$0")/cli_common.sh"
+
+"$STREAMBP" run --preset tiny --method standard --dtype fp64 --batch 2 --seq 37 --pad-fraction 0.2 --seed 1 \
+  --save-grads std.safetensors --save-model M --save-batch batch.safetensors --json std.json
+# A loaded checkpoint keeps the dtype asked for on the command line (fp32 by default), so fp64 is repeated here.
+for method in standard checkpoint streambp:layer_chunk=8,head_chunk=5; do
+  name=${method%%:*}
+  "$STREAMBP" run --load M --batch-file batch.safetensors --dtype fp64 --method "$method" \
+    --save-grads "loaded_$name.safetensors" --json "loaded_$name.json"
+done
+
+# The saved model and batch reproduce the original run bit for bit.
+"$STREAMBP" compare std.safetensors loaded_standard.safetensors --rtol 0
+"$STREAMBP" compare std.safetensors loaded_checkpoint.safetensors --rtol 1e-10
+"$STREAMBP" compare std.safetensors loaded_streambp.safetensors --rtol 1e-10 --json verdict.json
+python3 - <<'PY'
+import json
+verdict = json.load(open("verdict.json"))
+assert verdict["status"] == "passed", verdict["status"]
+assert verdict["max_normwise_rel"] <= 1e-10, verdict["max_normwise_rel"]
+losses = {name: json.load(open(f))["loss"] for name, f in
+          [("std", "std.json"), ("checkpoint", "loaded_checkpoint.json"), ("streambp", "loaded_streambp.json")]}
+# The same loss up to summation order in fp64 (the JSON carries the double at full precision).
+for name, loss in losses.items():
+    assert abs(loss - losses["std"]) <= 1e-12 * abs(losses["std"]), losses
+print("ok: verdict passed, losses", losses)
+PY
+
+"$STREAMBP" run --preset tiny --method standard --dtype fp64 --batch 2 --seq 37 --pad-fraction 0.2 --seed 2 \
+  --save-grads other_seed.safetensors
+expect_failure "compare against another seed's gradients" "FAILED" \
+  "$STREAMBP" compare std.safetensors other_seed.safetensors --rtol 0

@@ -1,0 +1,23 @@
+# Sourced by the CLI tests (cli_*.sh BINARY): strict mode, the binary as $STREAMBP, the current directory a fresh
+# temporary folder removed on exit, and the helpers below.
+set -euo pipefail
+STREAMBP=$(realpath "$1")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbp_cli_XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+
+fail() {
+  printf 'FAIL: %b\n' "$*" >&2
+  exit 1
+}
+
+# expect_failure WHAT PATTERN COMMAND...: COMMAND must exit non-zero and say something matching the extended regex
+# PATTERN (stdout and stderr together): the exit code is the verdict, the message tells the user what to fix.
+expect_failure() {
+  local what=$1 pattern=$2 out status=0
+  shift 2
+  out=$("$@" 2>&1) || status=$?
+  [[ $status -ne 0 ]] || fail "$what: exited 0\n$out"
+  grep -qE -- "$pattern" <<<"$out" || fail "$what: no message matching '$pattern' in:\n$out"
+  echo "ok: $what (exit $status): $(grep -E -m1 -- "$pattern" <<<"$out")"
+}

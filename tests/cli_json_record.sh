@@ -1,0 +1,25 @@
+# The run record (--json) carries the numbers and where they came from (DESIGN §9).
+source "$(dirname "$0")/cli_common.sh"
+"$STREAMBP" run --preset tiny --method streambp:layer_chunk=8,head_chunk=8 --dtype fp32 --batch 2 --seq 33 \
+  --pad-fraction 0.2 --seed 3 --json run.json
+python3 - <<'PY'
+import json, math
+r = json.load(open("run.json"))
+def number(key):
+    value = r[key]
+    assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), (key, value)
+    return value
+assert r["status"] == "passed", r["status"]
+assert number("loss") > 0
+assert isinstance(r["peak_bytes"], int) and r["peak_bytes"] > 0, r["peak_bytes"]
+assert isinstance(r["model_peak_bytes"], int) and r["model_peak_bytes"] > 0, r["model_peak_bytes"]
+assert number("bp_seconds") >= 0
+for key, value in [("method", "streambp:layer_chunk=8,head_chunk=8"), ("dtype", "fp32"), ("preset", "tiny"),
+                   ("seed", 3), ("batch_size", 2), ("seq_len", 33)]:
+    assert r[key] == value, (key, r[key])
+p = r["provenance"]
+for key in ["commit", "date", "machine", "threads", "torch_version", "command"]:
+    assert key in p and p[key] not in ("", None), (key, p.get(key))
+assert "--json run.json" in p["command"], p["command"]
+print("ok: run record", {k: r[k] for k in ["status", "loss", "peak_bytes", "model_peak_bytes", "bp_seconds"]})
+PY

@@ -1,0 +1,21 @@
+# Malformed input exits non-zero with a message that says what is wrong (STYLE rule 7).
+source "$(dirname "$0")/cli_common.sh"
+
+"$STREAMBP" run --preset tiny --method standard --seq 8 --save-model "$WORK/M" --save-grads g.safetensors >/dev/null
+# A truncated weights file in a checkpoint folder: the message names the file.
+truncate -s 100 "$WORK/M/model.safetensors"
+expect_failure "truncated model.safetensors" "$WORK/M/model.safetensors" \
+  "$STREAMBP" run --load "$WORK/M" --method standard --seq 8
+
+expect_failure "unknown dtype" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
+expect_failure "unknown method" "unknown method 'nosuch'" "$STREAMBP" run --preset tiny --method nosuch --seq 8
+expect_failure "unknown method option" "unknown option 'chunk'" \
+  "$STREAMBP" run --preset tiny --method streambp:chunk=4 --seq 8
+expect_failure "chunk below 1" "layer_chunk=0" \
+  "$STREAMBP" run --preset tiny --method streambp:layer_chunk=0 --seq 8
+expect_failure "unknown preset" "unknown preset 'nosuch'" "$STREAMBP" run --preset nosuch --method standard --seq 8
+expect_failure "no sequence length" "--seq" "$STREAMBP" run --preset tiny --method standard
+expect_failure "missing gradient file" "nosuch.safetensors" "$STREAMBP" compare g.safetensors nosuch.safetensors
+# Results are never overwritten silently.
+expect_failure "existing --save-grads" "g.safetensors" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads g.safetensors

@@ -1,0 +1,338 @@
+// The paper's central claim, checked on every parameter tensor: StreamBP computes the exact gradient of standard
+// backpropagation (DESIGN §4 "Exactness", §8). In fp64 every method must agree to 1e-10 normwise relative error
+// per tensor (max|a-b| / max|a|); the only difference allowed is floating-point summation order.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+
+#include "core/batch.h"
+#include "core/model.h"
+#include "test_support.h"
+#include "verify/grad_compare.h"
+
+using sbp::Batch;
+using sbp::ModelConfig;
+using sbp::RandomBatchOptions;
+using sbp::test::describe;
+using sbp::test::run_step;
+
+namespace {
+
+// DESIGN §4: the fp64 gate. Summation-order differences in fp64 give ~1e-15 relative error per operation; a few
+// hundred accumulated operations stay far below this, while any real bug (a wrong mask, a dropped term) is O(1).
+constexpr double kFp64Rtol = 1e-10;
+// Losses are one scalar sum; different chunkings reorder it, nothing else.
+constexpr double kLossRtol = 1e-12;
+
+double relative_difference(double reference, double other) {
+  return std::abs(reference - other) / std::abs(reference);
+}
+
+// Every gradient of `other` matches `ref` within rtol, with no tensor missing on either side.
+void check_gradients_match(const sbp::TensorList& ref, const sbp::TensorList& other, double rtol) {
+  const auto cmp = sbp::compare_gradients(ref, other);
+  std::string problems;
+  for (const auto& problem : cmp.problems) problems += problem + "; ";
+  INFO("problems: " << problems);
+  CHECK(cmp.problems.empty());
+  CHECK(cmp.tensors.size() == ref.size());
+  const auto* worst = cmp.worst();
+  INFO("largest normwise relative error " << cmp.max_normwise_rel() << " in " << (worst ? worst->name : "-"));
+  CHECK(cmp.passed(rtol));
+}
+
+struct Shape {
+  std::string what;
+  ModelConfig config;
+  RandomBatchOptions batch;
+};
+
+std::vector<Shape> standard_vs_checkpoint_shapes() {
+  std::vector<Shape> shapes;
+  ModelConfig qwen3 = sbp::test::tiny_config();  // GQA 4/2, qk_norm, tied
+  shapes.push_back({"qwen3 tiny, ragged B=2", qwen3, {2, 24, 0.3, 0.0, 11}});
+
+  ModelConfig untied_mha = qwen3;
+  untied_mha.tie_word_embeddings = false;
+  untied_mha.num_key_value_heads = 4;
+  untied_mha.qk_norm = false;
+  untied_mha.attention_bias = true;
+  untied_mha.o_proj_bias = true;
+  shapes.push_back({"untied MHA with q/k/v/o bias, prompt-masked B=3", untied_mha, {3, 17, 0.4, 0.25, 12}});
+
+  ModelConfig qwen2 = qwen3;
+  qwen2.qk_norm = false;
+  qwen2.attention_bias = true;
+  shapes.push_back({"qwen2-style q/k/v bias, B=1", qwen2, {1, 31, 0.2, 0.0, 13}});
+
+  ModelConfig llama_mqa = qwen3;
+  llama_mqa.qk_norm = false;
+  llama_mqa.tie_word_embeddings = false;
+  llama_mqa.num_key_value_heads = 1;
+  shapes.push_back({"llama-style untied MQA, B=2", llama_mqa, {2, 20, 0.25, 0.3, 14}});
+
+  ModelConfig qk_norm_bias = untied_mha;
+  qk_norm_bias.qk_norm = true;
+  qk_norm_bias.num_key_value_heads = 2;
+  shapes.push_back({"qk_norm with every bias, GQA, B=3", qk_norm_bias, {3, 19, 0.35, 0.2, 15}});
+  return shapes;
+}
+
+}  // namespace
+
+TEST_CASE("standard and checkpoint gradients are equal in fp64", "[exactness]") {
+  for (const auto& shape : standard_vs_checkpoint_shapes()) {
+    INFO(shape.what << ": " << describe(shape.config) << ",B=" << shape.batch.batch_size << ",T="
+                    << shape.batch.seq_len << ",pad=" << shape.batch.pad_fraction);
+    sbp::Model model(shape.config, at::kDouble, 100 + shape.batch.seed);
+    const Batch batch = sbp::random_batch(shape.config, shape.batch);
+    sbp::validate_batch(batch, shape.config, "random batch");
+    const auto standard = run_step(model, "standard", batch);
+    const auto checkpoint = run_step(model, "checkpoint", batch);
+    CHECK(relative_difference(standard.loss, checkpoint.loss) <= kLossRtol);
+    check_gradients_match(standard.gradients, checkpoint.gradients, kFp64Rtol);
+  }
+}
+
+namespace {
+
+// One case of the StreamBP sweep. Its id encodes every parameter (like ggml's test-backend-ops), so a failure
+// names the case and the id can be replayed.
+struct SweepCase {
+  ModelConfig config;
+  RandomBatchOptions batch;
+  std::int64_t layer_chunk = 1, head_chunk = 1;
+  std::uint64_t model_seed = 0;
+
+  std::string spec() const {
+    return "streambp:layer_chunk=" + std::to_string(layer_chunk) + ",head_chunk=" + std::to_string(head_chunk);
+  }
+  std::string id() const {
+    std::ostringstream s;
+    s << "STREAMBP(T=" << batch.seq_len << ",c=" << layer_chunk << ",c_h=" << head_chunk << ",B=" << batch.batch_size
+      << ",pad=" << batch.pad_fraction << ",prompt=" << batch.prompt_fraction << "," << describe(config)
+      << ",model_seed=" << model_seed << ",batch_seed=" << batch.seed << ")";
+    return s.str();
+  }
+};
+
+// True when some position t >= 1 carries loss (a valid label at t + 1 >= 2), i.e. a query that attends to at least
+// two keys. Otherwise every softmax that carries loss has a single key and is constantly 1, so the gradients of the
+// q/k path (q/k projections and biases, q/k norms) are exactly zero in exact arithmetic: both methods return rounding
+// noise (~1e-18) there, and the relative error of noise against noise is O(1) and means nothing. T = 2, or T = 3
+// with one pad, are such batches.
+bool attention_gets_gradient(const Batch& batch) {
+  return (batch.labels.slice(1, 2) != -100).any().item<bool>();
+}
+
+// The sweep draws from a fixed seed, so it is the same list on every run. The layer chunk's relation to T cycles
+// through the four situations a chunked loop can get wrong; everything else is drawn independently.
+std::vector<SweepCase> sweep_cases(int count) {
+  std::mt19937_64 rng(20250607);
+  auto pick = [&](std::initializer_list<std::int64_t> values) {
+    return *(values.begin() + std::uniform_int_distribution<std::size_t>(0, values.size() - 1)(rng));
+  };
+  auto between = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto coin = [&] { return std::bernoulli_distribution(0.5)(rng); };
+
+  std::vector<SweepCase> cases;
+  for (int i = 0; i < count; ++i) {
+    SweepCase k;
+    ModelConfig& c = k.config;
+    c.name = "sweep";
+    c.head_dim = pick({8, 16});
+    c.num_attention_heads = pick({2, 4});
+    c.num_key_value_heads = coin() ? c.num_attention_heads : pick({1, 2});  // MHA, or GQA/MQA
+    c.hidden_size = pick({32, 48, 64});
+    c.intermediate_size = pick({32, 64, 96});
+    c.num_hidden_layers = pick({1, 2});
+    c.vocab_size = pick({64, 128, 512});
+    c.tie_word_embeddings = coin();
+    c.qk_norm = coin();
+    c.attention_bias = coin();
+    c.o_proj_bias = coin();
+
+    std::int64_t T = 0;
+    switch (i % 4) {
+      case 0:  // several chunks and a remainder: T is not a multiple of c
+        T = between(5, 48);
+        do k.layer_chunk = between(2, T - 1);
+        while (T % k.layer_chunk == 0);
+        break;
+      case 1:  // one token per chunk: every chunk but the first has s > 0, the mask is one row
+        T = between(3, 12);
+        k.layer_chunk = 1;
+        break;
+      case 2:  // one chunk covering the sequence, exactly or with room to spare
+        T = between(3, 48);
+        k.layer_chunk = T + pick({0, 1, 7});
+        break;
+      default:  // several equal chunks
+        k.layer_chunk = between(2, 8);
+        T = k.layer_chunk * between(2, 6);
+        break;
+    }
+    switch (between(0, 2)) {  // independent of the layer chunk
+      case 0: k.head_chunk = 1; break;
+      case 1: k.head_chunk = between(1, T); break;
+      default: k.head_chunk = T + pick({0, 3}); break;
+    }
+    do {
+      k.batch = {between(1, 3), T, double(pick({0, 20, 40})) / 100.0, double(pick({0, 30})) / 100.0,
+                 std::uint64_t(between(0, 1 << 20))};
+    } while (!attention_gets_gradient(sbp::random_batch(c, k.batch)));  // terminates: T >= 3 without pads qualifies
+    k.model_seed = std::uint64_t(between(0, 1 << 20));
+    cases.push_back(k);
+  }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("StreamBP gradients equal standard BP in fp64 for every parameter", "[exactness][streambp]") {
+  const auto cases = sweep_cases(64);
+  double largest_error = 0;
+  std::string largest_case;
+  std::set<std::string> covered;  // which corners of the parameter space the sweep reached
+  for (const auto& k : cases) {
+    INFO(k.id());
+    sbp::Model model(k.config, at::kDouble, k.model_seed);
+    const Batch batch = sbp::random_batch(k.config, k.batch);
+    sbp::validate_batch(batch, k.config, k.id());
+    const auto standard = run_step(model, "standard", batch);
+    const auto stream = run_step(model, k.spec(), batch);
+    CHECK(relative_difference(standard.loss, stream.loss) <= kLossRtol);
+    check_gradients_match(standard.gradients, stream.gradients, kFp64Rtol);
+
+    const double error = sbp::compare_gradients(standard.gradients, stream.gradients).max_normwise_rel();
+    if (error >= largest_error) largest_error = error, largest_case = k.id();
+
+    const auto T = k.batch.seq_len, c = k.layer_chunk, ch = k.head_chunk;
+    if (c < T && T % c != 0) covered.insert("T not a multiple of layer_chunk");
+    if (c == 1 && T > 1) covered.insert("layer_chunk 1");
+    if (c >= T) covered.insert("layer_chunk >= T");
+    if (ch < T && ch != c) covered.insert("head_chunk < T, != layer_chunk");
+    if (ch >= T) covered.insert("head_chunk >= T");
+    if (ch == 1) covered.insert("head_chunk 1");
+    covered.insert("B=" + std::to_string(k.batch.batch_size));
+    if (k.batch.pad_fraction > 0 && k.batch.batch_size > 1) covered.insert("ragged right padding");
+    if (k.batch.prompt_fraction > 0) covered.insert("prompt-masked labels");
+    covered.insert(k.config.num_key_value_heads < k.config.num_attention_heads ? "GQA" : "MHA");
+    covered.insert(k.config.tie_word_embeddings ? "tied" : "untied");
+    covered.insert(std::string("qk_norm ") + (k.config.qk_norm ? "on" : "off"));
+    covered.insert(std::string("attention_bias ") + (k.config.attention_bias ? "on" : "off"));
+    covered.insert(std::string("o_proj_bias ") + (k.config.o_proj_bias ? "on" : "off"));
+    covered.insert("L=" + std::to_string(k.config.num_hidden_layers));
+  }
+  WARN("largest fp64 normwise relative error over " << cases.size() << " StreamBP cases: " << largest_error << " in "
+                                                    << largest_case);
+  for (const char* corner :
+       {"T not a multiple of layer_chunk", "layer_chunk 1", "layer_chunk >= T", "head_chunk < T, != layer_chunk",
+        "head_chunk >= T", "head_chunk 1", "B=1", "B=2", "B=3", "ragged right padding", "prompt-masked labels", "GQA",
+        "MHA", "tied", "untied", "qk_norm on", "qk_norm off", "attention_bias on", "attention_bias off",
+        "o_proj_bias on", "o_proj_bias off", "L=1", "L=2"}) {
+    INFO("the sweep must reach: " << corner);
+    CHECK(covered.count(corner) == 1);
+  }
+}
+
+namespace {
+
+// Unit roundoff u of a model dtype: a gradient stored in that dtype is off by up to u relative even when it was
+// computed exactly, so no method can be held below it.
+double unit_roundoff(c10::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return double(std::numeric_limits<c10::BFloat16>::epsilon()) / 2;
+  return double(std::numeric_limits<float>::epsilon()) / 2;
+}
+
+}  // namespace
+
+TEST_CASE("StreamBP in fp32 and bf16 is as close to the fp64 oracle as standard BP in the same dtype",
+          "[exactness][streambp][low-precision]") {
+  // DESIGN §8: a method's error may be at most 2x the standard method's error in the same dtype, plus a floor. The
+  // floor is the unit roundoff u of the dtype: the error of merely storing an exact gradient in it. The oracle is
+  // standard BP in fp64 on the very same weights (the low-precision weights widened), so that only the arithmetic
+  // of the step is measured, not the rounding of the weights.
+  struct LowPrecisionCase {
+    c10::ScalarType dtype;
+    bool tied, qk_norm, bias;
+    std::int64_t kv_heads;
+  };
+  const std::vector<LowPrecisionCase> cases = {
+      {at::kFloat, true, true, false, 2}, {at::kFloat, false, false, true, 4},
+      {at::kBFloat16, true, true, false, 2}, {at::kBFloat16, false, false, true, 4}};
+  for (const auto& k : cases) {
+    ModelConfig config = sbp::test::tiny_config();
+    config.tie_word_embeddings = k.tied;
+    config.qk_norm = k.qk_norm;
+    config.attention_bias = config.o_proj_bias = k.bias;
+    config.num_key_value_heads = k.kv_heads;
+    const std::string spec = "streambp:layer_chunk=7,head_chunk=9";
+    INFO(c10::toString(k.dtype) << " " << spec << " T=40 B=2 pad=0.2 prompt=0.25 " << describe(config));
+    sbp::Model model(config, k.dtype, 7);
+    sbp::Model oracle_model(config, at::kDouble, model.parameters(), "low-precision weights");
+    const Batch batch = sbp::random_batch(config, {2, 40, 0.2, 0.25, 8});
+    const auto oracle = run_step(oracle_model, "standard", batch);
+    const auto standard = run_step(model, "standard", batch);
+    const auto stream = run_step(model, spec, batch);
+
+    for (const auto& g : stream.gradients) {
+      INFO(g.name);
+      CHECK(at::isfinite(g.tensor).all().item<bool>());
+    }
+    const auto standard_error = sbp::compare_gradients(oracle.gradients, standard.gradients);
+    const auto stream_error = sbp::compare_gradients(oracle.gradients, stream.gradients);
+    REQUIRE(standard_error.problems.empty());
+    REQUIRE(stream_error.problems.empty());
+    REQUIRE(stream_error.tensors.size() == standard_error.tensors.size());
+    const double floor = unit_roundoff(k.dtype);
+    for (std::size_t i = 0; i < stream_error.tensors.size(); ++i) {
+      const auto& s = stream_error.tensors[i];
+      const auto& b = standard_error.tensors[i];
+      INFO(s.name << ": streambp " << s.normwise_rel << ", standard " << b.normwise_rel << ", floor " << floor);
+      CHECK(s.normwise_rel <= 2 * b.normwise_rel + floor);
+    }
+  }
+}
+
+TEST_CASE("every method computes the same loss in fp64", "[exactness][loss]") {
+  ModelConfig config = sbp::test::tiny_config();
+  config.tie_word_embeddings = false;
+  sbp::Model model(config, at::kDouble, 21);
+  const Batch batch = sbp::random_batch(config, {3, 29, 0.3, 0.2, 22});
+  const double reference = run_step(model, "standard", batch).loss;
+  for (const std::string spec : {"checkpoint", "streambp:layer_chunk=1,head_chunk=1", "streambp:layer_chunk=4,head_chunk=29",
+                                 "streambp:layer_chunk=29,head_chunk=6", "streambp:layer_chunk=512,head_chunk=512"}) {
+    INFO(spec);
+    CHECK(relative_difference(reference, run_step(model, spec, batch).loss) <= kLossRtol);
+  }
+}
+
+TEST_CASE("Repeated StreamBP backward passes are bitwise identical", "[exactness][determinism]") {
+  ModelConfig config = sbp::test::tiny_config();
+  config.attention_bias = config.o_proj_bias = true;
+  for (const auto dtype : {at::kDouble, at::kFloat}) {
+    INFO(c10::toString(dtype));
+    sbp::Model model(config, dtype, 31);
+    const Batch batch = sbp::random_batch(config, {2, 45, 0.2, 0.1, 32});
+    const std::string spec = "streambp:layer_chunk=8,head_chunk=5";
+    const auto first = run_step(model, spec, batch);
+    const auto second = run_step(model, spec, batch);
+    CHECK(first.loss == second.loss);
+    REQUIRE(first.gradients.size() == second.gradients.size());
+    for (std::size_t i = 0; i < first.gradients.size(); ++i) {
+      INFO(first.gradients[i].name);
+      CHECK(first.gradients[i].name == second.gradients[i].name);
+      CHECK(at::equal(first.gradients[i].tensor, second.gradients[i].tensor));
+    }
+  }
+}

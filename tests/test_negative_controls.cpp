@@ -1,0 +1,143 @@
+// Every gate has a negative control (DESIGN §8): the fp64 exactness check must fail on each classic way of getting
+// a streamed backward wrong, and the gradient checker must reject hand-made bad gradient lists. A gate that never
+// fails proves nothing.
+#include <catch2/catch.hpp>
+
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "core/batch.h"
+#include "core/model.h"
+#include "core/objective.h"
+#include "core/streambp.h"
+#include "test_support.h"
+#include "verify/grad_compare.h"
+
+using sbp::StreamBP;
+using sbp::TensorList;
+using sbp::test::run_step;
+
+namespace {
+
+constexpr double kFp64Rtol = 1e-10;  // the exactness gate of test_exactness.cpp
+
+// Standard BP against StreamBP with `faults`, in fp64 on the tiny preset (untied, so that the lm_head and the
+// embedding gradients are checked separately). No padding: padded tail positions carry no loss, and a fault that
+// only touches them (drop_tail) would be invisible.
+sbp::GradComparison faulty_streambp_error(const StreamBP::Faults& faults, std::int64_t seq_len,
+                                          std::int64_t layer_chunk) {
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  config.tie_word_embeddings = false;
+  sbp::Model model(config, at::kDouble, 41);
+  const sbp::Batch batch = sbp::random_batch(config, {2, seq_len, 0.0, 0.0, 42});
+  const auto standard = run_step(model, "standard", batch);
+
+  StreamBP stream({layer_chunk, /*head_chunk=*/5});
+  stream.inject_faults_for_testing(faults);
+  sbp::SftObjective objective;
+  stream.step(model, objective, batch);
+  return sbp::compare_gradients(standard.gradients, model.gradients());
+}
+
+void require_gate_fails(const sbp::GradComparison& cmp) {
+  const auto* worst = cmp.worst();
+  INFO("largest normwise relative error " << cmp.max_normwise_rel() << " in " << (worst ? worst->name : "-"));
+  CHECK(cmp.problems.empty());  // the gradients are all there; only their values are wrong
+  CHECK_FALSE(cmp.passed(kFp64Rtol));
+}
+
+TensorList clone(const TensorList& tensors) {
+  TensorList out;
+  for (const auto& t : tensors) out.push_back({t.name, t.tensor.clone()});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the exactness gate fails when chunks use top-left causal alignment", "[negative-control]") {
+  // Needs a chunk with s > 0: T = 16 in chunks of 4.
+  require_gate_fails(faulty_streambp_error({.top_left_causal = true}, 16, 4));
+}
+
+TEST_CASE("the exactness gate fails when the dK/dV path is dropped", "[negative-control]") {
+  require_gate_fails(faulty_streambp_error({.drop_kv_path = true}, 16, 4));
+}
+
+TEST_CASE("the exactness gate fails on a doubled head gradient", "[negative-control]") {
+  require_gate_fails(faulty_streambp_error({.double_head_grad = true}, 16, 4));
+}
+
+TEST_CASE("the exactness gate fails when the tail tokens are dropped", "[negative-control]") {
+  // Needs T mod c >= 2: T = 14 in chunks of 4 leaves two tokens out. A single dropped token would go unnoticed by
+  // any gate: the last position predicts nothing (its shifted label is -100) and no earlier query attends to it,
+  // so its exact gradient is zero in every layer (measured: 6e-16 with T = 13).
+  require_gate_fails(faulty_streambp_error({.drop_tail = true}, 14, 4));
+}
+
+TEST_CASE("the exactness gate passes the same StreamBP without faults", "[negative-control]") {
+  // The positive twin of the controls above: same model, batch and chunks, so their failures are the faults' doing.
+  for (const std::int64_t T : {14, 16}) {
+    INFO("T=" << T);
+    CHECK(faulty_streambp_error({}, T, 4).passed(kFp64Rtol));
+  }
+}
+
+namespace {
+
+TensorList tiny_gradients() {
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  config.tie_word_embeddings = false;
+  sbp::Model model(config, at::kDouble, 51);
+  return run_step(model, "standard", sbp::random_batch(config, {1, 12, 0.0, 0.0, 52})).gradients;
+}
+
+}  // namespace
+
+TEST_CASE("the checker rejects a doubled head gradient", "[negative-control][checker]") {
+  const TensorList ref = tiny_gradients();
+  TensorList doubled = clone(ref);
+  for (auto& t : doubled)
+    if (t.name == "lm_head.weight") t.tensor.mul_(2);
+  const auto cmp = sbp::compare_gradients(ref, doubled);
+  CHECK(cmp.problems.empty());
+  CHECK_FALSE(cmp.passed(kFp64Rtol));
+  REQUIRE(cmp.worst() != nullptr);
+  CHECK(cmp.worst()->name == "lm_head.weight");
+  // max|g - 2g| / max|g| is exactly 1: doubling in floating point is exact.
+  CHECK(cmp.worst()->normwise_rel == 1.0);
+  CHECK(sbp::compare_gradients(ref, clone(ref)).max_normwise_rel() == 0.0);
+}
+
+TEST_CASE("the checker rejects a missing tensor or a shape mismatch at any tolerance", "[negative-control][checker]") {
+  const TensorList ref = tiny_gradients();
+  const double any_tolerance = std::numeric_limits<double>::infinity();
+
+  TensorList missing = clone(ref);
+  missing.erase(missing.begin() + 3);
+  const auto missing_cmp = sbp::compare_gradients(ref, missing);
+  REQUIRE(missing_cmp.problems.size() == 1);
+  CHECK_THAT(missing_cmp.problems[0], Catch::Contains(ref[3].name) && Catch::Contains("missing"));
+  CHECK_FALSE(missing_cmp.passed(any_tolerance));
+
+  // A tensor the reference lacks is as wrong as one it has and the other lacks.
+  const auto extra_cmp = sbp::compare_gradients(missing, ref);
+  REQUIRE(extra_cmp.problems.size() == 1);
+  CHECK_THAT(extra_cmp.problems[0], Catch::Contains(ref[3].name));
+  CHECK_FALSE(extra_cmp.passed(any_tolerance));
+
+  TensorList reshaped = clone(ref);
+  reshaped[1].tensor = reshaped[1].tensor.reshape({1, -1});
+  const auto shape_cmp = sbp::compare_gradients(ref, reshaped);
+  REQUIRE(shape_cmp.problems.size() == 1);
+  CHECK_THAT(shape_cmp.problems[0], Catch::Contains(ref[1].name) && Catch::Contains("shape"));
+  CHECK_FALSE(shape_cmp.passed(any_tolerance));
+}
+
+TEST_CASE("the checker rejects a NaN gradient", "[negative-control][checker]") {
+  // NaN compares false with everything: a gate written as `error > rtol` would let it through.
+  const TensorList ref = tiny_gradients();
+  TensorList poisoned = clone(ref);
+  poisoned[0].tensor.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(sbp::compare_gradients(ref, poisoned).passed(kFp64Rtol));
+}

@@ -1,0 +1,58 @@
+#include "test_support.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "baselines/methods.h"
+#include "core/objective.h"
+
+namespace sbp::test {
+
+TempDir::TempDir(const std::string& prefix) {
+  std::random_device device;
+  path_ = std::filesystem::temp_directory_path() /
+          (prefix + std::to_string(device()) + "_" + std::to_string(device()));
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string read_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+void write_bytes(const std::filesystem::path& file, const std::string& bytes) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+StepGradients run_step(Model& model, const std::string& spec, const Batch& batch) {
+  auto method = make_method(spec);
+  SftObjective objective;
+  StepGradients out;
+  out.loss = method->step(model, objective, batch).loss;
+  for (const auto& g : model.gradients()) out.gradients.push_back({g.name, g.tensor.clone()});
+  return out;
+}
+
+ModelConfig tiny_config() { return preset_config("tiny"); }
+
+std::string describe(const ModelConfig& c) {
+  std::ostringstream s;
+  s << "d=" << c.hidden_size << ",L=" << c.num_hidden_layers << ",heads=" << c.num_attention_heads << "x"
+    << c.head_dim << ",kv=" << c.num_key_value_heads << ",V=" << c.vocab_size << ",I=" << c.intermediate_size
+    << ",tied=" << c.tie_word_embeddings << ",qk_norm=" << c.qk_norm << ",bias=" << c.attention_bias
+    << ",o_bias=" << c.o_proj_bias;
+  return s.str();
+}
+
+}  // namespace sbp::test

@@ -1,0 +1,47 @@
+// What several test files share: a scratch folder, raw file bytes, one BP step that keeps its gradients, and the
+// small model configurations the exactness tests sweep over.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "core/batch.h"
+#include "core/config.h"
+#include "core/model.h"
+#include "core/safetensors.h"
+
+namespace sbp::test {
+
+// A fresh folder under the system temp directory, removed with everything in it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "sbp_test_");
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_bytes(const std::filesystem::path& file);
+void write_bytes(const std::filesystem::path& file, const std::string& bytes);
+
+// One step of the method `spec` (see make_method) with the SFT objective: its loss and a copy of every parameter's
+// gradient in HF names (a copy, so that the next step on the same model cannot touch it).
+struct StepGradients {
+  double loss = 0;
+  TensorList gradients;
+};
+StepGradients run_step(Model& model, const std::string& spec, const Batch& batch);
+
+// A Qwen3-family config of test size: 4 heads of 16 with 2 KV heads (GQA), qk_norm on, tied, 2 layers, d = 64,
+// vocabulary 512 (the "tiny" preset). Callers flip the flags they exercise.
+ModelConfig tiny_config();
+
+// "d=64,L=2,heads=4x16,kv=2,V=512,I=128,tied=1,qk_norm=1,bias=0,o_bias=0": the parameters a failing case needs.
+std::string describe(const ModelConfig& config);
+
+}  // namespace sbp::test

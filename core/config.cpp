@@ -169,6 +169,17 @@ ModelConfig read_config_json(const std::filesystem::path& file) {
   return c;
 }
 
+std::string read_config_dtype(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(file.string() + ": cannot open config");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw std::runtime_error(file.string() + ": not a JSON object");
+  const auto it = j.find("torch_dtype");
+  if (it == j.end() || it->is_null()) return "float32";
+  if (!it->is_string()) throw std::runtime_error(file.string() + ": field 'torch_dtype' must be a string");
+  return it->get<std::string>();
+}
+
 std::string config_to_json(const ModelConfig& c, const std::string& torch_dtype) {
   std::string model_type = "qwen3", arch = "Qwen3ForCausalLM";
   if (!c.qk_norm && c.attention_bias && !c.o_proj_bias) model_type = "qwen2", arch = "Qwen2ForCausalLM";

@@ -37,6 +37,8 @@ std::vector<std::string> preset_names();
 
 // HF config.json (model_type qwen3, qwen2 or llama; explicit qk_norm / attention_bias keys win over model_type).
 ModelConfig read_config_json(const std::filesystem::path& file);
+// The config's torch_dtype ("float32" if absent): the dtype a checkpoint was saved in.
+std::string read_config_dtype(const std::filesystem::path& file);
 std::string config_to_json(const ModelConfig& config, const std::string& torch_dtype);
 
 }  // namespace sbp

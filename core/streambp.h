@@ -22,7 +22,9 @@ class StreamBP final : public BackpropMethod {
     bool top_left_causal = false;  // SDPA's is_causal on [s, e) x [0, e): the classic chunking bug
     bool drop_kv_path = false;     // skip step 3: dK/dV never reach W_k, W_v and the layer input
     bool double_head_grad = false; // back-propagate 2x the head gradient
-    bool drop_tail = false;        // forget the last T mod c tokens of every layer's backward
+    // Forget the last T mod c tokens of every layer's backward. Under SFT it only shows when T mod c >= 2: the
+    // last token predicts nothing and no query attends to it, so its own gradient is exactly zero anyway.
+    bool drop_tail = false;
   };
 
   explicit StreamBP(Options options) : options_(options) {}

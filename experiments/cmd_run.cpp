@@ -1,4 +1,6 @@
 // `streambp run`: one model, one batch, one BP method; prints a summary and writes the JSON record.
+#include <sstream>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -10,6 +12,7 @@
 #include "core/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
+#include "profiler/cuda_memory.h"
 
 namespace sbp {
 
@@ -24,12 +27,13 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(CLI::Range(0.0, 0.99));
   app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(CLI::Range(0.0, 0.99));
   app.add_option("--batch-file", a.batch_file, "safetensors with input_ids, labels, attention_mask")->check(CLI::ExistingFile);
-  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--seed", a.seed, "seed of the random weights and batch");
   app.add_option("--save-grads", a.save_grads, "write every parameter's gradient (safetensors, HF names)");
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
   app.add_option("--save-batch", a.save_batch, "write the batch (safetensors)");
   app.add_option("--json", a.json, "write the run record (JSON)");
+  app.add_option("--timeline", a.timeline, "write the memory timeline of the last step: PREFIX.csv and PREFIX.trace.json (Perfetto)");
   app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: the step fails with status oom above it")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
@@ -71,7 +75,9 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     if (!file.empty()) check_new_output(file, a.force, flag);
   if (!a.save_model.empty()) check_new_output(a.save_model, a.force, "--save-model");
 
-  const auto dtype = parse_dtype(a.dtype);
+  const auto dtype = parse_dtype(!a.dtype.empty() ? a.dtype
+                                 : a.source.load_dir.empty() ? "fp32"
+                                                             : read_config_dtype(a.source.load_dir + "/config.json"));
   auto method = make_method(a.method);
   auto objective = make_objective(a.objective);
   auto model = build_model(a.source, dtype, a.seed);
@@ -81,14 +87,30 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
+  if (!a.timeline.empty())
+    for (const auto* ext : {".csv", ".trace.json"}) check_new_output(a.timeline + ext, a.force, "--timeline");
+  auto& meter = CpuMemoryMeter::install();
+  if (!a.timeline.empty()) meter.start_timeline();
   const auto m = measure_method(*model, *method, *objective, batch, a.warmup, a.repeats, a.budget_bytes);
+  if (!a.timeline.empty()) {
+    const auto events = meter.stop_timeline();
+    std::ostringstream csv, trace;
+    write_timeline_csv(events, csv);
+    write_timeline_chrome_trace(events, trace);
+    write_file_atomically(a.timeline + ".csv", csv.str());
+    write_file_atomically(a.timeline + ".trace.json", trace.str());
+  }
+  std::string cuda_reason;
+  const bool cuda = cuda_device_available(&cuda_reason);
+  fmt::print("cuda      {}\n", cuda ? std::string("a GPU is present; this harness measures CPU runs")
+                                     : "CUDA memory stats and CUPTI skipped: " + cuda_reason);
   const auto est = method->memory_model({model->config(), dtype, batch.batch_size(), batch.seq_len()});
   print_summary(a, *model, batch, *method, m, est);
 
   const auto prov = collect_provenance(command_line);
   if (!a.save_grads.empty() && m.status == "passed") {
     save_gradients(*model, a.save_grads,
-                   {{"method", method->spec()}, {"dtype", a.dtype}, {"commit", prov.commit}, {"command", prov.command}});
+                   {{"method", method->spec()}, {"dtype", dtype_name(dtype)}, {"commit", prov.commit}, {"command", prov.command}});
     fmt::print("gradients written to {}\n", a.save_grads);
   }
   if (!a.json.empty()) {
@@ -115,11 +137,13 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"preset", a.source.describe()},
                         {"method", method->spec()},
                         {"objective", a.objective},
-                        {"dtype", a.dtype},
+                        {"dtype", dtype_name(dtype)},
                         {"seed", a.seed},
                         {"batch_size", batch.batch_size()},
                         {"seq_len", batch.seq_len()},
                         {"budget_bytes", a.budget_bytes},
+                        {"largest_allocation_bytes", m.largest_allocation_bytes},
+                        {"cuda", {{"available", cuda}, {"reason", cuda_reason}}},
                         {"provenance", to_json(prov)}};
     write_file_atomically(a.json, j.dump(2) + "\n");
   }

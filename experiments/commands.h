@@ -15,12 +15,12 @@ namespace sbp {
 
 struct RunArgs {
   ModelSource source;
-  std::string method = "standard", objective = "sft", dtype = "fp32";
+  std::string method = "standard", objective = "sft", dtype;  // dtype "": the checkpoint's, else fp32
   std::int64_t batch_size = 1, seq_len = 0;
   double pad_fraction = 0, prompt_fraction = 0;
   std::string batch_file;
   std::uint64_t seed = 0;
-  std::string save_grads, save_model, save_batch, json;
+  std::string save_grads, save_model, save_batch, json, timeline;
   std::int64_t budget_bytes = 0;
   int threads = 0, warmup = 0, repeats = 1;
   bool force = false;

@@ -41,7 +41,7 @@ Provenance collect_provenance(const std::string& command) {
   const std::string src = STREAMBP_SOURCE_DIR;
   p.commit = shell_output("git -C '" + src + "' rev-parse --short=12 HEAD 2>/dev/null");
   if (p.commit.empty()) p.commit = "unknown";
-  else if (!shell_output("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty())
+  else if (!shell_output("git --no-optional-locks -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty())
     p.commit += "+dirty";
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm tm{};

@@ -68,6 +68,7 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
       m.error = e.what_without_backtrace();
     }
     m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - held);
+    m.largest_allocation_bytes = std::max(m.largest_allocation_bytes, meter.largest_allocation_bytes());
     m.phase_peaks = meter.phase_peaks();
     for (auto& p : m.phase_peaks) p.peak_bytes -= held;
     if (m.status != "passed") break;

@@ -38,6 +38,7 @@ struct Measurement {
   // before the step (reference gradients, other models) are not counted.
   std::int64_t peak_bytes = 0;
   std::int64_t weight_bytes = 0;
+  std::int64_t largest_allocation_bytes = 0;  // largest single block (no [T, T] tile ever exists in StreamBP)
   std::vector<PhaseTime> phases;       // of the last repeat
   std::vector<PhasePeak> phase_peaks;  // in the same accounting as peak_bytes
   double median_seconds() const;

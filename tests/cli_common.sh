@@ -18,6 +18,8 @@ expect_failure() {
   shift 2
   out=$("$@" 2>&1) || status=$?
   [[ $status -ne 0 ]] || fail "$what: exited 0\n$out"
+  # 128 + N is death by signal N: a crash is not a clean rejection.
+  [[ $status -lt 128 ]] || fail "$what: killed by a signal (exit $status)\n$out"
   grep -qE -- "$pattern" <<<"$out" || fail "$what: no message matching '$pattern' in:\n$out"
   echo "ok: $what (exit $status): $(grep -E -m1 -- "$pattern" <<<"$out")"
 }

@@ -2,9 +2,10 @@
 source "$(dirname "$0")/cli_common.sh"
 
 "$STREAMBP" run --preset tiny --method standard --seq 8 --save-model "$WORK/M" --save-grads g.safetensors >/dev/null
-# A truncated weights file in a checkpoint folder: the message names the file.
-truncate -s 100 "$WORK/M/model.safetensors"
-expect_failure "truncated model.safetensors" "$WORK/M/model.safetensors" \
+# A weights file cut in the middle of its data, as an interrupted copy leaves it: the message names the file.
+weights="$WORK/M/model.safetensors"
+truncate -s $(($(stat -c %s "$weights") / 2)) "$weights"
+expect_failure "truncated model.safetensors" "$weights" \
   "$STREAMBP" run --load "$WORK/M" --method standard --seq 8
 
 expect_failure "unknown dtype" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8

@@ -13,7 +13,8 @@ export CCACHE_DIR ?= $(CACHE)/ccache
 APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 DEPS_STAMP := $(CACHE)/apt-packages.stamp
-VENV_STAMP := $(VENV)/.torch-$(TORCH_VERSION).stamp
+# Bump the stamp name when the venv's package list changes, so existing venvs get the new packages.
+VENV_STAMP := $(VENV)/.streambp-venv-2.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
 .PHONY: demo test build configure deps venv plots clean
@@ -31,6 +32,7 @@ configure: $(BUILD)/CMakeCache.txt
 
 $(BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache $(CUDA_FLAGS) \
+	  -DSTREAMBP_PYTHON=$(VENV)/bin/python \
 	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
 
 deps: $(DEPS_STAMP)
@@ -47,7 +49,7 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (the torch $(TORCH_VERSION) wheel here is for CPython 3.11)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib
+	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers
 	@touch $@
 
 plots: $(VENV_STAMP)

@@ -1,6 +1,7 @@
 // `streambp demo`: the headline side-by-side. For each sequence length and BP method: measured peak memory, its
 // analytic model, BP time (median of repeats, methods interleaved in one run, reported as a ratio to checkpoint)
 // and the method's gradient check (fp64, every parameter against standard BP).
+#include <cstdio>
 #include <map>
 #include <sstream>
 
@@ -62,6 +63,7 @@ std::map<std::string, Check> check_methods(const ModelConfig& config, const std:
     out[spec] = {cmp.passed(1e-10) ? "passed" : "incorrect", cmp.max_normwise_rel()};
     fmt::print("  {:<44} max normwise relative error {:.2e}: {}\n", method->spec(), cmp.max_normwise_rel(),
                out[spec].status);
+    std::fflush(stdout);
   }
   return out;
 }
@@ -97,8 +99,11 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   auto objective = make_objective("sft");
   ResultsTable table({"batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
                       "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel"});
-  fmt::print("\n{:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}\n", "T", "method", "peak", "analytic", "meas/an",
-             "BP s", "vs ckpt", "grad check");
+  fmt::print(stderr, "measuring {} method(s) x {} length(s) x {} repeat(s), interleaved (progress on stderr)\n",
+             methods.size(), lengths.size(), a.repeats);
+  std::vector<std::string> table_lines;
+  table_lines.push_back(fmt::format("{:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}", "T", "method", "peak", "analytic", "meas/an",
+             "BP s", "vs ckpt", "grad check"));
   bool all_passed = true;
   for (const auto T : lengths) {
     const auto batch = random_batch(config, {1, T, 0.0, 0.1, seed});
@@ -108,6 +113,8 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
       for (std::size_t i = 0; i < methods.size(); ++i) {
         auto m = measure_method(model, *methods[i], *objective, batch, 0, 1, 0);
         if (m.status != "passed") throw std::runtime_error(methods[i]->spec() + " failed: " + m.error);
+        fmt::print(stderr, "  [T={} repeat {}/{}] {:<40} {:7.2f} s  peak {}\n", T, r + 1, a.repeats,
+                   methods[i]->spec(), m.bp_seconds.at(0), format_bytes(m.peak_bytes));
         results[i].peak_bytes = std::max(results[i].peak_bytes, m.peak_bytes);
         results[i].bp_seconds.push_back(m.bp_seconds.at(0));
       }
@@ -120,9 +127,9 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
       const auto check = checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
       all_passed = all_passed && check.status != "incorrect";
       const double ratio = checkpoint_seconds > 0 ? m.median_seconds() / checkpoint_seconds : 0.0;
-      fmt::print("{:>6}  {:<40} {:>10} {:>10} {:>7.3f} {:>8.2f} {:>8.3f}  {}\n", T, methods[i]->spec(),
+      table_lines.push_back(fmt::format("{:>6}  {:<40} {:>10} {:>10} {:>7.3f} {:>8.2f} {:>8.3f}  {}", T, methods[i]->spec(),
                  format_bytes(m.peak_bytes), format_bytes(est), double(m.peak_bytes) / double(est), m.median_seconds(),
-                 ratio, check.status);
+                 ratio, check.status));
       std::string all;
       for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
       table.add({a.preset, methods[i]->spec(), a.dtype, check.status, seed,
@@ -132,6 +139,8 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
     }
   }
   const auto csv = table.write(a.out_dir, "demo", collect_provenance(command_line));
+  fmt::print("\n");
+  for (const auto& line : table_lines) fmt::print("{}\n", line);
   fmt::print("\nresults: {} (BP s = median of {}; vs ckpt = ratio of medians in this run)\n", csv.string(), a.repeats);
   return all_passed ? 0 : 1;
 }

@@ -104,9 +104,7 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                         {"checkpoints", z.L * btd},
                         {"dL/dH in + out", 2 * btd},
                         {"K, V, dK, dV", 4 * kv},
-                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w.config, w.dtype) + 2 * kv},
-                        // SDPA turns the [c, T] bool mask into one in the model dtype and keeps it for backward.
-                        {"attention mask", c * z.T * z.s}}};
+                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w.config, w.dtype) + 2 * kv}}};
   // Embedding backward: the dense [V, d] gradient of the lookup before it is added to the (tied) gradient.
   MemoryEstimate embedding{"embedding backward",
                            {{"weights", z.P * z.s}, {"gradients", z.P * z.s}, {"dL/dH", btd}, {"lookup gradient", lm_grad}}};

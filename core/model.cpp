@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "core/chunk_attention.h"
 #include "core/dtype.h"
 
 namespace sbp {
@@ -203,11 +204,10 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
     // Square block: SDPA's top-left causal rule coincides with the bottom-right one.
     o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
   } else {
-    // Query at absolute position q_start+i sees keys j <= q_start+i (bottom-right aligned). is_causal=true would
-    // align top-left and hide most of the prefix from every chunk after the first. The mask is [c, e]: O(c·T).
-    const auto opts = at::TensorOptions().dtype(at::kLong);
-    const auto mask = at::arange(e, opts).unsqueeze(0) <= at::arange(q_start, q_start + c, opts).unsqueeze(1);
-    o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
+    // Query at absolute position q_start+i sees keys j <= q_start+i (bottom-right aligned). SDPA's is_causal=true
+    // would align top-left and hide most of the prefix from every chunk after the first; a [c, e] mask would be
+    // right but computes the masked half of the diagonal block. chunk_attention does neither.
+    o = chunk_attention(q, k, v, q_start, scale);
   }
   return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
 }

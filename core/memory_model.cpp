@@ -87,14 +87,16 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const auto btd = z.B * z.T * z.d * z.s;
   const auto lm_grad = z.V * z.d * z.s;
   const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V, dK, dV: [B, n_kv, T, hd]
-  // Head chunk: the loss peak of c_h positions; the lm_head gradient exists from the second chunk on (it is
-  // accumulated inside the GEMM, so no [V, d] temporary).
+  // Head chunk: one [B, c_h, V] buffer holds the logits and then, in place, their gradient (plus, for bf16, the
+  // model-dtype logits it was cast from and the gradient cast back); the lm_head gradient exists from the second
+  // chunk on and is accumulated inside the GEMM, so no [V, d] temporary.
+  const auto head_logits = z.B * ch * z.V * (z.f + (z.s < z.f ? z.s : 0));
   MemoryEstimate head{"head backward",
                       {{"weights", z.P * z.s},
                        {"checkpoints", (z.L + 1) * btd},
                        {"dL/dH", btd},
                        {"lm_head gradient", z.T > ch ? lm_grad : 0},
-                       {"head chunk", loss_peak_bytes(ch, z) + z.B * ch * norm_bytes(z.d, z)}}};
+                       {"head chunk", head_logits + z.B * ch * norm_bytes(z.d, z)}}};
   // Last chunk of layer L-1: all gradients (an untied embedding's comes last), K/V + dK/dV of the layer, the
   // chunk's activations and the [B, n_kv, T, hd] gradients of its K/V prefix.
   const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : lm_grad;

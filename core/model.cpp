@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 
 #include "core/chunk_attention.h"
 #include "core/dtype.h"
@@ -233,21 +234,17 @@ at::Tensor Model::logits(const at::Tensor& h_normed) const {
   return at::linear(h_normed, lm_head_).to(compute_dtype(dtype_));
 }
 
-at::Tensor Model::logits_accumulating_head_grad(const at::Tensor& h_normed) const {
-  auto logits = at::linear(h_normed, lm_head_.detach());  // [B, c, V]; autograd reaches h_normed only
-  if (logits.requires_grad()) {
-    const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});  // [B*c, d]
-    auto weight = lm_head_;
-    logits.register_hook([hn, weight](const at::Tensor& grad) {  // grad: [B, c, V], model dtype
-      const auto g = grad.reshape({-1, grad.size(-1)});          // [B*c, V]
-      auto& acc = weight.mutable_grad();
-      if (acc.defined())
-        acc.addmm_(g.t(), hn);
-      else
-        acc = at::mm(g.t(), hn);
-    });
-  }
-  return logits.to(compute_dtype(dtype_));
+at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed) const {
+  at::NoGradGuard no_grad;
+  // Like autograd's backward of .to(compute_dtype): the gradient is rounded to the model dtype before the GEMMs.
+  const auto g = grad_logits.to(dtype_).reshape({-1, grad_logits.size(-1)});  // [B*c, V]
+  const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});         // [B*c, d]
+  auto& acc = lm_head_.mutable_grad();
+  if (acc.defined())
+    acc.addmm_(g.t(), hn);
+  else
+    acc = at::mm(g.t(), hn);
+  return at::mm(g, lm_head_.detach()).view(h_normed.sizes());  // [B, c, d]
 }
 
 }  // namespace sbp

@@ -58,10 +58,10 @@ class Model {
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
   // Logits in compute_dtype (fp32 for bf16/fp32 models, like HF's loss upcast; fp64 stays fp64). [B, c, V]
   at::Tensor logits(const at::Tensor& h_normed) const;
-  // The same logits, but the backward leaves the lm_head weight alone and instead adds
-  // dLoss/dW = dLoss/dlogits^T · h_normed straight into its grad inside one GEMM (addmm with beta = 1): no [V, d]
-  // temporary per chunk, and no extra pass over the [V, d] gradient (StreamBP's head loop calls this per chunk).
-  at::Tensor logits_accumulating_head_grad(const at::Tensor& h_normed) const;
+  // Backward of logits(h_normed) by hand, for a streamed head: adds dLoss/dW = grad^T · h_normed into the
+  // lm_head gradient inside one GEMM (addmm, beta = 1: no [V, d] temporary, no extra pass over the gradient) and
+  // returns dLoss/dh_normed = grad · W. grad_logits: [B, c, V] in compute dtype; h_normed: [B, c, d].
+  at::Tensor logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed) const;
   const at::Tensor& lm_head_weight() const { return lm_head_; }
 
  private:

@@ -20,6 +20,10 @@ class Objective {
   virtual void prepare(const Batch& batch) = 0;
   // logits: [B, c, V] for positions [start, start + c), in compute dtype. Returns a 0-dim loss term.
   virtual at::Tensor chunk_loss(const at::Tensor& logits, std::int64_t start) const = 0;
+  // The chunk's loss term, with `logits` overwritten by dLoss/dlogits: what a streamed head needs, without
+  // autograd's copies of [B, c, V]. This default runs autograd on chunk_loss (two more [B, c, V] buffers at its
+  // peak); an objective may override it with an in-place computation.
+  virtual double chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const;
 };
 
 // SFT with HF's convention: position t predicts labels[t+1]; loss = sum of NLL / number of valid shifted labels in
@@ -29,6 +33,9 @@ class SftObjective final : public Objective {
   std::string name() const override { return "sft"; }
   void prepare(const Batch& batch) override;
   at::Tensor chunk_loss(const at::Tensor& logits, std::int64_t start) const override;
+  // In place: softmax - onehot(target), scaled by 1/num_valid on valid rows, zero on ignored ones. One [B, c, V]
+  // buffer (the logits themselves) instead of three at the peak, so head chunks can be three times longer.
+  double chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const override;
   std::int64_t num_valid_labels() const { return num_valid_; }
 
  private:

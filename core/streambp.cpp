@@ -72,10 +72,15 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     Phase phase(clock, "head");
     for_each_chunk(T, options_.head_chunk, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(H[L].slice(1, s, e));  // [B, c_h, d]
-      auto term = objective.chunk_loss(model.logits_accumulating_head_grad(model.final_norm(h)), s);
-      if (faults_.double_head_grad) term = term * 2.0;
-      term.backward();
-      loss += term.item<double>();
+      const auto hn = model.final_norm(h);   // with a graph: final norm weight and h
+      at::Tensor logits;                     // [B, c_h, V], compute dtype; becomes dLoss/dlogits
+      {
+        at::NoGradGuard no_grad;
+        logits = model.logits(hn);
+      }
+      loss += objective.chunk_loss_and_grad(logits, s);
+      if (faults_.double_head_grad) logits.mul_(2.0);
+      hn.backward(model.logits_backward(logits, hn));
       G.slice(1, s, e).copy_(h.grad());
     });
     H[L].reset();

@@ -15,7 +15,7 @@ class StreamBP final : public BackpropMethod {
  public:
   struct Options {
     std::int64_t layer_chunk = 512;  // tokens per chunk inside a decoder layer (c)
-    std::int64_t head_chunk = 512;   // tokens per chunk of the LM head + loss (c_h)
+    std::int64_t head_chunk = 1024;  // tokens per chunk of the LM head + loss (c_h)
   };
   // Deliberate bugs for the negative controls of the exactness gate (tests only; all off in every other use).
   struct Faults {

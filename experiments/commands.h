@@ -38,9 +38,9 @@ int compare_command(const CompareArgs& args, const std::string& command_line);
 
 struct DemoArgs {
   std::string preset = "qwen3-small", dtype = "fp32", out_dir = "results/demo";
-  std::string seq_lens = "1024,2048,4096";
+  std::string seq_lens = "2048,4096";
   std::string methods = "standard;checkpoint;streambp";
-  int repeats = 3, threads = 0;
+  int repeats = 2, threads = 0;
   std::int64_t check_seq_len = 700;
 };
 void add_demo_options(CLI::App& app, DemoArgs& args);

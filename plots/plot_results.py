@@ -41,7 +41,7 @@ def plot_demo(csv_path: Path) -> Path:
 
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
-    for csv_path in sorted(root.glob("demo/*.csv")):
+    for csv_path in sorted(root.glob("*/demo-*.csv")):
         if not csv_path.with_suffix(".png").exists():  # figures are derived; never redraw over an existing one
             print("wrote", plot_demo(csv_path))
     return 0

@@ -108,6 +108,7 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
   // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph.
   at::Tensor K, V;  // [B, n_kv, T, hd]
   {
+    Phase phase(clock, "kv_recompute");
     at::NoGradGuard no_grad;
     std::tie(K, V) = model.kv(layer, h_in, 0);
   }

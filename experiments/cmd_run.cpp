@@ -43,6 +43,13 @@ void add_run_options(CLI::App& app, RunArgs& a) {
 
 namespace {
 
+// Wall time of a phase in the measured step (the meter keys peaks by the same names).
+double phase_seconds(const Measurement& m, const std::string& name) {
+  for (const auto& t : m.phases)
+    if (t.name == name) return t.seconds;
+  return 0;
+}
+
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const BackpropMethod& method,
                    const Measurement& m, const MemoryEstimate& est) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.source.describe(), model.config().num_parameters() / 1e6,
@@ -57,9 +64,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
              est.moment);
   for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
   for (const auto& p : m.phase_peaks) {
-    double seconds = 0;
-    for (const auto& t : m.phases)
-      if (t.name == p.name) seconds = t.seconds;
+    const double seconds = phase_seconds(m, p.name);
     fmt::print("  phase   {:<12} peak {:>12}  {:8.3f} s  x{}\n", p.name, format_bytes(p.peak_bytes), seconds, p.count);
   }
 }
@@ -117,9 +122,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     nlohmann::json terms = nlohmann::json::array(), phases = nlohmann::json::array();
     for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
     for (const auto& p : m.phase_peaks) {
-      double seconds = 0;
-      for (const auto& t : m.phases)
-        if (t.name == p.name) seconds = t.seconds;
+      const double seconds = phase_seconds(m, p.name);
       phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", seconds}, {"count", p.count}});
     }
     nlohmann::json j = {{"status", m.status},

@@ -10,7 +10,7 @@ namespace sbp {
 
 StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Batch& batch) {
   model.zero_grad();
-  objective.prepare(batch);
+  objective.prepare(batch, model.config());
   const int L = int(model.config().num_hidden_layers);
   PhaseClock clock;
   const auto start = std::chrono::steady_clock::now();

@@ -9,7 +9,7 @@ namespace sbp {
 
 StepResult StandardBackprop::step(Model& model, Objective& objective, const Batch& batch) {
   model.zero_grad();
-  objective.prepare(batch);
+  objective.prepare(batch, model.config());
   PhaseClock clock;
   const auto start = std::chrono::steady_clock::now();
   at::Tensor loss;

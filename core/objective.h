@@ -1,48 +1,115 @@
-// Training objectives, one code path for every BP method (DESIGN §5). A method feeds the objective the logits of
-// a chunk of positions; the chunk terms sum to the loss and so do their gradients. Everything that couples tokens
-// (valid-label counts, per-sequence statistics) is fixed in prepare(), before any chunk.
+// Training objectives, one code path for every BP method (DESIGN §5). Every objective here is a function of the
+// per-token log-probabilities logp[b, t] = log_softmax(logits[b, t] / temperature)[target[b, t]] of the tokens it
+// scores (position t predicts token t + 1), in two parts:
+//   L = sum over tokens of token terms (SFT's NLL, GRPO's clipped surrogate and KL)
+//     + R(S), S[b] = a sum over the tokens of row b (DPO's log-prob sums, GRPO's sequence-level log-ratio).
+// A method feeds the objective the logits of chunks of positions; the chunk terms sum to L and their gradients to
+// dL/dlogits. Counts and normalisers are fixed in prepare(). R couples positions through S: a method that streams
+// the head over several chunks first runs the statistics pass (no grad) that sums S over the whole sequence, and
+// each chunk then differentiates R(S_rest + S_chunk) with S_rest = S - S_chunk held fixed: that is exactly
+// dR/dS(S) · dS_chunk/dlogits, the fixed-coefficient pass 2 of DESIGN §5. A chunk that is the whole sequence
+// (standard, checkpoint) needs no pass: R is then differentiated as written.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/batch.h"
+#include "core/config.h"
 
 namespace sbp {
 
 class Objective {
  public:
   virtual ~Objective() = default;
-  virtual std::string name() const = 0;
-  virtual void prepare(const Batch& batch) = 0;
-  // logits: [B, c, V] for positions [start, start + c), in compute dtype. Returns a 0-dim loss term.
-  virtual at::Tensor chunk_loss(const at::Tensor& logits, std::int64_t start) const = 0;
-  // The chunk's loss term, with `logits` overwritten by dLoss/dlogits: what a streamed head needs, without
-  // autograd's copies of [B, c, V]. This default runs autograd on chunk_loss (two more [B, c, V] buffers at its
-  // peak); an objective may override it with an in-place computation.
-  virtual double chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const;
+  // Canonical spec with every option; make_objective(spec()) builds the same objective.
+  virtual std::string spec() const = 0;
+  std::string name() const { return spec().substr(0, spec().find(':')); }
+  double temperature() const { return temperature_; }
+
+  // Validates the objective's tensors in `batch` (throws std::invalid_argument naming `source` and the tensor) and
+  // fixes everything that couples positions: targets, counts, normalisers. Forgets earlier statistics.
+  void prepare(const Batch& batch, const ModelConfig& config, const std::string& source = "batch");
+
+  // The statistics pass, for methods whose head chunks do not cover the sequence at once: when needs_statistics(),
+  // call accumulate_statistics on every chunk of [0, T) (no grad; it may overwrite `logits`), then chunk terms.
+  bool needs_statistics() const { return has_row_term() && !statistics_ready_; }
+  void accumulate_statistics(at::Tensor& logits, std::int64_t start);  // logits: [B, c, V] of positions [start, start+c)
+  void finish_statistics() { statistics_ready_ = true; }
+
+  // logits: [B, c, V] for positions [start, start + c), in compute dtype. Returns the 0-dim chunk term, with a graph.
+  at::Tensor chunk_loss(const at::Tensor& logits, std::int64_t start) const;
+  // The chunk term's value, with `logits` overwritten by dTerm/dlogits in place: one [B, c, V] buffer at the peak
+  // instead of autograd's three. Only the [B, c] log-probs go through autograd (the objective's formula); the
+  // softmax part of the chain rule, (onehot - softmax) * dL/dlogp / temperature, is written into the logits.
+  double chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const;
+  // The same by autograd through chunk_loss (two more [B, c, V] buffers): the reference the in-place one is tested on.
+  double chunk_loss_and_grad_by_autograd(at::Tensor& logits, std::int64_t start) const;
+
+  // Random batches of this objective's format (--batch/--seq): tokens, masks and the objective's own tensors.
+  virtual Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const = 0;
+  // Log-probs a random batch synthesises from the policy's (old_logps, and ref_logps when no reference model is
+  // given): when true, the caller computes the policy's per-token log-probs and calls add_synthetic_logps.
+  virtual bool wants_policy_logps() const { return false; }
+  // token_logps: [B, T], column t = log-prob of token t under the policy (sequence_logps). Seeded perturbations.
+  virtual void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
+                                   bool reference_given) const;
+  // True when the loss needs reference log-probs that `batch` does not carry: they come from --ref.
+  virtual bool needs_reference(const Batch& batch) const { return false; }
+  // The batch with ref_logps computed from the reference model's per-token log-probs ([B, T], as above).
+  virtual Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const;
+
+ protected:
+  // Set by prepare_fields: targets [B, T] int64 (the token position t is scored on, -1 where none) and the
+  // temperature dividing the logits.
+  virtual void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) = 0;
+  // The token part of the loss on a chunk: logp [B, c] (0 where unscored) of positions [start, start + c).
+  virtual at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const = 0;
+  // The row part: S_chunk [B] from a chunk's log-probs, and R(S) (0-dim). Only with has_row_term().
+  virtual bool has_row_term() const { return false; }
+  virtual at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const;
+  virtual at::Tensor row_loss(const at::Tensor& S) const;
+
+  // The chunk's terms as a function of its log-probs: token terms + R(S_rest + S_chunk) (see the top of this file).
+  at::Tensor chunk_term(const at::Tensor& logp, std::int64_t start) const;
+  // Log-probs of the chunk's targets, [B, c], 0 where unscored; differentiable (log_softmax) or, in place, leaving
+  // softmax(logits / temperature) in `logits`.
+  at::Tensor logps(const at::Tensor& logits, std::int64_t start) const;
+  at::Tensor logps_in_place(at::Tensor& logits, std::int64_t start) const;
+  // [B, c] slice of a [B, T] per-position tensor, as `like`'s dtype.
+  static at::Tensor chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like);
+
+  at::Tensor targets_;  // [B, T] int64, -1 = position not scored
+  at::Tensor scored_;   // [B, T] fp64, 1 where targets_ >= 0
+  double temperature_ = 1.0;
+  std::int64_t seq_len_ = 0;
+  at::Tensor statistics_;  // [B] fp64: S summed over the chunks seen by the statistics pass
+  bool statistics_ready_ = false;
+  // Negative control (tests only): each chunk differentiates R at its own partial sums, as if S_rest were 0.
+  bool fault_partial_statistics_ = false;
 };
 
-// SFT with HF's convention: position t predicts labels[t+1]; loss = sum of NLL / number of valid shifted labels in
-// the whole batch (not per chunk, not per row).
-class SftObjective final : public Objective {
- public:
-  std::string name() const override { return "sft"; }
-  void prepare(const Batch& batch) override;
-  at::Tensor chunk_loss(const at::Tensor& logits, std::int64_t start) const override;
-  // In place: softmax - onehot(target), scaled by 1/num_valid on valid rows, zero on ignored ones. One [B, c, V]
-  // buffer (the logits themselves) instead of three at the peak, so head chunks can be three times longer.
-  double chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const override;
-  std::int64_t num_valid_labels() const { return num_valid_; }
+// Checks shared by the objectives' prepare_fields; each throws std::invalid_argument naming `source` and the tensor.
+// Every tensor of the batch is in required or optional (an unexpected one means the batch was made for another
+// objective), and every required one is there.
+void check_field_names(const Batch& batch, const std::set<std::string>& required, const std::set<std::string>& optional,
+                       const std::string& objective, const std::string& source);
+// completion_mask: int64 [B, T] of 0/1, never on a pad or on token 0 (nothing predicts it), and not all zero.
+at::Tensor checked_completion_mask(const Batch& batch, const std::string& source);
+// A floating tensor of exactly `shape` with finite values where `where` (same shape; undefined: everywhere), as fp64.
+at::Tensor checked_float_field(const Batch& batch, const std::string& name, at::IntArrayRef shape,
+                               const at::Tensor& where, const std::string& source);
 
- private:
-  at::Tensor shifted_labels_;  // [B, T]: labels[:, 1:] then -100
-  std::int64_t num_valid_ = 0;
-};
+// Shifted per-position view of a per-token tensor: out[:, t] = x[:, t + 1], the last column `fill`. Position t
+// predicts token t + 1, so a token's mask or log-prob is read at the position before it.
+at::Tensor shift_left(const at::Tensor& per_token, double fill);
 
-std::unique_ptr<Objective> make_objective(const std::string& name);  // throws naming the known objectives
+// "sft", "grpo:beta=0.04,...", "dpo:beta=0.1,label_smoothing=0": throws std::invalid_argument naming the unknown
+// objective, key or bad value.
+std::unique_ptr<Objective> make_objective(const std::string& spec);
 
 }  // namespace sbp

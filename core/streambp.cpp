@@ -10,15 +10,10 @@
 
 #include "core/memory_model.h"
 #include "core/model.h"
+#include "core/streaming.h"
 
 namespace sbp {
 namespace {
-
-// Chunk boundaries [s, e) covering [0, T); the last chunk is the remainder when c does not divide T.
-template <typename F>
-void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
-  for (std::int64_t s = 0; s < T; s += c) f(s, std::min(T, s + c));
-}
 
 at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
 
@@ -41,7 +36,7 @@ at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::T
 
 StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch) {
   model.zero_grad();
-  objective.prepare(batch);
+  objective.prepare(batch, model.config());
   const int L = int(model.config().num_hidden_layers);
   const auto T = batch.seq_len();
   PhaseClock clock;
@@ -54,15 +49,12 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     Phase phase(clock, "forward");
     at::NoGradGuard no_grad;
     H[0] = model.embed(batch.input_ids);
-    for (int l = 0; l < L; ++l) {
-      const auto [K, V] = model.kv(l, H[l], 0);  // [B, n_kv, T, hd]
-      H[l + 1] = at::empty_like(H[l]);
-      for_each_chunk(T, options_.layer_chunk, [&](std::int64_t s, std::int64_t e) {
-        const auto h = H[l].slice(1, s, e);
-        const auto o = model.attend(model.q(l, h, s), K.slice(2, 0, e), V.slice(2, 0, e), s);
-        H[l + 1].slice(1, s, e).copy_(model.after_attention(l, h, o));
-      });
-    }
+    for (int l = 0; l < L; ++l) H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
+  }
+  // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before any head chunk.
+  if (objective.needs_statistics()) {
+    Phase phase(clock, "statistics");
+    statistics_pass(model, objective, H[L], options_.head_chunk);
   }
 
   // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].

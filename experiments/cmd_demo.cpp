@@ -48,7 +48,7 @@ std::map<std::string, Check> check_methods(const ModelConfig& config, const std:
                                            std::int64_t T, std::uint64_t seed) {
   fmt::print("gradient check: fp64, B=1, T={}, every parameter against standard (rtol 1e-10)\n", T);
   Model model(config, at::kDouble, seed);
-  const auto batch = random_batch(config, {1, T, 0.0, 0.1, seed});
+  const auto batch = random_sft_batch(config, {1, T, 0.0, 0.1, seed});
   auto objective = make_objective("sft");
   auto standard = make_method("standard");
   const auto reference = step_gradients(model, *standard, *objective, batch);
@@ -106,7 +106,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
              "BP s", "vs ckpt", "grad check"));
   bool all_passed = true;
   for (const auto T : lengths) {
-    const auto batch = random_batch(config, {1, T, 0.0, 0.1, seed});
+    const auto batch = random_sft_batch(config, {1, T, 0.0, 0.1, seed});
     std::vector<Measurement> results(methods.size());
     // Methods interleaved repeat by repeat, so slow drifts of this shared machine hit all of them alike.
     for (int r = 0; r < a.repeats; ++r)

@@ -21,12 +21,19 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
   app.add_option("--load", a.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
   app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();
-  app.add_option("--objective", a.objective, "training objective")->check(CLI::IsMember({"sft"}));
+  app.add_option("--objective", a.objective,
+                 "objective spec: sft | grpo:beta=0,epsilon_low=0.2,epsilon_high=0.2,loss_type=dapo,temperature=1,"
+                 "importance=token,max_completion_length=256 | dpo:beta=0.1,label_smoothing=0 (keys optional; "
+                 "defaults shown: TRL's)");
+  app.add_option("--group", a.group, "GRPO random batch: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
+  app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
   app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber);
   app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(CLI::Range(0.0, 0.99));
   app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--batch-file", a.batch_file, "safetensors with input_ids, labels, attention_mask")->check(CLI::ExistingFile);
+  app.add_option("--batch-file", a.batch_file, "safetensors with input_ids, attention_mask and the objective's tensors "
+                 "(sft: labels; grpo: completion_mask, advantages, optional old_logps, ref_logps; dpo: completion_mask, "
+                 "optional ref_logps)")->check(CLI::ExistingFile);
   app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--seed", a.seed, "seed of the random weights and batch");
   app.add_option("--save-grads", a.save_grads, "write every parameter's gradient (safetensors, HF names)");
@@ -50,11 +57,15 @@ double phase_seconds(const Measurement& m, const std::string& name) {
   return 0;
 }
 
-void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const BackpropMethod& method,
-                   const Measurement& m, const MemoryEstimate& est) {
+void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
+                   const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
+                   const MemoryEstimate& est) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.source.describe(), model.config().num_parameters() / 1e6,
              dtype_name(model.dtype()));
-  fmt::print("batch     B={} T={} objective={}\n", batch.batch_size(), batch.seq_len(), a.objective);
+  fmt::print("batch     B={} T={} objective={}\n", batch.batch_size(), batch.seq_len(), objective.spec());
+  if (reference.ran)
+    fmt::print("reference {} log-probs in {:.3f} s, peak {} (before the step, not in its time or peak)\n", a.ref_dir,
+               reference.seconds, format_bytes(reference.peak_bytes));
   fmt::print("method    {}\n", method.spec());
   fmt::print("status    {}{}\n", m.status, m.error.empty() ? "" : "  (" + m.error + ")");
   if (m.status == "passed") fmt::print("loss      {:.10g}\n", m.loss);
@@ -86,9 +97,13 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   auto method = make_method(a.method);
   auto objective = make_objective(a.objective);
   auto model = build_model(a.source, dtype, a.seed);
-  Batch batch = random ? random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction, a.prompt_fraction, a.seed})
+  const auto batch_source = random ? std::string("random batch") : a.batch_file;
+  Batch batch = random ? objective->random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction,
+                                                                   a.prompt_fraction, a.seed, a.group})
                        : read_batch_file(a.batch_file);
-  validate_batch(batch, model->config(), random ? "random batch" : a.batch_file);
+  validate_tokens(batch, model->config(), batch_source);
+  const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.seed);
+  objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
@@ -110,7 +125,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   fmt::print("cuda      {}\n", cuda ? std::string("a GPU is present; this harness measures CPU runs")
                                      : "CUDA memory stats and CUPTI skipped: " + cuda_reason);
   const auto est = method->memory_model({model->config(), dtype, batch.batch_size(), batch.seq_len()});
-  print_summary(a, *model, batch, *method, m, est);
+  print_summary(a, *model, batch, *objective, *method, reference, m, est);
 
   const auto prov = collect_provenance(command_line);
   if (!a.save_grads.empty() && m.status == "passed") {
@@ -139,7 +154,11 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"process_peak_rss_bytes", process_peak_rss_bytes()},
                         {"preset", a.source.describe()},
                         {"method", method->spec()},
-                        {"objective", a.objective},
+                        {"objective", objective->spec()},
+                        {"reference_pass", reference.ran ? nlohmann::json{{"ref", a.ref_dir},
+                                                                          {"seconds", reference.seconds},
+                                                                          {"peak_bytes", reference.peak_bytes}}
+                                                         : nlohmann::json()},
                         {"dtype", dtype_name(dtype)},
                         {"seed", a.seed},
                         {"batch_size", batch.batch_size()},

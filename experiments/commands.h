@@ -18,7 +18,8 @@ struct RunArgs {
   std::string method = "standard", objective = "sft", dtype;  // dtype "": the checkpoint's, else fp32
   std::int64_t batch_size = 1, seq_len = 0;
   double pad_fraction = 0, prompt_fraction = 0;
-  std::string batch_file;
+  std::int64_t group = 0;  // GRPO random batch: completions per prompt (0: the whole batch)
+  std::string batch_file, ref_dir;
   std::uint64_t seed = 0;
   std::string save_grads, save_model, save_batch, json, timeline;
   std::int64_t budget_bytes = 0;

@@ -1,6 +1,7 @@
 #include "experiments/runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -8,6 +9,7 @@
 
 #include "core/checkpoint_io.h"
 #include "core/safetensors.h"
+#include "core/streaming.h"
 
 namespace sbp {
 
@@ -26,17 +28,79 @@ std::unique_ptr<Model> build_model(const ModelSource& s, c10::ScalarType dtype, 
 }
 
 Batch read_batch_file(const std::filesystem::path& file) {
-  const auto tensors = read_safetensors(file);
-  auto find = [&](const std::string& name) {
-    for (const auto& t : tensors)
-      if (t.name == name) return t.tensor;
-    throw std::invalid_argument(file.string() + ": missing tensor '" + name + "'");
-  };
-  return {find("input_ids"), find("labels"), find("attention_mask")};
+  Batch batch;
+  for (const auto& t : read_safetensors(file)) {
+    if (t.name == "input_ids")
+      batch.input_ids = t.tensor;
+    else if (t.name == "attention_mask")
+      batch.attention_mask = t.tensor;
+    else
+      batch.fields[t.name] = t.tensor;  // the objective checks its own (names, shapes, dtypes)
+  }
+  if (!batch.input_ids.defined()) throw std::invalid_argument(file.string() + ": missing tensor 'input_ids'");
+  if (!batch.attention_mask.defined()) throw std::invalid_argument(file.string() + ": missing tensor 'attention_mask'");
+  return batch;
 }
 
 void write_batch_file(const Batch& b, const std::filesystem::path& file) {
-  write_safetensors(file, {{"input_ids", b.input_ids}, {"labels", b.labels}, {"attention_mask", b.attention_mask}});
+  TensorList tensors = {{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask}};
+  for (const auto& [name, tensor] : b.fields) tensors.push_back({name, tensor});
+  write_safetensors(file, tensors);
+}
+
+namespace {
+
+// The first architecture field in which two configs differ, or "".
+std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) {
+  const std::pair<const char*, std::pair<std::int64_t, std::int64_t>> fields[] = {
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"hidden_size", {a.hidden_size, b.hidden_size}},
+      {"intermediate_size", {a.intermediate_size, b.intermediate_size}},
+      {"num_hidden_layers", {a.num_hidden_layers, b.num_hidden_layers}},
+      {"num_attention_heads", {a.num_attention_heads, b.num_attention_heads}},
+      {"num_key_value_heads", {a.num_key_value_heads, b.num_key_value_heads}},
+      {"head_dim", {a.head_dim, b.head_dim}},
+      {"qk_norm", {a.qk_norm, b.qk_norm}},
+      {"attention_bias", {a.attention_bias, b.attention_bias}},
+      {"tie_word_embeddings", {a.tie_word_embeddings, b.tie_word_embeddings}}};
+  for (const auto& [name, values] : fields)
+    if (values.first != values.second)
+      return std::string(name) + " " + std::to_string(values.second) + " (the policy has " + std::to_string(values.first) + ")";
+  return "";
+}
+
+}  // namespace
+
+ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
+                             bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed) {
+  if (!ref_dir.empty() && batch.has("ref_logps"))
+    throw std::invalid_argument(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
+  if (random && objective.wants_policy_logps())
+    objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), seed,
+                                  !ref_dir.empty());
+  ReferencePass pass;
+  if (!objective.needs_reference(batch)) {
+    if (!ref_dir.empty())
+      throw std::invalid_argument("--ref " + ref_dir + ": objective " + objective.spec() + " reads no reference log-probs");
+    return pass;
+  }
+  if (ref_dir.empty())
+    throw std::invalid_argument(source + ": objective " + objective.name() + " needs ref_logps in the batch or --ref DIR (a reference model)");
+  auto& meter = CpuMemoryMeter::install();
+  const auto before = meter.current_bytes();
+  meter.reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const auto reference = load_model_dir(ref_dir, dtype);
+    if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
+      throw std::invalid_argument(ref_dir + "/config.json: the reference model must have the policy's architecture and "
+                                  "vocabulary; it has " + diff);
+    batch = objective.with_reference(batch, sequence_logps(*reference, batch.input_ids, objective.temperature()));
+  }
+  pass.ran = true;
+  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  pass.peak_bytes = meter.peak_bytes() - before;
+  return pass;
 }
 
 double Measurement::median_seconds() const {

@@ -12,6 +12,7 @@
 
 #include "core/batch.h"
 #include "core/method.h"
+#include "core/objective.h"
 #include "core/model.h"
 #include "profiler/cpu_meter.h"
 
@@ -26,8 +27,24 @@ struct ModelSource {
 
 std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);
 
-Batch read_batch_file(const std::filesystem::path& file);  // safetensors: input_ids, labels, attention_mask (I64)
+// safetensors: input_ids and attention_mask (I64) and the objective's tensors (Batch::fields), by name.
+Batch read_batch_file(const std::filesystem::path& file);
 void write_batch_file(const Batch& batch, const std::filesystem::path& file);
+
+// The log-probs a batch needs beyond its tokens, filled in before the step (outside the measured BP):
+// - a random batch of an objective that wants them gets old_logps / synthetic ref_logps from the policy's own
+//   chunked no-grad pass (Objective::add_synthetic_logps);
+// - ref_logps from a reference model (`ref_dir`, an HF checkpoint of the same architecture and vocabulary), by a
+//   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them.
+// Throws std::invalid_argument (exit 2) when the reference is needed but not given, given but not used, or of
+// another architecture.
+struct ReferencePass {
+  bool ran = false;
+  double seconds = 0;
+  std::int64_t peak_bytes = 0;  // bytes the pass added on top of what was live before it (reference weights included)
+};
+ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
+                             bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed);
 
 struct Measurement {
   std::string status = "passed";  // "passed", "oom" (budget exceeded), "error"

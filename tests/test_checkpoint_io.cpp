@@ -84,7 +84,7 @@ TEST_CASE("a saved model loads back bitwise identical and gives identical loss a
       CHECK(at::equal(actual[i].tensor, expected[i].tensor));
     }
 
-    const auto batch = sbp::random_batch(config, {2, 21, 0.2, 0.1, 62});
+    const auto batch = sbp::random_sft_batch(config, {2, 21, 0.2, 0.1, 62});
     const auto before = run_step(model, "standard", batch);
     const auto after = run_step(*loaded, "standard", batch);
     CHECK(after.loss == before.loss);

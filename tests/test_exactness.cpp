@@ -94,8 +94,8 @@ TEST_CASE("standard and checkpoint gradients are equal in fp64", "[exactness]") 
     INFO(shape.what << ": " << describe(shape.config) << ",B=" << shape.batch.batch_size << ",T="
                     << shape.batch.seq_len << ",pad=" << shape.batch.pad_fraction);
     sbp::Model model(shape.config, at::kDouble, 100 + shape.batch.seed);
-    const Batch batch = sbp::random_batch(shape.config, shape.batch);
-    sbp::validate_batch(batch, shape.config, "random batch");
+    const Batch batch = sbp::random_sft_batch(shape.config, shape.batch);
+    sbp::validate_tokens(batch, shape.config, "random batch");
     const auto standard = run_step(model, "standard", batch);
     const auto checkpoint = run_step(model, "checkpoint", batch);
     CHECK(relative_difference(standard.loss, checkpoint.loss) <= kLossRtol);
@@ -131,7 +131,7 @@ struct SweepCase {
 // noise (~1e-18) there, and the relative error of noise against noise is O(1) and means nothing. T = 2, or T = 3
 // with one pad, are such batches.
 bool attention_gets_gradient(const Batch& batch) {
-  return (batch.labels.slice(1, 2) != -100).any().item<bool>();
+  return (batch.field("labels").slice(1, 2) != -100).any().item<bool>();
 }
 
 // The sweep draws from a fixed seed, so it is the same list on every run. The layer chunk's relation to T cycles
@@ -189,7 +189,7 @@ std::vector<SweepCase> sweep_cases(int count) {
     do {
       k.batch = {between(1, 3), T, double(pick({0, 20, 40})) / 100.0, double(pick({0, 30})) / 100.0,
                  std::uint64_t(between(0, 1 << 20))};
-    } while (!attention_gets_gradient(sbp::random_batch(c, k.batch)));  // terminates: T >= 3 without pads qualifies
+    } while (!attention_gets_gradient(sbp::random_sft_batch(c, k.batch)));  // terminates: T >= 3 without pads qualifies
     k.model_seed = std::uint64_t(between(0, 1 << 20));
     cases.push_back(k);
   }
@@ -206,8 +206,8 @@ TEST_CASE("StreamBP gradients equal standard BP in fp64 for every parameter", "[
   for (const auto& k : cases) {
     INFO(k.id());
     sbp::Model model(k.config, at::kDouble, k.model_seed);
-    const Batch batch = sbp::random_batch(k.config, k.batch);
-    sbp::validate_batch(batch, k.config, k.id());
+    const Batch batch = sbp::random_sft_batch(k.config, k.batch);
+    sbp::validate_tokens(batch, k.config, k.id());
     const auto standard = run_step(model, "standard", batch);
     const auto stream = run_step(model, k.spec(), batch);
     CHECK(relative_difference(standard.loss, stream.loss) <= kLossRtol);
@@ -278,7 +278,7 @@ TEST_CASE("StreamBP in fp32 and bf16 is as close to the fp64 oracle as standard 
     INFO(c10::toString(k.dtype) << " " << spec << " T=40 B=2 pad=0.2 prompt=0.25 " << describe(config));
     sbp::Model model(config, k.dtype, 7);
     sbp::Model oracle_model(config, at::kDouble, model.parameters(), "low-precision weights");
-    const Batch batch = sbp::random_batch(config, {2, 40, 0.2, 0.25, 8});
+    const Batch batch = sbp::random_sft_batch(config, {2, 40, 0.2, 0.25, 8});
     const auto oracle = run_step(oracle_model, "standard", batch);
     const auto standard = run_step(model, "standard", batch);
     const auto stream = run_step(model, spec, batch);
@@ -306,7 +306,7 @@ TEST_CASE("every method computes the same loss in fp64", "[exactness][loss]") {
   ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, at::kDouble, 21);
-  const Batch batch = sbp::random_batch(config, {3, 29, 0.3, 0.2, 22});
+  const Batch batch = sbp::random_sft_batch(config, {3, 29, 0.3, 0.2, 22});
   const double reference = run_step(model, "standard", batch).loss;
   for (const std::string spec : {"checkpoint", "streambp:layer_chunk=1,head_chunk=1", "streambp:layer_chunk=4,head_chunk=29",
                                  "streambp:layer_chunk=29,head_chunk=6", "streambp:layer_chunk=512,head_chunk=512"}) {
@@ -321,7 +321,7 @@ TEST_CASE("Repeated StreamBP backward passes are bitwise identical", "[exactness
   for (const auto dtype : {at::kDouble, at::kFloat}) {
     INFO(c10::toString(dtype));
     sbp::Model model(config, dtype, 31);
-    const Batch batch = sbp::random_batch(config, {2, 45, 0.2, 0.1, 32});
+    const Batch batch = sbp::random_sft_batch(config, {2, 45, 0.2, 0.1, 32});
     const std::string spec = "streambp:layer_chunk=8,head_chunk=5";
     const auto first = run_step(model, spec, batch);
     const auto second = run_step(model, spec, batch);

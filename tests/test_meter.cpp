@@ -11,7 +11,7 @@
 
 #include "baselines/methods.h"
 #include "core/model.h"
-#include "core/objective.h"
+#include "core/sft.h"
 #include "core/phase.h"
 #include "experiments/runner.h"
 #include "profiler/cpu_meter.h"
@@ -112,7 +112,7 @@ TEST_CASE("the budget throws c10::OutOfMemoryError and leaves nothing counted", 
 TEST_CASE("a BP step over the budget ends with status oom and leaves nothing counted", "[meter][budget]") {
   auto& meter = CpuMemoryMeter::install();
   sbp::Model model(sbp::test::tiny_config(), at::kFloat, 81);
-  const auto batch = sbp::random_batch(model.config(), {1, 256, 0.0, 0.0, 82});
+  const auto batch = sbp::random_sft_batch(model.config(), {1, 256, 0.0, 0.0, 82});
   sbp::SftObjective objective;
   auto method = sbp::make_method("standard");
   const auto base = meter.current_bytes();
@@ -151,7 +151,7 @@ struct StepMemory {
 StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, const std::string& spec,
                        std::int64_t T, std::int64_t B = 1) {
   sbp::Model model(config, dtype, 91);
-  const auto batch = sbp::random_batch(config, {B, T, 0.0, 0.0, 92});
+  const auto batch = sbp::random_sft_batch(config, {B, T, 0.0, 0.0, 92});
   sbp::SftObjective objective;
   auto method = sbp::make_method(spec);
   StepMemory out;

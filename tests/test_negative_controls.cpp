@@ -9,7 +9,7 @@
 
 #include "core/batch.h"
 #include "core/model.h"
-#include "core/objective.h"
+#include "core/sft.h"
 #include "core/streambp.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
@@ -30,7 +30,7 @@ sbp::GradComparison faulty_streambp_error(const StreamBP::Faults& faults, std::i
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, at::kDouble, 41);
-  const sbp::Batch batch = sbp::random_batch(config, {2, seq_len, 0.0, 0.0, 42});
+  const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 42});
   const auto standard = run_step(model, "standard", batch);
 
   StreamBP stream({layer_chunk, /*head_chunk=*/5});
@@ -89,7 +89,7 @@ TensorList tiny_gradients() {
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, at::kDouble, 51);
-  return run_step(model, "standard", sbp::random_batch(config, {1, 12, 0.0, 0.0, 52})).gradients;
+  return run_step(model, "standard", sbp::random_sft_batch(config, {1, 12, 0.0, 0.0, 52})).gradients;
 }
 
 }  // namespace

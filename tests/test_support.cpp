@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "baselines/methods.h"
-#include "core/objective.h"
+#include "core/sft.h"
 
 namespace sbp::test {
 

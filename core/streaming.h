@@ -1,0 +1,35 @@
+// The streamed building blocks that several methods and the reference pass share: chunk loops, the chunked
+// no-grad layer forward, the objective's statistics pass, and per-token log-probs of a model on its own hidden
+// states (the reference policy, DESIGN §5).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace sbp {
+
+class Model;
+class Objective;
+
+// Chunk boundaries [s, e) covering [0, T); the last chunk is the remainder when c does not divide T.
+template <typename F>
+void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
+  for (std::int64_t s = 0; s < T; s += c) f(s, std::min(T, s + c));
+}
+
+// Decoder layer `layer` on h [B, T, d] without a graph, c tokens at a time: K/V of the whole sequence once, then the
+// Q path, attention over the prefix and the MLP per chunk. Returns [B, T, d]; no full-T MLP intermediate exists.
+at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk);
+
+// Pass 1 of DESIGN §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
+// objective's row statistics. h_last: [B, T, d], the last decoder layer's output.
+void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk);
+
+// logp[b, t] = log_softmax(logits[b, t - 1] / temperature)[input_ids[b, t]] for t >= 1, column 0 = 0: [B, T] fp64.
+// A chunked no-grad pass of `model` on its own hidden states; never holds more than [B, head_chunk, V] logits.
+at::Tensor sequence_logps(const Model& model, const at::Tensor& input_ids, double temperature,
+                          std::int64_t layer_chunk = 512, std::int64_t head_chunk = 1024);
+
+}  // namespace sbp

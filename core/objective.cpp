@@ -88,6 +88,7 @@ at::Tensor Objective::logps(const at::Tensor& logits, std::int64_t start) const 
 
 at::Tensor Objective::logps_in_place(at::Tensor& logits, std::int64_t start) const {
   at::NoGradGuard no_grad;
+  TORCH_CHECK(logits.is_contiguous(), "the in-place head needs contiguous [B, c, V] logits");
   const auto B = logits.size(0), c = logits.size(1), V = logits.size(2);
   auto x = logits.view({-1, V});  // [N, V], N = B*c
   const auto targets = targets_.slice(1, start, start + c).clamp_min(0).reshape({-1, 1});

@@ -8,6 +8,7 @@
 
 #include "baselines/methods.h"
 #include "core/sft.h"
+#include "core/streaming.h"
 
 namespace sbp::test {
 
@@ -36,8 +37,20 @@ void write_bytes(const std::filesystem::path& file, const std::string& bytes) {
 }
 
 StepGradients run_step(Model& model, const std::string& spec, const Batch& batch) {
-  auto method = make_method(spec);
   SftObjective objective;
+  return run_step(model, spec, objective, batch);
+}
+
+Batch objective_batch(const Model& model, const Objective& objective, const RandomBatchOptions& options) {
+  Batch batch = objective.random_batch(model.config(), options);
+  if (objective.wants_policy_logps())
+    objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), options.seed,
+                                  /*reference_given=*/false);
+  return batch;
+}
+
+StepGradients run_step(Model& model, const std::string& spec, Objective& objective, const Batch& batch) {
+  auto method = make_method(spec);
   StepGradients out;
   out.loss = method->step(model, objective, batch).loss;
   for (const auto& g : model.gradients()) out.gradients.push_back({g.name, g.tensor.clone()});

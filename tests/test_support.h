@@ -9,6 +9,7 @@
 #include "core/batch.h"
 #include "core/config.h"
 #include "core/model.h"
+#include "core/objective.h"
 #include "core/safetensors.h"
 
 namespace sbp::test {
@@ -29,13 +30,18 @@ class TempDir {
 std::string read_bytes(const std::filesystem::path& file);
 void write_bytes(const std::filesystem::path& file, const std::string& bytes);
 
-// One step of the method `spec` (see make_method) with the SFT objective: its loss and a copy of every parameter's
-// gradient in HF names (a copy, so that the next step on the same model cannot touch it).
+// One step of the method `spec` (see make_method) with an objective (default: SFT): its loss and a copy of every
+// parameter's gradient in HF names (a copy, so that the next step on the same model cannot touch it).
 struct StepGradients {
   double loss = 0;
   TensorList gradients;
 };
 StepGradients run_step(Model& model, const std::string& spec, const Batch& batch);
+StepGradients run_step(Model& model, const std::string& spec, Objective& objective, const Batch& batch);
+
+// A random batch of `objective`'s format, completed as `streambp run` completes one: old_logps and synthetic
+// ref_logps from the model's own log-probs (Objective::add_synthetic_logps).
+Batch objective_batch(const Model& model, const Objective& objective, const RandomBatchOptions& options);
 
 // A Qwen3-family config of test size: 4 heads of 16 with 2 KV heads (GQA), qk_norm on, tied, 2 layers, d = 64,
 // vocabulary 512 (the "tiny" preset). Callers flip the flags they exercise.

@@ -39,6 +39,9 @@ class GrpoObjective final : public Objective {
   void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
                            bool reference_given) const override;
   bool needs_reference(const Batch& batch) const override { return options_.beta > 0 && !batch.has("ref_logps"); }
+  std::int64_t buffer_bytes_per_token() const override {
+    return 16 + (old_.defined() ? 8 : 0) + (ref_.defined() ? 8 : 0);  // + the shifted old/ref log-probs (fp64)
+  }
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
 
  private:

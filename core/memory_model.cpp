@@ -25,6 +25,8 @@ std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
 std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * c * z.V * z.f; }
 
+std::int64_t objective_bytes(const Workload& w) { return w.batch_size * w.seq_len * w.objective_bytes_per_token; }
+
 MemoryEstimate largest(std::vector<MemoryEstimate> moments) {
   return *std::max_element(moments.begin(), moments.end(), [](const auto& a, const auto& b) {
     return a.total_bytes() < b.total_bytes();
@@ -59,7 +61,8 @@ MemoryEstimate standard_memory(const Workload& w) {
           {{"weights", z.P * z.s},
            {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w.config, w.dtype)},
            {"final norm", z.B * z.T * norm_bytes(z.d, z)},
-           {"logits + loss", loss_peak_bytes(z.T, z)}}};
+           {"logits + loss", loss_peak_bytes(z.T, z)},
+           {"objective buffers", objective_bytes(w)}}};
 }
 
 MemoryEstimate checkpoint_memory(const Workload& w) {
@@ -69,7 +72,8 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                       {{"weights", z.P * z.s},
                        {"checkpoints", (z.L + 1) * btd},
                        {"final norm", z.B * z.T * norm_bytes(z.d, z)},
-                       {"logits + loss", loss_peak_bytes(z.T, z)}}};
+                       {"logits + loss", loss_peak_bytes(z.T, z)},
+                       {"objective buffers", objective_bytes(w)}}};
   // Re-forward of layer 0: all gradients but an untied embedding's, one layer's activations, dL/dH in and out.
   const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : z.V * z.d * z.s;
   MemoryEstimate layer{"layer backward",
@@ -77,7 +81,8 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                         {"gradients", z.P * z.s - embed_grad_later},
                         {"checkpoints", btd},
                         {"layer activations", z.B * z.T * layer_activation_bytes_per_token(w.config, w.dtype)},
-                        {"dL/dH in + out", 2 * btd}}};
+                        {"dL/dH in + out", 2 * btd},
+                        {"objective buffers", objective_bytes(w)}}};
   return largest({head, layer});
 }
 
@@ -96,7 +101,8 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                        {"checkpoints", (z.L + 1) * btd},
                        {"dL/dH", btd},
                        {"lm_head gradient", z.T > ch ? lm_grad : 0},
-                       {"head chunk", head_logits + z.B * ch * norm_bytes(z.d, z)}}};
+                       {"head chunk", head_logits + z.B * ch * norm_bytes(z.d, z)},
+                       {"objective buffers", objective_bytes(w)}}};
   // Last chunk of layer L-1: all gradients (an untied embedding's comes last), K/V + dK/dV of the layer, the
   // chunk's activations and the [B, n_kv, T, hd] gradients of its K/V prefix.
   const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : lm_grad;
@@ -106,11 +112,39 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                         {"checkpoints", z.L * btd},
                         {"dL/dH in + out", 2 * btd},
                         {"K, V, dK, dV", 4 * kv},
-                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w.config, w.dtype) + 2 * kv}}};
+                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w.config, w.dtype) + 2 * kv},
+                        {"objective buffers", objective_bytes(w)}}};
   // Embedding backward: the dense [V, d] gradient of the lookup before it is added to the (tied) gradient.
   MemoryEstimate embedding{"embedding backward",
-                           {{"weights", z.P * z.s}, {"gradients", z.P * z.s}, {"dL/dH", btd}, {"lookup gradient", lm_grad}}};
-  return largest({head, layer, embedding});
+                           {{"weights", z.P * z.s}, {"gradients", z.P * z.s}, {"dL/dH", btd}, {"lookup gradient", lm_grad},
+                            {"objective buffers", objective_bytes(w)}}};
+  std::vector<MemoryEstimate> moments = {head, layer, embedding};
+  // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
+  if (w.statistics_pass && ch < z.T)
+    moments.push_back({"statistics pass",
+                       {{"weights", z.P * z.s},
+                        {"checkpoints", (z.L + 1) * btd},
+                        {"head chunk", z.B * ch * (z.V * z.f + z.d * (z.f + z.s))},
+                        {"objective buffers", objective_bytes(w)}}});
+  return largest(moments);
+}
+
+MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk) {
+  const Sizes z(w);
+  const auto c = std::min(layer_chunk, z.T), ch = std::min(head_chunk, z.T);
+  const auto btd = z.B * z.T * z.d * z.s;
+  const auto kv = z.B * z.T * w.config.kv_width() * z.s;
+  const auto logps = z.B * z.T * 8;  // the [B, T] fp64 result
+  // A chunk without a graph: the normed input, q and its RoPE temporaries, the attention output, the MLP's gate, up
+  // and their product.
+  const auto chunk = z.B * c * (2 * z.d + 4 * w.config.q_width() + 3 * w.config.intermediate_size) * z.s;
+  MemoryEstimate layer{"reference layer",
+                       {{"reference weights", z.P * z.s}, {"hidden states in + out", 2 * btd}, {"K, V", 2 * kv},
+                        {"layer chunk", chunk}, {"log-probs", logps}}};
+  MemoryEstimate head{"reference head",
+                      {{"reference weights", z.P * z.s}, {"hidden states", btd},
+                       {"head chunk", 2 * z.B * ch * z.V * z.f + z.B * ch * norm_bytes(z.d, z)}, {"log-probs", logps}}};
+  return largest({layer, head});
 }
 
 }  // namespace sbp

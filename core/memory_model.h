@@ -15,5 +15,8 @@ std::int64_t layer_activation_bytes_per_token(const ModelConfig& config, c10::Sc
 MemoryEstimate standard_memory(const Workload& w);
 MemoryEstimate checkpoint_memory(const Workload& w);
 MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
+// The reference pass (sequence_logps of a reference model loaded for it): its weights, two [B, T, d] hidden states,
+// one layer's K/V and chunk, or one head chunk's logits with their log-sum-exp temporary.
+MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
 
 }  // namespace sbp

@@ -50,6 +50,9 @@ class Objective {
   // The same by autograd through chunk_loss (two more [B, c, V] buffers): the reference the in-place one is tested on.
   double chunk_loss_and_grad_by_autograd(at::Tensor& logits, std::int64_t start) const;
 
+  // Bytes per position of what prepare() keeps for the step (the memory models' "objective buffers").
+  virtual std::int64_t buffer_bytes_per_token() const { return 16; }  // targets (int64) + scored mask (fp64)
+
   // Random batches of this objective's format (--batch/--seq): tokens, masks and the objective's own tensors.
   virtual Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const = 0;
   // Log-probs a random batch synthesises from the policy's (old_logps, and ref_logps when no reference model is

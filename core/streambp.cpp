@@ -51,8 +51,9 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     H[0] = model.embed(batch.input_ids);
     for (int l = 0; l < L; ++l) H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
   }
-  // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before any head chunk.
-  if (objective.needs_statistics()) {
+  // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
+  // not the whole sequence.
+  if (objective.needs_statistics() && options_.head_chunk < T) {
     Phase phase(clock, "statistics");
     statistics_pass(model, objective, H[L], options_.head_chunk);
   }

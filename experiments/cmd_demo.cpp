@@ -45,21 +45,22 @@ struct Check {
 // fp64, every parameter tensor of every method against standard BP, on the demo's preset with a T that is not a
 // multiple of the chunk sizes (so the remainder chunk is exercised too).
 std::map<std::string, Check> check_methods(const ModelConfig& config, const std::vector<std::string>& specs,
-                                           std::int64_t T, std::uint64_t seed) {
-  fmt::print("gradient check: fp64, B=1, T={}, every parameter against standard (rtol 1e-10)\n", T);
-  Model model(config, at::kDouble, seed);
-  const auto batch = random_sft_batch(config, {1, T, 0.0, 0.1, seed});
-  auto objective = make_objective("sft");
+                                           Objective& objective, const RandomBatchOptions& options) {
+  fmt::print("gradient check: fp64, {}, B={}, T={}, every parameter against standard (rtol 1e-10)\n", objective.spec(),
+             options.batch_size, options.seq_len);
+  Model model(config, at::kDouble, options.seed);
+  auto batch = objective.random_batch(config, options);
+  complete_batch(model, objective, batch, "random batch", true, "", at::kDouble, options.seed);
   auto standard = make_method("standard");
-  const auto reference = step_gradients(model, *standard, *objective, batch);
+  const auto reference = step_gradients(model, *standard, objective, batch);
   std::map<std::string, Check> out;
   for (const auto& spec : specs) {
     auto method = make_method(spec);
     if (method->spec() == standard->spec()) {
-      out[spec] = {"passed", 0.0};  // the reference itself
+      out[spec] = {"reference", 0.0};  // the oracle itself
       continue;
     }
-    const auto cmp = compare_gradients(reference, step_gradients(model, *method, *objective, batch));
+    const auto cmp = compare_gradients(reference, step_gradients(model, *method, objective, batch));
     out[spec] = {cmp.passed(1e-10) ? "passed" : "incorrect", cmp.max_normwise_rel()};
     fmt::print("  {:<44} max normwise relative error {:.2e}: {}\n", method->spec(), cmp.max_normwise_rel(),
                out[spec].status);
@@ -75,6 +76,9 @@ void add_demo_options(CLI::App& app, DemoArgs& a) {
   app.add_option("--dtype", a.dtype, "dtype of the measured runs")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
   app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths");
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
+  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...; see run --help)");
+  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber);
+  app.add_option("--group", a.group, "GRPO: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
   app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber);
   app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check (0 = skip)")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
@@ -91,13 +95,17 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   std::vector<std::int64_t> lengths;
   for (const auto& t : split(a.seq_lens, ',')) lengths.push_back(std::stoll(t));
   const std::uint64_t seed = 0;
+  auto objective = make_objective(a.objective);
+  // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
+  const auto options = [&](std::int64_t T) {
+    return RandomBatchOptions{a.batch_size, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, a.group};
+  };
 
   std::map<std::string, Check> checks;
-  if (a.check_seq_len > 0) checks = check_methods(config, specs, a.check_seq_len, seed);
+  if (a.check_seq_len > 0) checks = check_methods(config, specs, *objective, options(a.check_seq_len));
 
   Model model(config, dtype, seed);
-  auto objective = make_objective("sft");
-  ResultsTable table({"batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
+  ResultsTable table({"objective", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
                       "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel"});
   fmt::print(stderr, "measuring {} method(s) x {} length(s) x {} repeat(s), interleaved (progress on stderr)\n",
              methods.size(), lengths.size(), a.repeats);
@@ -106,7 +114,10 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
              "BP s", "vs ckpt", "grad check"));
   bool all_passed = true;
   for (const auto T : lengths) {
-    const auto batch = random_sft_batch(config, {1, T, 0.0, 0.1, seed});
+    auto batch = objective->random_batch(config, options(T));
+    complete_batch(model, *objective, batch, "random batch", true, "", dtype, seed);
+    objective->prepare(batch, config, "random batch");
+    const bool statistics_pass = objective->needs_statistics();
     std::vector<Measurement> results(methods.size());
     // Methods interleaved repeat by repeat, so slow drifts of this shared machine hit all of them alike.
     for (int r = 0; r < a.repeats; ++r)
@@ -123,19 +134,22 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
       if (methods[i]->spec() == "checkpoint") checkpoint_seconds = results[i].median_seconds();
     for (std::size_t i = 0; i < methods.size(); ++i) {
       const auto& m = results[i];
-      const auto est = methods[i]->memory_model({config, dtype, 1, T}).total_bytes();
+      const auto est = methods[i]->memory_model({config, dtype, a.batch_size, T, objective->buffer_bytes_per_token(),
+                                                 statistics_pass}).total_bytes();
       const auto check = checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
       all_passed = all_passed && check.status != "incorrect";
-      const double ratio = checkpoint_seconds > 0 ? m.median_seconds() / checkpoint_seconds : 0.0;
-      table_lines.push_back(fmt::format("{:>6}  {:<40} {:>10} {:>10} {:>7.3f} {:>8.2f} {:>8.3f}  {}", T, methods[i]->spec(),
+      // No checkpoint row in this run: no ratio (an empty cell, never 0).
+      const std::string ratio = checkpoint_seconds > 0 ? fmt::format("{:.4f}", m.median_seconds() / checkpoint_seconds) : "";
+      table_lines.push_back(fmt::format("{:>6}  {:<40} {:>10} {:>10} {:>7.3f} {:>8.2f} {:>8}  {}", T, methods[i]->spec(),
                  format_bytes(m.peak_bytes), format_bytes(est), double(m.peak_bytes) / double(est), m.median_seconds(),
-                 ratio, check.status));
+                 ratio.empty() ? "-" : ratio.substr(0, 5), check.status));
       std::string all;
       for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
       table.add({a.preset, methods[i]->spec(), a.dtype, check.status, seed,
-                 {"1", std::to_string(T), std::to_string(m.peak_bytes), std::to_string(est),
-                  fmt::format("{:.4f}", double(m.peak_bytes) / double(est)), fmt::format("{:.4f}", m.median_seconds()),
-                  all, fmt::format("{:.4f}", ratio), fmt::format("{:.3e}", check.max_normwise_rel)}});
+                 {objective->spec(), std::to_string(a.batch_size), std::to_string(T), std::to_string(m.peak_bytes),
+                  std::to_string(est), fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
+                  fmt::format("{:.4f}", m.median_seconds()), all, ratio,
+                  check.status == "unchecked" ? "" : fmt::format("{:.3e}", check.max_normwise_rel)}});
     }
   }
   const auto csv = table.write(a.out_dir, "demo", collect_provenance(command_line));

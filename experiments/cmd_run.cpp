@@ -64,8 +64,9 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
              dtype_name(model.dtype()));
   fmt::print("batch     B={} T={} objective={}\n", batch.batch_size(), batch.seq_len(), objective.spec());
   if (reference.ran)
-    fmt::print("reference {} log-probs in {:.3f} s, peak {} (before the step, not in its time or peak)\n", a.ref_dir,
-               reference.seconds, format_bytes(reference.peak_bytes));
+    fmt::print("reference {} log-probs in {:.3f} s, peak {} measured, {} analytic (at {}; before the step, not in "
+               "its time or peak)\n", a.ref_dir, reference.seconds, format_bytes(reference.peak_bytes),
+               format_bytes(reference.model.total_bytes()), reference.model.moment);
   fmt::print("method    {}\n", method.spec());
   fmt::print("status    {}{}\n", m.status, m.error.empty() ? "" : "  (" + m.error + ")");
   if (m.status == "passed") fmt::print("loss      {:.10g}\n", m.loss);
@@ -104,6 +105,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   validate_tokens(batch, model->config(), batch_source);
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
+  const bool statistics_pass = objective->needs_statistics();
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
@@ -124,7 +126,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const bool cuda = cuda_device_available(&cuda_reason);
   fmt::print("cuda      {}\n", cuda ? std::string("a GPU is present; this harness measures CPU runs")
                                      : "CUDA memory stats and CUPTI skipped: " + cuda_reason);
-  const auto est = method->memory_model({model->config(), dtype, batch.batch_size(), batch.seq_len()});
+  const auto est = method->memory_model({model->config(), dtype, batch.batch_size(), batch.seq_len(),
+                                         objective->buffer_bytes_per_token(), statistics_pass});
   print_summary(a, *model, batch, *objective, *method, reference, m, est);
 
   const auto prov = collect_provenance(command_line);
@@ -157,7 +160,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"objective", objective->spec()},
                         {"reference_pass", reference.ran ? nlohmann::json{{"ref", a.ref_dir},
                                                                           {"seconds", reference.seconds},
-                                                                          {"peak_bytes", reference.peak_bytes}}
+                                                                          {"peak_bytes", reference.peak_bytes},
+                                                                          {"model_peak_bytes", reference.model.total_bytes()}}
                                                          : nlohmann::json()},
                         {"dtype", dtype_name(dtype)},
                         {"seed", a.seed},

@@ -41,6 +41,8 @@ struct DemoArgs {
   std::string preset = "qwen3-small", dtype = "fp32", out_dir = "results/demo";
   std::string seq_lens = "2048,4096";
   std::string methods = "standard;checkpoint;streambp";
+  std::string objective = "sft";
+  std::int64_t batch_size = 1, group = 0;
   int repeats = 2, threads = 0;
   std::int64_t check_seq_len = 700;
 };

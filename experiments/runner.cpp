@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/checkpoint_io.h"
+#include "core/memory_model.h"
 #include "core/safetensors.h"
 #include "core/streaming.h"
 
@@ -49,6 +50,9 @@ void write_batch_file(const Batch& b, const std::filesystem::path& file) {
 }
 
 namespace {
+
+// Chunks of the reference pass: StreamBP's defaults (the pass is StreamBP's forward without checkpoints).
+constexpr std::int64_t kReferenceLayerChunk = 512, kReferenceHeadChunk = 1024;
 
 // The first architecture field in which two configs differ, or "".
 std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) {
@@ -95,11 +99,14 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
     if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
       throw std::invalid_argument(ref_dir + "/config.json: the reference model must have the policy's architecture and "
                                   "vocabulary; it has " + diff);
-    batch = objective.with_reference(batch, sequence_logps(*reference, batch.input_ids, objective.temperature()));
+    batch = objective.with_reference(batch, sequence_logps(*reference, batch.input_ids, objective.temperature(),
+                                                           kReferenceLayerChunk, kReferenceHeadChunk));
   }
   pass.ran = true;
   pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   pass.peak_bytes = meter.peak_bytes() - before;
+  pass.model = reference_pass_memory({model.config(), dtype, batch.batch_size(), batch.seq_len()}, kReferenceLayerChunk,
+                                     kReferenceHeadChunk);
   return pass;
 }
 

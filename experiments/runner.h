@@ -42,6 +42,7 @@ struct ReferencePass {
   bool ran = false;
   double seconds = 0;
   std::int64_t peak_bytes = 0;  // bytes the pass added on top of what was live before it (reference weights included)
+  MemoryEstimate model;         // reference_pass_memory of the same workload
 };
 ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed);

@@ -24,13 +24,21 @@ def plot_demo(csv_path: Path) -> Path:
         T = [int(r["seq_len"]) for r in rs]
         line, = mem.plot(T, [int(r["peak_bytes"]) / 2**30 for r in rs], "o-", label=f"{method} (measured)")
         mem.plot(T, [int(r["model_peak_bytes"]) / 2**30 for r in rs], "--", color=line.get_color(), alpha=0.6)
-        time.plot(T, [float(r["time_vs_checkpoint"]) for r in rs], "o-", label=method)
+        # An empty ratio means the run had no checkpoint row to divide by: no point, never an invented 0.
+        timed = [(t, float(r["time_vs_checkpoint"])) for t, r in zip(T, rs) if r.get("time_vs_checkpoint")]
+        if timed:
+            time.plot([t for t, _ in timed], [x for _, x in timed], "o-", label=method)
     first = rows[0]
+    what = f"{first.get('objective', 'sft')}, B={first.get('batch_size', 1)}"
     mem.set(xlabel="sequence length T", ylabel="peak memory (GiB); dashed: analytic model",
-            title=f"{first['preset']} {first['dtype']}, B=1")
+            title=f"{first['preset']} {first['dtype']}, {what}"[:90])
     time.set(xlabel="sequence length T", ylabel="BP time / checkpointing (same run)", title="BP time ratio")
     mem.legend(fontsize=7)
-    time.legend(fontsize=7)
+    if time.lines:
+        time.legend(fontsize=7)
+    else:
+        time.text(0.5, 0.5, "no checkpoint row in this run:\nno time ratio", ha="center", va="center",
+                  transform=time.transAxes)
     fig.suptitle(f"commit {first['commit']}, {first['date']}, {first['threads']} threads", fontsize=8)
     fig.tight_layout()
     out = csv_path.with_suffix(".png")

@@ -19,8 +19,10 @@ CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_
 
 .PHONY: demo test build configure deps venv plots clean
 
+# Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
+DEMO_ARGS ?=
 demo: build
-	$(BUILD)/streambp demo
+	$(BUILD)/streambp demo $(DEMO_ARGS)
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

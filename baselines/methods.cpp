@@ -3,13 +3,14 @@
 #include <stdexcept>
 
 #include "baselines/checkpoint.h"
+#include "baselines/mst.h"
 #include "baselines/standard.h"
 #include "core/spec.h"
 #include "core/streambp.h"
 
 namespace sbp {
 
-std::vector<std::string> method_names() { return {"standard", "checkpoint", "streambp"}; }
+std::vector<std::string> method_names() { return {"standard", "checkpoint", "mst", "streambp"}; }
 
 std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
   const Spec spec = parse_spec(text);
@@ -20,6 +21,12 @@ std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
   if (spec.name == "checkpoint") {
     spec.check_keys({});
     return std::make_unique<CheckpointBackprop>();
+  }
+  if (spec.name == "mst") {
+    spec.check_keys({"mini_seq"});
+    MsT::Options o;
+    o.mini_seq = spec.get_int("mini_seq", o.mini_seq, 1);
+    return std::make_unique<MsT>(o);
   }
   if (spec.name == "streambp") {
     spec.check_keys({"layer_chunk", "head_chunk"});

@@ -215,18 +215,24 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 at::Tensor Model::after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const {
   const auto& w = layers_.at(layer);
-  const auto h_mid = h + at::linear(o, w.o_w, w.o_b);  // [B, c, d]
+  return mlp_block(layer, h + at::linear(o, w.o_w, w.o_b));  // [B, c, d]
+}
+
+at::Tensor Model::mlp_block(int layer, const at::Tensor& h_mid) const {
+  const auto& w = layers_.at(layer);
   const auto hn = rms_norm(h_mid, w.post_norm);
   const auto mlp = at::linear(at::silu(at::linear(hn, w.gate_w)) * at::linear(hn, w.up_w), w.down_w);
   return h_mid + mlp;
 }
 
-at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const {
+at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
   const auto& w = layers_.at(layer);
   const auto hn = rms_norm(h, w.input_norm);
   const auto [k, v] = kv_from_normed(w, hn, 0);
-  return after_attention(layer, h, attend(q_from_normed(w, hn, 0), k, v, 0));
+  return h + at::linear(attend(q_from_normed(w, hn, 0), k, v, 0), w.o_w, w.o_b);
 }
+
+at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const { return mlp_block(layer, attention_block(layer, h)); }
 
 at::Tensor Model::final_norm(const at::Tensor& h) const { return rms_norm(h, norm_); }
 

@@ -53,8 +53,14 @@ class Model {
   at::Tensor q(int layer, const at::Tensor& h, std::int64_t start) const;
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start) const;
   at::Tensor after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const;
-  // One decoder layer on a chunk whose keys are exactly the chunk (start 0): the pieces composed.
+  // One decoder layer on a chunk whose keys are exactly the chunk (start 0): the pieces composed, as
+  // mlp_block(attention_block(h)).
   at::Tensor layer_forward(int layer, const at::Tensor& h) const;
+  // The two halves of layer_forward (MsT keeps them apart: full-sequence attention, MLP in mini-sequences):
+  //   attention_block(h) = h + o_proj(attention(h))              [B, T, d] -> h_mid [B, T, d]
+  //   mlp_block(h_mid)   = h_mid + MLP(post_norm(h_mid))         position-wise: any chunk of h_mid
+  at::Tensor attention_block(int layer, const at::Tensor& h) const;
+  at::Tensor mlp_block(int layer, const at::Tensor& h_mid) const;
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
   // Logits in compute_dtype (fp32 for bf16/fp32 models, like HF's loss upcast; fp64 stays fp64). [B, c, V]
   at::Tensor logits(const at::Tensor& h_normed) const;

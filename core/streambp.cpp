@@ -51,33 +51,10 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     H[0] = model.embed(batch.input_ids);
     for (int l = 0; l < L; ++l) H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
   }
-  // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
-  // not the whole sequence.
-  if (objective.needs_statistics() && options_.head_chunk < T) {
-    Phase phase(clock, "statistics");
-    statistics_pass(model, objective, H[L], options_.head_chunk);
-  }
-
   // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
-  auto G = at::empty_like(H[L]);
-  double loss = 0;
-  {
-    Phase phase(clock, "head");
-    for_each_chunk(T, options_.head_chunk, [&](std::int64_t s, std::int64_t e) {
-      auto h = leaf(H[L].slice(1, s, e));  // [B, c_h, d]
-      const auto hn = model.final_norm(h);   // with a graph: final norm weight and h
-      at::Tensor logits;                     // [B, c_h, V], compute dtype; becomes dLoss/dlogits
-      {
-        at::NoGradGuard no_grad;
-        logits = model.logits(hn);
-      }
-      loss += objective.chunk_loss_and_grad(logits, s);
-      if (faults_.double_head_grad) logits.mul_(2.0);
-      hn.backward(model.logits_backward(logits, hn));
-      G.slice(1, s, e).copy_(h.grad());
-    });
-    H[L].reset();
-  }
+  auto [loss, G] = streamed_head(model, objective, H[L], options_.head_chunk, clock, T,
+                                 faults_.double_head_grad ? 2.0 : 1.0);
+  H[L].reset();
 
   for (int l = L - 1; l >= 0; --l) {
     G = stream_layer_backward(model, l, H[l], G, clock);

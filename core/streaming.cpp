@@ -5,6 +5,7 @@
 
 #include "core/model.h"
 #include "core/objective.h"
+#include "core/phase.h"
 
 namespace sbp {
 
@@ -27,6 +28,35 @@ void statistics_pass(const Model& model, Objective& objective, const at::Tensor&
     objective.accumulate_statistics(logits, s);
   });
   objective.finish_statistics();
+}
+
+HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
+                         PhaseClock& clock, std::int64_t T_used, double grad_scale) {
+  const auto T = h_last.size(1);
+  if (T_used < 0) T_used = T;
+  // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
+  // not the whole sequence.
+  if (objective.needs_statistics() && head_chunk < T) {
+    Phase phase(clock, "statistics");
+    statistics_pass(model, objective, h_last, head_chunk);
+  }
+  HeadResult out;
+  out.grad = at::zeros_like(h_last);
+  Phase phase(clock, "head");
+  for_each_chunk(T_used, head_chunk, [&](std::int64_t s, std::int64_t e) {
+    auto h = h_last.slice(1, s, e).detach().requires_grad_(true);  // [B, c_h, d]
+    const auto hn = model.final_norm(h);                              // with a graph: final norm weight and h
+    at::Tensor logits;  // [B, c_h, V], compute dtype; becomes dLoss/dlogits
+    {
+      at::NoGradGuard no_grad;
+      logits = model.logits(hn);
+    }
+    out.loss += objective.chunk_loss_and_grad(logits, s);
+    if (grad_scale != 1.0) logits.mul_(grad_scale);
+    hn.backward(model.logits_backward(logits, hn));
+    out.grad.slice(1, s, e).copy_(h.grad());
+  });
+  return out;
 }
 
 at::Tensor sequence_logps(const Model& model, const at::Tensor& input_ids, double temperature,

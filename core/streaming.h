@@ -12,6 +12,7 @@ namespace sbp {
 
 class Model;
 class Objective;
+class PhaseClock;
 
 // Chunk boundaries [s, e) covering [0, T); the last chunk is the remainder when c does not divide T.
 template <typename F>
@@ -26,6 +27,18 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
 // Pass 1 of DESIGN §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
 // objective's row statistics. h_last: [B, T, d], the last decoder layer's output.
 void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk);
+
+struct HeadResult {
+  double loss = 0;  // the objective's value: the sum of the chunk terms
+  at::Tensor grad;  // dLoss/dh_last: [B, T, d]
+};
+// The LM head + loss streamed over head chunks of c_h positions (StreamBP and MsT share it): the statistics pass
+// first when the objective needs one (phase "statistics"), then per chunk final norm + logits (one [B, c_h, V]
+// buffer), the objective's in-place gradient, and the head backward by hand — the lm_head gradient accumulates
+// inside the GEMM. Positions in [T_used, T) are skipped and get no gradient (T_used < T only for the negative
+// controls that reproduce a dropped tail); grad_scale multiplies the head gradient (1 but in a negative control).
+HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
+                         PhaseClock& clock, std::int64_t T_used = -1, double grad_scale = 1.0);
 
 // logp[b, t] = log_softmax(logits[b, t - 1] / temperature)[input_ids[b, t]] for t >= 1, column 0 = 0: [B, T] fp64.
 // A chunked no-grad pass of `model` on its own hidden states; never holds more than [B, head_chunk, V] logits.

@@ -243,6 +243,30 @@ TEST_CASE("StreamBP gradients equal standard BP in fp64 for every parameter", "[
   }
 }
 
+TEST_CASE("MsT gradients equal standard BP in fp64 for every parameter", "[exactness][mst]") {
+  // The StreamBP sweep's cases, with M = the case's layer chunk as the number of mini-sequences: one token each,
+  // one mini-sequence, M > T, and remainders all occur.
+  std::set<std::string> covered;
+  for (const auto& k : sweep_cases(40)) {
+    const std::string spec = "mst:mini_seq=" + std::to_string(k.layer_chunk);
+    INFO(spec << " " << k.id());
+    sbp::Model model(k.config, at::kDouble, k.model_seed);
+    const Batch batch = sbp::random_sft_batch(k.config, k.batch);
+    const auto standard = run_step(model, "standard", batch);
+    const auto mst = run_step(model, spec, batch);
+    CHECK(relative_difference(standard.loss, mst.loss) <= kLossRtol);
+    check_gradients_match(standard.gradients, mst.gradients, kFp64Rtol);
+    const auto T = k.batch.seq_len, len = (T + k.layer_chunk - 1) / k.layer_chunk;
+    if (T % len != 0) covered.insert("remainder mini-sequence");
+    if (len == 1) covered.insert("one token per mini-sequence");
+    if (len == T) covered.insert("one mini-sequence");
+  }
+  for (const char* corner : {"remainder mini-sequence", "one token per mini-sequence", "one mini-sequence"}) {
+    INFO("the sweep must reach: " << corner);
+    CHECK(covered.count(corner) == 1);
+  }
+}
+
 namespace {
 
 // Unit roundoff u of a model dtype: a gradient stored in that dtype is off by up to u relative even when it was
@@ -308,7 +332,7 @@ TEST_CASE("every method computes the same loss in fp64", "[exactness][loss]") {
   sbp::Model model(config, at::kDouble, 21);
   const Batch batch = sbp::random_sft_batch(config, {3, 29, 0.3, 0.2, 22});
   const double reference = run_step(model, "standard", batch).loss;
-  for (const std::string spec : {"checkpoint", "streambp:layer_chunk=1,head_chunk=1", "streambp:layer_chunk=4,head_chunk=29",
+  for (const std::string spec : {"checkpoint", "mst:mini_seq=4", "mst:mini_seq=64", "streambp:layer_chunk=1,head_chunk=1", "streambp:layer_chunk=4,head_chunk=29",
                                  "streambp:layer_chunk=29,head_chunk=6", "streambp:layer_chunk=512,head_chunk=512"}) {
     INFO(spec);
     CHECK(relative_difference(reference, run_step(model, spec, batch).loss) <= kLossRtol);

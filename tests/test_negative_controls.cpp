@@ -11,6 +11,7 @@
 #include "core/model.h"
 #include "core/sft.h"
 #include "core/streambp.h"
+#include "baselines/mst.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
 
@@ -81,6 +82,38 @@ TEST_CASE("the exactness gate passes the same StreamBP without faults", "[negati
     INFO("T=" << T);
     CHECK(faulty_streambp_error({}, T, 4).passed(kFp64Rtol));
   }
+}
+
+namespace {
+
+// Standard BP against MsT with `faults`, fp64, untied tiny preset, no padding (every target carries loss).
+sbp::GradComparison faulty_mst_error(const sbp::MsT::Faults& faults, std::int64_t seq_len, std::int64_t mini_seq) {
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  config.tie_word_embeddings = false;
+  sbp::Model model(config, at::kDouble, 43);
+  const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 44});
+  const auto standard = run_step(model, "standard", batch);
+  sbp::MsT mst({mini_seq});
+  mst.inject_faults_for_testing(faults);
+  sbp::SftObjective objective;
+  mst.step(model, objective, batch);
+  return sbp::compare_gradients(standard.gradients, model.gradients());
+}
+
+}  // namespace
+
+TEST_CASE("the exactness gate fails on MsT's doubled LM-head gradient (the public code's bug A)", "[negative-control][mst]") {
+  require_gate_fails(faulty_mst_error({.double_head_grad = true}, 16, 4));
+}
+
+TEST_CASE("the exactness gate fails when MsT drops the last (T-1) mod M targets (the public code's bug B)",
+          "[negative-control][mst]") {
+  // T = 16, M = 4: slices of floor(15/4) = 3 positions cover 12 targets; 3 carry loss but get no gradient.
+  require_gate_fails(faulty_mst_error({.drop_tail = true}, 16, 4));
+}
+
+TEST_CASE("the same MsT without faults passes the gate", "[negative-control][mst]") {
+  CHECK(faulty_mst_error({}, 16, 4).passed(kFp64Rtol));
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// GRPO and DPO through every BP method: checkpoint and StreamBP compute standard BP's loss and gradient in fp64 for
+// GRPO and DPO through every BP method: checkpoint, MsT and StreamBP compute standard BP's loss and gradient in fp64 for
 // every parameter tensor (normwise ≤ 1e-10), over seeded sweeps that reach every option of the objectives and every
 // way a streamed head or layer can be cut (DESIGN §5: one objective code path shared by every method).
 #include <catch2/catch.hpp>
@@ -31,9 +31,10 @@ struct ObjectiveCase {
   std::string objective;
   sbp::RandomBatchOptions batch;
   bool drop_old_logps = false;
-  std::int64_t layer_chunk = 1, head_chunk = 1;
+  std::int64_t layer_chunk = 1, head_chunk = 1, mini_seq = 1;
   std::uint64_t model_seed = 0;
 
+  std::string mst_spec() const { return "mst:mini_seq=" + std::to_string(mini_seq); }
   std::string spec() const {
     return "streambp:layer_chunk=" + std::to_string(layer_chunk) + ",head_chunk=" + std::to_string(head_chunk);
   }
@@ -41,7 +42,7 @@ struct ObjectiveCase {
     std::ostringstream s;
     s << "OBJECTIVE(" << objective << (drop_old_logps ? ",no old_logps" : "") << ",T=" << batch.seq_len
       << ",B=" << batch.batch_size << ",G=" << batch.group << ",pad=" << batch.pad_fraction << ",c=" << layer_chunk
-      << ",c_h=" << head_chunk << "," << describe(config) << ",model_seed=" << model_seed
+      << ",c_h=" << head_chunk << ",M=" << mini_seq << "," << describe(config) << ",model_seed=" << model_seed
       << ",batch_seed=" << batch.seed << ")";
     return s.str();
   }
@@ -95,6 +96,7 @@ ObjectiveCase draw_common(Rng& rng, int i) {
     case 1: k.head_chunk = between(2, T); break;
     default: k.head_chunk = T + pick({0, 2}); break;
   }
+  k.mini_seq = between(1, T + 2);  // MsT: mini-sequences of ceil(T / M) positions, remainders and M > T included
   k.batch.seq_len = T;
   k.batch.pad_fraction = double(pick({0, 20, 40})) / 100.0;
   k.batch.prompt_fraction = 0.0;  // prompt lengths drawn per group
@@ -154,7 +156,7 @@ double check_case(const ObjectiveCase& k, std::set<std::string>& covered) {
   sbp::validate_tokens(batch, k.config, k.id());
   const auto standard = sbp::test::run_step(model, "standard", *objective, batch);
   double worst = 0;
-  for (const auto& spec : {std::string("checkpoint"), k.spec()}) {
+  for (const auto& spec : {std::string("checkpoint"), k.mst_spec(), k.spec()}) {
     INFO(spec);
     const auto other = sbp::test::run_step(model, spec, *objective, batch);
     CHECK(std::abs(standard.loss - other.loss) <= kLossRtol * std::max(1.0, std::abs(standard.loss)));
@@ -170,6 +172,7 @@ double check_case(const ObjectiveCase& k, std::set<std::string>& covered) {
   if (k.layer_chunk == 1) covered.insert("layer_chunk 1");
   if (k.head_chunk < T && T % k.head_chunk != 0) covered.insert("T not a multiple of head_chunk");
   if (k.head_chunk >= T) covered.insert("head_chunk >= T");
+  if (const auto len = (T + k.mini_seq - 1) / k.mini_seq; T % len != 0) covered.insert("MsT remainder mini-sequence");
   if ((batch.attention_mask == 0).any().item<bool>()) covered.insert("ragged right padding");
   covered.insert("B=" + std::to_string(k.batch.batch_size));
   for (const char* key : {"loss_type=grpo,", "loss_type=bnpo", "loss_type=dr_grpo", "loss_type=dapo", "importance=token",
@@ -199,25 +202,26 @@ void require_coverage(const std::set<std::string>& covered, std::initializer_lis
 
 }  // namespace
 
-TEST_CASE("GRPO gradients of checkpoint and StreamBP equal standard BP in fp64 for every parameter",
+TEST_CASE("GRPO gradients of checkpoint, MsT and StreamBP equal standard BP in fp64 for every parameter",
           "[exactness][objective][grpo]") {
   std::set<std::string> covered;
   double worst = 0;
   for (const auto& k : grpo_cases(56)) worst = std::max(worst, check_case(k, covered));
-  WARN("GRPO: largest fp64 normwise relative error over 56 cases x 2 methods: " << worst);
+  WARN("GRPO: largest fp64 normwise relative error over 56 cases x 3 methods: " << worst);
   require_coverage(covered, {"T not a multiple of layer_chunk", "layer_chunk 1", "T not a multiple of head_chunk",
-                             "head_chunk >= T", "ragged right padding", "B=2", "B=3", "B=4", "B=6", "loss_type=grpo,",
+                             "head_chunk >= T", "MsT remainder mini-sequence", "ragged right padding", "B=2", "B=3", "B=4", "B=6", "loss_type=grpo,",
                              "loss_type=bnpo", "loss_type=dr_grpo", "loss_type=dapo", "importance=token",
                              "importance=sequence", "beta=0,", "beta>0", "temperature!=1", "without old_logps",
                              "clipping active on both sides"});
 }
 
-TEST_CASE("DPO gradients of checkpoint and StreamBP equal standard BP in fp64 for every parameter",
+TEST_CASE("DPO gradients of checkpoint, MsT and StreamBP equal standard BP in fp64 for every parameter",
           "[exactness][objective][dpo]") {
   std::set<std::string> covered;
   double worst = 0;
   for (const auto& k : dpo_cases(52)) worst = std::max(worst, check_case(k, covered));
-  WARN("DPO: largest fp64 normwise relative error over 52 cases x 2 methods: " << worst);
+  WARN("DPO: largest fp64 normwise relative error over 52 cases x 3 methods: " << worst);
   require_coverage(covered, {"T not a multiple of layer_chunk", "layer_chunk 1", "T not a multiple of head_chunk",
-                             "head_chunk >= T", "ragged right padding", "B=2", "B=4", "label_smoothing=0.1", "beta>0"});
+                             "head_chunk >= T", "MsT remainder mini-sequence", "ragged right padding", "B=2", "B=4",
+                             "label_smoothing=0.1", "beta>0"});
 }

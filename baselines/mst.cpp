@@ -1,0 +1,87 @@
+#include "baselines/mst.h"
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "core/memory_model.h"
+#include "core/model.h"
+#include "core/streaming.h"
+
+namespace sbp {
+namespace {
+
+std::int64_t mini_sequence_length(std::int64_t T, std::int64_t M) { return (T + M - 1) / M; }
+
+}  // namespace
+
+StepResult MsT::step(Model& model, Objective& objective, const Batch& batch) {
+  model.zero_grad();
+  objective.prepare(batch, model.config());
+  const int L = int(model.config().num_hidden_layers);
+  const auto T = batch.seq_len();
+  const auto chunk = mini_sequence_length(T, options_.mini_seq);
+  PhaseClock clock;
+  const auto start = std::chrono::steady_clock::now();
+
+  std::vector<at::Tensor> H(L + 1);  // checkpoints: H[l] the input of layer l, H[L] the last hidden state
+  {
+    Phase phase(clock, "forward");
+    at::NoGradGuard no_grad;
+    H[0] = model.embed(batch.input_ids);
+    for (int l = 0; l < L; ++l) {
+      const auto h_mid = model.attention_block(l, H[l]);  // [B, T, d]
+      H[l + 1] = at::empty_like(h_mid);
+      for_each_chunk(T, chunk, [&](std::int64_t s, std::int64_t e) {
+        H[l + 1].slice(1, s, e).copy_(model.mlp_block(l, h_mid.slice(1, s, e)));
+      });
+    }
+  }
+
+  std::int64_t head_chunk = chunk, T_used = T;
+  if (faults_.drop_tail) {  // bug B: M slices of floor((T-1)/M) shifted targets each
+    head_chunk = std::max<std::int64_t>(1, (T - 1) / options_.mini_seq);
+    T_used = std::min(T, head_chunk * options_.mini_seq);
+  }
+  auto [loss, G] = streamed_head(model, objective, H[L], head_chunk, clock, T_used);
+  H[L].reset();
+  if (faults_.double_head_grad) model.lm_head_weight().mutable_grad().mul_(2.0);
+
+  for (int l = L - 1; l >= 0; --l) {
+    G = layer_backward(model, l, H[l], G, chunk, clock);
+    H[l].reset();
+  }
+  {
+    Phase phase(clock, "embedding");
+    model.embed(batch.input_ids).backward(G);
+  }
+  StepResult result;
+  result.loss = loss;
+  result.bp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.phases = clock.totals();
+  return result;
+}
+
+at::Tensor MsT::layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
+                               std::int64_t chunk, PhaseClock& clock) const {
+  Phase phase(clock, "layer");
+  auto h = h_in.detach().requires_grad_(true);     // [B, T, d]
+  const auto h_mid = model.attention_block(layer, h);  // with a graph: attention on the full sequence
+  auto g_mid = at::empty_like(h_mid);                  // dLoss/dh_mid
+  // MLP mini-sequences: each recomputed from its input alone and back-propagated at once, so only one
+  // mini-sequence's intermediates ever exist.
+  for_each_chunk(h_in.size(1), chunk, [&](std::int64_t s, std::int64_t e) {
+    auto x = h_mid.slice(1, s, e).detach().requires_grad_(true);  // [B, c, d]
+    model.mlp_block(layer, x).backward(g_out.slice(1, s, e));
+    g_mid.slice(1, s, e).copy_(x.grad());
+  });
+  h_mid.backward(g_mid);
+  return h.grad();
+}
+
+MemoryEstimate MsT::memory_model(const Workload& w) const {
+  return mst_memory(w, mini_sequence_length(w.seq_len, options_.mini_seq));
+}
+
+}  // namespace sbp

@@ -1,0 +1,43 @@
+// MsT, the Mini-Sequence Transformer (Luo et al. 2024), as its paper describes it (REFERENCES §3): per-layer
+// checkpointing, with the LM head + loss and each layer's MLP processed in M mini-sequences of ceil(T / M)
+// positions; attention runs on the full sequence. In the re-forward of a layer an MLP mini-sequence keeps only its
+// input and is back-propagated before the next one is formed, so at most one mini-sequence's MLP intermediates exist
+// (the public code's plain loop under autograd keeps all of them, which under checkpointing saves nothing).
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/method.h"
+#include "core/phase.h"
+
+namespace sbp {
+
+class MsT final : public BackpropMethod {
+ public:
+  struct Options {
+    std::int64_t mini_seq = 64;  // M: mini-sequences per sequence (the public code's default for the head)
+  };
+  // The public code's two bugs, for the negative controls (tests only).
+  struct Faults {
+    bool double_head_grad = false;  // bug A: the custom backward hands back the weight's own .grad: lm_head grad x2
+    bool drop_tail = false;         // bug B: slices of floor((T-1)/M) positions: the last (T-1) mod M get no gradient
+  };
+
+  explicit MsT(Options options) : options_(options) {}
+  std::string spec() const override { return "mst:mini_seq=" + std::to_string(options_.mini_seq); }
+  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
+  MemoryEstimate memory_model(const Workload& workload) const override;
+  void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
+
+ private:
+  // Re-forward of one layer with the MLP in mini-sequences; returns dLoss/dH_in given H_in and dLoss/dH_out.
+  at::Tensor layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
+                            std::int64_t chunk, PhaseClock& clock) const;
+
+  Options options_;
+  Faults faults_;
+};
+
+}  // namespace sbp

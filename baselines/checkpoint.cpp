@@ -41,7 +41,7 @@ StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Ba
   }
   {
     Phase phase(clock, "embedding");
-    model.embed(batch.input_ids).backward(grad);
+    model.embed_backward(batch.input_ids, grad);
   }
   StepResult result;
   result.loss = loss;

@@ -17,7 +17,12 @@ std::unique_ptr<Model> load_model_dir(const std::filesystem::path& dir, c10::Sca
 // Writes config.json and model.safetensors (shards above max_shard_bytes), each atomically.
 void save_model_dir(const Model& model, const std::filesystem::path& dir,
                     std::uint64_t max_shard_bytes = std::uint64_t(5) << 30);
-// Every parameter's gradient under the parameter's HF name, in the model dtype.
+// A PEFT LoRA adapter folder: adapter_config.json + adapter_model.safetensors. Loading checks the adapter against the
+// base (names, shapes) and, when `requested` (from --lora) is enabled, against its rank, alpha and targets; errors
+// name the file and the tensor or key.
+void load_adapter_dir(Model& model, const std::filesystem::path& dir, const LoraConfig& requested);
+void save_adapter_dir(const Model& model, const std::filesystem::path& dir, const std::string& base_model);
+// Every trainable parameter's gradient (HF names; PEFT names under LoRA), in the model dtype.
 void save_gradients(const Model& model, const std::filesystem::path& file,
                     const std::map<std::string, std::string>& metadata = {});
 

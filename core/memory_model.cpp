@@ -10,11 +10,18 @@ namespace {
 struct Sizes {
   std::int64_t s, f;                // bytes per element: model dtype, compute dtype (norm statistics, logits)
   std::int64_t B, T, d, V, L, P;
+  bool lora;
+  std::int64_t weights;          // base + adapters
+  std::int64_t lm_grad;          // the lm_head/embedding gradient [V, d] (none under LoRA: frozen)
+  std::int64_t layer_gradients;  // every gradient that exists while the layers are back-propagated
   explicit Sizes(const Workload& w)
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
         B(w.batch_size), T(w.seq_len), d(w.config.hidden_size), V(w.config.vocab_size),
-        L(w.config.num_hidden_layers), P(w.config.num_parameters()) {}
+        L(w.config.num_hidden_layers), P(w.config.num_parameters()), lora(w.lora_rank > 0),
+        weights((P + w.lora_parameters) * s), lm_grad(lora ? 0 : V * d * s),
+        // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.
+        layer_gradients(lora ? w.lora_parameters * s : P * s - (w.config.tie_word_embeddings ? 0 : V * d * s)) {}
 };
 
 // Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
@@ -41,8 +48,9 @@ std::int64_t MemoryEstimate::total_bytes() const {
   return total;
 }
 
-std::int64_t attention_activation_bytes_per_token(const ModelConfig& c, c10::ScalarType dtype) {
-  const Sizes z(Workload{c, dtype, 1, 1});
+std::int64_t attention_activation_bytes_per_token(const Workload& w) {
+  const Sizes z(w);
+  const auto& c = w.config;
   const auto qw = c.q_width(), kw = c.kv_width();
   // q/k: projection output (the norm's saved input) + normalised + rotated (kept by attention); without qk_norm
   // only the rotated copy stays.
@@ -50,24 +58,26 @@ std::int64_t attention_activation_bytes_per_token(const ModelConfig& c, c10::Sca
   const auto attention = kw * z.s                      // v (kept by attention)
                          + 2 * qw * z.s                // attention output + its [c, n_h*hd] copy for o_proj
                          + c.num_attention_heads * 4;  // log-sum-exp rows (fp32)
-  return norm_bytes(c.hidden_size, z) + qk + attention;
+  // LoRA: each adapted projection keeps A x ([r] per token) for B's backward; x itself is the base's saved input.
+  return norm_bytes(c.hidden_size, z) + qk + attention + w.lora_attention_targets * w.lora_rank * z.s;
 }
 
-std::int64_t mlp_activation_bytes_per_token(const ModelConfig& c, c10::ScalarType dtype) {
-  const Sizes z(Workload{c, dtype, 1, 1});
-  return norm_bytes(c.hidden_size, z) + 4 * c.intermediate_size * z.s;  // post norm; gate, silu(gate), up, product
+std::int64_t mlp_activation_bytes_per_token(const Workload& w) {
+  const Sizes z(w);
+  // post norm; gate, silu(gate), up, product; A x of each adapted projection
+  return norm_bytes(w.config.hidden_size, z) + 4 * w.config.intermediate_size * z.s + w.lora_mlp_targets * w.lora_rank * z.s;
 }
 
-std::int64_t layer_activation_bytes_per_token(const ModelConfig& c, c10::ScalarType dtype) {
-  return attention_activation_bytes_per_token(c, dtype) + mlp_activation_bytes_per_token(c, dtype);
+std::int64_t layer_activation_bytes_per_token(const Workload& w) {
+  return attention_activation_bytes_per_token(w) + mlp_activation_bytes_per_token(w);
 }
 
 MemoryEstimate standard_memory(const Workload& w) {
   const Sizes z(w);
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
   return {"head backward",
-          {{"weights", z.P * z.s},
-           {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w.config, w.dtype)},
+          {{"weights", z.weights},
+           {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w)},
            {"final norm", z.B * z.T * norm_bytes(z.d, z)},
            {"logits + loss", loss_peak_bytes(z.T, z)},
            {"objective buffers", objective_bytes(w)}}};
@@ -77,18 +87,17 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
   const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
   MemoryEstimate head{"head backward",
-                      {{"weights", z.P * z.s},
+                      {{"weights", z.weights},
                        {"checkpoints", (z.L + 1) * btd},
                        {"final norm", z.B * z.T * norm_bytes(z.d, z)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
   // Re-forward of layer 0: all gradients but an untied embedding's, one layer's activations, dL/dH in and out.
-  const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : z.V * z.d * z.s;
   MemoryEstimate layer{"layer backward",
-                       {{"weights", z.P * z.s},
-                        {"gradients", z.P * z.s - embed_grad_later},
+                       {{"weights", z.weights},
+                        {"gradients", z.layer_gradients},
                         {"checkpoints", btd},
-                        {"layer activations", z.B * z.T * layer_activation_bytes_per_token(w.config, w.dtype)},
+                        {"layer activations", z.B * z.T * layer_activation_bytes_per_token(w)},
                         {"dL/dH in + out", 2 * btd},
                         {"objective buffers", objective_bytes(w)}}};
   return largest({head, layer});
@@ -106,27 +115,29 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   // chunk on and is accumulated inside the GEMM, so no [V, d] temporary.
   const auto head_logits = z.B * ch * z.V * (z.f + (z.s < z.f ? z.s : 0));
   std::vector<MemoryEstimate> moments = {{"head backward",
-                                          {{"weights", z.P * z.s},
+                                          {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
-                                           {"lm_head gradient", z.T > ch ? z.V * z.d * z.s : 0},
+                                           {"lm_head gradient", z.T > ch ? z.lm_grad : 0},
                                            {"head chunk", head_logits + z.B * ch * norm_bytes(z.d, z)},
                                            {"objective buffers", objective_bytes(w)}}}};
   // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
   if (w.statistics_pass && ch < z.T)
     moments.push_back({"statistics pass",
-                       {{"weights", z.P * z.s},
+                       {{"weights", z.weights},
                         {"checkpoints", (z.L + 1) * btd},
                         {"head chunk", z.B * ch * (z.V * z.f + z.d * (z.f + z.s))},
                         {"objective buffers", objective_bytes(w)}}});
   return moments;
 }
 
-// Embedding backward: the dense [V, d] gradient of the lookup before it is added to the (tied) gradient.
+// Embedding backward: the dense [V, d] gradient of the lookup before it is added to the (tied) gradient. Under LoRA
+// the embedding is frozen and this moment does not happen (an empty estimate).
 MemoryEstimate embedding_moment(const Workload& w) {
   const Sizes z(w);
+  if (z.lora) return {"embedding backward (none: frozen)", {}};
   return {"embedding backward",
-          {{"weights", z.P * z.s}, {"gradients", z.P * z.s}, {"dL/dH", z.B * z.T * z.d * z.s},
+          {{"weights", z.weights}, {"gradients", z.P * z.s}, {"dL/dH", z.B * z.T * z.d * z.s},
            {"lookup gradient", z.V * z.d * z.s}, {"objective buffers", objective_bytes(w)}}};
 }
 
@@ -140,14 +151,13 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V, dK, dV: [B, n_kv, T, hd]
   // Last chunk of layer L-1: all gradients (an untied embedding's comes last), K/V + dK/dV of the layer, the
   // chunk's activations and the [B, n_kv, T, hd] gradients of its K/V prefix.
-  const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : lm_grad;
   MemoryEstimate layer{"layer backward",
-                       {{"weights", z.P * z.s},
-                        {"gradients", z.P * z.s - embed_grad_later},
+                       {{"weights", z.weights},
+                        {"gradients", z.layer_gradients},
                         {"checkpoints", z.L * btd},
                         {"dL/dH in + out", 2 * btd},
                         {"K, V, dK, dV", 4 * kv},
-                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w.config, w.dtype) + 2 * kv},
+                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w) + 2 * kv},
                         {"objective buffers", objective_bytes(w)}}};
   auto moments = streamed_head_moments(w, head_chunk);
   moments.push_back(layer);
@@ -161,15 +171,14 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
   const auto btd = z.B * z.T * z.d * z.s;
   // Re-forward of a layer (the last one, with all gradients but an untied embedding's): attention on the full
   // sequence with its graph, h_mid and its gradient, and one MLP mini-sequence's activations.
-  const auto embed_grad_later = w.config.tie_word_embeddings ? 0 : z.V * z.d * z.s;
   MemoryEstimate layer{"layer backward",
-                       {{"weights", z.P * z.s},
-                        {"gradients", z.P * z.s - embed_grad_later},
+                       {{"weights", z.weights},
+                        {"gradients", z.layer_gradients},
                         {"checkpoints", z.L * btd},
                         {"dL/dH in + out", 2 * btd},
-                        {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w.config, w.dtype)},
+                        {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w)},
                         {"h_mid + its gradient", 2 * btd},
-                        {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w.config, w.dtype)},
+                        {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
                         {"objective buffers", objective_bytes(w)}}};
   auto moments = streamed_head_moments(w, c);
   moments.push_back(layer);
@@ -177,7 +186,8 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
   return largest(moments);
 }
 
-MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk) {
+MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk,
+                                     bool separate_weights) {
   const Sizes z(w);
   const auto c = std::min(layer_chunk, z.T), ch = std::min(head_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
@@ -187,10 +197,10 @@ MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk
   // and their product.
   const auto chunk = z.B * c * (2 * z.d + 4 * w.config.q_width() + 3 * w.config.intermediate_size) * z.s;
   MemoryEstimate layer{"reference layer",
-                       {{"reference weights", z.P * z.s}, {"hidden states in + out", 2 * btd}, {"K, V", 2 * kv},
+                       {{"reference weights", separate_weights ? z.P * z.s : 0}, {"hidden states in + out", 2 * btd}, {"K, V", 2 * kv},
                         {"layer chunk", chunk}, {"log-probs", logps}}};
   MemoryEstimate head{"reference head",
-                      {{"reference weights", z.P * z.s}, {"hidden states", btd},
+                      {{"reference weights", separate_weights ? z.P * z.s : 0}, {"hidden states", btd},
                        {"head chunk", 2 * z.B * ch * z.V * z.f + z.B * ch * norm_bytes(z.d, z)}, {"log-probs", logps}}};
   return largest({layer, head});
 }

@@ -9,18 +9,20 @@
 
 namespace sbp {
 
-// Bytes autograd keeps per token for one decoder layer run with a graph on the full sequence.
-std::int64_t layer_activation_bytes_per_token(const ModelConfig& config, c10::ScalarType dtype);
+// Bytes autograd keeps per token for one decoder layer run with a graph on the full sequence (LoRA included).
+std::int64_t layer_activation_bytes_per_token(const Workload& w);
 // Its two halves: attention_block (input norm, q/k/v, attention, o-proj input) and mlp_block (post norm, MLP).
-std::int64_t attention_activation_bytes_per_token(const ModelConfig& config, c10::ScalarType dtype);
-std::int64_t mlp_activation_bytes_per_token(const ModelConfig& config, c10::ScalarType dtype);
+std::int64_t attention_activation_bytes_per_token(const Workload& w);
+std::int64_t mlp_activation_bytes_per_token(const Workload& w);
 
 MemoryEstimate standard_memory(const Workload& w);
 MemoryEstimate checkpoint_memory(const Workload& w);
 MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
 MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len);
-// The reference pass (sequence_logps of a reference model loaded for it): its weights, two [B, T, d] hidden states,
-// one layer's K/V and chunk, or one head chunk's logits with their log-sum-exp temporary.
-MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
+// The reference pass (sequence_logps): the weights of a reference model loaded for it (separate_weights; under LoRA
+// the policy's own base serves), two [B, T, d] hidden states, one layer's K/V and chunk, or one head chunk's logits
+// with their log-sum-exp temporary.
+MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk,
+                                     bool separate_weights);
 
 }  // namespace sbp

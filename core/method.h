@@ -43,6 +43,10 @@ struct Workload {
   // buffers (targets, masks, GRPO's old/ref log-probs), and whether a streamed head runs the statistics pass.
   std::int64_t objective_bytes_per_token = 16;
   bool statistics_pass = false;
+  // LoRA (lora_rank > 0): adapters on the named targets of every layer, lora_parameters elements in all; the base
+  // is frozen, so only the adapters have gradients.
+  std::int64_t lora_rank = 0, lora_parameters = 0;
+  int lora_attention_targets = 0, lora_mlp_targets = 0;  // adapted projections per layer among q,k,v,o / gate,up,down
 };
 
 class BackpropMethod {

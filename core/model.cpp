@@ -138,7 +138,7 @@ void Model::register_parameters() {
 
 std::vector<NamedTensor> Model::gradients() const {
   std::vector<NamedTensor> out;
-  for (const auto& p : parameters_) {
+  for (const auto& p : trainable()) {
     const auto& g = p.tensor.grad();
     out.push_back({p.name, g.defined() ? g.detach() : at::zeros_like(p.tensor).detach()});
   }
@@ -146,7 +146,92 @@ std::vector<NamedTensor> Model::gradients() const {
 }
 
 void Model::zero_grad() {
-  for (auto& p : parameters_) p.tensor.mutable_grad().reset();
+  for (const auto& p : trainable()) p.tensor.mutable_grad().reset();
+}
+
+namespace {
+
+// [out, in] of a target's base weight.
+std::pair<std::int64_t, std::int64_t> target_shape(const ModelConfig& c, const std::string& target) {
+  if (target == "q") return {c.q_width(), c.hidden_size};
+  if (target == "k" || target == "v") return {c.kv_width(), c.hidden_size};
+  if (target == "o") return {c.hidden_size, c.q_width()};
+  if (target == "down") return {c.hidden_size, c.intermediate_size};
+  return {c.intermediate_size, c.hidden_size};  // gate, up
+}
+
+}  // namespace
+
+void Model::add_lora(const LoraConfig& config, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x10a4ULL);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  std::vector<NamedTensor> tensors;
+  for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i)
+    for (const auto& t : lora_target_names()) {
+      if (!config.targets.count(t)) continue;
+      const auto [out, in] = target_shape(config_, t);
+      // PEFT: kaiming_uniform_(A, a=sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0 (or N(0, 0.02²) for init=random).
+      const double bound = 1.0 / std::sqrt(double(in));
+      tensors.push_back({lora_tensor_name(i, t, "A"), at::empty({config.rank, in}, f32).uniform_(-bound, bound, gen)});
+      tensors.push_back({lora_tensor_name(i, t, "B"), config.init == "random" ? at::normal(0.0, 0.02, {out, config.rank}, gen, f32)
+                                                                             : at::zeros({out, config.rank}, f32)});
+    }
+  load_lora(config, tensors, "new adapters");
+}
+
+void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& tensors, const std::string& source) {
+  if (!config.enabled()) throw std::invalid_argument(source + ": LoRA rank must be > 0");
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& t : tensors) by_name[t.name] = t.tensor;
+  std::vector<NamedTensor> adapters;
+  for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i)
+    for (const auto& t : lora_target_names()) {
+      if (!config.targets.count(t)) continue;
+      const auto [out, in] = target_shape(config_, t);
+      for (const auto& [which, shape] : {std::pair{"A", std::vector<std::int64_t>{config.rank, in}},
+                                         std::pair{"B", std::vector<std::int64_t>{out, config.rank}}}) {
+        const auto name = lora_tensor_name(i, t, which);
+        auto it = by_name.find(name);
+        if (it == by_name.end()) throw std::invalid_argument(source + ": missing tensor '" + name + "'");
+        if (it->second.sizes() != at::IntArrayRef(shape))
+          throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                                      ", this base model and rank " + std::to_string(config.rank) + " need " +
+                                      c10::str(at::IntArrayRef(shape)));
+        adapters.push_back({name, it->second.to(dtype_).detach().clone().requires_grad_(true)});
+        by_name.erase(it);
+      }
+    }
+  if (!by_name.empty())
+    throw std::invalid_argument(source + ": unexpected tensor '" + by_name.begin()->first +
+                                "' (not an adapter of this base model and these targets)");
+  lora_ = config;
+  adapters_ = std::move(adapters);
+  for (auto& p : parameters_) {
+    p.tensor.requires_grad_(false);  // frozen: no gradient buffer ever
+    p.tensor.mutable_grad().reset();
+  }
+  std::size_t k = 0;
+  for (auto& layer : layers_) {
+    layer.lora.clear();
+    for (const auto& t : lora_target_names())
+      if (config.targets.count(t)) {
+        layer.lora[t] = {adapters_[k].tensor, adapters_[k + 1].tensor};
+        k += 2;
+      }
+  }
+}
+
+at::Tensor Model::project(const LayerWeights& w, const char* target, const at::Tensor& x, const at::Tensor& weight,
+                          const at::Tensor& bias) const {
+  auto y = at::linear(x, weight, bias);
+  if (!adapters_enabled_ || w.lora.empty()) return y;
+  const auto it = w.lora.find(target);
+  if (it == w.lora.end()) return y;
+  return y + at::linear(at::linear(x, it->second.A), it->second.B) * lora_.scaling();
+}
+
+void Model::embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) const {
+  if (embed_.requires_grad()) embed(input_ids).backward(grad);
 }
 
 at::Tensor Model::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -171,16 +256,16 @@ at::Tensor Model::embed(const at::Tensor& input_ids) const { return at::embeddin
 std::pair<at::Tensor, at::Tensor> Model::kv_from_normed(const LayerWeights& w, const at::Tensor& hn,
                                                         std::int64_t start) const {
   const auto B = hn.size(0), c = hn.size(1), n_kv = config_.num_key_value_heads, hd = config_.head_dim;
-  auto k = at::linear(hn, w.k_w, w.k_b).view({B, c, n_kv, hd});  // [B, c, n_kv, hd]
+  auto k = project(w, "k", hn, w.k_w, w.k_b).view({B, c, n_kv, hd});  // [B, c, n_kv, hd]
   if (config_.qk_norm) k = rms_norm(k, w.k_norm);
   k = rope(k.transpose(1, 2), start);                                                       // [B, n_kv, c, hd]
-  auto v = at::linear(hn, w.v_w, w.v_b).view({B, c, n_kv, hd}).transpose(1, 2);  // [B, n_kv, c, hd]
+  auto v = project(w, "v", hn, w.v_w, w.v_b).view({B, c, n_kv, hd}).transpose(1, 2);  // [B, n_kv, c, hd]
   return {k, v};
 }
 
 at::Tensor Model::q_from_normed(const LayerWeights& w, const at::Tensor& hn, std::int64_t start) const {
   const auto B = hn.size(0), c = hn.size(1), n_h = config_.num_attention_heads, hd = config_.head_dim;
-  auto q = at::linear(hn, w.q_w, w.q_b).view({B, c, n_h, hd});  // [B, c, n_h, hd]
+  auto q = project(w, "q", hn, w.q_w, w.q_b).view({B, c, n_h, hd});  // [B, c, n_h, hd]
   if (config_.qk_norm) q = rms_norm(q, w.q_norm);
   return rope(q.transpose(1, 2), start);  // [B, n_h, c, hd]
 }
@@ -215,13 +300,13 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 at::Tensor Model::after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const {
   const auto& w = layers_.at(layer);
-  return mlp_block(layer, h + at::linear(o, w.o_w, w.o_b));  // [B, c, d]
+  return mlp_block(layer, h + project(w, "o", o, w.o_w, w.o_b));  // [B, c, d]
 }
 
 at::Tensor Model::mlp_block(int layer, const at::Tensor& h_mid) const {
   const auto& w = layers_.at(layer);
   const auto hn = rms_norm(h_mid, w.post_norm);
-  const auto mlp = at::linear(at::silu(at::linear(hn, w.gate_w)) * at::linear(hn, w.up_w), w.down_w);
+  const auto mlp = project(w, "down", at::silu(project(w, "gate", hn, w.gate_w)) * project(w, "up", hn, w.up_w), w.down_w);
   return h_mid + mlp;
 }
 
@@ -229,7 +314,7 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
   const auto& w = layers_.at(layer);
   const auto hn = rms_norm(h, w.input_norm);
   const auto [k, v] = kv_from_normed(w, hn, 0);
-  return h + at::linear(attend(q_from_normed(w, hn, 0), k, v, 0), w.o_w, w.o_b);
+  return h + project(w, "o", attend(q_from_normed(w, hn, 0), k, v, 0), w.o_w, w.o_b);
 }
 
 at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const { return mlp_block(layer, attention_block(layer, h)); }
@@ -245,6 +330,7 @@ at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tenso
   // Like autograd's backward of .to(compute_dtype): the gradient is rounded to the model dtype before the GEMMs.
   const auto g = grad_logits.to(dtype_).reshape({-1, grad_logits.size(-1)});  // [B*c, V]
   const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});         // [B*c, d]
+  if (!lm_head_.requires_grad()) return at::mm(g, lm_head_.detach()).view(h_normed.sizes());  // frozen (LoRA)
   auto& acc = lm_head_.mutable_grad();
   if (acc.defined())
     acc.addmm_(g.t(), hn);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/config.h"
+#include "core/lora.h"
 #include "core/safetensors.h"  // NamedTensor: an HF tensor name and its tensor
 
 namespace sbp {
@@ -29,6 +31,10 @@ struct LayerWeights {
   at::Tensor q_norm, k_norm;        // [hd] (only with qk_norm)
   at::Tensor post_norm;             // [d]
   at::Tensor gate_w, up_w, down_w;  // [I, d], [I, d], [d, I]
+  struct Lora {
+    at::Tensor A, B;  // [r, in], [out, r]
+  };
+  std::map<std::string, Lora> lora;  // by target (q, k, v, o, gate, up, down); empty without LoRA
 };
 
 class Model {
@@ -43,12 +49,39 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   c10::ScalarType dtype() const { return dtype_; }
-  // Every parameter once (a tied lm_head is the embedding), in HF names and order.
+  // Every base parameter once (a tied lm_head is the embedding), in HF names and order.
   const std::vector<NamedTensor>& parameters() const { return parameters_; }
-  std::vector<NamedTensor> gradients() const;  // same names; zeros where a grad is undefined
-  void zero_grad();                                // grads become undefined (freed), like set_to_none
+  // What a step trains: the base parameters, or under LoRA only the adapters (PEFT names; the base is frozen and
+  // has no gradient buffers).
+  const std::vector<NamedTensor>& trainable() const { return lora_.enabled() ? adapters_ : parameters_; }
+  std::vector<NamedTensor> gradients() const;  // of trainable(), same names; zeros where a grad is undefined
+  void zero_grad();                                // trainable grads become undefined (freed), like set_to_none
+
+  // LoRA on config.targets of every layer: fresh adapters drawn from `seed` (config.init), or PEFT-named tensors
+  // (throws naming `source` and the missing, unexpected or misshapen tensor). Freezes the base.
+  void add_lora(const LoraConfig& config, std::uint64_t seed);
+  void load_lora(const LoraConfig& config, const std::vector<NamedTensor>& tensors, const std::string& source);
+  const LoraConfig& lora() const { return lora_; }
+  const std::vector<NamedTensor>& adapters() const { return adapters_; }
+  // While alive, the model computes its base function (adapters off): the reference policy under LoRA, with no
+  // second copy of the weights.
+  class AdaptersDisabled {
+   public:
+    explicit AdaptersDisabled(const Model& model) : model_(model), was_(model.adapters_enabled_) {
+      model.adapters_enabled_ = false;
+    }
+    ~AdaptersDisabled() { model_.adapters_enabled_ = was_; }
+    AdaptersDisabled(const AdaptersDisabled&) = delete;
+    AdaptersDisabled& operator=(const AdaptersDisabled&) = delete;
+
+   private:
+    const Model& model_;
+    bool was_;
+  };
 
   at::Tensor embed(const at::Tensor& input_ids) const;                                 // [B, c] -> [B, c, d]
+  // Back-propagates dLoss/d(embed(input_ids)) into the embedding gradient (tied: the lm_head's); nothing when frozen.
+  void embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) const;
   std::pair<at::Tensor, at::Tensor> kv(int layer, const at::Tensor& h, std::int64_t start) const;
   at::Tensor q(int layer, const at::Tensor& h, std::int64_t start) const;
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start) const;
@@ -72,6 +105,9 @@ class Model {
 
  private:
   void register_parameters();
+  // at::linear(x, W, b), plus (alpha/r)·B(A x) when `target` carries an enabled adapter (PEFT's order of operations).
+  at::Tensor project(const LayerWeights& w, const char* target, const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias = {}) const;
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor rope(const at::Tensor& x, std::int64_t start) const;  // x: [B, heads, c, hd]
   // The projections after the input norm; kv()/q() norm first, layer_forward() norms once for both (as HF does).
@@ -86,6 +122,9 @@ class Model {
   std::vector<LayerWeights> layers_;
   at::Tensor inv_freq_;  // [hd/2] fp32
   std::vector<NamedTensor> parameters_;
+  LoraConfig lora_;
+  std::vector<NamedTensor> adapters_;
+  mutable bool adapters_enabled_ = true;
 };
 
 // "model.layers.{i}." prefix etc. live in model.cpp; this lists (name, shape) for a config, in HF order.

@@ -62,7 +62,7 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
   }
   {
     Phase phase(clock, "embedding");
-    model.embed(batch.input_ids).backward(G);  // tied: adds into the lm_head gradient (one tensor)
+    model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
   StepResult result;
   result.loss = loss;

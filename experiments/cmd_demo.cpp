@@ -45,10 +45,12 @@ struct Check {
 // fp64, every parameter tensor of every method against standard BP, on the demo's preset with a T that is not a
 // multiple of the chunk sizes (so the remainder chunk is exercised too).
 std::map<std::string, Check> check_methods(const ModelConfig& config, const std::vector<std::string>& specs,
-                                           Objective& objective, const RandomBatchOptions& options) {
+                                           Objective& objective, const RandomBatchOptions& options,
+                                           const std::string& lora) {
   fmt::print("gradient check: fp64, {}, B={}, T={}, every parameter against standard (rtol 1e-10)\n", objective.spec(),
              options.batch_size, options.seq_len);
   Model model(config, at::kDouble, options.seed);
+  apply_lora(model, lora, "", options.seed);
   auto batch = objective.random_batch(config, options);
   complete_batch(model, objective, batch, "random batch", true, "", at::kDouble, options.seed);
   auto standard = make_method("standard");
@@ -77,6 +79,7 @@ void add_demo_options(CLI::App& app, DemoArgs& a) {
   app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths");
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
   app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...; see run --help)");
+  app.add_option("--lora", a.lora, "LoRA spec for every method (see run --help)");
   app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber);
   app.add_option("--group", a.group, "GRPO: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
   app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber);
@@ -102,10 +105,11 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   };
 
   std::map<std::string, Check> checks;
-  if (a.check_seq_len > 0) checks = check_methods(config, specs, *objective, options(a.check_seq_len));
+  if (a.check_seq_len > 0) checks = check_methods(config, specs, *objective, options(a.check_seq_len), a.lora);
 
   Model model(config, dtype, seed);
-  ResultsTable table({"objective", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
+  apply_lora(model, a.lora, "", seed);
+  ResultsTable table({"objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
                       "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel"});
   fmt::print(stderr, "measuring {} method(s) x {} length(s) x {} repeat(s), interleaved (progress on stderr)\n",
              methods.size(), lengths.size(), a.repeats);
@@ -117,7 +121,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
     auto batch = objective->random_batch(config, options(T));
     complete_batch(model, *objective, batch, "random batch", true, "", dtype, seed);
     objective->prepare(batch, config, "random batch");
-    const bool statistics_pass = objective->needs_statistics();
+    const auto workload = make_workload(model, *objective, batch);
     std::vector<Measurement> results(methods.size());
     // Methods interleaved repeat by repeat, so slow drifts of this shared machine hit all of them alike.
     for (int r = 0; r < a.repeats; ++r)
@@ -134,8 +138,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
       if (methods[i]->spec() == "checkpoint") checkpoint_seconds = results[i].median_seconds();
     for (std::size_t i = 0; i < methods.size(); ++i) {
       const auto& m = results[i];
-      const auto est = methods[i]->memory_model({config, dtype, a.batch_size, T, objective->buffer_bytes_per_token(),
-                                                 statistics_pass}).total_bytes();
+      const auto est = methods[i]->memory_model(workload).total_bytes();
       const auto check = checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
       all_passed = all_passed && check.status != "incorrect";
       // No checkpoint row in this run: no ratio (an empty cell, never 0).
@@ -146,7 +149,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
       std::string all;
       for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
       table.add({a.preset, methods[i]->spec(), a.dtype, check.status, seed,
-                 {objective->spec(), std::to_string(a.batch_size), std::to_string(T), std::to_string(m.peak_bytes),
+                 {objective->spec(), model.lora().enabled() ? model.lora().spec() : "", std::to_string(a.batch_size), std::to_string(T), std::to_string(m.peak_bytes),
                   std::to_string(est), fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
                   fmt::format("{:.4f}", m.median_seconds()), all, ratio,
                   check.status == "unchecked" ? "" : fmt::format("{:.3e}", check.max_normwise_rel)}});

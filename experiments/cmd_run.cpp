@@ -36,7 +36,11 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                  "optional ref_logps)")->check(CLI::ExistingFile);
   app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--seed", a.seed, "seed of the random weights and batch");
-  app.add_option("--save-grads", a.save_grads, "write every parameter's gradient (safetensors, HF names)");
+  app.add_option("--lora", a.lora, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
+                 "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
+  app.add_option("--adapter", a.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")->check(CLI::ExistingDirectory);
+  app.add_option("--save-adapter", a.save_adapter, "write the LoRA adapter as a PEFT folder");
+  app.add_option("--save-grads", a.save_grads, "write every trainable parameter's gradient (safetensors; HF names, PEFT names under LoRA)");
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
   app.add_option("--save-batch", a.save_batch, "write the batch (safetensors)");
   app.add_option("--json", a.json, "write the run record (JSON)");
@@ -62,6 +66,11 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                    const MemoryEstimate& est) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.source.describe(), model.config().num_parameters() / 1e6,
              dtype_name(model.dtype()));
+  if (model.lora().enabled()) {
+    std::int64_t adapter_elements = 0;
+    for (const auto& t : model.adapters()) adapter_elements += t.tensor.numel();
+    fmt::print("lora      {} ({:.2f} M trainable; base frozen)\n", model.lora().spec(), adapter_elements / 1e6);
+  }
   fmt::print("batch     B={} T={} objective={}\n", batch.batch_size(), batch.seq_len(), objective.spec());
   if (reference.ran)
     fmt::print("reference {} log-probs in {:.3f} s, peak {} measured, {} analytic (at {}; before the step, not in "
@@ -91,6 +100,9 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   for (const auto& [file, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.json, "--json"}, {a.save_batch, "--save-batch"}})
     if (!file.empty()) check_new_output(file, a.force, flag);
   if (!a.save_model.empty()) check_new_output(a.save_model, a.force, "--save-model");
+  if (!a.save_adapter.empty()) check_new_output(a.save_adapter, a.force, "--save-adapter");
+  if (!a.save_adapter.empty() && a.lora.empty() && a.adapter_dir.empty())
+    throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
   const auto dtype = parse_dtype(!a.dtype.empty() ? a.dtype
                                  : a.source.load_dir.empty() ? "fp32"
@@ -98,6 +110,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   auto method = make_method(a.method);
   auto objective = make_objective(a.objective);
   auto model = build_model(a.source, dtype, a.seed);
+  apply_lora(*model, a.lora, a.adapter_dir, a.seed);
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction,
                                                                    a.prompt_fraction, a.seed, a.group})
@@ -105,8 +118,9 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   validate_tokens(batch, model->config(), batch_source);
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
-  const bool statistics_pass = objective->needs_statistics();
+  const auto workload = make_workload(*model, *objective, batch);
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
+  if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.source.describe());
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
   if (!a.timeline.empty())
@@ -126,8 +140,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const bool cuda = cuda_device_available(&cuda_reason);
   fmt::print("cuda      {}\n", cuda ? std::string("a GPU is present; this harness measures CPU runs")
                                      : "CUDA memory stats and CUPTI skipped: " + cuda_reason);
-  const auto est = method->memory_model({model->config(), dtype, batch.batch_size(), batch.seq_len(),
-                                         objective->buffer_bytes_per_token(), statistics_pass});
+  const auto est = method->memory_model(workload);
   print_summary(a, *model, batch, *objective, *method, reference, m, est);
 
   const auto prov = collect_provenance(command_line);
@@ -157,6 +170,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"process_peak_rss_bytes", process_peak_rss_bytes()},
                         {"preset", a.source.describe()},
                         {"method", method->spec()},
+                        {"lora", model->lora().enabled() ? nlohmann::json(model->lora().spec()) : nlohmann::json()},
                         {"objective", objective->spec()},
                         {"reference_pass", reference.ran ? nlohmann::json{{"ref", a.ref_dir},
                                                                           {"seconds", reference.seconds},

@@ -20,6 +20,7 @@ struct RunArgs {
   double pad_fraction = 0, prompt_fraction = 0;
   std::int64_t group = 0;  // GRPO random batch: completions per prompt (0: the whole batch)
   std::string batch_file, ref_dir;
+  std::string lora, adapter_dir, save_adapter;  // --lora SPEC, --adapter DIR, --save-adapter DIR
   std::uint64_t seed = 0;
   std::string save_grads, save_model, save_batch, json, timeline;
   std::int64_t budget_bytes = 0;
@@ -41,7 +42,7 @@ struct DemoArgs {
   std::string preset = "qwen3-small", dtype = "fp32", out_dir = "results/demo";
   std::string seq_lens = "2048,4096";
   std::string methods = "standard;checkpoint;streambp";
-  std::string objective = "sft";
+  std::string objective = "sft", lora;
   std::int64_t batch_size = 1, group = 0;
   int repeats = 2, threads = 0;
   std::int64_t check_seq_len = 700;

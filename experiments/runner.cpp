@@ -75,26 +75,51 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
 
 }  // namespace
 
+Workload make_workload(const Model& model, const Objective& objective, const Batch& batch) {
+  Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
+             objective.needs_statistics()};
+  const auto& lora = model.lora();
+  if (lora.enabled()) {
+    w.lora_rank = lora.rank;
+    for (const auto& a : model.adapters()) w.lora_parameters += a.tensor.numel();
+    for (const auto& t : lora.targets) (t == "gate" || t == "up" || t == "down" ? w.lora_mlp_targets : w.lora_attention_targets)++;
+  }
+  return w;
+}
+
+void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed) {
+  const auto requested = lora_spec.empty() ? LoraConfig{} : parse_lora_spec(lora_spec);
+  if (!adapter_dir.empty())
+    load_adapter_dir(model, adapter_dir, requested);
+  else if (requested.enabled())
+    model.add_lora(requested, seed);
+}
+
 ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed) {
   if (!ref_dir.empty() && batch.has("ref_logps"))
     throw std::invalid_argument(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
+  const bool lora = model.lora().enabled();
   if (random && objective.wants_policy_logps())
     objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), seed,
-                                  !ref_dir.empty());
+                                  /*reference_given=*/!ref_dir.empty() || lora);
   ReferencePass pass;
   if (!objective.needs_reference(batch)) {
     if (!ref_dir.empty())
       throw std::invalid_argument("--ref " + ref_dir + ": objective " + objective.spec() + " reads no reference log-probs");
     return pass;
   }
-  if (ref_dir.empty())
+  if (ref_dir.empty() && !lora)
     throw std::invalid_argument(source + ": objective " + objective.name() + " needs ref_logps in the batch or --ref DIR (a reference model)");
   auto& meter = CpuMemoryMeter::install();
   const auto before = meter.current_bytes();
   meter.reset_peak();
   const auto start = std::chrono::steady_clock::now();
-  {
+  if (ref_dir.empty()) {  // LoRA: the base model is the reference, on its own hidden states
+    const Model::AdaptersDisabled base(model);
+    batch = objective.with_reference(batch, sequence_logps(model, batch.input_ids, objective.temperature(),
+                                                           kReferenceLayerChunk, kReferenceHeadChunk));
+  } else {
     const auto reference = load_model_dir(ref_dir, dtype);
     if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
       throw std::invalid_argument(ref_dir + "/config.json: the reference model must have the policy's architecture and "
@@ -105,8 +130,10 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   pass.ran = true;
   pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   pass.peak_bytes = meter.peak_bytes() - before;
-  pass.model = reference_pass_memory({model.config(), dtype, batch.batch_size(), batch.seq_len()}, kReferenceLayerChunk,
-                                     kReferenceHeadChunk);
+  auto workload = make_workload(model, objective, batch);
+  workload.lora_rank = workload.lora_parameters = 0;  // the reference computes the base function
+  pass.model = reference_pass_memory(workload, kReferenceLayerChunk, kReferenceHeadChunk,
+                                     /*separate_weights=*/!ref_dir.empty());
   return pass;
 }
 

@@ -35,9 +35,16 @@ void write_batch_file(const Batch& batch, const std::filesystem::path& file);
 // - a random batch of an objective that wants them gets old_logps / synthetic ref_logps from the policy's own
 //   chunked no-grad pass (Objective::add_synthetic_logps);
 // - ref_logps from a reference model (`ref_dir`, an HF checkpoint of the same architecture and vocabulary), by a
-//   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them.
+//   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them;
+//   under LoRA without --ref, the reference is the base model itself with its adapters disabled.
 // Throws std::invalid_argument (exit 2) when the reference is needed but not given, given but not used, or of
 // another architecture.
+// The memory models' view of a run: shape, dtype, the (prepared) objective's buffers and statistics pass, LoRA.
+Workload make_workload(const Model& model, const Objective& objective, const Batch& batch);
+
+// --lora SPEC and/or --adapter DIR on a freshly built model (nothing when both are empty).
+void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed);
+
 struct ReferencePass {
   bool ran = false;
   double seconds = 0;

@@ -14,7 +14,7 @@ APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache lib
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 DEPS_STAMP := $(CACHE)/apt-packages.stamp
 # Bump the stamp name when the venv's package list changes, so existing venvs get the new packages.
-VENV_STAMP := $(VENV)/.streambp-venv-2.stamp
+VENV_STAMP := $(VENV)/.streambp-venv-3.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
 .PHONY: demo test build configure deps venv plots clean
@@ -51,7 +51,7 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (the torch $(TORCH_VERSION) wheel here is for CPython 3.11)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers
+	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2
 	@touch $@
 
 plots: $(VENV_STAMP)

@@ -13,7 +13,9 @@ struct Sizes {
   bool lora;
   std::int64_t weights;          // base + adapters
   std::int64_t lm_grad;          // the lm_head/embedding gradient [V, d] (none under LoRA: frozen)
-  std::int64_t layer_gradients;  // every gradient that exists while the layers are back-propagated
+  std::int64_t layer_gradients;  // every gradient that exists while the layers are back-propagated (at layer 0)
+  std::int64_t head_gradients;   // what the head leaves: lm_head (tied: the embedding's) and final norm gradients
+  std::int64_t layer_grad;       // one decoder layer's gradients (its adapters' under LoRA)
   explicit Sizes(const Workload& w)
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
@@ -21,18 +23,41 @@ struct Sizes {
         L(w.config.num_hidden_layers), P(w.config.num_parameters()), lora(w.lora_rank > 0),
         weights((P + w.lora_parameters) * s), lm_grad(lora ? 0 : V * d * s),
         // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.
-        layer_gradients(lora ? w.lora_parameters * s : P * s - (w.config.tie_word_embeddings ? 0 : V * d * s)) {}
+        layer_gradients(lora ? w.lora_parameters * s : P * s - (w.config.tie_word_embeddings ? 0 : V * d * s)),
+        head_gradients(lora ? 0 : (V + 1) * d * s),
+        layer_grad(lora ? w.lora_parameters * s / std::max<std::int64_t>(1, L)
+                        : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * s / std::max<std::int64_t>(1, L)) {}
 };
 
 // Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
 // scaled output (kept by the projections that follow) in model dtype.
-std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + 2 * z.s); }
+// Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
+std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + (z.lora ? 1 : 2) * z.s); }
+// The final norm feeds only the LM head, which under LoRA is frozen and keeps nothing: only the saved input stays.
+std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z) { return z.lora ? width * z.f : norm_bytes(width, z); }
 
 // Cross-entropy over c positions at its worst moment (log-softmax backward): the saved log-softmax output, the
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
 std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * c * z.V * z.f; }
 
 std::int64_t objective_bytes(const Workload& w) { return w.batch_size * w.seq_len * w.objective_bytes_per_token; }
+
+// Checkpoints and gradients alive while layer l is back-propagated: the inputs of layers 0..l, and the gradients of
+// the head and of layers l..L-1. Their sum is linear in l, so its largest value is at l = L-1 or l = 0: a method's
+// layer moment is evaluated at both.
+struct LayerState {
+  std::int64_t layer;
+  std::int64_t checkpoints, gradients;
+};
+std::vector<LayerState> layer_states(const Sizes& z) {
+  const auto btd = z.B * z.T * z.d * z.s;
+  std::vector<LayerState> out;
+  for (const auto l : {z.L - 1, std::int64_t(0)}) {
+    out.push_back({l, (l + 1) * btd, z.head_gradients + (z.L - l) * z.layer_grad});
+    if (z.L == 1) break;
+  }
+  return out;
+}
 
 MemoryEstimate largest(std::vector<MemoryEstimate> moments) {
   return *std::max_element(moments.begin(), moments.end(), [](const auto& a, const auto& b) {
@@ -54,7 +79,7 @@ std::int64_t attention_activation_bytes_per_token(const Workload& w) {
   const auto qw = c.q_width(), kw = c.kv_width();
   // q/k: projection output (the norm's saved input) + normalised + rotated (kept by attention); without qk_norm
   // only the rotated copy stays.
-  const auto qk = c.qk_norm ? (qw + kw) * (z.f + 2 * z.s) : (qw + kw) * z.s;
+  const auto qk = c.qk_norm ? (qw + kw) * (z.f + (z.lora ? 1 : 2) * z.s) : (qw + kw) * z.s;
   const auto attention = kw * z.s                      // v (kept by attention)
                          + 2 * qw * z.s                // attention output + its [c, n_h*hd] copy for o_proj
                          + c.num_attention_heads * 4;  // log-sum-exp rows (fp32)
@@ -78,7 +103,7 @@ MemoryEstimate standard_memory(const Workload& w) {
   return {"head backward",
           {{"weights", z.weights},
            {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w)},
-           {"final norm", z.B * z.T * norm_bytes(z.d, z)},
+           {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
            {"logits + loss", loss_peak_bytes(z.T, z)},
            {"objective buffers", objective_bytes(w)}}};
 }
@@ -89,18 +114,20 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
                        {"checkpoints", (z.L + 1) * btd},
-                       {"final norm", z.B * z.T * norm_bytes(z.d, z)},
+                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
-  // Re-forward of layer 0: all gradients but an untied embedding's, one layer's activations, dL/dH in and out.
-  MemoryEstimate layer{"layer backward",
+  // Re-forward of a layer: one layer's activations, dL/dH in and out.
+  std::vector<MemoryEstimate> moments = {head};
+  for (const auto& state : layer_states(z))
+    moments.push_back({"layer " + std::to_string(state.layer) + " backward",
                        {{"weights", z.weights},
-                        {"gradients", z.layer_gradients},
-                        {"checkpoints", btd},
+                        {"gradients", state.gradients},
+                        {"checkpoints", state.checkpoints},
                         {"layer activations", z.B * z.T * layer_activation_bytes_per_token(w)},
                         {"dL/dH in + out", 2 * btd},
-                        {"objective buffers", objective_bytes(w)}}};
-  return largest({head, layer});
+                        {"objective buffers", objective_bytes(w)}}});
+  return largest(moments);
 }
 
 namespace {
@@ -119,7 +146,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
                                            {"lm_head gradient", z.T > ch ? z.lm_grad : 0},
-                                           {"head chunk", head_logits + z.B * ch * norm_bytes(z.d, z)},
+                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z)},
                                            {"objective buffers", objective_bytes(w)}}}};
   // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
   if (w.statistics_pass && ch < z.T)
@@ -147,20 +174,22 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const Sizes z(w);
   const auto c = std::min(layer_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
-  const auto lm_grad = z.V * z.d * z.s;
   const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V, dK, dV: [B, n_kv, T, hd]
-  // Last chunk of layer L-1: all gradients (an untied embedding's comes last), K/V + dK/dV of the layer, the
-  // chunk's activations and the [B, n_kv, T, hd] gradients of its K/V prefix.
-  MemoryEstimate layer{"layer backward",
+  // Last chunk of a layer: K/V + dK/dV of the layer, and the larger of the chunk's activations (MLP backward) and
+  // its Q-path activations with the gradients of its K/V prefix (attention backward: chunk attention's two flash
+  // blocks return the prefix's and the diagonal's, which are then concatenated: 2 x 2 of [B, n_kv, T, hd]).
+  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w),
+                              z.B * c * attention_activation_bytes_per_token(w) + 4 * kv);
+  auto moments = streamed_head_moments(w, head_chunk);
+  for (const auto& state : layer_states(z))
+    moments.push_back({"layer " + std::to_string(state.layer) + " backward",
                        {{"weights", z.weights},
-                        {"gradients", z.layer_gradients},
-                        {"checkpoints", z.L * btd},
+                        {"gradients", state.gradients},
+                        {"checkpoints", state.checkpoints},
                         {"dL/dH in + out", 2 * btd},
                         {"K, V, dK, dV", 4 * kv},
-                        {"layer chunk", z.B * c * layer_activation_bytes_per_token(w) + 2 * kv},
-                        {"objective buffers", objective_bytes(w)}}};
-  auto moments = streamed_head_moments(w, head_chunk);
-  moments.push_back(layer);
+                        {"layer chunk", chunk},
+                        {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   return largest(moments);
 }
@@ -169,19 +198,29 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
   const Sizes z(w);
   const auto c = std::min(mini_seq_len, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
+  const auto& cfg = w.config;
   // Re-forward of a layer (the last one, with all gradients but an untied embedding's): attention on the full
-  // sequence with its graph, h_mid and its gradient, and one MLP mini-sequence's activations.
-  MemoryEstimate layer{"layer backward",
-                       {{"weights", z.weights},
-                        {"gradients", z.layer_gradients},
-                        {"checkpoints", z.L * btd},
-                        {"dL/dH in + out", 2 * btd},
-                        {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w)},
-                        {"h_mid + its gradient", 2 * btd},
-                        {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
-                        {"objective buffers", objective_bytes(w)}}};
+  // sequence with its graph, h_mid and its gradient; then either one MLP mini-sequence's activations, or the
+  // attention backward's own gradients (of the attention output, q, k, v and the layer input).
   auto moments = streamed_head_moments(w, c);
-  moments.push_back(layer);
+  for (const auto& state : layer_states(z)) {
+    const std::vector<MemoryTerm> common = {
+        {"weights", z.weights},
+        {"gradients", state.gradients},
+        {"checkpoints", state.checkpoints},
+        {"dL/dH in + out", 2 * btd},
+        {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w)},
+        {"h_mid + its gradient", 2 * btd},
+        {"objective buffers", objective_bytes(w)}};
+    const auto layer = "layer " + std::to_string(state.layer) + " backward";
+    MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
+    mlp.terms.push_back({"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)});
+    MemoryEstimate attention{layer + " (attention)", common};
+    attention.terms.push_back(
+        {"attention gradients", z.B * z.T * (2 * cfg.q_width() + 2 * cfg.kv_width() + cfg.hidden_size) * z.s});
+    moments.push_back(mlp);
+    moments.push_back(attention);
+  }
   moments.push_back(embedding_moment(w));
   return largest(moments);
 }

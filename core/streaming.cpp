@@ -53,7 +53,9 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
     }
     out.loss += objective.chunk_loss_and_grad(logits, s);
     if (grad_scale != 1.0) logits.mul_(grad_scale);
-    hn.backward(model.logits_backward(logits, hn));
+    const auto grad_hn = model.logits_backward(logits, hn);  // [B, c_h, d]
+    logits.reset();  // the [B, c_h, V] buffer is done: free it before the final norm's backward allocates
+    hn.backward(grad_hn);
     out.grad.slice(1, s, e).copy_(h.grad());
   });
   return out;

@@ -35,8 +35,13 @@ void load_adapter_dir(Model& model, const std::filesystem::path& dir, const Lora
     if (config.alpha != requested.alpha)
       contradiction("lora_alpha", fmt::format("{}", config.alpha), fmt::format("alpha={}", requested.alpha));
     if (config.targets != requested.targets) {
-      LoraConfig a = config, b = requested;
-      contradiction("target_modules", a.spec(), b.spec());
+      auto list = [](const LoraConfig& c) {
+        std::string out;
+        for (const auto& t : lora_target_names())
+          if (c.targets.count(t)) out += (out.empty() ? "" : ",") + t;
+        return out;
+      };
+      contradiction("target_modules", list(config), "targets=" + list(requested));
     }
     config.init = requested.init;
   }

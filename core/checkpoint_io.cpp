@@ -43,7 +43,6 @@ void load_adapter_dir(Model& model, const std::filesystem::path& dir, const Lora
       };
       contradiction("target_modules", list(config), "targets=" + list(requested));
     }
-    config.init = requested.init;
   }
   const auto weights = dir / "adapter_model.safetensors";
   model.load_lora(config, read_safetensors(weights), weights.string());

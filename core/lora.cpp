@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
@@ -114,13 +115,39 @@ LoraConfig read_adapter_config(const std::filesystem::path& file) {
   c.rank = get("r").get<std::int64_t>();
   if (!get("lora_alpha").is_number() || get("lora_alpha").get<double>() <= 0) fail("key 'lora_alpha' must be > 0");
   c.alpha = get("lora_alpha").get<double>();
+  // PEFT's matching rule (check_target_module_exists): a list entry matches a module whose name equals it or ends
+  // with "." + entry; a string other than "all-linear" is a regular expression over the whole module name. PEFT
+  // saves "all-linear" expanded, as full module paths when there are few (model.layers.0.self_attn.q_proj, ...).
+  // Each entry maps to the target whose projection it names; an adapter that covers only some layers then fails
+  // load_lora's tensor check, naming the first missing tensor.
   const auto& modules = get("target_modules");
-  if (modules.is_string()) {
-    if (modules != "all-linear") c.targets.insert(lora_target_of_module(modules.get<std::string>(), file.string()));
-    else c.targets.insert(lora_target_names().begin(), lora_target_names().end());
+  if (modules.is_string() && modules == "all-linear") {
+    c.targets.insert(lora_target_names().begin(), lora_target_names().end());
+  } else if (modules.is_string()) {
+    std::regex pattern;
+    try {
+      pattern = std::regex(modules.get<std::string>());
+    } catch (const std::regex_error&) {
+      fail("key 'target_modules' is not a valid regular expression: " + modules.dump());
+    }
+    for (const auto& t : lora_target_names()) {
+      const bool attention = t == "q" || t == "k" || t == "v" || t == "o";
+      const auto module = std::string("model.layers.0.") + (attention ? "self_attn." : "mlp.") + lora_module_name(t);
+      if (std::regex_match(module, pattern)) c.targets.insert(t);
+    }
+    if (c.targets.empty()) fail("key 'target_modules' " + modules.dump() + " matches none of the seven projections");
+  } else if (modules.is_array()) {
+    for (const auto& m : modules) {
+      if (!m.is_string()) fail("key 'target_modules' holds a non-string entry " + m.dump());
+      auto name = m.get<std::string>();
+      name = name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);  // the last component
+      c.targets.insert(lora_target_of_module(name, file.string() + ": key 'target_modules'"));
+    }
   } else {
-    for (const auto& m : modules) c.targets.insert(lora_target_of_module(m.get<std::string>(), file.string()));
+    fail("key 'target_modules' must be a list or a string");
   }
+  // init_lora_weights only says how PEFT drew the weights; what is loaded is what the file holds.
+  c.init = "loaded";
   // Options that change the function: refuse rather than compute something else.
   auto require = [&](const char* key, const nlohmann::json& expected) {
     if (j.contains(key) && !j.at(key).is_null() && j.at(key) != expected)
@@ -155,7 +182,7 @@ std::string adapter_config_json(const LoraConfig& c, const std::string& base_mod
                             {"fan_in_fan_out", false},
                             {"use_rslora", false},
                             {"use_dora", false},
-                            {"init_lora_weights", c.init == "peft"},
+                            {"init_lora_weights", c.init == "peft"},  // false: the weights are what the file holds
                             {"modules_to_save", nullptr},
                             {"inference_mode", false}};
   return j.dump(2) + "\n";

@@ -18,7 +18,8 @@ struct LoraConfig {
   double alpha = 0;       // PEFT's lora_alpha; the update is scaled by alpha / rank
   std::set<std::string> targets;
   // "peft": PEFT's default, A Kaiming-uniform (bound 1/sqrt(in)), B = 0 (the adapter starts as a no-op);
-  // "random": A as PEFT, B ~ N(0, 0.02²), so that gradient checks see every path from the first step.
+  // "random": A as PEFT, B ~ N(0, 0.02²), so that gradient checks see every path from the first step;
+  // "loaded": the weights came from an adapter file.
   std::string init = "peft";
 
   bool enabled() const { return rank > 0; }

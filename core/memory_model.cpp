@@ -158,14 +158,15 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   return moments;
 }
 
-// Embedding backward: the dense [V, d] gradient of the lookup before it is added to the (tied) gradient. Under LoRA
-// the embedding is frozen and this moment does not happen (an empty estimate).
+// Embedding backward (Model::embed_backward): rows added in place into the gradient, so only an untied embedding's
+// gradient appears here (zeros, then the rows); no dense [V, d] temporary. Under LoRA the embedding is frozen and
+// this moment does not happen (an empty estimate).
 MemoryEstimate embedding_moment(const Workload& w) {
   const Sizes z(w);
   if (z.lora) return {"embedding backward (none: frozen)", {}};
   return {"embedding backward",
           {{"weights", z.weights}, {"gradients", z.P * z.s}, {"dL/dH", z.B * z.T * z.d * z.s},
-           {"lookup gradient", z.V * z.d * z.s}, {"objective buffers", objective_bytes(w)}}};
+           {"objective buffers", objective_bytes(w)}}};
 }
 
 }  // namespace

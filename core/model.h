@@ -80,7 +80,8 @@ class Model {
   };
 
   at::Tensor embed(const at::Tensor& input_ids) const;                                 // [B, c] -> [B, c, d]
-  // Back-propagates dLoss/d(embed(input_ids)) into the embedding gradient (tied: the lm_head's); nothing when frozen.
+  // Back-propagates dLoss/d(embed(input_ids)) ([B, T, d]) into the embedding gradient in place (tied: the lm_head's,
+  // no dense [V, d] temporary); nothing when frozen.
   void embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) const;
   std::pair<at::Tensor, at::Tensor> kv(int layer, const at::Tensor& h, std::int64_t start) const;
   at::Tensor q(int layer, const at::Tensor& h, std::int64_t start) const;

@@ -110,7 +110,8 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   Model model(config, dtype, seed);
   apply_lora(model, a.lora, "", seed);
   ResultsTable table({"objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
-                      "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel"});
+                      "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel", "check_seq", "check_batch",
+                      "check_dtype"});
   fmt::print(stderr, "measuring {} method(s) x {} length(s) x {} repeat(s), interleaved (progress on stderr)\n",
              methods.size(), lengths.size(), a.repeats);
   std::vector<std::string> table_lines;
@@ -152,7 +153,11 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
                  {objective->spec(), model.lora().enabled() ? model.lora().spec() : "", std::to_string(a.batch_size), std::to_string(T), std::to_string(m.peak_bytes),
                   std::to_string(est), fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
                   fmt::format("{:.4f}", m.median_seconds()), all, ratio,
-                  check.status == "unchecked" ? "" : fmt::format("{:.3e}", check.max_normwise_rel)}});
+                  check.status == "unchecked" ? "" : fmt::format("{:.3e}", check.max_normwise_rel),
+                  // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
+                  check.status == "unchecked" ? "" : std::to_string(a.check_seq_len),
+                  check.status == "unchecked" ? "" : std::to_string(a.batch_size),
+                  check.status == "unchecked" ? "" : "fp64"}});
     }
   }
   const auto csv = table.write(a.out_dir, "demo", collect_provenance(command_line));

@@ -21,11 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
-import torch
-
 try:
+    import torch
     import transformers
     import peft
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -292,6 +292,8 @@ def peft_made_adapter(binary, work, model_dir, batch, objective, tag):
 def main():
     binary = sys.argv[1]
     start = time.time()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
     patch_rms_norms()
     torch.manual_seed(0)
     print(f"transformers {transformers.__version__}, peft {peft.__version__}, torch {torch.__version__}")

@@ -174,3 +174,32 @@ TEST_CASE("the checker rejects a NaN gradient", "[negative-control][checker]") {
   poisoned[0].tensor.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
   CHECK_FALSE(sbp::compare_gradients(ref, poisoned).passed(kFp64Rtol));
 }
+
+TEST_CASE("the checker passes an exact method on tensors whose true gradient is zero, and fails a real error there",
+          "[negative-control][checker]") {
+  // B = 1, T = 2: the only loss token attends to one key, so every q/k-path gradient is exactly zero in exact
+  // arithmetic and both methods return rounding noise there. Judged against its own scale that noise gave a
+  // normwise error of 2 and a FAILED verdict for an exact method; judged against the model-wide floor it passes.
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  sbp::Model model(config, at::kDouble, 53);
+  const auto batch = sbp::random_sft_batch(config, {1, 2, 0.0, 0.0, 54});
+  const auto standard = run_step(model, "standard", batch);
+  const auto stream = run_step(model, "streambp:layer_chunk=1,head_chunk=1", batch);
+  const auto cmp = sbp::compare_gradients(standard.gradients, stream.gradients);
+  int degenerate = 0;
+  for (const auto& t : cmp.tensors) degenerate += t.degenerate;
+  INFO("largest normwise relative error " << cmp.max_normwise_rel() << " in " << cmp.worst()->name);
+  CHECK(degenerate > 0);
+  CHECK(cmp.passed(kFp64Rtol));
+
+  // A perturbation of 1e-3 of the global maximum on a zero-gradient tensor is a real error: it fails.
+  TensorList perturbed = clone(stream.gradients);
+  for (auto& t : perturbed)
+    if (t.name == "model.layers.0.self_attn.q_proj.weight") t.tensor.view({-1})[0] += 1e-3 * cmp.global_max_abs;
+  const auto bad = sbp::compare_gradients(standard.gradients, perturbed);
+  REQUIRE(bad.worst() != nullptr);
+  CHECK(bad.worst()->name == "model.layers.0.self_attn.q_proj.weight");
+  CHECK(bad.worst()->degenerate);
+  CHECK_FALSE(bad.passed(kFp64Rtol));
+}
+

@@ -32,6 +32,12 @@ const TensorError* GradComparison::worst() const {
 
 GradComparison compare_gradients(const TensorList& ref, const TensorList& other) {
   GradComparison out;
+  for (const auto& r : ref)
+    if (r.tensor.numel() > 0) {
+      const double m = r.tensor.abs().max().to(at::kDouble).item<double>();
+      if (m == m) out.global_max_abs = std::max(out.global_max_abs, m);
+    }
+  out.floor = kDegenerateFraction * out.global_max_abs;
   std::map<std::string, at::Tensor> others;
   for (const auto& t : other) others[t.name] = t.tensor;
   for (const auto& r : ref) {
@@ -57,7 +63,9 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
       e.max_abs = diff.max().item<double>();
       e.er_abs = diff.mean().item<double>();
       e.er_rel = (diff / (a.abs() + 1e-10)).mean().item<double>();
-      const double scale = a.abs().max().item<double>();
+      e.ref_max_abs = a.abs().max().item<double>();
+      e.degenerate = e.ref_max_abs < out.floor;
+      const double scale = std::max(e.ref_max_abs, out.floor);
       e.normwise_rel = scale > 0 ? e.max_abs / scale : (e.max_abs > 0 ? std::numeric_limits<double>::infinity() : 0);
       const double energy = a.square().sum().item<double>();
       const double err = diff.square().sum().item<double>();

@@ -1,6 +1,10 @@
 // Gradient-equivalence metrics (DESIGN §8), per parameter tensor, computed in fp64:
 //   max_abs = max|a-b|, er_abs = mean|a-b| (paper's Er_abs), er_rel = mean |a-b| / (|a| + 1e-10) (paper's Er_rel),
-//   normwise_rel = max|a-b| / max|a| (the gate), nmse = sum (a-b)² / sum a².
+//   normwise_rel = max|a-b| / max(max|a|, floor) (the gate), nmse = sum (a-b)² / sum a².
+// A tensor whose true gradient is zero or at rounding level (e.g. B = 1, T = 2: q/k gradients vanish) makes every
+// relative metric compare noise with noise. Such a tensor — max|a| below kDegenerateFraction of the largest gradient
+// entry of the whole reference — is judged against that floor instead of its own scale, and flagged `degenerate`:
+// an exact method passes it, a perturbation of 1e-3 of the global maximum fails it.
 #pragma once
 
 #include <cstdint>
@@ -11,15 +15,21 @@
 
 namespace sbp {
 
+constexpr double kDegenerateFraction = 1e-4;
+
 struct TensorError {
   std::string name;
   std::string group;  // "embedding/head", "attention", "mlp", "norms"
   std::int64_t numel = 0;
   double max_abs = 0, er_abs = 0, er_rel = 0, normwise_rel = 0, nmse = 0;
+  double ref_max_abs = 0;   // max|a|: the tensor's own scale
+  bool degenerate = false;  // ref_max_abs below the floor: normwise_rel is max|a-b| / floor
 };
 
 struct GradComparison {
   std::vector<TensorError> tensors;
+  double global_max_abs = 0;  // the largest |a| over every reference tensor
+  double floor = 0;           // kDegenerateFraction * global_max_abs
   std::vector<std::string> problems;  // missing tensors, shape mismatches: each fails the comparison
   double max_normwise_rel() const;
   const TensorError* worst() const;   // largest normwise_rel, or nullptr

@@ -30,6 +30,8 @@ def plot_demo(csv_path: Path) -> Path:
             time.plot([t for t, _ in timed], [x for _, x in timed], "o-", label=method)
     first = rows[0]
     what = f"{first.get('objective', 'sft')}, B={first.get('batch_size', 1)}"
+    if first.get("lora"):
+        what += f", LoRA {first['lora']}"
     mem.set(xlabel="sequence length T", ylabel="peak memory (GiB); dashed: analytic model",
             title=f"{first['preset']} {first['dtype']}, {what}"[:90])
     time.set(xlabel="sequence length T", ylabel="BP time / checkpointing (same run)", title="BP time ratio")

@@ -10,6 +10,7 @@
 
 #include "core/chunk_attention.h"
 #include "core/dtype.h"
+#include "core/streaming.h"
 
 namespace sbp {
 namespace {
@@ -331,18 +332,42 @@ at::Tensor Model::logits(const at::Tensor& h_normed) const {
   return at::linear(h_normed, lm_head_).to(compute_dtype(dtype_));
 }
 
-at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed) const {
+at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const {
   at::NoGradGuard no_grad;
   // Like autograd's backward of .to(compute_dtype): the gradient is rounded to the model dtype before the GEMMs.
   const auto g = grad_logits.to(dtype_).reshape({-1, grad_logits.size(-1)});  // [B*c, V]
-  const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});         // [B*c, d]
-  if (!lm_head_.requires_grad()) return at::mm(g, lm_head_.detach()).view(h_normed.sizes());  // frozen (LoRA)
-  auto& acc = lm_head_.mutable_grad();
-  if (acc.defined())
-    acc.addmm_(g.t(), hn);
-  else
-    acc = at::mm(g.t(), hn);
+  if (lm_head_.requires_grad()) {
+    const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});  // [B*c, d]
+    if (!lm_sum.defined())
+      lm_sum = at::mm(g.t(), hn).to(ChunkGradients::accumulation_dtype(dtype_));
+    else if (lm_sum.scalar_type() == dtype_)
+      lm_sum.addmm_(g.t(), hn);
+    else
+      lm_sum.add_(at::mm(g.t(), hn));  // bf16: the chunk's GEMM rounds once, the sum stays fp32
+  }
   return at::mm(g, lm_head_.detach()).view(h_normed.sizes());  // [B, c, d]
+}
+
+void Model::commit_lm_head_gradient(at::Tensor& lm_sum) const {
+  if (!lm_sum.defined()) return;
+  ChunkGradients sums({lm_head_});
+  sums.add({lm_sum});
+  lm_sum.reset();
+  sums.commit();
+}
+
+std::vector<at::Tensor> Model::layer_trainable(int layer) const {
+  const auto& w = layers_.at(layer);
+  std::vector<at::Tensor> out;
+  if (lora_.enabled()) {
+    for (const auto& t : lora_target_names())
+      if (auto it = w.lora.find(t); it != w.lora.end()) out.insert(out.end(), {it->second.A, it->second.B});
+    return out;
+  }
+  for (const auto* t : {&w.input_norm, &w.q_w, &w.q_b, &w.k_w, &w.k_b, &w.v_w, &w.v_b, &w.o_w, &w.o_b, &w.q_norm,
+                        &w.k_norm, &w.post_norm, &w.gate_w, &w.up_w, &w.down_w})
+    if (t->defined()) out.push_back(*t);
+  return out;
 }
 
 }  // namespace sbp

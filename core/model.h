@@ -98,11 +98,18 @@ class Model {
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
   // Logits in compute_dtype (fp32 for bf16/fp32 models, like HF's loss upcast; fp64 stays fp64). [B, c, V]
   at::Tensor logits(const at::Tensor& h_normed) const;
-  // Backward of logits(h_normed) by hand, for a streamed head: adds dLoss/dW = grad^T · h_normed into the
-  // lm_head gradient inside one GEMM (addmm, beta = 1: no [V, d] temporary, no extra pass over the gradient) and
-  // returns dLoss/dh_normed = grad · W. grad_logits: [B, c, V] in compute dtype; h_normed: [B, c, d].
-  at::Tensor logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed) const;
+  // Backward of logits(h_normed) by hand, for a streamed head: adds dLoss/dW = grad^T · h_normed into `lm_sum`
+  // ([V, d], created on the first chunk; fp32 for a bf16 model, see ChunkGradients) inside one GEMM (addmm, beta = 1:
+  // no [V, d] temporary for fp32/fp64) and returns dLoss/dh_normed = grad · W. Nothing is summed when the lm_head is
+  // frozen. grad_logits: [B, c, V] in compute dtype; h_normed: [B, c, d].
+  at::Tensor logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const;
+  // Adds a streamed head's lm_sum into the lm_head gradient (rounding it once into the model dtype).
+  void commit_lm_head_gradient(at::Tensor& lm_sum) const;
   const at::Tensor& lm_head_weight() const { return lm_head_; }
+  const at::Tensor& final_norm_weight() const { return norm_; }
+  // The trainable tensors of decoder layer `layer` (its weights, or its adapters under LoRA): what a streamed
+  // layer backward sums over chunks.
+  std::vector<at::Tensor> layer_trainable(int layer) const;
 
  private:
   void register_parameters();

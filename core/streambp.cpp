@@ -82,40 +82,60 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
     at::NoGradGuard no_grad;
     std::tie(K, V) = model.kv(layer, h_in, 0);
   }
-  auto dK = at::zeros_like(K, at::MemoryFormat::Contiguous), dV = at::zeros_like(V, at::MemoryFormat::Contiguous);
+  // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
+  const auto sum_options = K.options().dtype(faults_.accumulate_in_model_dtype
+                                                ? K.scalar_type()
+                                                : ChunkGradients::accumulation_dtype(K.scalar_type()));
+  auto dK = at::zeros(K.sizes(), sum_options), dV = at::zeros(V.sizes(), sum_options);  // [B, n_kv, T, hd]
   auto g_in = at::empty_like(h_in);  // dLoss/dH_in: [B, T, d]
   // The drop_tail fault forgets the last T mod c tokens, like a loop over T / c full chunks would.
   const auto T_used = faults_.drop_tail && T % c != 0 ? T - T % c : T;
   if (T_used < T) g_in.slice(1, T_used).zero_();
+  // The layer's weight (or adapter) gradients, summed over the chunks of steps 2 and 3 and written once.
+  ChunkGradients weights(model.layer_trainable(layer), faults_.accumulate_in_model_dtype);
+  const auto& params = weights.params();
+  auto grads_of = [&](const at::Tensor& out, std::vector<at::Tensor> inputs, const at::Tensor& grad_out) {
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    return torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
+                                 /*allow_unused=*/true);
+  };
 
-  // Step 2: per chunk, Q path + attention over the prefix + o-proj/MLP with grad. Weight grads accumulate in
-  // place; dK/dV of the prefix accumulate here; the chunk's graph dies at the end of the iteration.
+  // Step 2: per chunk, Q path + attention over the prefix + o-proj/MLP with grad: the gradients of the chunk's input,
+  // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
   {
     Phase phase(clock, "layer");
     for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
       auto k = leaf(K.slice(2, 0, e)), v = leaf(V.slice(2, 0, e));  // [B, n_kv, e, hd]
       const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), k, v, s));
-      out.backward(g_out.slice(1, s, e));
-      dK.slice(2, 0, e).add_(k.grad());
-      dV.slice(2, 0, e).add_(v.grad());
-      g_in.slice(1, s, e).copy_(h.grad());
+      const auto grads = grads_of(out, {h, k, v}, g_out.slice(1, s, e));
+      g_in.slice(1, s, e).copy_(grads[0]);
+      if (grads[1].defined()) dK.slice(2, 0, e).add_(grads[1]);
+      if (grads[2].defined()) dV.slice(2, 0, e).add_(grads[2]);
+      weights.add(at::ArrayRef<at::Tensor>(grads).slice(3));
     });
   }
   K.reset();
   V.reset();
 
   // Step 3: the K/V path is position-wise, so it streams too: recompute k, v of a chunk with grad and push
-  // dK/dV of that chunk through it (W_k, W_v, k-norm, input norm, and the layer input).
+  // dK/dV of that chunk through it (W_k, W_v, k-norm, input norm, and the layer input). Each dK/dV entry is read
+  // once, so rounding it to the model dtype here is its only rounding.
   if (!faults_.drop_kv_path) {
     Phase phase(clock, "kv_path");
     for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(h_in.slice(1, s, e));
       const auto [k, v] = model.kv(layer, h, s);
-      torch::autograd::backward({k, v}, {dK.slice(2, s, e), dV.slice(2, s, e)});
-      g_in.slice(1, s, e).add_(h.grad());
+      std::vector<at::Tensor> inputs = {h};
+      inputs.insert(inputs.end(), params.begin(), params.end());
+      const auto grads = torch::autograd::grad(
+          {k, v}, inputs, {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
+          /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+      g_in.slice(1, s, e).add_(grads[0]);
+      weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
     });
   }
+  weights.commit();
   return g_in;
 }
 

@@ -25,6 +25,8 @@ class StreamBP final : public BackpropMethod {
     // Forget the last T mod c tokens of every layer's backward. Under SFT it only shows when T mod c >= 2: the
     // last token predicts nothing and no query attends to it, so its own gradient is exactly zero anyway.
     bool drop_tail = false;
+    // Sum dK/dV and the layer's weight gradients over chunks in the model dtype (bf16): one rounding per chunk.
+    bool accumulate_in_model_dtype = false;
   };
 
   explicit StreamBP(Options options) : options_(options) {}

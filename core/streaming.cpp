@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "core/model.h"
 #include "core/objective.h"
@@ -19,6 +20,38 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
     out.slice(1, s, e).copy_(model.after_attention(layer, hc, o));
   });
   return out;
+}
+
+ChunkGradients::ChunkGradients(std::vector<at::Tensor> params, bool keep_model_dtype)
+    : params_(std::move(params)), sums_(params_.size()), keep_model_dtype_(keep_model_dtype) {}
+
+c10::ScalarType ChunkGradients::accumulation_dtype(c10::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
+}
+
+void ChunkGradients::add(at::ArrayRef<at::Tensor> grads) {
+  TORCH_CHECK(grads.size() == params_.size(), "ChunkGradients: one gradient per parameter");
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (!sums_[i].defined())
+      sums_[i] = keep_model_dtype_ ? grads[i] : grads[i].to(accumulation_dtype(grads[i].scalar_type()));
+    else
+      sums_[i].add_(grads[i]);
+  }
+}
+
+void ChunkGradients::commit() {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!sums_[i].defined()) continue;
+    auto& grad = params_[i].mutable_grad();
+    if (grad.defined())
+      grad.add_(sums_[i].to(params_[i].scalar_type()));
+    else
+      grad = sums_[i].to(params_[i].scalar_type());  // the one rounding of a streamed bf16 gradient
+    sums_[i].reset();
+  }
 }
 
 void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk) {
@@ -43,6 +76,12 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
   HeadResult out;
   out.grad = at::zeros_like(h_last);
   Phase phase(clock, "head");
+  // The head's trainable parameters: the final norm weight through autograd, the lm_head weight by hand (its
+  // gradient is one GEMM per chunk into `lm_sum`, fp32 for a bf16 model); both committed once after the last chunk.
+  std::vector<at::Tensor> norm;
+  if (model.final_norm_weight().requires_grad()) norm.push_back(model.final_norm_weight());
+  ChunkGradients norm_grads(norm);
+  at::Tensor lm_sum;  // [V, d]
   for_each_chunk(T_used, head_chunk, [&](std::int64_t s, std::int64_t e) {
     auto h = h_last.slice(1, s, e).detach().requires_grad_(true);  // [B, c_h, d]
     const auto hn = model.final_norm(h);                              // with a graph: final norm weight and h
@@ -53,11 +92,17 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
     }
     out.loss += objective.chunk_loss_and_grad(logits, s);
     if (grad_scale != 1.0) logits.mul_(grad_scale);
-    const auto grad_hn = model.logits_backward(logits, hn);  // [B, c_h, d]
+    const auto grad_hn = model.logits_backward(logits, hn, lm_sum);  // [B, c_h, d]
     logits.reset();  // the [B, c_h, V] buffer is done: free it before the final norm's backward allocates
-    hn.backward(grad_hn);
-    out.grad.slice(1, s, e).copy_(h.grad());
+    std::vector<at::Tensor> inputs = {h};
+    inputs.insert(inputs.end(), norm.begin(), norm.end());
+    const auto grads = torch::autograd::grad({hn}, inputs, {grad_hn}, /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+    out.grad.slice(1, s, e).copy_(grads[0]);
+    norm_grads.add(at::ArrayRef<at::Tensor>(grads).slice(1));
   });
+  norm_grads.commit();
+  model.commit_lm_head_gradient(lm_sum);
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -27,6 +28,28 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
 // Pass 1 of DESIGN §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
 // objective's row statistics. h_last: [B, T, d], the last decoder layer's output.
 void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk);
+
+// Sums parameter gradients over chunks and writes them into the parameters' grad once (DESIGN §4 "Precision").
+// In bf16 a streamed gradient summed chunk by chunk in bf16 would round once per chunk, so its error would grow with
+// the chunk count; here each chunk's contribution (rounded once, by its own GEMM, like standard BP's single GEMM) is
+// added into an fp32 buffer that lives for one layer or the head stage, and rounded into the bf16 grad at commit().
+// For fp32/fp64 parameters the sum is kept in their own dtype: no buffer beyond the gradient itself.
+class ChunkGradients {
+ public:
+  // keep_model_dtype: sum in the parameters' own dtype even for bf16 (a negative control's fault only).
+  explicit ChunkGradients(std::vector<at::Tensor> params, bool keep_model_dtype = false);
+  const std::vector<at::Tensor>& params() const { return params_; }
+  // One contribution per parameter, aligned with params() (undefined: none from this chunk).
+  void add(at::ArrayRef<at::Tensor> grads);
+  // Adds the sums into the parameters' grad (creating it), in the parameters' dtype.
+  void commit();
+  // The accumulation dtype for a model dtype: fp32 for bf16/fp16, else the dtype itself.
+  static c10::ScalarType accumulation_dtype(c10::ScalarType dtype);
+
+ private:
+  std::vector<at::Tensor> params_, sums_;
+  bool keep_model_dtype_;
+};
 
 struct HeadResult {
   double loss = 0;  // the objective's value: the sum of the chunk terms

@@ -145,7 +145,11 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
-                                           {"lm_head gradient", z.T > ch ? z.lm_grad : 0},
+                                           // summed in the GEMM from the second chunk on; bf16: an fp32 sum from the first
+                                           {"lm_head gradient", z.lm_grad == 0 ? 0
+                                                                : z.f > z.s ? z.lm_grad * z.f / z.s
+                                                                : z.T > ch  ? z.lm_grad
+                                                                            : 0},
                                            {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z)},
                                            {"objective buffers", objective_bytes(w)}}}};
   // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
@@ -175,12 +179,17 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const Sizes z(w);
   const auto c = std::min(layer_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
-  const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V, dK, dV: [B, n_kv, T, hd]
-  // Last chunk of a layer: K/V + dK/dV of the layer, and the larger of the chunk's activations (MLP backward) and
-  // its Q-path activations with the gradients of its K/V prefix (attention backward: chunk attention's two flash
-  // blocks return the prefix's and the diagonal's, which are then concatenated: 2 x 2 of [B, n_kv, T, hd]).
+  const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V: [B, n_kv, T, hd]
+  // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
+  // kPrefixTile keys are upcast to fp32 inside chunk attention.
+  const bool sums_wider = z.f > z.s;
+  const auto tile = std::min<std::int64_t>(1024, z.T);
+  // Last chunk of a layer: the larger of the chunk's activations (MLP backward) and its Q-path activations with the
+  // gradients of its K/V prefix (attention backward: dK, dV of the prefix plus one block's own: the whole prefix in
+  // fp32/fp64, one fp32 tile with its fp32 K/V copies in bf16).
+  const auto tile_bytes = 4 * z.B * tile * w.config.kv_width() * z.f;
   const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w),
-                              z.B * c * attention_activation_bytes_per_token(w) + 4 * kv);
+                              z.B * c * attention_activation_bytes_per_token(w) + (sums_wider ? 2 * kv + tile_bytes : 4 * kv));
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
@@ -188,8 +197,9 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                         {"gradients", state.gradients},
                         {"checkpoints", state.checkpoints},
                         {"dL/dH in + out", 2 * btd},
-                        {"K, V, dK, dV", 4 * kv},
+                        {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
                         {"layer chunk", chunk},
+                        {"gradient sums (fp32)", sums_wider ? z.layer_grad * z.f / z.s : 0},
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   return largest(moments);

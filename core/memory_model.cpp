@@ -146,8 +146,9 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
                                            // summed in the GEMM from the second chunk on; bf16: an fp32 sum from the first
+                                           // chunk, plus each chunk's bf16 GEMM output added into it
                                            {"lm_head gradient", z.lm_grad == 0 ? 0
-                                                                : z.f > z.s ? z.lm_grad * z.f / z.s
+                                                                : z.f > z.s ? z.lm_grad * (z.f + z.s) / z.s
                                                                 : z.T > ch  ? z.lm_grad
                                                                             : 0},
                                            {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z)},

@@ -230,7 +230,7 @@ TEST_CASE("peak memory of StreamBP is linear in T", "[meter][streambp]") {
   CHECK(std::abs(second - first) <= 0.01 * first);
 }
 
-TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured peaks (7%, MsT 8%)",
+TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured peaks within 6 and 8 percent",
           "[meter][memory-model][mst][lora]") {
   // The same two kinds of peak as below (logits-dominated, layer-dominated), fp32 and fp64, every method under LoRA
   // (rank 8, all-linear: no base gradient exists) and MsT with full fine-tuning.
@@ -255,11 +255,11 @@ TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured pe
       INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << run.spec << " lora="
                                   << run.lora << ": measured " << m.measurement.peak_bytes << ", analytic "
                                   << estimate.total_bytes() << " at " << estimate.moment << ", ratio " << ratio);
-      // Issue #7 asks 5%; not met everywhere yet (see its note). MsT's re-forward runs SDPA's backward on the full
-      // sequence; its internal buffers (layout copies of q/k/v/o and their gradients, GQA expansion) are modelled as
-      // 2·q + 2·kv + d per token: 0.92 to 1.05 of the measured peak on this grid. StreamBP under LoRA: 0.96 to 1.064
-      // (the attention backward of the last chunk overlaps the MLP's in a way the max of the two moments misses).
-      const double tolerance = run.spec.rfind("mst", 0) == 0 ? 0.08 : 0.07;
+      // Issue #7 asks 5%; not met everywhere yet (see its note). Measured/analytic on this grid: MsT 0.92 to 1.05 (its
+      // full-sequence SDPA backward's internal buffers are modelled as 2·q + 2·kv + d per token); StreamBP under LoRA
+      // 0.94 to 1.04 (the flash backward's GQA-wide dK/dV of the prefix, modelled as fully concurrent, are an upper
+      // bound with small chunks); standard and checkpoint under LoRA 0.96 to 1.0.
+      const double tolerance = run.spec.rfind("mst", 0) == 0 ? 0.08 : 0.06;
       CHECK(std::abs(ratio - 1.0) <= tolerance);
     }
   }

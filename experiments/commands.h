@@ -50,4 +50,15 @@ struct DemoArgs {
 void add_demo_options(CLI::App& app, DemoArgs& args);
 int demo_command(const DemoArgs& args, const std::string& command_line);
 
+struct VerifyArgs {
+  ModelSource source;
+  std::string batch_file, objective = "sft", methods = "streambp", out_dir = "results/verify";
+  std::int64_t batch_size = 1, seq_len = 512;
+  std::uint64_t seed = 0;
+  int threads = 0;
+  bool gate = false;
+};
+void add_verify_options(CLI::App& app, VerifyArgs& args);
+int verify_command(const VerifyArgs& args, const std::string& command_line);
+
 }  // namespace sbp

@@ -1,5 +1,5 @@
 // streambp: the harness's command line. Subcommands: run (one BP step, measured), compare (gradient files),
-// demo (the side-by-side of the BP methods).
+// demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors).
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -19,18 +19,23 @@ int main(int argc, char** argv) {
   sbp::RunArgs run_args;
   sbp::CompareArgs compare_args;
   sbp::DemoArgs demo_args;
+  sbp::VerifyArgs verify_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
   auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
   sbp::add_compare_options(*compare, compare_args);
   auto* demo = app.add_subcommand("demo", "side-by-side of the BP methods: peak memory, analytic floor, time, check");
   sbp::add_demo_options(*demo, demo_args);
+  auto* verify = app.add_subcommand("verify", "the paper's Table 7: fp32/bf16 gradient errors of each method against "
+                                              "base32 and the fp64 oracle, per module group");
+  sbp::add_verify_options(*verify, verify_args);
   CLI11_PARSE(app, argc, argv);
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
   try {
     if (*run) return sbp::run_command(run_args, command_line);
     if (*compare) return sbp::compare_command(compare_args, command_line);
+    if (*verify) return sbp::verify_command(verify_args, command_line);
     return sbp::demo_command(demo_args, command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());

@@ -33,3 +33,10 @@ PY
   --save-grads other_seed.safetensors
 expect_failure "compare against another seed's gradients" "FAILED" \
   "$STREAMBP" compare std.safetensors other_seed.safetensors --rtol 0
+
+# verify: the paper's Table 7 on tiny, with its gate; a markdown table on stdout and a CSV with provenance.
+"$STREAMBP" verify --seq 96 --methods "streambp:layer_chunk=8,head_chunk=8;checkpoint" --gate --out "$WORK/verify" > verify.txt \
+  || fail "verify --gate failed:\n$(cat verify.txt)"
+grep -q "| stream16 |" verify.txt || fail "verify printed no stream16 row:\n$(cat verify.txt)"
+ls "$WORK"/verify/verify-*.csv >/dev/null || fail "verify wrote no CSV"
+echo "ok: verify --gate"

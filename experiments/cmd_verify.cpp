@@ -1,0 +1,201 @@
+// `streambp verify`: the paper's Table 7 for any model and batch. Standard BP in fp32 and bf16 (base32, base16) and
+// each streamed method in both (stream32, stream16, ...) on the same bf16-representable weights, each measured against
+// base32 (the paper's reference) and against the fp64 oracle (standard BP in fp64 on those weights), per module group.
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <c10/util/BFloat16.h>
+#include <fmt/format.h>
+
+#include "baselines/methods.h"
+#include "core/dtype.h"
+#include "experiments/commands.h"
+#include "experiments/results_table.h"
+#include "verify/grad_compare.h"
+
+namespace sbp {
+namespace {
+
+struct VerifyRun {
+  std::string label, spec;  // "stream16", "streambp:layer_chunk=..."
+  c10::ScalarType dtype;
+  TensorList gradients;
+};
+
+// The paper's short names: base (standard), stream (StreamBP), ckpt, mst; then 32 or 16.
+std::string run_label(const std::string& spec, c10::ScalarType dtype) {
+  const auto name = spec.substr(0, spec.find(':'));
+  const std::string stem = name == "standard" ? "base" : name == "streambp" ? "stream" : name == "checkpoint" ? "ckpt" : name;
+  return stem + (dtype == at::kBFloat16 ? "16" : dtype == at::kFloat ? "32" : "64");
+}
+
+// Unit roundoff: the error of merely storing an exact gradient in the dtype (the gate's floor).
+double unit_roundoff(c10::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return double(std::numeric_limits<c10::BFloat16>::epsilon()) / 2;
+  if (dtype == at::kFloat) return double(std::numeric_limits<float>::epsilon()) / 2;
+  return double(std::numeric_limits<double>::epsilon()) / 2;
+}
+
+struct GroupError {
+  double er_abs = 0, er_rel = 0, max_normwise = 0;
+  std::int64_t tensors = 0, elements = 0;
+};
+
+// Table 7's metrics over a module group: Er_abs = mean |g_ref - g| and Er_rel = mean |g_ref - g| / (|g_ref| + 1e-10)
+// over every element of the group's tensors; and the largest per-tensor normwise error (degenerate floor applied).
+std::map<std::string, GroupError> group_errors(const GradComparison& cmp) {
+  std::map<std::string, GroupError> out;
+  for (const auto& t : cmp.tensors)
+    for (const auto& group : {t.group, std::string(t.name.find(".layers.") != std::string::npos ? "transformer layers" : ""),
+                              std::string("all")}) {
+      if (group.empty()) continue;
+      auto& g = out[group];
+      g.er_abs += t.er_abs * double(t.numel);
+      g.er_rel += t.er_rel * double(t.numel);
+      g.max_normwise = std::max(g.max_normwise, t.normwise_rel);
+      g.tensors += 1;
+      g.elements += t.numel;
+    }
+  for (auto& [name, g] : out)
+    if (g.elements > 0) g.er_abs /= double(g.elements), g.er_rel /= double(g.elements);
+  return out;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+void add_verify_options(CLI::App& app, VerifyArgs& a) {
+  app.add_option("--preset", a.source.preset, "named model preset (default tiny when no --config/--load)");
+  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  app.add_option("--load", a.source.load_dir, "HF checkpoint folder")->check(CLI::ExistingDirectory);
+  app.add_option("--batch-file", a.batch_file, "batch (safetensors) instead of a random one")->check(CLI::ExistingFile);
+  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...)");
+  app.add_option("--batch", a.batch_size, "rows of a random batch")->check(CLI::PositiveNumber);
+  app.add_option("--seq", a.seq_len, "T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
+  app.add_option("--methods", a.methods, "semicolon-separated streamed methods besides standard (e.g. streambp;checkpoint;mst)");
+  app.add_option("--seed", a.seed, "seed of the weights and the batch");
+  app.add_option("--threads", a.threads, "intra-op threads")->check(CLI::NonNegativeNumber);
+  app.add_option("--out", a.out_dir, "results folder (CSV + JSON)");
+  app.add_flag("--gate", a.gate, "exit 1 when a method's error against the fp64 oracle exceeds 2x standard BP's in the "
+               "same dtype plus the dtype's unit roundoff, on any tensor (naming it)");
+  app.footer(
+      "Every run uses the same weights: the model's, rounded to bf16 once, so that base32/stream32 and the fp64 oracle "
+      "see exactly the weights the bf16 runs see and only the arithmetic of the step is measured. Er_abs = mean "
+      "|g_ref - g| and Er_rel = mean |g_ref - g| / (|g_ref| + 1e-10) over a group's elements (the paper's Table 7); "
+      "normwise = max over the group's tensors of max|g_ref - g| / max|g_ref|, where a tensor whose reference is zero "
+      "or at rounding level (max|g_ref| below 1e-4 of the largest |g_ref| of the model) is judged against that floor "
+      "instead and reported as degenerate (compare --help).");
+}
+
+int verify_command(const VerifyArgs& args, const std::string& command_line) {
+  if (args.threads > 0) at::set_num_threads(args.threads);
+  VerifyArgs a = args;
+  if (a.source.preset.empty() && a.source.config_file.empty() && a.source.load_dir.empty()) a.source.preset = "tiny";
+  // The bf16 weights every run shares, widened exactly to fp32 and fp64.
+  const auto bf16 = build_model(a.source, at::kBFloat16, a.seed);
+  const auto& config = bf16->config();
+  auto objective = make_objective(a.objective);
+  Model oracle_model(config, at::kDouble, bf16->parameters(), "bf16 weights");
+  const auto source = a.batch_file.empty() ? std::string("random batch") : a.batch_file;
+  Batch batch = a.batch_file.empty()
+                    ? objective->random_batch(config, {a.batch_size, a.seq_len, 0.0, objective->name() == "sft" ? 0.1 : 0.0, a.seed, 0})
+                    : read_batch_file(a.batch_file);
+  validate_tokens(batch, config, source);
+  complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.seed);
+  objective->prepare(batch, config, source);
+
+  auto step = [&](Model& model, const std::string& spec) {
+    auto method = make_method(spec);
+    method->step(model, *objective, batch);
+    TensorList grads;
+    for (const auto& g : model.gradients()) grads.push_back({g.name, g.tensor.clone()});
+    model.zero_grad();
+    return grads;
+  };
+  fmt::print(stderr, "verify: {} ({}), {}, B={} T={}; fp64 oracle...\n", a.source.describe(), config.name,
+             objective->spec(), batch.batch_size(), batch.seq_len());
+  const auto oracle = step(oracle_model, "standard");
+  Model fp32(config, at::kFloat, bf16->parameters(), "bf16 weights");
+  std::vector<std::string> specs = {"standard"};
+  for (const auto& m : split(a.methods, ';')) specs.push_back(make_method(m)->spec());
+  std::vector<VerifyRun> runs;
+  for (const auto dtype : {at::kFloat, at::kBFloat16})
+    for (const auto& spec : specs) {
+      Model& model = dtype == at::kFloat ? fp32 : *bf16;
+      runs.push_back({run_label(spec, dtype), spec, dtype, step(model, spec)});
+      fmt::print(stderr, "  {} done\n", runs.back().label);
+    }
+  const auto& base32 = runs.front().gradients;
+
+  const std::vector<std::string> groups = {"embedding/head", "attention", "mlp", "norms", "transformer layers", "all"};
+  ResultsTable table({"objective", "batch_size", "seq_len", "run", "reference", "group", "tensors", "er_abs", "er_rel",
+                      "max_normwise_rel", "gate_ratio", "worst_tensor"});
+  bool gate_ok = true;
+  std::string md_base32 = "| run | " , md_oracle = "| run | ";
+  for (const auto& g : groups) md_base32 += g + " Er_abs / Er_rel | ", md_oracle += g + " normwise | ";
+  std::string rule = "\n|---|";
+  for (std::size_t i = 0; i < groups.size(); ++i) rule += "---|";
+  md_base32 += rule + "\n";
+  md_oracle += rule + "\n";
+  for (const auto& run : runs) {
+    const auto against_base = compare_gradients(base32, run.gradients);
+    const auto against_oracle = compare_gradients(oracle, run.gradients);
+    // The gate: every tensor's error against the oracle within 2x standard BP's in the same dtype + unit roundoff.
+    const VerifyRun* standard = nullptr;
+    for (const auto& r : runs)
+      if (r.dtype == run.dtype && r.spec == "standard") standard = &r;
+    double gate_ratio = 0;
+    std::string worst_tensor;
+    const bool is_reference = run.spec == "standard";
+    if (!is_reference) {
+      const auto standard_error = compare_gradients(oracle, standard->gradients);
+      for (std::size_t i = 0; i < against_oracle.tensors.size(); ++i) {
+        const auto& t = against_oracle.tensors[i];
+        const double ratio = t.normwise_rel / (2 * standard_error.tensors[i].normwise_rel + unit_roundoff(run.dtype));
+        if (ratio > gate_ratio) gate_ratio = ratio, worst_tensor = t.name;
+      }
+    }
+    const std::string status = is_reference ? "reference" : !a.gate ? "unchecked" : gate_ratio <= 1 ? "passed" : "incorrect";
+    if (a.gate && !is_reference && gate_ratio > 1) {
+      gate_ok = false;
+      fmt::print(stderr, "gate: {} fails on {}: error {:.3g}x the allowed 2x standard + unit roundoff\n", run.label,
+                 worst_tensor, gate_ratio);
+    }
+    const auto by_base = group_errors(against_base), by_oracle = group_errors(against_oracle);
+    md_base32 += "| " + run.label + " | ";
+    md_oracle += "| " + run.label + " | ";
+    for (const auto& g : groups) {
+      md_base32 += by_base.count(g) ? fmt::format("{:.2e} / {:.3g}% | ", by_base.at(g).er_abs, 100 * by_base.at(g).er_rel) : "- | ";
+      md_oracle += by_oracle.count(g) ? fmt::format("{:.2e} | ", by_oracle.at(g).max_normwise) : "- | ";
+    }
+    md_base32 += "\n";
+    md_oracle += "\n";
+    for (const auto& [reference, errors] : {std::pair{std::string("base32"), by_base}, std::pair{std::string("fp64"), by_oracle}})
+      for (const auto& [group, e] : errors)
+        table.add({a.source.describe(), run.spec, dtype_name(run.dtype), status, a.seed,
+                   {objective->spec(), std::to_string(batch.batch_size()), std::to_string(batch.seq_len()), run.label,
+                    reference, group, std::to_string(e.tensors), fmt::format("{:.6e}", e.er_abs),
+                    fmt::format("{:.6e}", e.er_rel), fmt::format("{:.6e}", e.max_normwise),
+                    is_reference ? "" : fmt::format("{:.4f}", gate_ratio), worst_tensor}});
+  }
+  fmt::print("Against base32 (the paper's Table 7 reference): Er_abs / Er_rel per module group\n\n{}\n", md_base32);
+  fmt::print("Against the fp64 oracle: largest per-tensor normwise error per module group\n\n{}\n", md_oracle);
+  const auto csv = table.write(a.out_dir, "verify", collect_provenance(command_line));
+  fmt::print("results: {}\n", csv.string());
+  return gate_ok ? 0 : 1;
+}
+
+}  // namespace sbp

@@ -43,11 +43,7 @@ StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Ba
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, grad);
   }
-  StepResult result;
-  result.loss = loss;
-  result.bp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.phases = clock.totals();
-  return result;
+  return StepResult::finish(loss, start, clock);
 }
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const { return checkpoint_memory(w); }

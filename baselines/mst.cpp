@@ -56,11 +56,7 @@ StepResult MsT::step(Model& model, Objective& objective, const Batch& batch) {
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
-  StepResult result;
-  result.loss = loss;
-  result.bp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.phases = clock.totals();
-  return result;
+  return StepResult::finish(loss, start, clock);
 }
 
 at::Tensor MsT::layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,

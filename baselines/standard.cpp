@@ -23,11 +23,7 @@ StepResult StandardBackprop::step(Model& model, Objective& objective, const Batc
     Phase phase(clock, "backward");
     loss.backward();
   }
-  StepResult result;
-  result.loss = loss.item<double>();
-  result.bp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.phases = clock.totals();
-  return result;
+  return StepResult::finish(loss.item<double>(), start, clock);
 }
 
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const { return standard_memory(w); }

@@ -2,6 +2,7 @@
 // see this: they never branch on the concrete method.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,6 +23,10 @@ struct StepResult {
   double loss = 0;        // value of the objective (sum of the chunk terms for streamed methods)
   double bp_seconds = 0;  // forward + backward, excluding any optimizer
   std::vector<PhaseTime> phases;
+  // What every method returns at the end of its step: the loss, the time since `start`, the clock's phases.
+  static StepResult finish(double loss, std::chrono::steady_clock::time_point start, const PhaseClock& clock) {
+    return {loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), clock.totals()};
+  }
 };
 
 // Analytic peak memory: named terms in bytes, printed next to the measured peak.

@@ -19,15 +19,6 @@
 namespace sbp {
 namespace {
 
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // Gradients of a step, detached copies (the model's grads are freed by the next step).
 TensorList step_gradients(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch) {
   method.step(model, objective, batch);
@@ -92,11 +83,11 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   if (a.threads > 0) at::set_num_threads(a.threads);
   const auto dtype = parse_dtype(a.dtype);
   const auto config = preset_config(a.preset);
-  const auto specs = split(a.methods, ';');
+  const auto specs = split_list(a.methods, ';');
   std::vector<std::unique_ptr<BackpropMethod>> methods;
   for (const auto& s : specs) methods.push_back(make_method(s));
   std::vector<std::int64_t> lengths;
-  for (const auto& t : split(a.seq_lens, ',')) lengths.push_back(std::stoll(t));
+  for (const auto& t : split_list(a.seq_lens, ',')) lengths.push_back(std::stoll(t));
   const std::uint64_t seed = 0;
   auto objective = make_objective(a.objective);
   // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.

@@ -66,15 +66,6 @@ std::map<std::string, GroupError> group_errors(const GradComparison& cmp) {
   return out;
 }
 
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 }  // namespace
 
 void add_verify_options(CLI::App& app, VerifyArgs& a) {
@@ -130,7 +121,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   const auto oracle = step(oracle_model, "standard");
   Model fp32(config, at::kFloat, bf16->parameters(), "bf16 weights");
   std::vector<std::string> specs = {"standard"};
-  for (const auto& m : split(a.methods, ';')) specs.push_back(make_method(m)->spec());
+  for (const auto& m : split_list(a.methods, ';')) specs.push_back(make_method(m)->spec());
   std::vector<VerifyRun> runs;
   for (const auto dtype : {at::kFloat, at::kBFloat16})
     for (const auto& spec : specs) {

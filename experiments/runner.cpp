@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -172,6 +173,15 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
     if (m.status != "passed") break;
   }
   return m;
+}
+
+std::vector<std::string> split_list(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
 std::string format_bytes(std::int64_t bytes) {

@@ -74,6 +74,8 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
                            int warmup, int repeats, std::int64_t budget_bytes);
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
+// "a;b;;c" -> {a, b, c}: a flag's list (empty items dropped).
+std::vector<std::string> split_list(const std::string& text, char sep);
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently).
 void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag);
 

@@ -6,7 +6,6 @@ Usage: python tests/cli_lora.py BUILD/streambp   (needs torch + safetensors: the
 """
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,25 +16,8 @@ except ImportError as e:  # CTest reads 77 as "skipped"
     print(f"SKIP: {e}")
     sys.exit(77)
 
-FAILURES = []
-
-
-def run(binary, *args):
-    return subprocess.run([binary, "run", *map(str, args)], capture_output=True, text=True)
-
-
-def expect_rejected(binary, work, what, patterns, args):
-    outputs = [work / "out-grads.safetensors", work / "out.json"]
-    p = run(binary, *args, "--save-grads", outputs[0], "--json", outputs[1])
-    text = p.stdout + p.stderr
-    problems = [f"exit {p.returncode}, expected 2"] if p.returncode != 2 else []
-    problems += [f"no '{s}' in the message" for s in patterns if s not in text]
-    problems += [f"wrote {o.name}" for o in outputs if o.exists()]
-    if problems:
-        FAILURES.append(f"{what}: {'; '.join(problems)}\n{text}")
-    else:
-        print(f"ok: {what}: {text.strip().splitlines()[-1]}")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_helpers import FAILURES, expect_rejected, report, run  # noqa: E402
 
 def edited_adapter(work, source, name, config_change=None, tensor_change=None):
     target = work / name
@@ -107,9 +89,7 @@ def main():
             p = run(binary, *load, "--adapter", adapter, *extra)
             if p.returncode != 0:
                 FAILURES.append(f"loading the adapter {extra} failed:\n{p.stdout}{p.stderr}")
-    for f in FAILURES:
-        print("FAIL:", f)
-    return 1 if FAILURES else 0
+    return report()
 
 
 if __name__ == "__main__":

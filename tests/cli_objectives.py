@@ -4,7 +4,6 @@ output file (no partial results).
 
 Usage: python tests/cli_objectives.py BUILD/streambp   (needs torch + safetensors: the venv's python)
 """
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -16,27 +15,8 @@ except ImportError as e:  # CTest reads 77 as "skipped"
     print(f"SKIP: {e}")
     sys.exit(77)
 
-FAILURES = []
-
-
-def run(binary, *args):
-    return subprocess.run([binary, "run", *map(str, args)], capture_output=True, text=True)
-
-
-def expect_rejected(binary, work, what, patterns, args):
-    outputs = [work / "out-grads.safetensors", work / "out.json"]
-    p = run(binary, *args, "--save-grads", outputs[0], "--json", outputs[1])
-    text = p.stdout + p.stderr
-    problems = []
-    if p.returncode != 2:
-        problems.append(f"exit {p.returncode}, expected 2")
-    problems += [f"no '{s}' in the message" for s in patterns if s not in text]
-    problems += [f"wrote {o.name}" for o in outputs if o.exists()]
-    if problems:
-        FAILURES.append(f"{what}: {'; '.join(problems)}\n{text}")
-    else:
-        print(f"ok: {what}: {text.strip().splitlines()[-1]}")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_helpers import FAILURES, expect_rejected, report, run  # noqa: E402
 
 def spoiled(work, source, name, change):
     tensors = load_file(str(source))
@@ -116,9 +96,7 @@ def main():
         p = run(binary, *load, "--objective", "dpo", "--batch-file", no_ref, "--ref", ref)
         if p.returncode != 0:
             FAILURES.append(f"DPO with --ref failed:\n{p.stdout}{p.stderr}")
-    for f in FAILURES:
-        print("FAIL:", f)
-    return 1 if FAILURES else 0
+    return report()
 
 
 def write_config(work):

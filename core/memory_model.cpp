@@ -181,10 +181,9 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const auto c = std::min(layer_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
   const auto kv = z.B * z.T * w.config.kv_width() * z.s;  // one of K, V: [B, n_kv, T, hd]
-  // dK/dV and the layer's weight gradients are summed in a wider dtype (ChunkGradients: fp32 for bf16, fp64 for fp32);
-  // in bf16, K/V prefix tiles of kPrefixTile keys are upcast to fp32 inside chunk attention.
+  // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
+  // kPrefixTile keys are upcast to fp32 inside chunk attention.
   const bool sums_wider = z.f > z.s;
-  const std::int64_t a = z.s <= 4 ? 2 * z.s : z.s;  // bytes per element of the sums
   const auto tile = std::min<std::int64_t>(1024, z.T);
   // Last chunk of a layer: the larger of the chunk's activations (MLP backward) and its Q-path activations with the
   // gradients of its K/V prefix (attention backward: dK, dV of the prefix plus one block's own: the whole prefix in
@@ -203,9 +202,9 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                         {"gradients", state.gradients},
                         {"checkpoints", state.checkpoints},
                         {"dL/dH in + out", 2 * btd},
-                        {"K, V, dK, dV", 2 * kv + 2 * kv * a / z.s},
+                        {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
                         {"layer chunk", chunk},
-                        {"gradient sums", a > z.s ? z.layer_grad * a / z.s : 0},
+                        {"gradient sums (fp32)", sums_wider ? z.layer_grad * z.f / z.s : 0},
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   return largest(moments);

@@ -338,10 +338,8 @@ at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tenso
   const auto g = grad_logits.to(dtype_).reshape({-1, grad_logits.size(-1)});  // [B*c, V]
   if (lm_head_.requires_grad()) {
     const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});  // [B*c, d]
-    // The [V, d] sum is the largest buffer of the head: fp32 for bf16 (one rounding), but fp32 stays fp32 (an fp64 sum
-    // would add a [V, d] fp64 buffer, +311 MB on qwen3-small, for an error that measured within the gate anyway).
     if (!lm_sum.defined())
-      lm_sum = at::mm(g.t(), hn).to(dtype_ == at::kBFloat16 || dtype_ == at::kHalf ? at::kFloat : dtype_);
+      lm_sum = at::mm(g.t(), hn).to(ChunkGradients::accumulation_dtype(dtype_));
     else if (lm_sum.scalar_type() == dtype_)
       lm_sum.addmm_(g.t(), hn);
     else

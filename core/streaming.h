@@ -33,7 +33,7 @@ void statistics_pass(const Model& model, Objective& objective, const at::Tensor&
 // In bf16 a streamed gradient summed chunk by chunk in bf16 would round once per chunk, so its error would grow with
 // the chunk count; here each chunk's contribution (rounded once, by its own GEMM, like standard BP's single GEMM) is
 // added into an fp32 buffer that lives for one layer or the head stage, and rounded into the bf16 grad at commit().
-// fp32 parameters are summed in fp64 for the same reason; fp64 in fp64.
+// For fp32/fp64 parameters the sum is kept in their own dtype: no buffer beyond the gradient itself.
 class ChunkGradients {
  public:
   // keep_model_dtype: sum in the parameters' own dtype even for bf16 (a negative control's fault only).
@@ -43,7 +43,7 @@ class ChunkGradients {
   void add(at::ArrayRef<at::Tensor> grads);
   // Adds the sums into the parameters' grad (creating it), in the parameters' dtype.
   void commit();
-  // The accumulation dtype for a model dtype: fp32 for bf16/fp16, fp64 for fp32 and fp64.
+  // The accumulation dtype for a model dtype: fp32 for bf16/fp16, else the dtype itself.
   static c10::ScalarType accumulation_dtype(c10::ScalarType dtype);
 
  private:

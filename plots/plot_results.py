@@ -15,6 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot_demo(csv_path: Path) -> Path:
     rows = list(csv.DictReader(csv_path.open()))
+    # A time ratio exists only where the same run measured checkpointing at that T (files written before empty cells
+    # were introduced hold 0 there instead: never plotted).
+    timed_lengths = {r["seq_len"] for r in rows if r["method"] == "checkpoint"}
     by_method = defaultdict(list)
     for r in rows:
         by_method[r["method"]].append(r)
@@ -25,7 +28,8 @@ def plot_demo(csv_path: Path) -> Path:
         line, = mem.plot(T, [int(r["peak_bytes"]) / 2**30 for r in rs], "o-", label=f"{method} (measured)")
         mem.plot(T, [int(r["model_peak_bytes"]) / 2**30 for r in rs], "--", color=line.get_color(), alpha=0.6)
         # An empty ratio means the run had no checkpoint row to divide by: no point, never an invented 0.
-        timed = [(t, float(r["time_vs_checkpoint"])) for t, r in zip(T, rs) if r.get("time_vs_checkpoint")]
+        timed = [(t, float(r["time_vs_checkpoint"])) for t, r in zip(T, rs)
+                 if r.get("time_vs_checkpoint") and r["seq_len"] in timed_lengths]
         if timed:
             time.plot([t for t, _ in timed], [x for _, x in timed], "o-", label=method)
     first = rows[0]

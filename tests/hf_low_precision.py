@@ -1,0 +1,79 @@
+"""Our fp32 and bf16 runs are as accurate as HF's own: on one checkpoint whose weights are bf16-representable and one
+batch, the gradients of our standard BP and of StreamBP in fp32 and in bf16 are, on every tensor, within 2x the error
+that transformers' own Qwen3 makes in the same dtype (+ the dtype's unit roundoff), both measured against the fp64
+oracle (our standard BP in fp64, itself equal to HF's fp64 to 1e-10: tests/hf_parity.py). DESIGN §8's rule.
+
+Usage: python tests/hf_low_precision.py BUILD/streambp
+"""
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+try:
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+except ImportError as e:  # CTest reads 77 as "skipped"
+    print(f"SKIP: {e} (make installs transformers into the venv)")
+    sys.exit(77)
+
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -9}
+TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FAILURES = []
+
+
+def run(binary, *args):
+    p = subprocess.run([binary, "run", *map(str, args)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"streambp run failed: {p.stdout}{p.stderr}")
+
+
+def normwise(ref, other):
+    """max|a-b| / max|a| per tensor, with the model-wide floor of compare --help for zero/rounding-level tensors."""
+    floor = 1e-4 * max(t.abs().max().item() for t in ref.values())
+    return {n: ((other[n].double() - a).abs().max() / max(a.abs().max().item(), floor)).item() for n, a in ref.items()}
+
+
+def hf_gradients(model_dir, batch, dtype):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPE[dtype], attn_implementation="sdpa")
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    shifted = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[:, 1:]
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), shifted.flatten(), ignore_index=-100).backward()
+    return {n: p.grad.double() for n, p in model.named_parameters()}
+
+
+def main():
+    binary = sys.argv[1]
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model, batch_file = work / "model", work / "batch.safetensors"
+        # The checkpoint is saved in bf16, so every run below (fp64, fp32, bf16) starts from the same weights.
+        run(binary, "--preset", "tiny", "--method", "standard", "--dtype", "bf16", "--batch", "2", "--seq", "160",
+            "--pad-fraction", "0.2", "--prompt-fraction", "0.2", "--seed", "5", "--save-model", model,
+            "--save-batch", batch_file)
+        run(binary, "--load", model, "--batch-file", batch_file, "--method", "standard", "--dtype", "fp64",
+            "--save-grads", work / "oracle.safetensors")
+        oracle = {n: t.double() for n, t in load_file(str(work / "oracle.safetensors")).items()}
+        batch = load_file(str(batch_file))
+        for dtype in ("fp32", "bf16"):
+            hf_error = normwise(oracle, hf_gradients(model, batch, dtype))
+            for method in ("standard", "streambp:layer_chunk=16,head_chunk=16"):
+                grads = work / f"{dtype}-{method.split(':')[0]}.safetensors"
+                run(binary, "--load", model, "--batch-file", batch_file, "--method", method, "--dtype", dtype,
+                    "--save-grads", grads)
+                ours = normwise(oracle, load_file(str(grads)))
+                worst = max(ours, key=lambda n: ours[n] / (2 * hf_error[n] + UNIT_ROUNDOFF[dtype]))
+                ratio = ours[worst] / (2 * hf_error[worst] + UNIT_ROUNDOFF[dtype])
+                line = (f"{dtype} {method}: worst {worst}: ours {ours[worst]:.2e}, HF {hf_error[worst]:.2e} "
+                        f"({ratio:.2f} of the allowance 2x HF + u)")
+                print(("ok: " if ratio <= 1 else "FAIL: ") + line)
+                if ratio > 1:
+                    FAILURES.append(line)
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,7 +38,7 @@ std::vector<KeyBlock> key_blocks(std::int64_t q_start, std::int64_t c, bool tile
 
 struct PrefixAndDiagonal : torch::autograd::Function<PrefixAndDiagonal> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, std::int64_t q_start, double scale) {
+                            const at::Tensor& v_in, std::int64_t q_start, double scale, const KVGradSums* sums) {
     const auto q = upcast(q_in);
     at::Tensor o, lse;  // the merge so far: [B, n_h, c, hd] and [B, n_h, c], >= fp32
     for (const auto& b : key_blocks(q_start, q.size(2), upcasts(k_in))) {
@@ -59,6 +59,7 @@ struct PrefixAndDiagonal : torch::autograd::Function<PrefixAndDiagonal> {
     ctx->save_for_backward({q_in, k_in, v_in, o, lse});
     ctx->saved_data["q_start"] = q_start;
     ctx->saved_data["scale"] = scale;
+    if (sums) ctx->saved_data["sums"] = at::IValue(std::vector<at::Tensor>{sums->dK, sums->dV});
     return o.to(q_in.scalar_type());
   }
 
@@ -72,28 +73,42 @@ struct PrefixAndDiagonal : torch::autograd::Function<PrefixAndDiagonal> {
     const auto scale = ctx->saved_data["scale"].toDouble();
     const auto grad_o = upcast(grads[0]).contiguous();
     // With the merged o and lse, P = exp(S - lse) and rowsum(dO * O) are those of the whole softmax, so each
-    // block's flash backward returns its exact part of dQ and the exact dK, dV of its keys, written straight into
-    // the gradients of K and V (no concatenation).
-    at::Tensor dq;
-    auto dk = at::empty_like(k_in, at::MemoryFormat::Contiguous), dv = at::empty_like(v_in, at::MemoryFormat::Contiguous);
+    // block's flash backward returns its exact part of dQ and the exact dK, dV of its keys: added into the sums, or
+    // written into the gradients of K and V (no concatenation).
+    const bool to_sums = ctx->saved_data.count("sums") > 0;
+    at::Tensor dq, dk, dv;
+    if (to_sums) {
+      const auto sums = ctx->saved_data["sums"].toTensorVector();
+      dk = sums[0], dv = sums[1];
+    } else {
+      dk = at::empty_like(k_in, at::MemoryFormat::Contiguous), dv = at::empty_like(v_in, at::MemoryFormat::Contiguous);
+    }
     for (const auto& b : key_blocks(q_start, q.size(2), upcasts(k_in))) {
       const auto [dq_b, dk_b, dv_b] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
           grad_o, q, upcast(k_in.narrow(2, b.start, b.length)), upcast(v_in.narrow(2, b.start, b.length)), o, lse, 0.0,
           b.causal, {}, scale);
       dq = dq.defined() ? dq.add_(dq_b) : dq_b;
-      dk.narrow(2, b.start, b.length).copy_(dk_b);
-      dv.narrow(2, b.start, b.length).copy_(dv_b);
+      if (to_sums) {
+        dk.narrow(2, b.start, b.length).add_(dk_b);
+        dv.narrow(2, b.start, b.length).add_(dv_b);
+      } else {
+        dk.narrow(2, b.start, b.length).copy_(dk_b);
+        dv.narrow(2, b.start, b.length).copy_(dv_b);
+      }
     }
-    return {dq.to(saved[0].scalar_type()), dk, dv, at::Tensor(), at::Tensor()};
+    if (to_sums) dk = dv = at::Tensor();
+    return {dq.to(saved[0].scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
-                           double scale) {
-  TORCH_CHECK(q_start > 0 && k.size(2) == q_start + q.size(2), "chunk_attention: keys must be [0, q_start + c)");
-  return PrefixAndDiagonal::apply(q, k, v, q_start, scale);
+                           double scale, const KVGradSums* sums) {
+  TORCH_CHECK((q_start > 0 || sums) && k.size(2) == q_start + q.size(2), "chunk_attention: keys must be [0, q_start + c)");
+  TORCH_CHECK(!sums || (!k.requires_grad() && !v.requires_grad()),
+              "chunk_attention: K/V gradients go into the sums; k and v must not require grad");
+  return PrefixAndDiagonal::apply(q, k, v, q_start, scale, sums);
 }
 
 }  // namespace sbp

@@ -185,16 +185,13 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // kPrefixTile keys are upcast to fp32 inside chunk attention.
   const bool sums_wider = z.f > z.s;
   const auto tile = std::min<std::int64_t>(1024, z.T);
-  // Last chunk of a layer: the larger of the chunk's activations (MLP backward) and its Q-path activations with the
-  // gradients of its K/V prefix (attention backward: dK, dV of the prefix plus one block's own: the whole prefix in
-  // fp32/fp64, one fp32 tile with its fp32 K/V copies in bf16).
-  // The CPU flash backward returns a block's dK/dV with the query heads' count (GQA: n_h / n_kv times wider) before
-  // reducing them to the K/V heads.
-  const auto gqa = w.config.num_attention_heads / std::max<std::int64_t>(1, w.config.num_key_value_heads);
-  const auto tile_bytes = (2 + 2 * gqa) * z.B * tile * w.config.kv_width() * z.f;
+  // Last chunk of a layer: the larger of the chunk's activations (MLP backward) and its Q-path activations with
+  // the flash backward's own dK/dV of the keys it is working on (attention backward), which are then added into the
+  // layer's sums (KVGradSums): the whole prefix at once in fp32/fp64; in bf16 one tile of kPrefixTile keys, in fp32,
+  // next to its fp32 copies of K and V. The CPU kernel makes dK/dV with the K/V heads' count, GQA or not.
+  const auto block_gradients = sums_wider ? 4 * z.B * tile * w.config.kv_width() * z.f : 2 * kv;
   const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w),
-                              z.B * c * attention_activation_bytes_per_token(w) +
-                                  (sums_wider ? 2 * kv + tile_bytes : (2 + 2 * gqa) * kv));
+                              z.B * c * attention_activation_bytes_per_token(w) + block_gradients);
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",

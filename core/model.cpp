@@ -287,20 +287,21 @@ at::Tensor Model::q(int layer, const at::Tensor& h, std::int64_t start) const {
   return q_from_normed(w, rms_norm(h, w.input_norm), start);
 }
 
-at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start) const {
+at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
+                         const KVGradSums* sums) const {
   const auto B = q.size(0), c = q.size(2), e = k.size(2);
   TORCH_CHECK(e == q_start + c, "attend: keys must be the prefix [0, q_start + c) = [0, ", q_start + c, "), got ", e);
   const double scale = 1.0 / std::sqrt(double(config_.head_dim));
   const bool gqa = config_.num_key_value_heads != config_.num_attention_heads;
   at::Tensor o;  // [B, n_h, c, hd]
-  if (q_start == 0) {
+  if (q_start == 0 && !sums) {
     // Square block: SDPA's top-left causal rule coincides with the bottom-right one.
     o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
   } else {
     // Query at absolute position q_start+i sees keys j <= q_start+i (bottom-right aligned). SDPA's is_causal=true
     // would align top-left and hide most of the prefix from every chunk after the first; a [c, e] mask would be
     // right but computes the masked half of the diagonal block. chunk_attention does neither.
-    o = chunk_attention(q, k, v, q_start, scale);
+    o = chunk_attention(q, k, v, q_start, scale, sums);
   }
   return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
 }

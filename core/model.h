@@ -22,6 +22,7 @@
 
 namespace sbp {
 
+struct KVGradSums;  // core/chunk_attention.h
 
 struct LayerWeights {
   at::Tensor input_norm;            // [d]
@@ -85,7 +86,10 @@ class Model {
   void embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) const;
   std::pair<at::Tensor, at::Tensor> kv(int layer, const at::Tensor& h, std::int64_t start) const;
   at::Tensor q(int layer, const at::Tensor& h, std::int64_t start) const;
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start) const;
+  // With `sums` (StreamBP's backward) k and v are constants and their gradients are added into the sums
+  // (chunk_attention.h); without, they flow through autograd.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
+                    const KVGradSums* sums = nullptr) const;
   at::Tensor after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const;
   // One decoder layer on a chunk whose keys are exactly the chunk (start 0): the pieces composed, as
   // mlp_block(attention_block(h)).

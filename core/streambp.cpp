@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "core/chunk_attention.h"
 #include "core/memory_model.h"
 #include "core/model.h"
 #include "core/streaming.h"
@@ -24,14 +25,12 @@ std::string StreamBP::spec() const {
          ",head_chunk=" + std::to_string(options_.head_chunk);
 }
 
-at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            std::int64_t q_start) const {
-  if (!faults_.top_left_causal) return model.attend(q, k, v, q_start);
-  const auto& c = model.config();
-  const auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
-                                                  1.0 / std::sqrt(double(c.head_dim)),
-                                                  c.num_key_value_heads != c.num_attention_heads);
-  return o.transpose(1, 2).reshape({q.size(0), q.size(2), c.q_width()});
+at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
+                            std::int64_t q_start, const KVGradSums& sums) const {
+  const auto c = q.size(2);
+  if (!faults_.top_left_causal) return model.attend(q, K.slice(2, 0, q_start + c), V.slice(2, 0, q_start + c), q_start, &sums);
+  // SDPA's is_causal on [s, s+c) x [0, s+c) aligns top-left: query i sees keys 0..i, as if the chunk started at 0.
+  return model.attend(q, K.slice(2, 0, c), V.slice(2, 0, c), 0, &sums);
 }
 
 StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch) {
@@ -83,6 +82,7 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
                                                 ? K.scalar_type()
                                                 : ChunkGradients::accumulation_dtype(K.scalar_type()));
   auto dK = at::zeros(K.sizes(), sum_options), dV = at::zeros(V.sizes(), sum_options);  // [B, n_kv, T, hd]
+  const KVGradSums sums{dK, dV};
   auto g_in = at::empty_like(h_in);  // dLoss/dH_in: [B, T, d]
   // The drop_tail fault forgets the last T mod c tokens, like a loop over T / c full chunks would.
   const auto T_used = faults_.drop_tail && T % c != 0 ? T - T % c : T;
@@ -102,13 +102,10 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
     Phase phase(clock, "layer");
     for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
-      auto k = leaf(K.slice(2, 0, e)), v = leaf(V.slice(2, 0, e));  // [B, n_kv, e, hd]
-      const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), k, v, s));
-      const auto grads = grads_of(out, {h, k, v}, g_out.slice(1, s, e));
+      const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
+      const auto grads = grads_of(out, {h}, g_out.slice(1, s, e));  // the prefix's dK/dV went into `sums`
       g_in.slice(1, s, e).copy_(grads[0]);
-      if (grads[1].defined()) dK.slice(2, 0, e).add_(grads[1]);
-      if (grads[2].defined()) dV.slice(2, 0, e).add_(grads[2]);
-      weights.add(at::ArrayRef<at::Tensor>(grads).slice(3));
+      weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
     });
   }
   K.reset();

@@ -11,6 +11,7 @@
 
 namespace sbp {
 
+struct KVGradSums;
 class StreamBP final : public BackpropMethod {
  public:
   struct Options {
@@ -39,8 +40,9 @@ class StreamBP final : public BackpropMethod {
   // One layer's exact backward, streamed: returns dLoss/dH_in [B, T, d] given H_in and dLoss/dH_out.
   at::Tensor stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
                                    PhaseClock& clock) const;
-  at::Tensor attend(const Model& model, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    std::int64_t q_start) const;
+  // The chunk's attention over K/V[..., :q_start + c, :], its K/V gradients added into `sums`.
+  at::Tensor attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
+                    std::int64_t q_start, const KVGradSums& sums) const;
 
   Options options_;
   Faults faults_;

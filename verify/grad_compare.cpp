@@ -1,10 +1,13 @@
 #include "verify/grad_compare.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
 #include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 namespace sbp {
 
@@ -15,6 +18,28 @@ std::string module_group(const std::string& name) {
   if (has("self_attn")) return "attention";
   if (has("mlp")) return "mlp";
   return "other";
+}
+
+double unit_roundoff(c10::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return double(std::numeric_limits<c10::BFloat16>::epsilon()) / 2;
+  if (dtype == at::kHalf) return double(std::numeric_limits<c10::Half>::epsilon()) / 2;
+  if (dtype == at::kFloat) return double(std::numeric_limits<float>::epsilon()) / 2;
+  return double(std::numeric_limits<double>::epsilon()) / 2;
+}
+
+RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, double factor,
+                               c10::ScalarType dtype) {
+  TORCH_CHECK(standard.tensors.size() == method.tensors.size(), "low_precision_rule: different tensor lists");
+  RuleVerdict v;
+  for (std::size_t i = 0; i < method.tensors.size(); ++i) {
+    const auto& m = method.tensors[i];
+    const auto& s = standard.tensors[i];
+    TORCH_CHECK(m.name == s.name, "low_precision_rule: ", m.name, " vs ", s.name);
+    const double ratio = m.l2_rel / (factor * s.l2_rel + unit_roundoff(dtype));
+    if (ratio > v.worst_ratio || v.worst_tensor.empty())
+      v = {ratio, m.name, m.l2_rel, s.l2_rel};
+  }
+  return v;
 }
 
 double GradComparison::max_normwise_rel() const {
@@ -70,8 +95,11 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
       const double energy = a.square().sum().item<double>();
       const double err = diff.square().sum().item<double>();
       e.nmse = energy > 0 ? err / energy : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
-      // NaN anywhere must fail the gate: comparisons with NaN are false, so turn it into +inf.
+      const double l2_scale = std::max(std::sqrt(energy), out.floor * std::sqrt(double(e.numel)));
+      e.l2_rel = l2_scale > 0 ? std::sqrt(err) / l2_scale : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
+      // NaN anywhere must fail the gates: comparisons with NaN are false, so turn it into +inf.
       if (!(e.normwise_rel == e.normwise_rel)) e.normwise_rel = std::numeric_limits<double>::infinity();
+      if (!(e.l2_rel == e.l2_rel)) e.l2_rel = std::numeric_limits<double>::infinity();
     }
     out.tensors.push_back(e);
   }

@@ -40,6 +40,17 @@ std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z) { return z.lor
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
 std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * c * z.V * z.f; }
 
+// The CPU flash-attention kernel's scratch in its backward (ATen's FlashAttentionKernel.cpp): per thread, the
+// attention weights of a block of qS queries x kvS keys and their gradient, in the accumulation dtype (fp32 for
+// bf16, which adds a bf16 copy of both). qS is 256, 64 or 32 queries by the query count, kvS at most 512 keys.
+// Measured: 512 KiB at 2 threads, fp32, T = 512 (the largest block of MsT's attention backward on tiny).
+std::int64_t flash_backward_scratch_bytes(const Workload& w, std::int64_t queries, std::int64_t keys) {
+  const Sizes z(w);
+  const auto q_split = std::min(queries, queries >= 768 ? std::int64_t(256) : queries >= 192 ? 64 : 32);
+  const auto kv_split = std::min<std::int64_t>(512, keys);
+  return w.threads * 2 * q_split * kv_split * (z.f + (z.s < z.f ? z.s : 0));
+}
+
 std::int64_t objective_bytes(const Workload& w) { return w.batch_size * w.seq_len * w.objective_bytes_per_token; }
 
 // Checkpoints and gradients alive while layer l is back-propagated: the inputs of layers 0..l, and the gradients of
@@ -73,8 +84,11 @@ std::int64_t MemoryEstimate::total_bytes() const {
   return total;
 }
 
-std::int64_t attention_activation_bytes_per_token(const Workload& w) {
+std::int64_t attention_activation_bytes_per_token(const Workload& w, bool input_kept) {
   const Sizes z(w);
+  // The input norm saves its input in compute dtype: in fp32/fp64 that is the layer input itself, free when a
+  // checkpoint already keeps it (input_kept: checkpointing, MsT, StreamBP); bf16 saves an fp32 copy.
+  const auto input_norm = norm_bytes(w.config.hidden_size, z) - (input_kept && z.f == z.s ? w.config.hidden_size * z.f : 0);
   const auto& c = w.config;
   const auto qw = c.q_width(), kw = c.kv_width();
   // q/k: projection output (the norm's saved input) + normalised + rotated (kept by attention); without qk_norm
@@ -84,7 +98,7 @@ std::int64_t attention_activation_bytes_per_token(const Workload& w) {
                          + 2 * qw * z.s                // attention output + its [c, n_h*hd] copy for o_proj
                          + c.num_attention_heads * 4;  // log-sum-exp rows (fp32)
   // LoRA: each adapted projection keeps A x ([r] per token) for B's backward; x itself is the base's saved input.
-  return norm_bytes(c.hidden_size, z) + qk + attention + w.lora_attention_targets * w.lora_rank * z.s;
+  return input_norm + qk + attention + w.lora_attention_targets * w.lora_rank * z.s;
 }
 
 std::int64_t mlp_activation_bytes_per_token(const Workload& w) {
@@ -93,8 +107,8 @@ std::int64_t mlp_activation_bytes_per_token(const Workload& w) {
   return norm_bytes(w.config.hidden_size, z) + 4 * w.config.intermediate_size * z.s + w.lora_mlp_targets * w.lora_rank * z.s;
 }
 
-std::int64_t layer_activation_bytes_per_token(const Workload& w) {
-  return attention_activation_bytes_per_token(w) + mlp_activation_bytes_per_token(w);
+std::int64_t layer_activation_bytes_per_token(const Workload& w, bool input_kept) {
+  return attention_activation_bytes_per_token(w, input_kept) + mlp_activation_bytes_per_token(w);
 }
 
 MemoryEstimate standard_memory(const Workload& w) {
@@ -117,16 +131,29 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                        {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
-  // Re-forward of a layer: one layer's activations, dL/dH in and out.
+  // Re-forward of a layer, then its backward: first the MLP's (every activation of the layer saved, plus one [T, I]
+  // gradient, as in StreamBP's chunk), then the attention's (the MLP's activations and o_proj's input gone; the
+  // gradients of the attention output, q, k, v and the flash kernel's scratch; h_mid's gradient).
   std::vector<MemoryEstimate> moments = {head};
-  for (const auto& state : layer_states(z))
-    moments.push_back({"layer " + std::to_string(state.layer) + " backward",
-                       {{"weights", z.weights},
-                        {"gradients", state.gradients},
-                        {"checkpoints", state.checkpoints},
-                        {"layer activations", z.B * z.T * layer_activation_bytes_per_token(w)},
-                        {"dL/dH in + out", 2 * btd},
-                        {"objective buffers", objective_bytes(w)}}});
+  for (const auto& state : layer_states(z)) {
+    const auto layer = "layer " + std::to_string(state.layer) + " backward";
+    const std::vector<MemoryTerm> common = {{"weights", z.weights},
+                                            {"gradients", state.gradients},
+                                            {"checkpoints", state.checkpoints},
+                                            {"dL/dH in + out", 2 * btd},
+                                            {"objective buffers", objective_bytes(w)}};
+    MemoryEstimate mlp{layer + " (MLP)", common};
+    mlp.terms.push_back({"layer activations", z.B * z.T * layer_activation_bytes_per_token(w, true)});
+    mlp.terms.push_back({"MLP gradient", z.B * z.T * w.config.intermediate_size * z.s});
+    MemoryEstimate attention{layer + " (attention)", common};
+    attention.terms.push_back({"attention activations but o_proj's input",
+                               z.B * z.T * (attention_activation_bytes_per_token(w, true) - w.config.q_width() * z.s)});
+    attention.terms.push_back({"attention gradients + h_mid's",
+                               z.B * z.T * (2 * w.config.q_width() + 2 * w.config.kv_width()) * z.s + btd});
+    attention.terms.push_back({"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)});
+    moments.push_back(mlp);
+    moments.push_back(attention);
+  }
   return largest(moments);
 }
 
@@ -189,9 +216,13 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // the flash backward's own dK/dV of the keys it is working on (attention backward), which are then added into the
   // layer's sums (KVGradSums): the whole prefix at once in fp32/fp64; in bf16 one tile of kPrefixTile keys, in fp32,
   // next to its fp32 copies of K and V. The CPU kernel makes dK/dV with the K/V heads' count, GQA or not.
-  const auto block_gradients = sums_wider ? 4 * z.B * tile * w.config.kv_width() * z.f : 2 * kv;
-  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w),
-                              z.B * c * attention_activation_bytes_per_token(w) + block_gradients);
+  const auto block_gradients = sums_wider ? 4 * z.B * tile * w.config.kv_width() * z.f + flash_backward_scratch_bytes(w, c, tile)
+                                          : 2 * kv + flash_backward_scratch_bytes(w, c, z.T);
+  // The MLP backward holds one [c, I] gradient beyond the chunk's saved activations at its peak (measured on tiny
+  // at c = 512: without it the model was 6.5-7.3% under the meter, with two of them 4-5% over).
+  const auto mlp_backward = z.B * c * w.config.intermediate_size * z.s;
+  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w, true) + mlp_backward,
+                              z.B * c * attention_activation_bytes_per_token(w, true) + block_gradients);
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
@@ -214,7 +245,9 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
   const auto& cfg = w.config;
   // Re-forward of a layer (the last one, with all gradients but an untied embedding's): attention on the full
   // sequence with its graph, h_mid and its gradient; then either one MLP mini-sequence's activations, or the
-  // attention backward's own gradients (of the attention output, q, k, v and the layer input).
+  // attention backward (SDPA's): the gradients of the attention output, q, k, v and the kernel's scratch, after
+  // o_proj's backward has freed its input (the [T, n_h*hd] copy of the attention output). The layer input's
+  // gradient is the "in" of dL/dH in + out.
   auto moments = streamed_head_moments(w, c);
   for (const auto& state : layer_states(z)) {
     const std::vector<MemoryTerm> common = {
@@ -222,15 +255,18 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
         {"gradients", state.gradients},
         {"checkpoints", state.checkpoints},
         {"dL/dH in + out", 2 * btd},
-        {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w)},
         {"h_mid + its gradient", 2 * btd},
         {"objective buffers", objective_bytes(w)}};
+    const auto attention_activations = z.B * z.T * attention_activation_bytes_per_token(w, true);
     const auto layer = "layer " + std::to_string(state.layer) + " backward";
     MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
+    mlp.terms.push_back({"attention activations", attention_activations});
     mlp.terms.push_back({"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)});
     MemoryEstimate attention{layer + " (attention)", common};
-    attention.terms.push_back(
-        {"attention gradients", z.B * z.T * (2 * cfg.q_width() + 2 * cfg.kv_width() + cfg.hidden_size) * z.s});
+    attention.terms.push_back({"attention activations but o_proj's input",
+                               attention_activations - z.B * z.T * cfg.q_width() * z.s});
+    attention.terms.push_back({"attention gradients", z.B * z.T * (2 * cfg.q_width() + 2 * cfg.kv_width()) * z.s});
+    attention.terms.push_back({"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)});
     moments.push_back(mlp);
     moments.push_back(attention);
   }

@@ -10,9 +10,9 @@
 namespace sbp {
 
 // Bytes autograd keeps per token for one decoder layer run with a graph on the full sequence (LoRA included).
-std::int64_t layer_activation_bytes_per_token(const Workload& w);
+std::int64_t layer_activation_bytes_per_token(const Workload& w, bool input_kept = false);
 // Its two halves: attention_block (input norm, q/k/v, attention, o-proj input) and mlp_block (post norm, MLP).
-std::int64_t attention_activation_bytes_per_token(const Workload& w);
+std::int64_t attention_activation_bytes_per_token(const Workload& w, bool input_kept = false);
 std::int64_t mlp_activation_bytes_per_token(const Workload& w);
 
 MemoryEstimate standard_memory(const Workload& w);

@@ -52,6 +52,8 @@ struct Workload {
   // is frozen, so only the adapters have gradients.
   std::int64_t lora_rank = 0, lora_parameters = 0;
   int lora_attention_targets = 0, lora_mlp_targets = 0;  // adapted projections per layer among q,k,v,o / gate,up,down
+  // Intra-op threads: the CPU attention kernels keep a scratch block per thread.
+  std::int64_t threads = 1;
 };
 
 class BackpropMethod {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -79,6 +80,7 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
 Workload make_workload(const Model& model, const Objective& objective, const Batch& batch) {
   Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
              objective.needs_statistics()};
+  w.threads = at::get_num_threads();
   const auto& lora = model.lora();
   if (lora.enabled()) {
     w.lora_rank = lora.rank;

@@ -230,18 +230,21 @@ TEST_CASE("peak memory of StreamBP is linear in T", "[meter][streambp]") {
   CHECK(std::abs(second - first) <= 0.01 * first);
 }
 
-TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured peaks within 6 and 8 percent",
+TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured peaks within 5 percent",
           "[meter][memory-model][mst][lora]") {
-  // The same two kinds of peak as below (logits-dominated, layer-dominated), fp32 and fp64, every method under LoRA
-  // (rank 8, all-linear: no base gradient exists) and MsT with full fine-tuning.
+  // The same two kinds of peak as below (logits-dominated, layer-dominated), fp32 and fp64, GQA and MHA, every
+  // method under LoRA (rank 8, all-linear: no base gradient exists) and MsT with full fine-tuning.
   struct Shape {
     std::int64_t vocab, T, B;
     c10::ScalarType dtype;
+    std::int64_t kv_heads = 2;
   };
   for (const auto& w : {Shape{4096, 512, 2, at::kFloat}, Shape{4096, 512, 1, at::kDouble},
-                        Shape{512, 2048, 1, at::kFloat}, Shape{512, 1024, 2, at::kDouble}}) {
+                        Shape{512, 2048, 1, at::kFloat}, Shape{512, 1024, 2, at::kDouble},
+                        Shape{512, 2048, 1, at::kFloat, 4}}) {
     sbp::ModelConfig config = sbp::test::tiny_config();
     config.vocab_size = w.vocab;
+    config.num_key_value_heads = w.kv_heads;
     struct Run {
       std::string spec, lora;
     };
@@ -255,12 +258,10 @@ TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured pe
       INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << run.spec << " lora="
                                   << run.lora << ": measured " << m.measurement.peak_bytes << ", analytic "
                                   << estimate.total_bytes() << " at " << estimate.moment << ", ratio " << ratio);
-      // Issue #7 asks 5%; not met everywhere yet (see its note). Measured/analytic on this grid: MsT 0.92 to 1.05 (its
-      // full-sequence SDPA backward's internal buffers are modelled as 2·q + 2·kv + d per token); StreamBP under LoRA
-      // 0.94 to 1.04 (the flash backward's GQA-wide dK/dV of the prefix, modelled as fully concurrent, are an upper
-      // bound with small chunks); standard and checkpoint under LoRA 0.96 to 1.0.
-      const double tolerance = run.spec.rfind("mst", 0) == 0 ? 0.08 : 0.06;
-      CHECK(std::abs(ratio - 1.0) <= tolerance);
+      // Issue #7. Measured/analytic on this grid (torch 2.14.1, 2 threads): 0.96 to 1.01. What closed the gap from
+      // 0.92-1.05: the flash backward's per-thread scratch, the input norm's saved input being the checkpoint itself
+      // in fp32/fp64, o_proj's input freed before the attention backward, one [c, I] MLP-backward gradient.
+      CHECK(std::abs(ratio - 1.0) <= 0.05);
     }
   }
 }
@@ -278,9 +279,9 @@ TEST_CASE("the analytic memory models match the measured peaks", "[meter][memory
     sbp::ModelConfig config = sbp::test::tiny_config();
     config.vocab_size = w.vocab;
     for (const std::string spec : {"standard", "checkpoint", "streambp:layer_chunk=64,head_chunk=64", "streambp"}) {
-      const auto m = step_memory(config, w.dtype, spec, w.T, w.B);
+      sbp::MemoryEstimate estimate;
+      const auto m = step_memory(config, w.dtype, spec, w.T, w.B, "", &estimate);
       REQUIRE(m.measurement.status == "passed");
-      const auto estimate = sbp::make_method(spec)->memory_model({config, w.dtype, w.B, w.T});
       const double ratio = double(m.measurement.peak_bytes) / double(estimate.total_bytes());
       INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << spec << ": measured "
                                   << m.measurement.peak_bytes << ", analytic " << estimate.total_bytes() << " at "

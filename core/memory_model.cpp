@@ -262,6 +262,10 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
     mlp.terms.push_back({"attention activations", attention_activations});
     mlp.terms.push_back({"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)});
+    // bf16: the MLP's weight (or adapter) gradients summed over the mini-sequences in fp32 (ChunkGradients).
+    const auto mlp_gradient_elements = z.lora ? w.lora_mlp_targets * w.lora_rank * (z.d + cfg.intermediate_size)
+                                              : 3 * z.d * cfg.intermediate_size + z.d;
+    mlp.terms.push_back({"MLP gradient sums (fp32)", z.f > z.s ? mlp_gradient_elements * z.f : 0});
     MemoryEstimate attention{layer + " (attention)", common};
     attention.terms.push_back({"attention activations but o_proj's input",
                                attention_activations - z.B * z.T * cfg.q_width() * z.s});

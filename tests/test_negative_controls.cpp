@@ -76,6 +76,54 @@ TEST_CASE("the exactness gate fails when the tail tokens are dropped", "[negativ
   require_gate_fails(faulty_streambp_error({.drop_tail = true}, 14, 4));
 }
 
+namespace {
+
+// verify --gate's rule on one fault: StreamBP (with `faults`) and standard BP in `dtype`, both against the fp64 oracle
+// on the same weights (tiny, untied, no padding, chunks of 4 as above).
+sbp::RuleVerdict low_precision_verdict(const StreamBP::Faults& faults, c10::ScalarType dtype, std::int64_t seq_len) {
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  config.tie_word_embeddings = false;
+  sbp::Model model(config, dtype, 43);
+  sbp::Model oracle_model(config, at::kDouble, model.parameters(), "low-precision weights");
+  const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 44});
+  const auto oracle = run_step(oracle_model, "standard", batch);
+  const auto standard = run_step(model, "standard", batch);
+  StreamBP stream({/*layer_chunk=*/4, /*head_chunk=*/5});
+  stream.inject_faults_for_testing(faults);
+  sbp::SftObjective objective;
+  stream.step(model, objective, batch);
+  return sbp::low_precision_rule(sbp::compare_gradients(oracle.gradients, standard.gradients),
+                                 sbp::compare_gradients(oracle.gradients, model.gradients()), 2.0, dtype);
+}
+
+}  // namespace
+
+TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, in fp32 and bf16",
+          "[negative-control][low-precision]") {
+  // The rule tolerates 2x standard BP's error in the same dtype: a fault must stand out of that, or the gate could
+  // hide it behind rounding. The unfaulted twin passes on the same model and batch.
+  struct Fault {
+    const char* name;
+    StreamBP::Faults faults;
+    std::int64_t seq_len;
+  };
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& f : {Fault{"top-left causal", {.top_left_causal = true}, 16},
+                          Fault{"dropped dK/dV path", {.drop_kv_path = true}, 16},
+                          Fault{"doubled head gradient", {.double_head_grad = true}, 16},
+                          Fault{"dropped tail", {.drop_tail = true}, 14}}) {
+      const auto verdict = low_precision_verdict(f.faults, dtype, f.seq_len);
+      INFO(c10::toString(dtype) << " " << f.name << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
+      CHECK_FALSE(verdict.passed());
+    }
+    for (const std::int64_t T : {14, 16}) {
+      const auto verdict = low_precision_verdict({}, dtype, T);
+      INFO(c10::toString(dtype) << " no fault, T = " << T << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
+      CHECK(verdict.passed());
+    }
+  }
+}
+
 TEST_CASE("the exactness gate passes the same StreamBP without faults", "[negative-control]") {
   // The positive twin of the controls above: same model, batch and chunks, so their failures are the faults' doing.
   for (const std::int64_t T : {14, 16}) {

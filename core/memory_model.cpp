@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dtype.h"
+#include "core/model.h"
 
 namespace sbp {
 namespace {
@@ -165,21 +166,32 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const auto ch = std::min(head_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
   // Head chunk: one [B, c_h, V] buffer holds the logits and then, in place, their gradient (plus, for bf16, the
-  // model-dtype logits it was cast from and the gradient cast back); the lm_head gradient exists from the second
-  // chunk on and is accumulated inside the GEMM, so no [V, d] temporary.
+  // model-dtype logits it was cast from and the gradient cast back). The lm_head gradient: fp32/fp64 accumulate inside
+  // the GEMM from the second chunk on (no [V, d] temporary); bf16 sums into fp32 from the first chunk, one block of
+  // Model::kLmHeadRows rows at a time (its bf16 product and the add's fp32 copy of it), and at the end rounds the sum
+  // into the bf16 gradient (the commit moment, after the last chunk's buffers are gone).
   const auto head_logits = z.B * ch * z.V * (z.f + (z.s < z.f ? z.s : 0));
+  // dLoss/dh_normed = grad · W ([B, c_h, d]); a bf16 GEMM on this CPU (no AVX512-BF16) also fills an fp32 buffer of
+  // that shape (measured: 512 KiB at B = 2, c_h = 1024, d = 64).
+  const auto grad_hn = z.B * ch * z.d * (z.s + (z.s < z.f ? z.f : 0));
+  const bool sums_wider = z.f > z.s && z.lm_grad > 0;
+  const auto lm_block = std::min(Model::kLmHeadRows, z.V) * z.d * (z.s + z.f);
+  // (The first chunk's GEMM creates the gradient while that chunk's logits are alive: it counts from the first.)
+  const auto lm_gradient = z.lm_grad == 0 ? 0 : sums_wider ? z.lm_grad * z.f / z.s + lm_block : z.lm_grad;
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
-                                           // summed in the GEMM from the second chunk on; bf16: an fp32 sum from the first
-                                           // chunk, plus each chunk's bf16 GEMM output added into it
-                                           {"lm_head gradient", z.lm_grad == 0 ? 0
-                                                                : z.f > z.s ? z.lm_grad * (z.f + z.s) / z.s
-                                                                : z.T > ch  ? z.lm_grad
-                                                                            : 0},
-                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z)},
+                                           {"lm_head gradient", lm_gradient},
+                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z) + grad_hn},
                                            {"objective buffers", objective_bytes(w)}}}};
+  if (sums_wider)
+    moments.push_back({"lm_head gradient commit",
+                       {{"weights", z.weights},
+                        {"checkpoints", (z.L + 1) * btd},
+                        {"dL/dH", btd},
+                        {"lm_head gradient (fp32 sum + bf16)", z.lm_grad * (z.f + z.s) / z.s},
+                        {"objective buffers", objective_bytes(w)}}});
   // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
   if (w.statistics_pass && ch < z.T)
     moments.push_back({"statistics pass",

@@ -107,6 +107,8 @@ class Model {
   // no [V, d] temporary for fp32/fp64) and returns dLoss/dh_normed = grad · W. Nothing is summed when the lm_head is
   // frozen. grad_logits: [B, c, V] in compute dtype; h_normed: [B, c, d].
   at::Tensor logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const;
+  // Vocabulary rows per block of a bf16 lm_head gradient sum (logits_backward).
+  static constexpr std::int64_t kLmHeadRows = 4096;
   // Adds a streamed head's lm_sum into the lm_head gradient (rounding it once into the model dtype).
   void commit_lm_head_gradient(at::Tensor& lm_sum) const;
   const at::Tensor& lm_head_weight() const { return lm_head_; }

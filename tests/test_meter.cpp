@@ -241,7 +241,8 @@ TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured pe
   };
   for (const auto& w : {Shape{4096, 512, 2, at::kFloat}, Shape{4096, 512, 1, at::kDouble},
                         Shape{512, 2048, 1, at::kFloat}, Shape{512, 1024, 2, at::kDouble},
-                        Shape{512, 2048, 1, at::kFloat, 4}}) {
+                        Shape{512, 2048, 1, at::kFloat, 4}, Shape{4096, 512, 1, at::kBFloat16},
+                        Shape{512, 1024, 2, at::kBFloat16}}) {
     sbp::ModelConfig config = sbp::test::tiny_config();
     config.vocab_size = w.vocab;
     config.num_key_value_heads = w.kv_heads;
@@ -258,7 +259,7 @@ TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured pe
       INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << run.spec << " lora="
                                   << run.lora << ": measured " << m.measurement.peak_bytes << ", analytic "
                                   << estimate.total_bytes() << " at " << estimate.moment << ", ratio " << ratio);
-      // Issue #7. Measured/analytic on this grid (torch 2.14.1, 2 threads): 0.96 to 1.01. What closed the gap from
+      // Issue #7. Measured/analytic on this grid (torch 2.14.1, 2 threads): 0.96 to 1.02. What closed the gap from
       // 0.92-1.05: the flash backward's per-thread scratch, the input norm's saved input being the checkpoint itself
       // in fp32/fp64, o_proj's input freed before the attention backward, one [c, I] MLP-backward gradient.
       CHECK(std::abs(ratio - 1.0) <= 0.05);
@@ -266,27 +267,32 @@ TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured pe
   }
 }
 
-TEST_CASE("the analytic memory models match the measured peaks", "[meter][memory-model]") {
+TEST_CASE("the analytic memory models match the measured peaks within 5 percent", "[meter][memory-model]") {
   // Two tiny but not trivial workloads, one per kind of peak: with V = 4096 and T = 512 the logits dominate (the
-  // head-backward moment, as with the real vocabulary); with V = 512 and T = 2048 the layer backward does. 15% is
-  // the accuracy the analytic model promises next to every measured peak.
+  // head-backward moment, as with the real vocabulary); with V = 512 and T = 2048 the layer backward does. fp32, fp64
+  // and bf16 (fp32 sums of streamed gradients, fp32 logits), GQA and MHA. Measured/analytic on this grid (torch
+  // 2.14.1, 2 threads): 0.96 to 1.03. Not yet within 5%: an MHA config with d = 256, head_dim = 64 at T = 1024
+  // (StreamBP with 64-token chunks +5.8%, checkpointing under LoRA +5.4%; issue #9 asks 3%).
   struct Shape {
     std::int64_t vocab, T, B;
     c10::ScalarType dtype;
+    std::int64_t kv_heads = 2;
   };
   for (const auto& w : {Shape{4096, 512, 2, at::kFloat}, Shape{4096, 512, 1, at::kDouble},
-                        Shape{512, 2048, 1, at::kFloat}}) {
+                        Shape{512, 2048, 1, at::kFloat}, Shape{4096, 512, 2, at::kBFloat16},
+                        Shape{512, 2048, 1, at::kBFloat16}, Shape{512, 1024, 2, at::kBFloat16, 4}}) {
     sbp::ModelConfig config = sbp::test::tiny_config();
     config.vocab_size = w.vocab;
-    for (const std::string spec : {"standard", "checkpoint", "streambp:layer_chunk=64,head_chunk=64", "streambp"}) {
+    config.num_key_value_heads = w.kv_heads;
+    for (const std::string spec : {"standard", "checkpoint", "mst:mini_seq=8", "streambp:layer_chunk=64,head_chunk=64", "streambp"}) {
       sbp::MemoryEstimate estimate;
       const auto m = step_memory(config, w.dtype, spec, w.T, w.B, "", &estimate);
       REQUIRE(m.measurement.status == "passed");
       const double ratio = double(m.measurement.peak_bytes) / double(estimate.total_bytes());
-      INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << spec << ": measured "
-                                  << m.measurement.peak_bytes << ", analytic " << estimate.total_bytes() << " at "
-                                  << estimate.moment << ", ratio " << ratio);
-      CHECK(std::abs(ratio - 1.0) <= 0.15);
+      INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " kv=" << w.kv_heads << " "
+                                  << spec << ": measured " << m.measurement.peak_bytes << ", analytic "
+                                  << estimate.total_bytes() << " at " << estimate.moment << ", ratio " << ratio);
+      CHECK(std::abs(ratio - 1.0) <= 0.05);
     }
   }
 }

@@ -1,7 +1,9 @@
-"""Figures from results/ (read-only): peak memory and BP time ratio vs sequence length, one figure per demo CSV.
+"""Figures from results/ (read-only): peak memory and BP time ratio vs sequence length, one figure per demo CSV;
+gradient error vs chunk count, one figure per `streambp verify` CSV that sweeps StreamBP's chunks.
 
 Usage: python plots/plot_results.py [results_dir]   (writes <csv stem>.png next to each CSV that has no figure yet)
 """
+import math
 import csv
 import sys
 from collections import defaultdict
@@ -53,11 +55,63 @@ def plot_demo(csv_path: Path) -> Path:
     return out
 
 
+def spec_options(spec: str) -> dict:
+    """'streambp:layer_chunk=32,head_chunk=8' -> {'layer_chunk': 32, 'head_chunk': 8}"""
+    _, _, options = spec.partition(":")
+    return {k: int(v) for k, v in (kv.split("=") for kv in options.split(",") if kv)}
+
+
+def plot_verify(csv_path: Path):
+    """Error of every StreamBP run of a verify sweep against the number of layer chunks, beside standard BP's."""
+    rows = list(csv.DictReader(csv_path.open()))
+    if not rows or "max_l2_rel" not in rows[0]:
+        return None  # written before the l2 column existed
+    whole = [r for r in rows if r["group"] == "all"]
+    streams = [r for r in whole if r["method"].startswith("streambp")]
+    if len({r["method"] for r in streams}) < 2:
+        return None  # one StreamBP spec is a table, not a curve
+    T = int(rows[0]["seq_len"])
+    fig, (oracle_ax, paper_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    panels = ((oracle_ax, "fp64", "max_l2_rel", "largest per-tensor l2 error vs fp64 oracle"),
+              (paper_ax, "base32", "er_rel", "Er_rel vs base32 (paper's Table 7), all tensors"))
+    for ax, reference, column, ylabel in panels:
+        for dtype, marker in (("bf16", "o"), ("fp32", "s")):
+            curves = defaultdict(list)
+            for r in streams:
+                if r["reference"] == reference and r["dtype"] == dtype:
+                    o = spec_options(r["method"])
+                    curves[o.get("head_chunk")].append((math.ceil(T / o["layer_chunk"]), float(r[column])))
+            for head_chunk, points in sorted(curves.items()):
+                points.sort()
+                ax.plot([x for x, _ in points], [y for _, y in points], marker + "-",
+                        label=f"StreamBP {dtype}, head_chunk={head_chunk}")
+            for r in whole:
+                if r["method"] == "standard" and r["reference"] == reference and r["dtype"] == dtype \
+                        and float(r[column]) > 0:
+                    ax.axhline(float(r[column]), ls="--", lw=1, color="k" if dtype == "bf16" else "grey",
+                               label=f"standard BP {dtype}")
+        ax.set(xscale="log", yscale="log", xlabel=f"layer chunks (T = {T})", ylabel=ylabel)
+        ax.legend(fontsize=7)
+    first = rows[0]
+    fig.suptitle(f"{first['preset']} {first['objective']}: gradient error vs chunk count — commit {first['commit']}, "
+                 f"{first['date']}", fontsize=8)
+    fig.tight_layout()
+    out = csv_path.with_suffix(".png")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
     for csv_path in sorted(root.glob("*/demo-*.csv")):
         if not csv_path.with_suffix(".png").exists():  # figures are derived; never redraw over an existing one
             print("wrote", plot_demo(csv_path))
+    for csv_path in sorted(root.glob("*/verify-*.csv")):
+        if not csv_path.with_suffix(".png").exists():
+            out = plot_verify(csv_path)
+            if out:
+                print("wrote", out)
     return 0
 
 

@@ -112,6 +112,28 @@ std::int64_t layer_activation_bytes_per_token(const Workload& w, bool input_kept
   return attention_activation_bytes_per_token(w, input_kept) + mlp_activation_bytes_per_token(w);
 }
 
+namespace {
+
+// The MLP backward over `tokens` positions holds one [tokens, I] gradient beyond the saved activations at its peak
+// (measured on tiny at c = 512: without it StreamBP's model was 6.5-7.3% under the meter, with two 4-5% over).
+std::int64_t mlp_backward_bytes(const Workload& w, std::int64_t tokens) {
+  return tokens * w.config.intermediate_size * std::int64_t(c10::elementSize(w.dtype));
+}
+
+// SDPA's backward over the full sequence of a layer whose input is a checkpoint (checkpointing, MsT): o_proj's
+// backward has freed its input (the [T, n_h*hd] copy of the attention output) and the MLP's activations are gone;
+// the gradients of the attention output, q, k, v and the kernel's scratch exist.
+std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
+  const Sizes z(w);
+  const auto& c = w.config;
+  return {{"attention activations but o_proj's input",
+           z.B * z.T * (attention_activation_bytes_per_token(w, true) - c.q_width() * z.s)},
+          {"attention gradients", z.B * z.T * (2 * c.q_width() + 2 * c.kv_width()) * z.s},
+          {"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)}};
+}
+
+}  // namespace
+
 MemoryEstimate standard_memory(const Workload& w) {
   const Sizes z(w);
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
@@ -143,9 +165,8 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                        {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
-  // Re-forward of a layer, then its backward: first the MLP's (every activation of the layer saved, plus one [T, I]
-  // gradient, as in StreamBP's chunk), then the attention's (the MLP's activations and o_proj's input gone; the
-  // gradients of the attention output, q, k, v and the flash kernel's scratch; h_mid's gradient).
+  // Re-forward of a layer, then its backward: first the MLP's (every activation of the layer saved), then the
+  // attention's (attention_backward_terms, and h_mid's gradient).
   std::vector<MemoryEstimate> moments = {head};
   for (const auto& state : layer_states(z)) {
     const auto layer = "layer " + std::to_string(state.layer) + " backward";
@@ -156,13 +177,10 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                                             {"objective buffers", objective_bytes(w)}};
     MemoryEstimate mlp{layer + " (MLP)", common};
     mlp.terms.push_back({"layer activations", z.B * z.T * layer_activation_bytes_per_token(w, true)});
-    mlp.terms.push_back({"MLP gradient", z.B * z.T * w.config.intermediate_size * z.s});
+    mlp.terms.push_back({"MLP gradient", mlp_backward_bytes(w, z.B * z.T)});
     MemoryEstimate attention{layer + " (attention)", common};
-    attention.terms.push_back({"attention activations but o_proj's input",
-                               z.B * z.T * (attention_activation_bytes_per_token(w, true) - w.config.q_width() * z.s)});
-    attention.terms.push_back({"attention gradients + h_mid's",
-                               z.B * z.T * (2 * w.config.q_width() + 2 * w.config.kv_width()) * z.s + btd});
-    attention.terms.push_back({"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)});
+    for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
+    attention.terms.push_back({"h_mid's gradient", btd});
     moments.push_back(mlp);
     moments.push_back(attention);
   }
@@ -177,17 +195,17 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const auto ch = std::min(head_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
   // Head chunk: one [B, c_h, V] buffer holds the logits and then, in place, their gradient (plus, for bf16, the
-  // model-dtype logits it was cast from and the gradient cast back). The lm_head gradient: fp32/fp64 accumulate inside
-  // the GEMM from the second chunk on (no [V, d] temporary); bf16 sums into fp32 from the first chunk, one block of
-  // Model::kLmHeadRows rows at a time (its bf16 product and the add's fp32 copy of it), and at the end rounds the sum
-  // into the bf16 gradient (the commit moment, after the last chunk's buffers are gone).
+  // model-dtype logits it was cast from and the gradient cast back). The lm_head gradient exists from the first
+  // chunk on (that chunk's GEMM creates it while its logits are alive): fp32/fp64 accumulate inside the GEMM (no
+  // [V, d] temporary); bf16 sums into fp32, one block of Model::kLmHeadRows rows at a time (its bf16 product and the
+  // add's fp32 copy of it), and at the end rounds the sum into the bf16 gradient (the commit moment, after the last
+  // chunk's buffers are gone).
   const auto head_logits = z.B * ch * z.V * (z.f + (z.s < z.f ? z.s : 0));
   // dLoss/dh_normed = grad · W ([B, c_h, d]); a bf16 GEMM on this CPU (no AVX512-BF16) also fills an fp32 buffer of
   // that shape (measured: 512 KiB at B = 2, c_h = 1024, d = 64).
   const auto grad_hn = z.B * ch * z.d * (z.s + (z.s < z.f ? z.f : 0));
   const bool sums_wider = z.f > z.s && z.lm_grad > 0;
   const auto lm_block = std::min(Model::kLmHeadRows, z.V) * z.d * (z.s + z.f);
-  // (The first chunk's GEMM creates the gradient while that chunk's logits are alive: it counts from the first.)
   const auto lm_gradient = z.lm_grad == 0 ? 0 : sums_wider ? z.lm_grad * z.f / z.s + lm_block : z.lm_grad;
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
@@ -241,10 +259,7 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // next to its fp32 copies of K and V. The CPU kernel makes dK/dV with the K/V heads' count, GQA or not.
   const auto block_gradients = sums_wider ? 4 * z.B * tile * w.config.kv_width() * z.f + flash_backward_scratch_bytes(w, c, tile)
                                           : 2 * kv + flash_backward_scratch_bytes(w, c, z.T);
-  // The MLP backward holds one [c, I] gradient beyond the chunk's saved activations at its peak (measured on tiny
-  // at c = 512: without it the model was 6.5-7.3% under the meter, with two of them 4-5% over).
-  const auto mlp_backward = z.B * c * w.config.intermediate_size * z.s;
-  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w, true) + mlp_backward,
+  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w, true) + mlp_backward_bytes(w, z.B * c),
                               z.B * c * attention_activation_bytes_per_token(w, true) + block_gradients);
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
@@ -268,9 +283,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
   const auto& cfg = w.config;
   // Re-forward of a layer (the last one, with all gradients but an untied embedding's): attention on the full
   // sequence with its graph, h_mid and its gradient; then either one MLP mini-sequence's activations, or the
-  // attention backward (SDPA's): the gradients of the attention output, q, k, v and the kernel's scratch, after
-  // o_proj's backward has freed its input (the [T, n_h*hd] copy of the attention output). The layer input's
-  // gradient is the "in" of dL/dH in + out.
+  // attention backward (attention_backward_terms). The layer input's gradient is the "in" of dL/dH in + out.
   auto moments = streamed_head_moments(w, c);
   for (const auto& state : layer_states(z)) {
     const std::vector<MemoryTerm> common = {
@@ -280,20 +293,17 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
         {"dL/dH in + out", 2 * btd},
         {"h_mid + its gradient", 2 * btd},
         {"objective buffers", objective_bytes(w)}};
-    const auto attention_activations = z.B * z.T * attention_activation_bytes_per_token(w, true);
     const auto layer = "layer " + std::to_string(state.layer) + " backward";
-    MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
-    mlp.terms.push_back({"attention activations", attention_activations});
-    mlp.terms.push_back({"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)});
     // bf16: the MLP's weight (or adapter) gradients summed over the mini-sequences in fp32 (ChunkGradients).
     const auto mlp_gradient_elements = z.lora ? w.lora_mlp_targets * w.lora_rank * (z.d + cfg.intermediate_size)
                                               : 3 * z.d * cfg.intermediate_size + z.d;
-    mlp.terms.push_back({"MLP gradient sums (fp32)", z.f > z.s ? mlp_gradient_elements * z.f : 0});
+    MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
+    mlp.terms.insert(mlp.terms.end(),
+                     {{"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)},
+                      {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
+                      {"MLP gradient sums (fp32)", z.f > z.s ? mlp_gradient_elements * z.f : 0}});
     MemoryEstimate attention{layer + " (attention)", common};
-    attention.terms.push_back({"attention activations but o_proj's input",
-                               attention_activations - z.B * z.T * cfg.q_width() * z.s});
-    attention.terms.push_back({"attention gradients", z.B * z.T * (2 * cfg.q_width() + 2 * cfg.kv_width()) * z.s});
-    attention.terms.push_back({"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)});
+    for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
     moments.push_back(mlp);
     moments.push_back(attention);
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -32,6 +32,10 @@ std::string hf_dtype_name(c10::ScalarType dtype) {
   }
 }
 
+std::string precision_name(c10::ScalarType dtype, c10::ScalarType grad_dtype) {
+  return dtype_name(dtype) + (grad_dtype != dtype ? "-mixed" : "");
+}
+
 c10::ScalarType compute_dtype(c10::ScalarType dtype) { return dtype == c10::kDouble ? c10::kDouble : c10::kFloat; }
 
 }  // namespace sbp

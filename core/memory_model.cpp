@@ -9,25 +9,36 @@ namespace sbp {
 namespace {
 
 struct Sizes {
-  std::int64_t s, f;                // bytes per element: model dtype, compute dtype (norm statistics, logits)
+  std::int64_t s, f, g;             // bytes per element: model (compute) dtype, its statistics dtype, gradients
   std::int64_t B, T, d, V, L, P;
   bool lora;
-  std::int64_t weights;          // base + adapters
+  std::int64_t weights;          // base + adapters (the trainable ones in the gradient dtype: fp32 masters)
   std::int64_t lm_grad;          // the lm_head/embedding gradient [V, d] (none under LoRA: frozen)
+  std::int64_t all_gradients;    // every trainable tensor's gradient
   std::int64_t layer_gradients;  // every gradient that exists while the layers are back-propagated (at layer 0)
   std::int64_t head_gradients;   // what the head leaves: lm_head (tied: the embedding's) and final norm gradients
   std::int64_t layer_grad;       // one decoder layer's gradients (its adapters' under LoRA)
+  // Mixed precision (g > s): a trainable master is cast to the compute dtype where it is used, and a graph keeps
+  // that copy (linear saves its weight): cast bytes per trainable element, 0 when the masters are the weights.
+  std::int64_t cast;
   explicit Sizes(const Workload& w)
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
+        g(std::int64_t(c10::elementSize(w.gradient_dtype()))),
         B(w.batch_size), T(w.seq_len), d(w.config.hidden_size), V(w.config.vocab_size),
         L(w.config.num_hidden_layers), P(w.config.num_parameters()), lora(w.lora_rank > 0),
-        weights((P + w.lora_parameters) * s), lm_grad(lora ? 0 : V * d * s),
+        weights(lora ? P * s + w.lora_parameters * g : P * g), lm_grad(lora ? 0 : V * d * g),
+        all_gradients(lora ? w.lora_parameters * g : P * g),
         // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.
-        layer_gradients(lora ? w.lora_parameters * s : P * s - (w.config.tie_word_embeddings ? 0 : V * d * s)),
-        head_gradients(lora ? 0 : (V + 1) * d * s),
-        layer_grad(lora ? w.lora_parameters * s / std::max<std::int64_t>(1, L)
-                        : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * s / std::max<std::int64_t>(1, L)) {}
+        layer_gradients(lora ? w.lora_parameters * g : P * g - (w.config.tie_word_embeddings ? 0 : V * d * g)),
+        head_gradients(lora ? 0 : (V + 1) * d * g),
+        layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
+                        : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
+        cast(g > s ? s : 0) {}
+  // Compute-dtype copies of the trainable tensors a graph keeps (0 unless mixed precision).
+  std::int64_t layer_copies() const { return layer_grad / g * cast; }
+  std::int64_t lm_head_copy() const { return lm_grad / g * cast; }
+  std::int64_t all_copies() const { return layer_gradients / g * cast; }  // every layer's and the lm_head's
 };
 
 // Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
@@ -139,6 +150,7 @@ MemoryEstimate standard_memory(const Workload& w) {
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
+                       {"weight copies (compute dtype)", z.all_copies()},
                        {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w)},
                        {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
@@ -146,11 +158,13 @@ MemoryEstimate standard_memory(const Workload& w) {
   if (z.lora) return head;  // the frozen embedding has no backward
   // Or the end of the backward (short sequences): every gradient exists, and autograd's embedding backward makes a
   // dense [V, d] gradient. Tied, it is added into the lm_head's; measured, that moment holds two [V, d] blocks beyond
-  // the gradients (tiny at T = 2: model 963.5 KiB against 1.1 MiB with one), as much as an untied model's peak.
+  // the gradients (tiny at T = 2: model 963.5 KiB against 1.1 MiB with one), as much as an untied model's peak. In
+  // mixed precision the lm_head's part arrives as a fresh fp32 cast of its bf16 GEMM, and the sum is one block
+  // (measured: 963.5 KiB, the model with two was 11.7% over).
   MemoryEstimate end{"embedding backward",
                      {{"weights", z.weights},
-                      {"gradients", z.P * z.s},
-                      {"dense embedding gradient", w.config.tie_word_embeddings ? 2 * z.V * z.d * z.s : 0},
+                      {"gradients", z.all_gradients},
+                      {"dense embedding gradient", w.config.tie_word_embeddings ? (z.cast ? 1 : 2) * z.V * z.d * z.g : 0},
                       {"dL/dH", z.B * z.T * z.d * z.s},
                       {"objective buffers", objective_bytes(w)}}};
   return largest({head, end});
@@ -161,6 +175,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
   const auto btd = z.B * z.T * z.d * z.s;
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
+                       {"lm_head copy (compute dtype)", z.lm_head_copy()},
                        {"checkpoints", (z.L + 1) * btd},
                        {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
@@ -171,6 +186,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
   for (const auto& state : layer_states(z)) {
     const auto layer = "layer " + std::to_string(state.layer) + " backward";
     const std::vector<MemoryTerm> common = {{"weights", z.weights},
+                                            {"weight copies (compute dtype)", z.layer_copies()},
                                             {"gradients", state.gradients},
                                             {"checkpoints", state.checkpoints},
                                             {"dL/dH in + out", 2 * btd},
@@ -204,14 +220,20 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   // dLoss/dh_normed = grad · W ([B, c_h, d]); a bf16 GEMM on this CPU (no AVX512-BF16) also fills an fp32 buffer of
   // that shape (measured: 512 KiB at B = 2, c_h = 1024, d = 64).
   const auto grad_hn = z.B * ch * z.d * (z.s + (z.s < z.f ? z.f : 0));
-  const bool sums_wider = z.f > z.s && z.lm_grad > 0;
+  // Mixed precision: the gradient is the fp32 sum itself (no commit moment), the GEMMs use a compute-dtype copy of
+  // the lm_head.
+  const bool blocks = z.f > z.s && z.lm_grad > 0, sums_wider = z.f > z.g && z.lm_grad > 0;
   const auto lm_block = std::min(Model::kLmHeadRows, z.V) * z.d * (z.s + z.f);
-  const auto lm_gradient = z.lm_grad == 0 ? 0 : sums_wider ? z.lm_grad * z.f / z.s + lm_block : z.lm_grad;
+  const auto lm_gradient = z.lm_grad * (sums_wider ? z.f / z.g : 1);
+  // The block-wise sums and the GEMM dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed
+  // precision) come one after the other.
+  const auto lm_temporaries = std::max(blocks ? lm_block : 0, z.lm_head_copy());
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
                                            {"lm_head gradient", lm_gradient},
+                                           {"lm_head block or copy", lm_temporaries},
                                            {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z) + grad_hn},
                                            {"objective buffers", objective_bytes(w)}}}};
   if (sums_wider)
@@ -219,7 +241,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
                        {{"weights", z.weights},
                         {"checkpoints", (z.L + 1) * btd},
                         {"dL/dH", btd},
-                        {"lm_head gradient (fp32 sum + bf16)", z.lm_grad * (z.f + z.s) / z.s},
+                        {"lm_head gradient (fp32 sum + bf16)", z.lm_grad * (z.f + z.g) / z.g},
                         {"objective buffers", objective_bytes(w)}}});
   // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
   if (w.statistics_pass && ch < z.T)
@@ -238,7 +260,7 @@ MemoryEstimate embedding_moment(const Workload& w) {
   const Sizes z(w);
   if (z.lora) return {"embedding backward (none: frozen)", {}};
   return {"embedding backward",
-          {{"weights", z.weights}, {"gradients", z.P * z.s}, {"dL/dH", z.B * z.T * z.d * z.s},
+          {{"weights", z.weights}, {"gradients", z.all_gradients}, {"dL/dH", z.B * z.T * z.d * z.s},
            {"objective buffers", objective_bytes(w)}}};
 }
 
@@ -265,12 +287,13 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
                        {{"weights", z.weights},
+                        {"weight copies (compute dtype)", z.layer_copies()},
                         {"gradients", state.gradients},
                         {"checkpoints", state.checkpoints},
                         {"dL/dH in + out", 2 * btd},
                         {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
                         {"layer chunk", chunk},
-                        {"gradient sums (fp32)", sums_wider ? z.layer_grad * z.f / z.s : 0},
+                        {"gradient sums (fp32)", z.g < z.f ? z.layer_grad * z.f / z.g : 0},
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   return largest(moments);
@@ -288,6 +311,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
   for (const auto& state : layer_states(z)) {
     const std::vector<MemoryTerm> common = {
         {"weights", z.weights},
+        {"weight copies (compute dtype)", z.layer_copies()},
         {"gradients", state.gradients},
         {"checkpoints", state.checkpoints},
         {"dL/dH in + out", 2 * btd},
@@ -301,7 +325,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     mlp.terms.insert(mlp.terms.end(),
                      {{"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)},
                       {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
-                      {"MLP gradient sums (fp32)", z.f > z.s ? mlp_gradient_elements * z.f : 0}});
+                      {"MLP gradient sums (fp32)", z.f > z.g ? mlp_gradient_elements * z.f : 0}});
     MemoryEstimate attention{layer + " (attention)", common};
     for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
     moments.push_back(mlp);

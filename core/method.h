@@ -42,7 +42,7 @@ struct MemoryEstimate {
 
 struct Workload {
   ModelConfig config;
-  c10::ScalarType dtype = c10::kFloat;
+  c10::ScalarType dtype = c10::kFloat;  // compute dtype (Model::dtype)
   std::int64_t batch_size = 1, seq_len = 1;
   // What the objective adds (Objective::buffer_bytes_per_token, needs_statistics after prepare): its per-position
   // buffers (targets, masks, GRPO's old/ref log-probs), and whether a streamed head runs the statistics pass.
@@ -54,6 +54,9 @@ struct Workload {
   int lora_attention_targets = 0, lora_mlp_targets = 0;  // adapted projections per layer among q,k,v,o / gate,up,down
   // Intra-op threads: the CPU attention kernels keep a scratch block per thread.
   std::int64_t threads = 1;
+  // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
+  c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
+  c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
 };
 
 class BackpropMethod {

@@ -62,7 +62,7 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
 }
 
 Model::Model(ModelConfig config, c10::ScalarType dtype, std::uint64_t seed)
-    : config_(std::move(config)), dtype_(dtype) {
+    : config_(std::move(config)), dtype_(dtype), grad_dtype_(dtype) {
   config_.validate();
   dtype_name(dtype_);  // rejects non-floating dtypes
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -80,7 +80,7 @@ Model::Model(ModelConfig config, c10::ScalarType dtype, std::uint64_t seed)
 
 Model::Model(ModelConfig config, c10::ScalarType dtype, const std::vector<NamedTensor>& tensors,
              const std::string& source)
-    : config_(std::move(config)), dtype_(dtype) {
+    : config_(std::move(config)), dtype_(dtype), grad_dtype_(dtype) {
   config_.validate();
   dtype_name(dtype_);
   std::map<std::string, at::Tensor> by_name;
@@ -134,6 +134,7 @@ void Model::register_parameters() {
     w.down_w = get(pre + "mlp.down_proj.weight");
     layers_.push_back(w);
   }
+  if (lora_.enabled()) attach_adapters();
   // HF: inv_freq = 1 / theta^(2i/hd), in fp32.
   const auto exponents = at::arange(0, config_.head_dim, 2, at::kLong).to(at::kFloat) / double(config_.head_dim);
   inv_freq_ = at::reciprocal(at::pow(config_.rope_theta, exponents));
@@ -200,7 +201,7 @@ void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& 
           throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
                                       ", this base model and rank " + std::to_string(config.rank) + " need " +
                                       c10::str(at::IntArrayRef(shape)));
-        adapters.push_back({name, it->second.to(dtype_).detach().clone().requires_grad_(true)});
+        adapters.push_back({name, it->second.to(grad_dtype_).detach().clone().requires_grad_(true)});
         by_name.erase(it);
       }
     }
@@ -209,28 +210,45 @@ void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& 
                                 "' (not an adapter of this base model and these targets)");
   lora_ = config;
   adapters_ = std::move(adapters);
-  for (auto& p : parameters_) {
-    p.tensor.requires_grad_(false);  // frozen: no gradient buffer ever
-    p.tensor.mutable_grad().reset();
-  }
+  // The base is frozen (no gradient buffer ever) and, if it was a set of wider masters, back in the compute dtype.
+  for (auto& p : parameters_) p.tensor = p.tensor.detach().to(dtype_);
+  register_parameters();
+}
+
+void Model::attach_adapters() {
   std::size_t k = 0;
   for (auto& layer : layers_) {
     layer.lora.clear();
     for (const auto& t : lora_target_names())
-      if (config.targets.count(t)) {
+      if (lora_.targets.count(t)) {
         layer.lora[t] = {adapters_[k].tensor, adapters_[k + 1].tensor};
         k += 2;
       }
   }
 }
 
+void Model::set_grad_dtype(c10::ScalarType dtype) {
+  const bool narrow = dtype_ == at::kBFloat16 || dtype_ == at::kHalf;
+  if (dtype != dtype_ && !(narrow && dtype == at::kFloat))
+    throw std::invalid_argument("--grad-dtype " + dtype_name(dtype) + " with --dtype " + dtype_name(dtype_) +
+                                ": gradients can be kept in the model dtype, or in fp32 for a bf16/fp16 model");
+  grad_dtype_ = dtype;
+  auto& tensors = lora_.enabled() ? adapters_ : parameters_;
+  for (auto& p : tensors) p.tensor = p.tensor.detach().to(dtype).requires_grad_(true);
+  register_parameters();
+}
+
+at::Tensor Model::compute(const at::Tensor& t) const {
+  return t.defined() && t.scalar_type() != dtype_ ? t.to(dtype_) : t;
+}
+
 at::Tensor Model::project(const LayerWeights& w, const char* target, const at::Tensor& x, const at::Tensor& weight,
                           const at::Tensor& bias) const {
-  auto y = at::linear(x, weight, bias);
+  auto y = at::linear(x, compute(weight), compute(bias));
   if (!adapters_enabled_ || w.lora.empty()) return y;
   const auto it = w.lora.find(target);
   if (it == w.lora.end()) return y;
-  return y + at::linear(at::linear(x, it->second.A), it->second.B) * lora_.scaling();
+  return y + at::linear(at::linear(x, compute(it->second.A)), compute(it->second.B)) * lora_.scaling();
 }
 
 void Model::embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) const {
@@ -240,14 +258,14 @@ void Model::embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) 
   at::NoGradGuard no_grad;
   auto& acc = embed_.mutable_grad();
   if (!acc.defined()) acc = at::zeros_like(embed_);
-  acc.index_add_(0, input_ids.reshape({-1}), grad.reshape({-1, grad.size(-1)}).to(dtype_));
+  acc.index_add_(0, input_ids.reshape({-1}), grad.reshape({-1, grad.size(-1)}).to(embed_.scalar_type()));
 }
 
 at::Tensor Model::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
   // HF Qwen3RMSNorm: statistics in (at least) fp32, cast back, then scale.
   const auto xc = x.to(compute_dtype(dtype_));
   const auto normed = xc * at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
-  return weight * normed.to(x.scalar_type());
+  return compute(weight) * normed.to(x.scalar_type());
 }
 
 at::Tensor Model::rope(const at::Tensor& x, std::int64_t start) const {
@@ -260,7 +278,8 @@ at::Tensor Model::rope(const at::Tensor& x, std::int64_t start) const {
   return x * cos + rotate_half(x) * sin;
 }
 
-at::Tensor Model::embed(const at::Tensor& input_ids) const { return at::embedding(embed_, input_ids); }
+// Rows gathered, then cast: the same values as gathering from a cast table, without a [V, d] copy.
+at::Tensor Model::embed(const at::Tensor& input_ids) const { return compute(at::embedding(embed_, input_ids)); }
 
 std::pair<at::Tensor, at::Tensor> Model::kv_from_normed(const LayerWeights& w, const at::Tensor& hn,
                                                         std::int64_t start) const {
@@ -332,7 +351,7 @@ at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const { return m
 at::Tensor Model::final_norm(const at::Tensor& h) const { return rms_norm(h, norm_); }
 
 at::Tensor Model::logits(const at::Tensor& h_normed) const {
-  return at::linear(h_normed, lm_head_).to(compute_dtype(dtype_));
+  return at::linear(h_normed, compute(lm_head_)).to(compute_dtype(dtype_));
 }
 
 at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const {
@@ -359,7 +378,7 @@ at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tenso
       }
     }
   }
-  return at::mm(g, lm_head_.detach()).view(h_normed.sizes());  // [B, c, d]
+  return at::mm(g, compute(lm_head_.detach())).view(h_normed.sizes());  // [B, c, d]
 }
 
 void Model::commit_lm_head_gradient(at::Tensor& lm_sum) const {

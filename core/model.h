@@ -49,7 +49,16 @@ class Model {
         const std::string& source);
 
   const ModelConfig& config() const { return config_; }
+  // The compute dtype: every op runs in it (weights, activations, K/V, the gradients flowing between layers).
   c10::ScalarType dtype() const { return dtype_; }
+  // The dtype of the trainable tensors and their gradients: dtype() by default; fp32 for a bf16/fp16 model in mixed
+  // precision (--grad-dtype fp32), where the trainable tensors are fp32 masters cast to the compute dtype where they
+  // are used (like torch.autocast: the forward is the compute-dtype model on rounded masters; each weight gradient
+  // leaves its compute-dtype GEMM once rounded and is summed in fp32). A frozen base (LoRA) stays in dtype().
+  c10::ScalarType grad_dtype() const { return grad_dtype_; }
+  // Re-stores the trainable tensors in `dtype` (fp32 masters, or back to dtype()); call with no gradients alive.
+  // Throws std::invalid_argument unless dtype is dtype(), or fp32 for a bf16/fp16 model.
+  void set_grad_dtype(c10::ScalarType dtype);
   // Every base parameter once (a tied lm_head is the embedding), in HF names and order.
   const std::vector<NamedTensor>& parameters() const { return parameters_; }
   // What a step trains: the base parameters, or under LoRA only the adapters (PEFT names; the base is frozen and
@@ -119,6 +128,9 @@ class Model {
 
  private:
   void register_parameters();
+  void attach_adapters();  // layers_[i].lora from adapters_
+  // A weight (or gathered rows) in the compute dtype: the identity unless it is a wider master (grad_dtype()).
+  at::Tensor compute(const at::Tensor& t) const;
   // at::linear(x, W, b), plus (alpha/r)·B(A x) when `target` carries an enabled adapter (PEFT's order of operations).
   at::Tensor project(const LayerWeights& w, const char* target, const at::Tensor& x, const at::Tensor& weight,
                      const at::Tensor& bias = {}) const;
@@ -130,6 +142,7 @@ class Model {
 
   ModelConfig config_;
   c10::ScalarType dtype_;
+  c10::ScalarType grad_dtype_;
   at::Tensor embed_;    // [V, d]
   at::Tensor lm_head_;  // [V, d]; the same tensor as embed_ when tied
   at::Tensor norm_;     // [d]

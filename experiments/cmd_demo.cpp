@@ -67,6 +67,7 @@ std::map<std::string, Check> check_methods(const ModelConfig& config, const std:
 void add_demo_options(CLI::App& app, DemoArgs& a) {
   app.add_option("--preset", a.preset, "model preset");
   app.add_option("--dtype", a.dtype, "dtype of the measured runs")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
+  app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (see run --help)")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
   app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths");
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
   app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...; see run --help)");
@@ -100,6 +101,8 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
 
   Model model(config, dtype, seed);
   apply_lora(model, a.lora, "", seed);
+  if (!a.grad_dtype.empty()) model.set_grad_dtype(parse_dtype(a.grad_dtype));
+  const auto precision = precision_name(model.dtype(), model.grad_dtype());
   ResultsTable table({"objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
                       "bp_seconds_all", "time_vs_checkpoint", "check_max_normwise_rel", "check_seq", "check_batch",
                       "check_dtype"});
@@ -140,7 +143,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
                  ratio.empty() ? "-" : ratio.substr(0, 5), check.status));
       std::string all;
       for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
-      table.add({a.preset, methods[i]->spec(), a.dtype, check.status, seed,
+      table.add({a.preset, methods[i]->spec(), precision, check.status, seed,
                  {objective->spec(), model.lora().enabled() ? model.lora().spec() : "", std::to_string(a.batch_size), std::to_string(T), std::to_string(m.peak_bytes),
                   std::to_string(est), fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
                   fmt::format("{:.4f}", m.median_seconds()), all, ratio,

@@ -35,6 +35,9 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                  "(sft: labels; grpo: completion_mask, advantages, optional old_logps, ref_logps; dpo: completion_mask, "
                  "optional ref_logps)")->check(CLI::ExistingFile);
   app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (bf16 compute; the trainable "
+                 "tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, cast to bf16 "
+                 "where used, like torch.autocast); default: the dtype")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--seed", a.seed, "seed of the random weights and batch");
   app.add_option("--lora", a.lora, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
                  "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
@@ -65,7 +68,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
                    const MemoryEstimate& est) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.source.describe(), model.config().num_parameters() / 1e6,
-             dtype_name(model.dtype()));
+             precision_name(model.dtype(), model.grad_dtype()));
   if (model.lora().enabled()) {
     std::int64_t adapter_elements = 0;
     for (const auto& t : model.adapters()) adapter_elements += t.tensor.numel();
@@ -111,6 +114,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   auto objective = make_objective(a.objective);
   auto model = build_model(a.source, dtype, a.seed);
   apply_lora(*model, a.lora, a.adapter_dir, a.seed);
+  if (!a.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(a.grad_dtype));
+  const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction,
                                                                    a.prompt_fraction, a.seed, a.group})
@@ -146,7 +151,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const auto prov = collect_provenance(command_line);
   if (!a.save_grads.empty() && m.status == "passed") {
     save_gradients(*model, a.save_grads,
-                   {{"method", method->spec()}, {"dtype", dtype_name(dtype)}, {"commit", prov.commit}, {"command", prov.command}});
+                   {{"method", method->spec()}, {"dtype", precision}, {"commit", prov.commit}, {"command", prov.command}});
     fmt::print("gradients written to {}\n", a.save_grads);
   }
   if (!a.json.empty()) {
@@ -177,7 +182,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                                                                           {"peak_bytes", reference.peak_bytes},
                                                                           {"model_peak_bytes", reference.model.total_bytes()}}
                                                          : nlohmann::json()},
-                        {"dtype", dtype_name(dtype)},
+                        {"dtype", precision},
                         {"seed", a.seed},
                         {"batch_size", batch.batch_size()},
                         {"seq_len", batch.seq_len()},

@@ -24,17 +24,18 @@ namespace {
 struct VerifyRun {
   std::string label, spec;  // "stream16", "streambp:layer_chunk=..."
   c10::ScalarType dtype;
+  bool mixed;  // bf16 compute, fp32 masters and gradients (--mixed)
   TensorList gradients;
 };
 
 // The paper's short names: base (standard), stream (StreamBP), ckpt, mst; then 32 or 16; then the spec's options
 // in brackets when two runs of one method would otherwise share a name (a sweep over chunk counts).
-std::string run_label(const std::string& spec, c10::ScalarType dtype, bool with_options) {
+std::string run_label(const std::string& spec, c10::ScalarType dtype, bool mixed, bool with_options) {
   const auto colon = spec.find(':');
   const auto name = spec.substr(0, colon);
   const std::string stem = name == "standard" ? "base" : name == "streambp" ? "stream" : name == "checkpoint" ? "ckpt" : name;
   const std::string options = with_options && colon != std::string::npos ? "[" + spec.substr(colon + 1) + "]" : "";
-  return stem + (dtype == at::kBFloat16 ? "16" : dtype == at::kFloat ? "32" : "64") + options;
+  return stem + (dtype == at::kBFloat16 ? "16" : dtype == at::kFloat ? "32" : "64") + (mixed ? "m" : "") + options;
 }
 
 struct GroupError {
@@ -77,6 +78,8 @@ void add_verify_options(CLI::App& app, VerifyArgs& a) {
   app.add_option("--seed", a.seed, "seed of the weights and the batch");
   app.add_option("--threads", a.threads, "intra-op threads")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder (CSV + JSON)");
+  app.add_flag("--mixed", a.mixed, "also run every method in bf16 mixed precision (base16m, stream16m, ...: bf16 compute, "
+               "fp32 master weights and gradients, run --grad-dtype fp32), gated against base16m");
   app.add_flag("--gate", a.gate, "exit 1 when a method's l2 error against the fp64 oracle (||g - g_oracle|| / ||g_oracle||) "
                "exceeds 2x standard BP's in the same dtype plus the dtype's unit roundoff, on any tensor (naming it)");
   app.footer(
@@ -123,13 +126,21 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   for (const auto& m : split_list(a.methods, ';')) specs.push_back(make_method(m)->spec());
   std::map<std::string, int> method_count;  // runs of each method per dtype: > 1 puts the options into the labels
   for (const auto& spec : specs) ++method_count[spec.substr(0, spec.find(':'))];
+  std::unique_ptr<Model> mixed;  // the same bf16 weights as fp32 masters
+  if (a.mixed) {
+    mixed = std::make_unique<Model>(config, at::kBFloat16, bf16->parameters(), "bf16 weights");
+    mixed->set_grad_dtype(at::kFloat);
+  }
   std::vector<VerifyRun> runs;
-  for (const auto dtype : {at::kFloat, at::kBFloat16})
+  for (const auto& [dtype, is_mixed] : {std::pair{at::kFloat, false}, {at::kBFloat16, false}, {at::kBFloat16, true}}) {
+    if (is_mixed && !mixed) continue;
+    Model& model = is_mixed ? *mixed : dtype == at::kFloat ? fp32 : *bf16;
     for (const auto& spec : specs) {
-      Model& model = dtype == at::kFloat ? fp32 : *bf16;
-      runs.push_back({run_label(spec, dtype, method_count[spec.substr(0, spec.find(':'))] > 1), spec, dtype, step(model, spec)});
+      runs.push_back({run_label(spec, dtype, is_mixed, method_count[spec.substr(0, spec.find(':'))] > 1), spec, dtype,
+                      is_mixed, step(model, spec)});
       fmt::print(stderr, "  {} done\n", runs.back().label);
     }
+  }
   const auto& base32 = runs.front().gradients;
 
   const std::vector<std::string> groups = {"embedding/head", "attention", "mlp", "norms", "transformer layers", "all"};
@@ -148,7 +159,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
     // The gate: every tensor's error against the oracle within 2x standard BP's in the same dtype + unit roundoff.
     const VerifyRun* standard = nullptr;
     for (const auto& r : runs)
-      if (r.dtype == run.dtype && r.spec == "standard") standard = &r;
+      if (r.dtype == run.dtype && r.mixed == run.mixed && r.spec == "standard") standard = &r;
     RuleVerdict verdict;
     const bool is_reference = run.spec == "standard";
     if (!is_reference) verdict = low_precision_rule(compare_gradients(oracle, standard->gradients), against_oracle, 2.0, run.dtype);
@@ -171,7 +182,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
     md_oracle += "\n";
     for (const auto& [reference, errors] : {std::pair{std::string("base32"), by_base}, std::pair{std::string("fp64"), by_oracle}})
       for (const auto& [group, e] : errors)
-        table.add({a.source.describe(), run.spec, dtype_name(run.dtype), status, a.seed,
+        table.add({a.source.describe(), run.spec, precision_name(run.dtype, run.mixed ? at::kFloat : run.dtype), status, a.seed,
                    {objective->spec(), std::to_string(batch.batch_size()), std::to_string(batch.seq_len()), run.label,
                     reference, group, std::to_string(e.tensors), fmt::format("{:.6e}", e.er_abs),
                     fmt::format("{:.6e}", e.er_rel), fmt::format("{:.6e}", e.max_normwise), fmt::format("{:.6e}", e.max_l2),

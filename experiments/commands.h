@@ -16,6 +16,7 @@ namespace sbp {
 struct RunArgs {
   ModelSource source;
   std::string method = "standard", objective = "sft", dtype;  // dtype "": the checkpoint's, else fp32
+  std::string grad_dtype;                                      // "": the dtype
   std::int64_t batch_size = 1, seq_len = 0;
   double pad_fraction = 0, prompt_fraction = 0;
   std::int64_t group = 0;  // GRPO random batch: completions per prompt (0: the whole batch)
@@ -39,7 +40,7 @@ void add_compare_options(CLI::App& app, CompareArgs& args);
 int compare_command(const CompareArgs& args, const std::string& command_line);
 
 struct DemoArgs {
-  std::string preset = "qwen3-small", dtype = "fp32", out_dir = "results/demo";
+  std::string preset = "qwen3-small", dtype = "fp32", grad_dtype, out_dir = "results/demo";
   std::string seq_lens = "2048,4096";
   std::string methods = "standard;checkpoint;streambp";
   std::string objective = "sft", lora;
@@ -56,7 +57,7 @@ struct VerifyArgs {
   std::int64_t batch_size = 1, seq_len = 512;
   std::uint64_t seed = 0;
   int threads = 0;
-  bool gate = false;
+  bool gate = false, mixed = false;
 };
 void add_verify_options(CLI::App& app, VerifyArgs& args);
 int verify_command(const VerifyArgs& args, const std::string& command_line);

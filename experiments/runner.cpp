@@ -81,6 +81,7 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
   Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
              objective.needs_statistics()};
   w.threads = at::get_num_threads();
+  w.grad_dtype = model.grad_dtype();
   const auto& lora = model.lora();
   if (lora.enabled()) {
     w.lora_rank = lora.rank;

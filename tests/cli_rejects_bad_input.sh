@@ -9,6 +9,11 @@ expect_failure "truncated model.safetensors" "$weights" \
   "$STREAMBP" run --load "$WORK/M" --method standard --seq 8
 
 expect_failure "unknown dtype" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
+# Mixed precision is bf16 (or fp16) compute with fp32 gradients; anything else is refused, naming both flags.
+expect_failure "--grad-dtype with fp64" "--grad-dtype fp32 with --dtype fp64" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp64 --grad-dtype fp32
+expect_failure "--grad-dtype narrower than --dtype" "--grad-dtype bf16 with --dtype fp32" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp32 --grad-dtype bf16
 expect_failure "unknown method" "unknown method 'nosuch'" "$STREAMBP" run --preset tiny --method nosuch --seq 8
 expect_failure "unknown method option" "unknown option 'chunk'" \
   "$STREAMBP" run --preset tiny --method streambp:chunk=4 --seq 8

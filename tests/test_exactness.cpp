@@ -322,11 +322,19 @@ namespace {
 struct Bf16Errors {
   sbp::GradComparison standard, stream;
 };
-Bf16Errors bf16_errors(const std::string& spec, const sbp::StreamBP::Faults& faults = {}) {
+// mixed: bf16 compute with fp32 masters and gradients (--grad-dtype fp32); lora: a LoRA spec (fp64 oracle with the
+// same adapters).
+Bf16Errors bf16_errors(const std::string& spec, const sbp::StreamBP::Faults& faults = {}, bool mixed = false,
+                       const std::string& lora = "") {
   ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, at::kBFloat16, 17);
   sbp::Model oracle_model(config, at::kDouble, model.parameters(), "bf16 weights");
+  if (!lora.empty()) {
+    model.add_lora(sbp::parse_lora_spec(lora), 19);  // bf16 adapters: the oracle gets them widened
+    oracle_model.load_lora(model.lora(), model.adapters(), "bf16 adapters");
+  }
+  if (mixed) model.set_grad_dtype(at::kFloat);
   const Batch batch = sbp::random_sft_batch(config, {1, 512, 0.0, 0.0, 18});
   const auto oracle = run_step(oracle_model, "standard", batch);
   const auto standard = run_step(model, "standard", batch);
@@ -371,6 +379,55 @@ TEST_CASE("checkpoint's and MsT's bf16 errors stay within 1.5x standard BP's at 
     INFO(spec << ": largest error / (1.5 x standard + u) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
     CHECK(verdict.passed());
   }
+}
+
+TEST_CASE("in mixed precision every method stays within 1.5x standard BP's error at any chunk count",
+          "[exactness][bf16][mixed]") {
+  // --grad-dtype fp32: bf16 compute, fp32 masters and gradients; full fine-tuning and LoRA (fp32 adapters on the bf16
+  // base, the paper's LoRA setting). Each weight gradient leaves a bf16 GEMM once rounded and is summed in fp32, so
+  // the streamed sums need no separate buffers; their error must still not grow with the chunk count.
+  for (const std::string lora : {"", "rank=8,init=random"})
+    for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=16,head_chunk=64",
+                                   "streambp:layer_chunk=1,head_chunk=32", "checkpoint", "mst:mini_seq=8",
+                                   "mst:mini_seq=1"}) {
+      const auto e = bf16_errors(spec, {}, /*mixed=*/true, lora);
+      REQUIRE(e.stream.problems.empty());
+      const auto verdict = bf16_verdict(e);
+      INFO(spec << " lora=" << lora << ": largest error / (1.5 x standard + u) = " << verdict.worst_ratio << " ("
+                << verdict.worst_tensor << ")");
+      CHECK(verdict.passed());
+    }
+}
+
+TEST_CASE("mixed precision runs the bf16 model on fp32 masters", "[exactness][bf16][mixed]") {
+  // The forward is the bf16 model's, bit for bit (the masters hold bf16 values here); only the trainable tensors and
+  // their gradients are fp32: all weights in full fine-tuning, the adapters under LoRA (the base stays bf16).
+  ModelConfig config = sbp::test::tiny_config();
+  const Batch batch = sbp::random_sft_batch(config, {2, 40, 0.2, 0.1, 52});
+  for (const std::string lora : {"", "rank=4"}) {
+    INFO("lora=" << lora);
+    sbp::Model bf16(config, at::kBFloat16, 51), mixed(config, at::kBFloat16, 51);
+    if (!lora.empty()) {
+      bf16.add_lora(sbp::parse_lora_spec(lora + ",init=random"), 53);
+      mixed.add_lora(sbp::parse_lora_spec(lora + ",init=random"), 53);
+    }
+    mixed.set_grad_dtype(at::kFloat);
+    CHECK(mixed.grad_dtype() == at::kFloat);
+    for (const auto& p : mixed.trainable()) CHECK(p.tensor.scalar_type() == at::kFloat);
+    for (const auto& p : mixed.parameters()) CHECK(p.tensor.scalar_type() == (lora.empty() ? at::kFloat : at::kBFloat16));
+    for (const std::string spec : {"standard", "streambp:layer_chunk=8,head_chunk=16"}) {
+      INFO(spec);
+      const auto a = run_step(bf16, spec, batch), b = run_step(mixed, spec, batch);
+      CHECK(a.loss == b.loss);
+      REQUIRE(a.gradients.size() == b.gradients.size());
+      for (const auto& g : b.gradients) CHECK(g.tensor.scalar_type() == at::kFloat);
+    }
+  }
+  sbp::Model fp32(config, at::kFloat, 51), fp64(config, at::kDouble, 51), bf16(config, at::kBFloat16, 51);
+  CHECK_THROWS_WITH(fp64.set_grad_dtype(at::kFloat), Catch::Contains("--grad-dtype fp32 with --dtype fp64"));
+  CHECK_THROWS_WITH(fp32.set_grad_dtype(at::kBFloat16), Catch::Contains("--grad-dtype bf16 with --dtype fp32"));
+  CHECK_THROWS_WITH(bf16.set_grad_dtype(at::kDouble), Catch::Contains("fp32 for a bf16/fp16 model"));
+  CHECK_NOTHROW(fp32.set_grad_dtype(at::kFloat));
 }
 
 TEST_CASE("the bf16 gate fails when streamed sums are kept in bf16 over many chunks", "[negative-control][bf16]") {

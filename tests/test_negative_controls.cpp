@@ -80,11 +80,14 @@ namespace {
 
 // verify --gate's rule on one fault: StreamBP (with `faults`) and standard BP in `dtype`, both against the fp64 oracle
 // on the same weights (tiny, untied, no padding, chunks of 4 as above).
-sbp::RuleVerdict low_precision_verdict(const StreamBP::Faults& faults, c10::ScalarType dtype, std::int64_t seq_len) {
+// mixed: bf16 compute with fp32 masters and gradients (--grad-dtype fp32).
+sbp::RuleVerdict low_precision_verdict(const StreamBP::Faults& faults, c10::ScalarType dtype, std::int64_t seq_len,
+                                       bool mixed = false) {
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, dtype, 43);
   sbp::Model oracle_model(config, at::kDouble, model.parameters(), "low-precision weights");
+  if (mixed) model.set_grad_dtype(at::kFloat);
   const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 44});
   const auto oracle = run_step(oracle_model, "standard", batch);
   const auto standard = run_step(model, "standard", batch);
@@ -98,7 +101,7 @@ sbp::RuleVerdict low_precision_verdict(const StreamBP::Faults& faults, c10::Scal
 
 }  // namespace
 
-TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, in fp32 and bf16",
+TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, in fp32, bf16 and bf16-mixed",
           "[negative-control][low-precision]") {
   // The rule tolerates 2x standard BP's error in the same dtype: a fault must stand out of that, or the gate could
   // hide it behind rounding. The unfaulted twin passes on the same model and batch.
@@ -107,18 +110,18 @@ TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, 
     StreamBP::Faults faults;
     std::int64_t seq_len;
   };
-  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+  for (const auto& [dtype, mixed] : {std::pair{at::kFloat, false}, {at::kBFloat16, false}, {at::kBFloat16, true}}) {
     for (const auto& f : {Fault{"top-left causal", {.top_left_causal = true}, 16},
                           Fault{"dropped dK/dV path", {.drop_kv_path = true}, 16},
                           Fault{"doubled head gradient", {.double_head_grad = true}, 16},
                           Fault{"dropped tail", {.drop_tail = true}, 14}}) {
-      const auto verdict = low_precision_verdict(f.faults, dtype, f.seq_len);
-      INFO(c10::toString(dtype) << " " << f.name << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
+      const auto verdict = low_precision_verdict(f.faults, dtype, f.seq_len, mixed);
+      INFO(c10::toString(dtype) << (mixed ? "-mixed " : " ") << f.name << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
       CHECK_FALSE(verdict.passed());
     }
     for (const std::int64_t T : {14, 16}) {
-      const auto verdict = low_precision_verdict({}, dtype, T);
-      INFO(c10::toString(dtype) << " no fault, T = " << T << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
+      const auto verdict = low_precision_verdict({}, dtype, T, mixed);
+      INFO(c10::toString(dtype) << (mixed ? "-mixed" : "") << " no fault, T = " << T << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
       CHECK(verdict.passed());
     }
   }

@@ -51,6 +51,41 @@ struct DemoArgs {
 void add_demo_options(CLI::App& app, DemoArgs& args);
 int demo_command(const DemoArgs& args, const std::string& command_line);
 
+// One measurement sweep (cmd_sweep.cpp): every method at every (B, T), methods interleaved; `demo` and `sweep` fill it.
+struct SweepPlan {
+  ModelSource source;
+  std::string dtype = "fp32", grad_dtype, objective = "sft", lora;
+  std::vector<std::string> methods;
+  std::string seq_lens, batch_sizes;  // comma-separated
+  std::int64_t group = 0, check_seq_len = 300, budget_bytes = 0;
+  int repeats = 2, threads = 0;
+  std::string out_dir, stem, resume;  // resume: a CSV of the same sweep to continue
+};
+int run_sweep(const SweepPlan& plan, const std::string& command_line);
+
+struct SweepArgs {
+  std::string kind;  // seq, batch, partition
+  ModelSource source;
+  std::string dtype = "fp32", grad_dtype, objective = "sft", lora, methods, seq_lens, batch_sizes;
+  std::string layer_chunks = "256,512,1024,1365", head_chunks = "256,1024";
+  std::int64_t group = 0, check_seq_len = 300, budget_bytes = 0;
+  int repeats = 2, threads = 0;
+  std::string out_dir, resume;
+};
+void add_sweep_options(CLI::App& app, SweepArgs& args);
+int sweep_command(const SweepArgs& args, const std::string& command_line);
+
+struct MaxlenArgs {
+  ModelSource source;
+  std::string methods = "checkpoint;mst;streambp", objective = "sft", lora, dtype = "fp32", grad_dtype;
+  std::string out_dir = "results/maxlen";
+  std::int64_t budget_bytes = 0, batch_size = 1, group = 0, max_seq = std::int64_t(1) << 20;
+  double step = 0.02;
+  int threads = 0;
+};
+void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
+int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
+
 struct VerifyArgs {
   ModelSource source;
   std::string batch_file, objective = "sft", methods = "streambp", out_dir = "results/verify";
@@ -61,5 +96,14 @@ struct VerifyArgs {
 };
 void add_verify_options(CLI::App& app, VerifyArgs& args);
 int verify_command(const VerifyArgs& args, const std::string& command_line);
+
+struct ToyArgs {
+  std::int64_t rows = 16384, dim = 1024;
+  std::string partitions = "1,4,16,64,256,1024", data = "integer", out_dir = "results/partition";
+  int repeats = 3, threads = 0;
+  std::uint64_t seed = 0;
+};
+void add_toy_options(CLI::App& app, ToyArgs& args);
+int toy_command(const ToyArgs& args, const std::string& command_line);
 
 }  // namespace sbp

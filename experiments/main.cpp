@@ -1,5 +1,7 @@
 // streambp: the harness's command line. Subcommands: run (one BP step, measured), compare (gradient files),
-// demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors).
+// demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors), toy (Table 6: the
+// two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
+// maxlen (the maximum T under a budget).
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +22,9 @@ int main(int argc, char** argv) {
   sbp::CompareArgs compare_args;
   sbp::DemoArgs demo_args;
   sbp::VerifyArgs verify_args;
+  sbp::ToyArgs toy_args;
+  sbp::SweepArgs sweep_args;
+  sbp::MaxlenArgs maxlen_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
   auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
@@ -29,6 +34,15 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "the paper's Table 7: fp32/bf16 gradient errors of each method against "
                                               "base32 and the fp64 oracle, per module group");
   sbp::add_verify_options(*verify, verify_args);
+  auto* toy = app.add_subcommand("toy", "the paper's Table 6: the two-linear-layer example, standard vs streamed over D "
+                                        "row blocks, in Eigen and LibTorch");
+  sbp::add_toy_options(*toy, toy_args);
+  auto* sweep = app.add_subcommand("sweep", "a measurement sweep over T (seq), B (batch) or StreamBP's chunk sizes "
+                                            "(partition): peak, analytic model, time, check; resumable");
+  sbp::add_sweep_options(*sweep, sweep_args);
+  auto* maxlen = app.add_subcommand("maxlen", "the maximum sequence length of each method under a byte budget: the "
+                                              "model's prediction, confirmed by a run that fits and one that does not");
+  sbp::add_maxlen_options(*maxlen, maxlen_args);
   CLI11_PARSE(app, argc, argv);
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
@@ -36,6 +50,9 @@ int main(int argc, char** argv) {
     if (*run) return sbp::run_command(run_args, command_line);
     if (*compare) return sbp::compare_command(compare_args, command_line);
     if (*verify) return sbp::verify_command(verify_args, command_line);
+    if (*toy) return sbp::toy_command(toy_args, command_line);
+    if (*sweep) return sbp::sweep_command(sweep_args, command_line);
+    if (*maxlen) return sbp::maxlen_command(maxlen_args, command_line);
     return sbp::demo_command(demo_args, command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());

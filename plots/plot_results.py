@@ -1,5 +1,7 @@
-"""Figures from results/ (read-only): peak memory and BP time ratio vs sequence length, one figure per demo CSV;
-gradient error vs chunk count, one figure per `streambp verify` CSV that sweeps StreamBP's chunks.
+"""Figures from results/ (read-only): peak memory and BP time ratio vs sequence length, one figure per demo or
+`sweep seq` CSV; per-sample time and peak vs batch size (`sweep batch`); time and peak vs StreamBP's chunk sizes
+(`sweep partition`); the linear toy's bytes and time vs partitions (`toy`); gradient error vs chunk count, one figure
+per `streambp verify` CSV that sweeps StreamBP's chunks.
 
 Usage: python plots/plot_results.py [results_dir]   (writes <csv stem>.png next to each CSV that has no figure yet)
 """
@@ -27,7 +29,9 @@ def plot_demo(csv_path: Path) -> Path:
     for method, rs in by_method.items():
         rs.sort(key=lambda r: int(r["seq_len"]))
         T = [int(r["seq_len"]) for r in rs]
-        line, = mem.plot(T, [int(r["peak_bytes"]) / 2**30 for r in rs], "o-", label=f"{method} (measured)")
+        # oom rows (over the sweep's budget) have no measured peak: only the model is drawn there.
+        measured = [(t, int(r["peak_bytes"]) / 2**30) for t, r in zip(T, rs) if r["peak_bytes"]]
+        line, = mem.plot([t for t, _ in measured], [p for _, p in measured], "o-", label=f"{method} (measured)")
         mem.plot(T, [int(r["model_peak_bytes"]) / 2**30 for r in rs], "--", color=line.get_color(), alpha=0.6)
         # An empty ratio means the run had no checkpoint row to divide by: no point, never an invented 0.
         timed = [(t, float(r["time_vs_checkpoint"])) for t, r in zip(T, rs)
@@ -48,6 +52,32 @@ def plot_demo(csv_path: Path) -> Path:
         time.text(0.5, 0.5, "no checkpoint row in this run:\nno time ratio", ha="center", va="center",
                   transform=time.transAxes)
     fig.suptitle(f"commit {first['commit']}, {first['date']}, {first['threads']} threads", fontsize=8)
+    fig.tight_layout()
+    out = csv_path.with_suffix(".png")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_xy(csv_path: Path, x, x_label: str, y_columns, title: str, group=lambda r: r["method"]) -> Path:
+    """One panel per (column, label, scale) in y_columns, a line per group; x: a column name or a function of the
+    row (None: the row is not drawn); empty cells are skipped."""
+    x_of = (lambda r: int(r[x])) if isinstance(x, str) else x
+    rows = list(csv.DictReader(csv_path.open()))
+    fig, axes = plt.subplots(1, len(y_columns), figsize=(5.5 * len(y_columns), 4))
+    for ax, (column, label, scale) in zip(axes, y_columns):
+        curves = defaultdict(list)
+        for r in rows:
+            if r.get(column) and x_of(r) is not None:
+                curves[group(r)].append((x_of(r), float(r[column]) * scale))
+        for name, points in sorted(curves.items()):
+            points.sort()
+            ax.plot([x for x, _ in points], [y for _, y in points], "o-", label=name)
+        ax.set(xscale="log", xlabel=x_label, ylabel=label)
+        ax.legend(fontsize=7)
+    first = rows[0]
+    fig.suptitle(f"{title} — {first['preset']} {first['dtype']}, commit {first['commit']}, {first['date']}, "
+                 f"{first['threads']} threads", fontsize=8)
     fig.tight_layout()
     out = csv_path.with_suffix(".png")
     fig.savefig(out, dpi=120)
@@ -104,9 +134,26 @@ def plot_verify(csv_path: Path):
 
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
-    for csv_path in sorted(root.glob("*/demo-*.csv")):
-        if not csv_path.with_suffix(".png").exists():  # figures are derived; never redraw over an existing one
-            print("wrote", plot_demo(csv_path))
+    gib = 1 / 2**30
+    makers = {
+        "demo": plot_demo,
+        "seq": plot_demo,
+        "batch": lambda p: plot_xy(p, "batch_size", "batch size B", [
+            ("seconds_per_sample", "BP seconds per sample", 1), ("peak_bytes", "peak memory (GiB)", gib)],
+            "per-sample BP time vs batch size (Table 2)"),
+        "partition": lambda p: plot_xy(p, lambda r: spec_options(r["method"]).get("layer_chunk"), "layer chunk size", [
+            ("time_vs_checkpoint", "BP time / checkpointing (same run)", 1), ("peak_bytes", "peak memory (GiB)", gib)],
+            "StreamBP's chunk sizes (Fig. 5)",
+            group=lambda r: f"head_chunk={spec_options(r['method']).get('head_chunk')}, T={r['seq_len']}"),
+        "toy": lambda p: plot_xy(p, "partitions", "partitions D (1 = standard BP)", [
+            ("peak_bytes", "peak memory (GiB)", gib), ("intermediate_bytes", "intermediate memory (GiB)", gib),
+            ("time_vs_standard", "time / standard (same implementation)", 1)],
+            "two-linear-layer toy (Table 6)", group=lambda r: r["impl"]),
+    }
+    for stem, make in makers.items():
+        for csv_path in sorted(root.glob(f"*/{stem}-*.csv")):
+            if not csv_path.with_suffix(".png").exists():  # figures are derived; never redraw over an existing one
+                print("wrote", make(csv_path))
     for csv_path in sorted(root.glob("*/verify-*.csv")):
         if not csv_path.with_suffix(".png").exists():
             out = plot_verify(csv_path)

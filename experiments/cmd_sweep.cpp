@@ -1,0 +1,292 @@
+// The measurement sweep behind `streambp demo` and `streambp sweep seq|batch|partition` (issue #9: Fig. 3 / Table 1,
+// Table 2, Fig. 5): for every batch size B and sequence length T, every BP method measured with the methods
+// interleaved repeat by repeat (slow drifts of a shared machine hit all of them alike): peak bytes from the CPU
+// meter, the analytic model, BP time (median) as a ratio to checkpointing in the same run, per-sample time; runs over
+// the byte budget are rows with status `oom`. Each method's gradient is checked once, in fp64 against standard BP at
+// --check-seq, and the row says so (check_seq, check_batch, check_dtype). The CSV is rewritten atomically after every
+// (B, T) point, so a killed sweep keeps what it finished; --resume FILE continues it, skipping the rows it has.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "baselines/methods.h"
+#include "core/dtype.h"
+#include "experiments/commands.h"
+#include "experiments/results_table.h"
+#include "verify/grad_compare.h"
+
+namespace sbp {
+namespace {
+
+// Gradients of a step, detached copies (the model's grads are freed by the next step).
+TensorList step_gradients(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch) {
+  method.step(model, objective, batch);
+  TensorList grads;
+  for (auto& g : model.gradients()) grads.push_back({g.name, g.tensor.clone()});
+  model.zero_grad();
+  return grads;
+}
+
+struct Check {
+  std::string status;
+  double max_normwise_rel = 0;
+};
+
+// fp64, every trainable tensor of every method against standard BP, on the sweep's model with a T that need not be a
+// multiple of the chunk sizes (so the remainder chunk is exercised too). Standard BP is the reference itself.
+std::map<std::string, Check> check_methods(const ModelSource& source, const std::vector<std::string>& specs,
+                                           Objective& objective, const RandomBatchOptions& options,
+                                           const std::string& lora) {
+  fmt::print("gradient check: fp64, {}, B={}, T={}, every trainable tensor against standard (rtol 1e-10)\n",
+             objective.spec(), options.batch_size, options.seq_len);
+  auto model = build_model(source, at::kDouble, options.seed);
+  apply_lora(*model, lora, "", options.seed);
+  auto batch = objective.random_batch(model->config(), options);
+  complete_batch(*model, objective, batch, "random batch", true, "", at::kDouble, options.seed);
+  auto standard = make_method("standard");
+  const auto reference = step_gradients(*model, *standard, objective, batch);
+  std::map<std::string, Check> out;
+  for (const auto& spec : specs) {
+    auto method = make_method(spec);
+    if (method->spec() == "standard") continue;
+    const auto cmp = compare_gradients(reference, step_gradients(*model, *method, objective, batch));
+    out[spec] = {cmp.passed(1e-10) ? "passed" : "incorrect", cmp.max_normwise_rel()};
+    fmt::print("  {:<44} max normwise relative error {:.2e}: {}\n", method->spec(), cmp.max_normwise_rel(),
+               out[spec].status);
+    std::fflush(stdout);
+  }
+  return out;
+}
+
+std::vector<std::int64_t> parse_sizes(const std::string& list, const std::string& flag) {
+  std::vector<std::int64_t> out;
+  for (const auto& t : split_list(list, ',')) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != t.size() || v < 1) throw std::invalid_argument(flag + ": '" + t + "' is not a positive integer");
+    out.push_back(v);
+  }
+  if (out.empty()) throw std::invalid_argument(flag + ": no values");
+  return out;
+}
+
+std::string format_duration(double seconds) {
+  const auto s = std::int64_t(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+}  // namespace
+
+int run_sweep(const SweepPlan& plan, const std::string& command_line) {
+  if (plan.threads > 0) at::set_num_threads(plan.threads);
+  const auto dtype = parse_dtype(plan.dtype);
+  const auto lengths = parse_sizes(plan.seq_lens, "--seq");
+  const auto batches = parse_sizes(plan.batch_sizes, "--batch");
+  std::vector<std::unique_ptr<BackpropMethod>> methods;
+  std::vector<std::string> specs;  // canonical
+  for (const auto& s : plan.methods) {
+    methods.push_back(make_method(s));
+    specs.push_back(methods.back()->spec());
+  }
+  if (methods.empty()) throw std::invalid_argument("--methods: no method given");
+  const std::uint64_t seed = 0;
+  auto objective = make_objective(plan.objective);
+  auto model = build_model(plan.source, dtype, seed);
+  apply_lora(*model, plan.lora, "", seed);
+  if (!plan.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(plan.grad_dtype));
+  const auto& config = model->config();
+  const auto precision = precision_name(model->dtype(), model->grad_dtype());
+  const auto preset = plan.source.describe();
+  // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
+  const auto options = [&](std::int64_t B, std::int64_t T) {
+    return RandomBatchOptions{B, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, plan.group};
+  };
+
+  const std::vector<std::string> columns = {
+      "objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
+      "bp_seconds_all", "seconds_per_sample", "time_vs_checkpoint", "budget_bytes", "check_max_normwise_rel",
+      "check_seq", "check_batch", "check_dtype"};
+  ResultsTable table(columns);
+  std::filesystem::path csv;
+  nlohmann::json earlier = nlohmann::json::array();
+  std::set<std::tuple<std::string, std::string, std::string>> done;  // (method, batch_size, seq_len)
+  const auto prov = collect_provenance(command_line);
+  if (!plan.resume.empty()) {
+    csv = plan.resume;
+    table = ResultsTable::read(csv, &earlier);
+    if (table.columns() != columns)
+      throw std::invalid_argument(csv.string() + ": --resume needs a CSV of this sweep's columns");
+    for (const auto& r : table.rows()) {
+      if (r.preset != preset || r.dtype != precision || table.value(r, "objective") != objective->spec() ||
+          table.value(r, "lora") != (model->lora().enabled() ? model->lora().spec() : ""))
+        throw std::invalid_argument(fmt::format("{}: --resume with another model, dtype, objective or LoRA (the file "
+                                                "has {} {} {} '{}')", csv.string(), r.preset, r.dtype,
+                                                table.value(r, "objective"), table.value(r, "lora")));
+      done.insert({r.method, table.value(r, "batch_size"), table.value(r, "seq_len")});
+    }
+    fmt::print(stderr, "resuming {}: {} rows already measured\n", csv.string(), table.rows().size());
+  } else {
+    std::filesystem::create_directories(plan.out_dir);
+    csv = ResultsTable::new_path(plan.out_dir, plan.stem, prov);
+  }
+
+  std::map<std::string, Check> checks;
+  if (plan.check_seq_len > 0)
+    checks = check_methods(plan.source, specs, *objective, options(batches.front(), plan.check_seq_len), plan.lora);
+
+  // Progress: work is counted in tokens (B * T per method and repeat), a rough proxy for time.
+  double total_work = 0, finished_work = 0;
+  for (const auto B : batches)
+    for (const auto T : lengths)
+      for (const auto& spec : specs)
+        if (!done.count({spec, std::to_string(B), std::to_string(T)})) total_work += double(B * T) * plan.repeats;
+  fmt::print(stderr, "sweep: {} method(s) x {} batch size(s) x {} length(s) x {} repeat(s), interleaved; results in {}\n",
+             methods.size(), batches.size(), lengths.size(), plan.repeats, csv.string());
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}", "B", "T", "method", "peak",
+                              "analytic", "meas/an", "BP s", "vs ckpt", "status"));
+  bool all_passed = true;
+  for (const auto B : batches)
+    for (const auto T : lengths) {
+      std::vector<std::size_t> todo;
+      for (std::size_t i = 0; i < methods.size(); ++i)
+        if (!done.count({specs[i], std::to_string(B), std::to_string(T)})) todo.push_back(i);
+      if (todo.empty()) continue;
+      auto batch = objective->random_batch(config, options(B, T));
+      complete_batch(*model, *objective, batch, "random batch", true, "", dtype, seed);
+      objective->prepare(batch, config, "random batch");
+      const auto workload = make_workload(*model, *objective, batch);
+      std::map<std::size_t, Measurement> results;
+      for (int r = 0; r < plan.repeats; ++r)
+        for (const auto i : todo) {
+          auto& result = results[i];
+          if (result.status == "oom") continue;  // over the budget once: over it every time
+          auto m = measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes);
+          finished_work += double(B * T);
+          const double eta = finished_work > 0 ? elapsed() / finished_work * (total_work - finished_work) : 0;
+          if (m.status == "error") throw std::runtime_error(specs[i] + " failed: " + m.error);
+          fmt::print(stderr, "  [B={} T={} repeat {}/{}] {:<40} {}  (elapsed {}, ETA {})\n", B, T, r + 1, plan.repeats,
+                     specs[i], m.status == "oom" ? "oom (over the budget)" : fmt::format("{:7.2f} s  peak {}",
+                     m.bp_seconds.at(0), format_bytes(m.peak_bytes)), format_duration(elapsed()), format_duration(eta));
+          if (m.status == "oom") {
+            finished_work += double(B * T) * (plan.repeats - r - 1);
+            result = m;
+            continue;
+          }
+          result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
+          result.bp_seconds.push_back(m.bp_seconds.at(0));
+        }
+      double checkpoint_seconds = 0;
+      for (const auto i : todo)
+        if (specs[i] == "checkpoint" && results[i].status != "oom") checkpoint_seconds = results[i].median_seconds();
+      for (const auto i : todo) {
+        const auto& m = results[i];
+        const bool oom = m.status == "oom";
+        const auto est = methods[i]->memory_model(workload).total_bytes();
+        const bool reference = specs[i] == "standard";
+        const auto check = reference ? Check{"reference", 0.0} : checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
+        all_passed = all_passed && check.status != "incorrect";
+        const bool checked = check.status == "passed" || check.status == "incorrect";
+        // Missing values are empty cells, never 0: no time or peak for an oom row, no ratio without a checkpoint row.
+        const std::string ratio = !oom && checkpoint_seconds > 0 ? fmt::format("{:.4f}", m.median_seconds() / checkpoint_seconds) : "";
+        std::string all;
+        for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
+        table.add({preset, specs[i], precision, oom ? "oom" : check.status, seed,
+                   {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", std::to_string(B),
+                    std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
+                    oom ? "" : fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
+                    oom ? "" : fmt::format("{:.4f}", m.median_seconds()), all,
+                    oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B)), ratio,
+                    plan.budget_bytes > 0 ? std::to_string(plan.budget_bytes) : "",
+                    checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
+                    // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
+                    checked ? std::to_string(plan.check_seq_len) : "", checked ? std::to_string(batches.front()) : "",
+                    checked ? "fp64" : ""}});
+        lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}", B, T, specs[i],
+                                    oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
+                                    oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
+                                    oom ? "-" : fmt::format("{:.2f}", m.median_seconds()),
+                                    ratio.empty() ? "-" : ratio.substr(0, 5), oom ? "oom" : check.status));
+      }
+      table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
+    }
+  if (table.rows().empty()) throw std::invalid_argument("the sweep has no points");
+  table.write_to(csv, prov, earlier);
+  fmt::print("\n");
+  for (const auto& line : lines) fmt::print("{}\n", line);
+  fmt::print("\nresults: {} (BP s = median of {}; vs ckpt = ratio of medians in this run; {})\n", csv.string(),
+             plan.repeats, format_duration(elapsed()));
+  return all_passed ? 0 : 1;
+}
+
+void add_sweep_options(CLI::App& app, SweepArgs& a) {
+  app.add_option("kind", a.kind, "seq (peak and time vs T: Fig. 3, Table 1), batch (per-sample time vs B: Table 2) or "
+                 "partition (StreamBP's layer x head chunk sizes: Fig. 5)")->required()->check(CLI::IsMember({"seq", "batch", "partition"}));
+  app.add_option("--preset", a.source.preset, "model preset (default qwen3-small unless --config)");
+  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
+  app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (see run --help)")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
+  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...; see run --help)");
+  app.add_option("--lora", a.lora, "LoRA spec for every method (see run --help)");
+  app.add_option("--methods", a.methods, "semicolon-separated method specs (default by kind; partition: checkpoint and "
+                 "StreamBP over --layer-chunks x --head-chunks)");
+  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths (default by kind)");
+  app.add_option("--batch", a.batch_sizes, "comma-separated batch sizes (default by kind)");
+  app.add_option("--layer-chunks", a.layer_chunks, "partition: comma-separated StreamBP layer chunk sizes");
+  app.add_option("--head-chunks", a.head_chunks, "partition: comma-separated StreamBP head chunk sizes");
+  app.add_option("--group", a.group, "GRPO: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", a.repeats, "measured steps per method and point (median)")->check(CLI::PositiveNumber);
+  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check of every method (0 = skip)")->check(CLI::NonNegativeNumber);
+  app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: a run above it is an `oom` row")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--out", a.out_dir, "results folder (default results/<kind>)");
+  app.add_option("--resume", a.resume, "continue the sweep that wrote this CSV: rows it has are not measured again")->check(CLI::ExistingFile);
+}
+
+int sweep_command(const SweepArgs& a, const std::string& command_line) {
+  SweepPlan plan;
+  plan.source = a.source;
+  if (plan.source.preset.empty() && plan.source.config_file.empty()) plan.source.preset = "qwen3-small";
+  plan.dtype = a.dtype, plan.grad_dtype = a.grad_dtype, plan.objective = a.objective, plan.lora = a.lora;
+  plan.group = a.group, plan.repeats = a.repeats, plan.threads = a.threads, plan.check_seq_len = a.check_seq_len;
+  plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
+  plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
+  std::string methods = a.methods;
+  if (a.kind == "seq") {
+    plan.seq_lens = a.seq_lens.empty() ? "1024,2048,4096,8192" : a.seq_lens;
+    plan.batch_sizes = a.batch_sizes.empty() ? "1" : a.batch_sizes;
+    if (methods.empty()) methods = "standard;checkpoint;mst;streambp";
+  } else if (a.kind == "batch") {
+    plan.seq_lens = a.seq_lens.empty() ? "2048" : a.seq_lens;
+    plan.batch_sizes = a.batch_sizes.empty() ? "1,2,4" : a.batch_sizes;
+    if (methods.empty()) methods = "checkpoint;mst;streambp";
+  } else {  // partition
+    plan.seq_lens = a.seq_lens.empty() ? "4096" : a.seq_lens;
+    plan.batch_sizes = a.batch_sizes.empty() ? "1" : a.batch_sizes;
+    if (methods.empty()) {
+      methods = "checkpoint";
+      for (const auto lc : parse_sizes(a.layer_chunks, "--layer-chunks"))
+        for (const auto hc : parse_sizes(a.head_chunks, "--head-chunks"))
+          methods += fmt::format(";streambp:layer_chunk={},head_chunk={}", lc, hc);
+    }
+  }
+  plan.methods = split_list(methods, ';');
+  return run_sweep(plan, command_line);
+}
+
+}  // namespace sbp

@@ -1,0 +1,53 @@
+# The reproduction drivers as a user runs them (issue #9): a sequence sweep that records an over-budget run as an
+# `oom` row with empty cells, resumes after an interruption without re-measuring what it has, and the linear toy.
+source "$(dirname "$0")/cli_common.sh"
+
+col() {  # col FILE METHOD SEQ COLUMN: one cell of the sweep CSV
+  python3 - "$@" <<'PY'
+import csv, sys
+f, method, seq, column = sys.argv[1:]
+rows = [r for r in csv.DictReader(open(f)) if r["method"] == method and r["seq_len"] == seq]
+assert len(rows) == 1, f"{len(rows)} rows for {method} T={seq} in {f}"
+print(rows[0][column])
+PY
+}
+
+# A budget between checkpointing's and standard BP's peak at T = 128 on tiny: standard is oom there.
+"$STREAMBP" sweep seq --preset tiny --seq 64 --methods "standard;checkpoint;streambp:layer_chunk=16,head_chunk=16" \
+  --repeats 1 --check-seq 37 --budget-bytes 2500000 --out out >log.txt 2>&1 || fail "sweep exited non-zero:\n$(cat log.txt)"
+csv=$(ls out/seq-*.csv)
+[[ $(col "$csv" standard 64 status) == reference ]] || fail "standard rows are the reference"
+[[ $(col "$csv" checkpoint 64 status) == passed ]] || fail "checkpoint was checked"
+[[ $(col "$csv" checkpoint 64 check_seq) == 37 ]] || fail "the check's own length is recorded"
+first_date=$(col "$csv" checkpoint 64 date)
+sleep 1
+# Resume with one more length: T = 64 is not measured again, T = 128 is added.
+"$STREAMBP" sweep seq --preset tiny --seq 64,128 --methods "standard;checkpoint;streambp:layer_chunk=16,head_chunk=16" \
+  --repeats 1 --check-seq 0 --budget-bytes 2500000 --resume "$csv" >log2.txt 2>&1 || fail "resume exited non-zero:\n$(cat log2.txt)"
+grep -q "2 rows\|3 rows" log2.txt || fail "resume did not report the rows it kept:\n$(cat log2.txt)"
+[[ $(col "$csv" checkpoint 64 date) == "$first_date" ]] || fail "resume re-measured a finished row"
+[[ $(col "$csv" standard 128 status) == oom ]] || fail "standard at T=128 should be over the 2.5 MB budget"
+[[ -z $(col "$csv" standard 128 peak_bytes) && -z $(col "$csv" standard 128 bp_seconds) ]] || fail "oom rows have empty cells"
+[[ -n $(col "$csv" standard 128 model_peak_bytes) ]] || fail "oom rows keep the analytic model"
+[[ $(col "$csv" checkpoint 128 status) == unchecked ]] || fail "no check ran in the resumed part"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['resumed_runs']) == 1, j" "${csv%.csv}.json" \
+  || fail "the sidecar keeps the first run's provenance"
+echo "ok: sweep with oom rows and resume"
+
+expect_failure "resume of another model" "another model" \
+  "$STREAMBP" sweep seq --preset qwen3-small --seq 64 --methods checkpoint --check-seq 0 --resume "$csv"
+expect_failure "bad length list" "not a positive integer" "$STREAMBP" sweep seq --preset tiny --seq 64,x --check-seq 0
+
+# Table 6's toy: streamed equals standard bitwise in Eigen and LibTorch (exit 0), intermediates 1/D.
+"$STREAMBP" toy --rows 300 --dim 32 --partitions 1,7,300 --repeats 1 --out toy >toy.txt 2>&1 || fail "toy failed:\n$(cat toy.txt)"
+python3 - toy/toy-*.csv <<'PY' || fail "toy CSV"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 6, rows
+for r in rows:
+    assert r["status"] == ("reference" if r["partitions"] == "1" else "passed"), r
+    assert r["peak_bytes"] == r["model_peak_bytes"], r
+    assert int(r["intermediate_bytes"]) == 2 * int(r["block_rows"]) * 32 * 4, r
+PY
+echo "ok: toy"
+expect_failure "toy exactness bound" "2\^24" "$STREAMBP" toy --rows 100000 --dim 1024 --repeats 1

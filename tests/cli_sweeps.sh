@@ -51,3 +51,23 @@ for r in rows:
 PY
 echo "ok: toy"
 expect_failure "toy exactness bound" "2\^24" "$STREAMBP" toy --rows 100000 --dim 1024 --repeats 1
+
+# Table 3's search: per method, the model's T* confirmed by a run that fits and one a step (2%) above that does not.
+"$STREAMBP" maxlen --preset tiny --budget-bytes 6000000 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
+  --out maxlen >maxlen.txt 2>&1 || fail "maxlen failed:\n$(cat maxlen.txt)"
+python3 - maxlen/maxlen-*.csv <<'PY' || fail "maxlen CSV:\n$(cat maxlen.txt)"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for method in ("checkpoint", "streambp:layer_chunk=64,head_chunk=64"):
+    mine = [r for r in rows if r["method"] == method]
+    best = [r for r in mine if r["role"] == "max"]
+    over = [r for r in mine if r["role"] == "next"]
+    assert len(best) == 1 and len(over) == 1, mine
+    best, over = best[0], over[0]
+    assert best["status"] != "oom" and int(best["peak_bytes"]) <= 6000000, best
+    assert over["status"] == "oom" and over["peak_bytes"] == "", over
+    T, T_over = int(best["seq_len"]), int(over["seq_len"])
+    assert T < T_over <= max(T + 1, T * 1.02 + 1), (T, T_over)
+    assert best["measured_max_seq"] == str(T) and abs(float(best["model_error"])) < 0.05, best
+PY
+echo "ok: maxlen"

@@ -86,6 +86,13 @@ struct MaxlenArgs {
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
 
+struct ProjectArgs {
+  std::int64_t budget_bytes = 80'000'000'000, lora_rank = 32;
+  std::string out_dir = "results/projection";
+};
+void add_project_options(CLI::App& app, ProjectArgs& args);
+int project_command(const ProjectArgs& args, const std::string& command_line);
+
 struct VerifyArgs {
   ModelSource source;
   std::string batch_file, objective = "sft", methods = "streambp", out_dir = "results/verify";

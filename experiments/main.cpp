@@ -1,7 +1,7 @@
 // streambp: the harness's command line. Subcommands: run (one BP step, measured), compare (gradient files),
 // demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors), toy (Table 6: the
 // two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
-// maxlen (the maximum T under a budget).
+// maxlen (the maximum T under a budget), project (the models at the paper's settings).
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   sbp::ToyArgs toy_args;
   sbp::SweepArgs sweep_args;
   sbp::MaxlenArgs maxlen_args;
+  sbp::ProjectArgs project_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
   auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
   auto* maxlen = app.add_subcommand("maxlen", "the maximum sequence length of each method under a byte budget: the "
                                               "model's prediction, confirmed by a run that fits and one that does not");
   sbp::add_maxlen_options(*maxlen, maxlen_args);
+  auto* project = app.add_subcommand("project", "the memory models at the paper's Table 3 settings (Qwen3-4B..32B, "
+                                                "bf16, 80 GB): projected maximum T beside the paper's");
+  sbp::add_project_options(*project, project_args);
   CLI11_PARSE(app, argc, argv);
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
     if (*toy) return sbp::toy_command(toy_args, command_line);
     if (*sweep) return sbp::sweep_command(sweep_args, command_line);
     if (*maxlen) return sbp::maxlen_command(maxlen_args, command_line);
+    if (*project) return sbp::project_command(project_args, command_line);
     return sbp::demo_command(demo_args, command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());

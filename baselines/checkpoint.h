@@ -3,6 +3,7 @@
 // paper's Figure 1). LibTorch has no C++ checkpoint utility, so the re-forward is written out here.
 #pragma once
 
+#include "core/flop_model.h"
 #include "core/method.h"
 
 namespace sbp {
@@ -12,6 +13,7 @@ class CheckpointBackprop final : public BackpropMethod {
   std::string spec() const override { return "checkpoint"; }
   StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
+  double flops(const Workload& workload) const override { return checkpoint_flops(workload); }
 };
 
 }  // namespace sbp

@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/flop_model.h"
 #include "core/method.h"
 #include "core/phase.h"
 
@@ -29,6 +30,7 @@ class MsT final : public BackpropMethod {
   std::string spec() const override { return "mst:mini_seq=" + std::to_string(options_.mini_seq); }
   StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
+  double flops(const Workload& workload) const override { return mst_flops(workload); }
   void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
  private:

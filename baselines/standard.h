@@ -2,6 +2,7 @@
 // checkpointing). The reference every other method is checked against.
 #pragma once
 
+#include "core/flop_model.h"
 #include "core/method.h"
 
 namespace sbp {
@@ -11,6 +12,7 @@ class StandardBackprop final : public BackpropMethod {
   std::string spec() const override { return "standard"; }
   StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
+  double flops(const Workload& workload) const override { return standard_flops(workload); }
 };
 
 }  // namespace sbp

@@ -69,6 +69,8 @@ class BackpropMethod {
   virtual StepResult step(Model& model, Objective& objective, const Batch& batch) = 0;
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
+  // Analytic matrix-product FLOPs of step(), recomputation included (core/flop_model.h).
+  virtual double flops(const Workload& workload) const = 0;
 };
 
 }  // namespace sbp

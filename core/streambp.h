@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/flop_model.h"
 #include "core/method.h"
 
 namespace sbp {
@@ -34,6 +35,7 @@ class StreamBP final : public BackpropMethod {
   std::string spec() const override;
   StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
+  double flops(const Workload& workload) const override { return streambp_flops(workload, options_.layer_chunk); }
   void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
  private:

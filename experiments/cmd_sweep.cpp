@@ -117,7 +117,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   const std::vector<std::string> columns = {
       "objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
       "bp_seconds_all", "seconds_per_sample", "time_vs_checkpoint", "budget_bytes", "check_max_normwise_rel",
-      "check_seq", "check_batch", "check_dtype"};
+      "check_seq", "check_batch", "check_dtype", "flops", "flops_per_second", "gemm_flops_per_second",
+      "gemm_efficiency"};
   ResultsTable table(columns);
   std::filesystem::path csv;
   nlohmann::json earlier = nlohmann::json::array();
@@ -158,8 +159,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
 
   std::vector<std::string> lines;
-  lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}", "B", "T", "method", "peak",
-                              "analytic", "meas/an", "BP s", "vs ckpt", "status"));
+  lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", "B", "T", "method",
+                              "peak", "analytic", "meas/an", "BP s", "vs ckpt", "%GEMM", "status"));
   bool all_passed = true;
   for (const auto B : batches)
     for (const auto T : lengths) {
@@ -172,6 +173,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       objective->prepare(batch, config, "random batch");
       const auto workload = make_workload(*model, *objective, batch);
       std::map<std::size_t, Measurement> results;
+      // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, measured at this point.
+      const double gemm_rate = gemm_flops_per_second(dtype);
       for (int r = 0; r < plan.repeats; ++r)
         for (const auto i : todo) {
           auto& result = results[i];
@@ -206,6 +209,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
         const std::string ratio = !oom && checkpoint_seconds > 0 ? fmt::format("{:.4f}", m.median_seconds() / checkpoint_seconds) : "";
         std::string all;
         for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
+        const double flops = methods[i]->flops(workload), rate = oom ? 0 : flops / m.median_seconds();
         table.add({preset, specs[i], precision, oom ? "oom" : check.status, seed,
                    {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", std::to_string(B),
                     std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
@@ -216,12 +220,14 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                     checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
                     // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
                     checked ? std::to_string(plan.check_seq_len) : "", checked ? std::to_string(batches.front()) : "",
-                    checked ? "fp64" : ""}});
-        lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8}  {}", B, T, specs[i],
+                    checked ? "fp64" : "", fmt::format("{:.6g}", flops), oom ? "" : fmt::format("{:.6g}", rate),
+                    fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate)}});
+        lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", B, T, specs[i],
                                     oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
                                     oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
                                     oom ? "-" : fmt::format("{:.2f}", m.median_seconds()),
-                                    ratio.empty() ? "-" : ratio.substr(0, 5), oom ? "oom" : check.status));
+                                    ratio.empty() ? "-" : ratio.substr(0, 5),
+                                    oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), oom ? "oom" : check.status));
       }
       table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
     }

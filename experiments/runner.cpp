@@ -141,6 +141,19 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   return pass;
 }
 
+double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n, int repeats) {
+  const auto a = at::randn({n, n}, at::TensorOptions().dtype(dtype)), b = at::randn({n, n}, at::TensorOptions().dtype(dtype));
+  auto out = at::mm(a, b);  // warm-up, and the output buffer
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    at::mm_out(out, a, b);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * double(n) * double(n) * double(n) / seconds);
+  }
+  return best;
+}
+
 double Measurement::median_seconds() const {
   if (bp_seconds.empty()) return 0;
   auto v = bp_seconds;

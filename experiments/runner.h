@@ -74,6 +74,9 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
                            int warmup, int repeats, std::int64_t budget_bytes);
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
+// This machine's dense GEMM rate in `dtype` at the current thread count: the best of `repeats` n x n x n products
+// (after one warm-up), in FLOP/s: the yardstick of a method's achieved FLOP/s.
+double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n = 2048, int repeats = 5);
 // "a;b;;c" -> {a, b, c}: a flag's list (empty items dropped).
 std::vector<std::string> split_list(const std::string& text, char sep);
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently).

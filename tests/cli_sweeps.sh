@@ -19,6 +19,9 @@ csv=$(ls out/seq-*.csv)
 [[ $(col "$csv" standard 64 status) == reference ]] || fail "standard rows are the reference"
 [[ $(col "$csv" checkpoint 64 status) == passed ]] || fail "checkpoint was checked"
 [[ $(col "$csv" checkpoint 64 check_seq) == 37 ]] || fail "the check's own length is recorded"
+python3 -c "import sys; assert float(sys.argv[1]) > 0 and float(sys.argv[2]) > 0 and 0 < float(sys.argv[3])" \
+  "$(col "$csv" checkpoint 64 flops)" "$(col "$csv" checkpoint 64 gemm_flops_per_second)" \
+  "$(col "$csv" checkpoint 64 gemm_efficiency)" || fail "FLOP columns"
 first_date=$(col "$csv" checkpoint 64 date)
 sleep 1
 # Resume with one more length: T = 64 is not measured again, T = 128 is added.
@@ -29,6 +32,7 @@ grep -q "2 rows\|3 rows" log2.txt || fail "resume did not report the rows it kep
 [[ $(col "$csv" standard 128 status) == oom ]] || fail "standard at T=128 should be over the 2.5 MB budget"
 [[ -z $(col "$csv" standard 128 peak_bytes) && -z $(col "$csv" standard 128 bp_seconds) ]] || fail "oom rows have empty cells"
 [[ -n $(col "$csv" standard 128 model_peak_bytes) ]] || fail "oom rows keep the analytic model"
+[[ -z $(col "$csv" standard 128 gemm_efficiency) ]] || fail "oom rows have no achieved FLOP/s"
 [[ $(col "$csv" checkpoint 128 status) == unchecked ]] || fail "no check ran in the resumed part"
 python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['resumed_runs']) == 1, j" "${csv%.csv}.json" \
   || fail "the sidecar keeps the first run's provenance"

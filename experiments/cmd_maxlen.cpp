@@ -34,6 +34,7 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(CLI::Range(std::int64_t(16), std::int64_t(1) << 30));
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder");
+  app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
@@ -64,7 +65,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   ResultsTable table({"objective", "lora", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
                       "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error"});
   const auto prov = collect_provenance(command_line);
-  std::filesystem::create_directories(a.out_dir);
+  if (!a.model_only) std::filesystem::create_directories(a.out_dir);
   const auto csv = ResultsTable::new_path(a.out_dir, "maxlen", prov);
   std::vector<std::string> summary;
   const auto started = std::chrono::steady_clock::now();
@@ -83,6 +84,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       }
     const auto predicted = lo;
     fmt::print(stderr, "{}: the model predicts T* = {} under {}\n", spec, predicted, format_bytes(a.budget_bytes));
+    if (a.model_only) continue;
     struct Probe {
       std::int64_t T;
       Measurement m;
@@ -133,6 +135,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                                   spec, predicted, measured.empty() ? "-" : measured, fails > 0 ? std::to_string(fails) : "-",
                                   error.empty() ? "-" : error));
   }
+  if (a.model_only) return 0;
   fmt::print("\nmaximum T under {} ({}, {}, B = {}):\n", format_bytes(a.budget_bytes), precision, objective->spec(), a.batch_size);
   for (const auto& line : summary) fmt::print("  {}\n", line);
   fmt::print("\nresults: {}\n", csv.string());

@@ -82,6 +82,7 @@ struct MaxlenArgs {
   std::int64_t budget_bytes = 0, batch_size = 1, group = 0, max_seq = std::int64_t(1) << 20;
   double step = 0.02;
   int threads = 0;
+  bool model_only = false;
 };
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
@@ -92,6 +93,14 @@ struct ProjectArgs {
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);
+
+struct ReproduceArgs {
+  std::string table;
+  bool dry_run = false;
+  int threads = 0;
+};
+void add_reproduce_options(CLI::App& app, ReproduceArgs& args);
+int reproduce_command(const ReproduceArgs& args, const std::string& command_line);
 
 struct VerifyArgs {
   ModelSource source;

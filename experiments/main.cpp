@@ -1,7 +1,8 @@
 // streambp: the harness's command line. Subcommands: run (one BP step, measured), compare (gradient files),
 // demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors), toy (Table 6: the
 // two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
-// maxlen (the maximum T under a budget), project (the models at the paper's settings).
+// maxlen (the maximum T under a budget), project (the models at the paper's settings),
+// reproduce (one table or figure, CPU-scaled).
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   sbp::SweepArgs sweep_args;
   sbp::MaxlenArgs maxlen_args;
   sbp::ProjectArgs project_args;
+  sbp::ReproduceArgs reproduce_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
   auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
@@ -47,6 +49,9 @@ int main(int argc, char** argv) {
   auto* project = app.add_subcommand("project", "the memory models at the paper's Table 3 settings (Qwen3-4B..32B, "
                                                 "bf16, 80 GB): projected maximum T beside the paper's");
   sbp::add_project_options(*project, project_args);
+  auto* reproduce = app.add_subcommand("reproduce", "the CPU-scaled version of one of the paper's tables or figures, "
+                                                    "from checked-in settings (about 30 min each on 2 cores)");
+  sbp::add_reproduce_options(*reproduce, reproduce_args);
   CLI11_PARSE(app, argc, argv);
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
@@ -58,6 +63,7 @@ int main(int argc, char** argv) {
     if (*sweep) return sbp::sweep_command(sweep_args, command_line);
     if (*maxlen) return sbp::maxlen_command(maxlen_args, command_line);
     if (*project) return sbp::project_command(project_args, command_line);
+    if (*reproduce) return sbp::reproduce_command(reproduce_args, command_line);
     return sbp::demo_command(demo_args, command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());

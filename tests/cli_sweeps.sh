@@ -75,3 +75,11 @@ for method in ("checkpoint", "streambp:layer_chunk=64,head_chunk=64"):
     assert best["measured_max_seq"] == str(T) and abs(float(best["model_error"])) < 0.05, best
 PY
 echo "ok: maxlen"
+
+# Every checked-in reproduction lists its setting and commands.
+for t in table1 table2 table3 table6 table7 fig3 fig5; do
+  "$STREAMBP" reproduce $t --dry-run >repro.txt 2>&1 || fail "reproduce $t --dry-run:\n$(cat repro.txt)"
+  grep -q "paper:" repro.txt && grep -q "command:" repro.txt || fail "reproduce $t prints no plan:\n$(cat repro.txt)"
+done
+expect_failure "unknown table" "table99" "$STREAMBP" reproduce table99
+echo "ok: reproduce plans"

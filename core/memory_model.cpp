@@ -274,15 +274,21 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
   // kPrefixTile keys are upcast to fp32 inside chunk attention.
   const bool sums_wider = z.f > z.s;
-  const auto tile = std::min<std::int64_t>(1024, z.T);
+  // The last chunk's key blocks: its prefix (T - c keys, tiled by kPrefixTile in bf16) and its diagonal block.
+  const auto tile = z.T > c ? std::min<std::int64_t>(1024, z.T - c) : z.T;
   // Last chunk of a layer: the larger of the chunk's activations (MLP backward) and its Q-path activations with
   // the flash backward's own dK/dV of the keys it is working on (attention backward), which are then added into the
   // layer's sums (KVGradSums): the whole prefix at once in fp32/fp64; in bf16 one tile of kPrefixTile keys, in fp32,
   // next to its fp32 copies of K and V. The CPU kernel makes dK/dV with the K/V heads' count, GQA or not.
   const auto block_gradients = sums_wider ? 4 * z.B * tile * w.config.kv_width() * z.f + flash_backward_scratch_bytes(w, c, tile)
                                           : 2 * kv + flash_backward_scratch_bytes(w, c, z.T);
+  // The attention backward of a chunk holds, beyond the Q path's saved activations (o_proj's input is freed by then),
+  // the gradient of the attention output, its contiguous copy and a block's dQ: net two [B, n_h, c, hd] more in the
+  // merge dtype (measured: the model was 6% under the meter on tiny fp64 at T = 1024 without them, once dL/dH in and
+  // out became one buffer).
+  const auto attention_backward = 2 * z.B * c * w.config.q_width() * z.f;
   const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w, true) + mlp_backward_bytes(w, z.B * c),
-                              z.B * c * attention_activation_bytes_per_token(w, true) + block_gradients);
+                              z.B * c * attention_activation_bytes_per_token(w, true) + block_gradients + attention_backward);
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
@@ -290,7 +296,7 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                         {"weight copies (compute dtype)", z.layer_copies()},
                         {"gradients", state.gradients},
                         {"checkpoints", state.checkpoints},
-                        {"dL/dH in + out", 2 * btd},
+                        {"dL/dH (out, overwritten by in)", btd},
                         {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
                         {"layer chunk", chunk},
                         {"gradient sums (fp32)", z.g < z.f ? z.layer_grad * z.f / z.g : 0},

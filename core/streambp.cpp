@@ -55,7 +55,7 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
   H[L].reset();
 
   for (int l = L - 1; l >= 0; --l) {
-    G = stream_layer_backward(model, l, H[l], G, clock);
+    stream_layer_backward(model, l, H[l], G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
     H[l].reset();  // a checkpoint is dead once its layer is done
   }
   {
@@ -65,16 +65,15 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
   return StepResult::finish(loss, start, clock);
 }
 
-at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in,
-                                           const at::Tensor& g_out, PhaseClock& clock) const {
+void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
+                                     PhaseClock& clock) const {
   const auto T = h_in.size(1);
   const auto c = options_.layer_chunk;
   // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph.
   at::Tensor K, V;  // [B, n_kv, T, hd]
   {
     Phase phase(clock, "kv_recompute");
-    at::NoGradGuard no_grad;
-    std::tie(K, V) = model.kv(layer, h_in, 0);
+    std::tie(K, V) = kv_chunked(model, layer, h_in, c);
   }
   // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
   const auto sum_options = K.options().dtype(faults_.accumulate_in_model_dtype
@@ -82,10 +81,9 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
                                                 : ChunkGradients::accumulation_dtype(K.scalar_type()));
   auto dK = at::zeros(K.sizes(), sum_options), dV = at::zeros(V.sizes(), sum_options);  // [B, n_kv, T, hd]
   const KVGradSums sums{dK, dV};
-  auto g_in = at::empty_like(h_in);  // dLoss/dH_in: [B, T, d]
   // The drop_tail fault forgets the last T mod c tokens, like a loop over T / c full chunks would.
   const auto T_used = faults_.drop_tail && T % c != 0 ? T - T % c : T;
-  if (T_used < T) g_in.slice(1, T_used).zero_();
+  if (T_used < T) g.slice(1, T_used).zero_();
   // The layer's weight (or adapter) gradients, summed over the chunks of steps 2 and 3 and written once.
   ChunkGradients weights(model.layer_trainable(layer), faults_.accumulate_in_model_dtype);
   const auto& params = weights.params();
@@ -102,8 +100,8 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
     for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
       const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
-      const auto grads = grads_of(out, {h}, g_out.slice(1, s, e));  // the prefix's dK/dV went into `sums`
-      g_in.slice(1, s, e).copy_(grads[0]);
+      const auto grads = grads_of(out, {h}, g.slice(1, s, e));  // the prefix's dK/dV went into `sums`
+      g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
       weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
     });
   }
@@ -123,12 +121,11 @@ at::Tensor StreamBP::stream_layer_backward(const Model& model, int layer, const 
       const auto grads = torch::autograd::grad(
           {k, v}, inputs, {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
           /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-      g_in.slice(1, s, e).add_(grads[0]);
+      g.slice(1, s, e).add_(grads[0]);
       weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
     });
   }
   weights.commit();
-  return g_in;
 }
 
 MemoryEstimate StreamBP::memory_model(const Workload& w) const {

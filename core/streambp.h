@@ -39,9 +39,11 @@ class StreamBP final : public BackpropMethod {
   void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
  private:
-  // One layer's exact backward, streamed: returns dLoss/dH_in [B, T, d] given H_in and dLoss/dH_out.
-  at::Tensor stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
-                                   PhaseClock& clock) const;
+  // One layer's exact backward, streamed: g holds dLoss/dH_out [B, T, d] on entry and dLoss/dH_in on return. Each
+  // chunk reads its own rows of dLoss/dH_out once (the layer is position-wise outside attention, whose K/V
+  // gradients go to the sums), so its input gradient overwrites them: no second [B, T, d] buffer.
+  void stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
+                             PhaseClock& clock) const;
   // The chunk's attention over K/V[..., :q_start + c, :], its K/V gradients added into `sums`.
   at::Tensor attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
                     std::int64_t q_start, const KVGradSums& sums) const;

@@ -10,9 +10,26 @@
 
 namespace sbp {
 
+std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
+  at::NoGradGuard no_grad;
+  at::Tensor K, V;  // [B, n_kv, T, hd]
+  for_each_chunk(h.size(1), chunk, [&](std::int64_t s, std::int64_t e) {
+    const auto [k, v] = model.kv(layer, h.slice(1, s, e), s);
+    if (!K.defined()) {
+      auto sizes = k.sizes().vec();
+      sizes[2] = h.size(1);
+      K = at::empty(sizes, k.options());
+      V = at::empty(sizes, v.options());
+    }
+    K.slice(2, s, e).copy_(k);
+    V.slice(2, s, e).copy_(v);
+  });
+  return {K, V};
+}
+
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk) {
   at::NoGradGuard no_grad;
-  const auto [K, V] = model.kv(layer, h, 0);  // [B, n_kv, T, hd]
+  const auto [K, V] = kv_chunked(model, layer, h, layer_chunk);  // [B, n_kv, T, hd]
   auto out = at::empty_like(h);
   for_each_chunk(h.size(1), layer_chunk, [&](std::int64_t s, std::int64_t e) {
     const auto hc = h.slice(1, s, e);

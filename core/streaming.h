@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +21,11 @@ template <typename F>
 void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
   for (std::int64_t s = 0; s < T; s += c) f(s, std::min(T, s + c));
 }
+
+// K and V of decoder layer `layer` for the whole sequence h [B, T, d], without a graph, c tokens at a time (the
+// projection, k-norm and RoPE are position-wise): [B, n_kv, T, hd] each, with chunk-sized temporaries only (the
+// whole-sequence call made a normed [B, T, d] copy and several [B, T, n_kv*hd] temporaries at once).
+std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk);
 
 // Decoder layer `layer` on h [B, T, d] without a graph, c tokens at a time: K/V of the whole sequence once, then the
 // Q path, attention over the prefix and the MLP per chunk. Returns [B, T, d]; no full-T MLP intermediate exists.

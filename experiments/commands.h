@@ -94,6 +94,15 @@ struct ProjectArgs {
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);
 
+struct ProfileArgs {
+  ModelSource source;
+  std::string methods = "checkpoint;streambp", dtype = "fp32", objective = "sft", lora, out_dir = "results/profile";
+  std::int64_t seq_len = 4096, batch_size = 1;
+  int steps = 2, threads = 0;
+};
+void add_profile_options(CLI::App& app, ProfileArgs& args);
+int profile_command(const ProfileArgs& args, const std::string& command_line);
+
 struct ReproduceArgs {
   std::string table;
   bool dry_run = false;

@@ -2,7 +2,8 @@
 // demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors), toy (Table 6: the
 // two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
 // maxlen (the maximum T under a budget), project (the models at the paper's settings),
-// reproduce (one table or figure, CPU-scaled).
+// reproduce (one table or figure, CPU-scaled),
+// profile (the memory timeline of two steps).
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   sbp::MaxlenArgs maxlen_args;
   sbp::ProjectArgs project_args;
   sbp::ReproduceArgs reproduce_args;
+  sbp::ProfileArgs profile_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
   auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
@@ -52,6 +54,9 @@ int main(int argc, char** argv) {
   auto* reproduce = app.add_subcommand("reproduce", "the CPU-scaled version of one of the paper's tables or figures, "
                                                     "from checked-in settings (about 30 min each on 2 cores)");
   sbp::add_reproduce_options(*reproduce, reproduce_args);
+  auto* profile = app.add_subcommand("profile", "the memory timeline of consecutive steps per method (Fig. 1/8): "
+                                                "live bytes by category and phase, CSV + Chrome trace");
+  sbp::add_profile_options(*profile, profile_args);
   CLI11_PARSE(app, argc, argv);
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
     if (*maxlen) return sbp::maxlen_command(maxlen_args, command_line);
     if (*project) return sbp::project_command(project_args, command_line);
     if (*reproduce) return sbp::reproduce_command(reproduce_args, command_line);
+    if (*profile) return sbp::profile_command(profile_args, command_line);
     return sbp::demo_command(demo_args, command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());

@@ -165,7 +165,9 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
                            int warmup, int repeats, std::int64_t budget_bytes) {
   auto& meter = CpuMemoryMeter::install();
   Measurement m;
+  // The model's weights: the base and, under LoRA, the adapters (trainable weights the step also needs).
   for (const auto& p : model.parameters()) m.weight_bytes += std::int64_t(p.tensor.nbytes());
+  for (const auto& p : model.adapters()) m.weight_bytes += std::int64_t(p.tensor.nbytes());
   for (int i = 0; i < warmup + repeats; ++i) {
     model.zero_grad();  // the previous step's gradients are not part of this step's memory
     meter.reset_peak();

@@ -62,7 +62,7 @@ struct Measurement {
   // Bytes live at the step's peak, counting the model's weights and what the step allocated; bytes the caller held
   // before the step (reference gradients, other models) are not counted.
   std::int64_t peak_bytes = 0;
-  std::int64_t weight_bytes = 0;
+  std::int64_t weight_bytes = 0;  // base parameters and LoRA adapters
   std::int64_t largest_allocation_bytes = 0;  // largest single block (no [T, T] tile ever exists in StreamBP)
   std::vector<PhaseTime> phases;       // of the last repeat
   std::vector<PhasePeak> phase_peaks;  // in the same accounting as peak_bytes

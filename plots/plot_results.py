@@ -1,6 +1,7 @@
 """Figures from results/ (read-only): peak memory and BP time ratio vs sequence length, one figure per demo or
 `sweep seq` CSV; per-sample time and peak vs batch size (`sweep batch`); time and peak vs StreamBP's chunk sizes
-(`sweep partition`); the linear toy's bytes and time vs partitions (`toy`); gradient error vs chunk count, one figure
+(`sweep partition`); the linear toy's bytes and time vs partitions (`toy`); live bytes by category over two steps
+(`profile`, Fig. 1/8); gradient error vs chunk count, one figure
 per `streambp verify` CSV that sweeps StreamBP's chunks.
 
 Usage: python plots/plot_results.py [results_dir]   (writes <csv stem>.png next to each CSV that has no figure yet)
@@ -85,6 +86,38 @@ def plot_xy(csv_path: Path, x, x_label: str, y_columns, title: str, group=lambda
     return out
 
 
+def human_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def plot_profile(csv_path: Path) -> Path:
+    """Fig. 1/8: live bytes by category over consecutive steps, one panel per method, same y scale."""
+    rows = list(csv.DictReader(csv_path.open()))
+    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        timeline = list(csv.reader((csv_path.parent / (r["timeline"] + ".timeline.csv")).open()))
+        header, events = timeline[0], timeline[1:]
+        categories = header[3:]
+        step = max(1, len(events) // 4000)  # enough points for the shape, not one per allocation
+        events = events[::step] + [events[-1]]
+        t = [float(e[0]) for e in events]
+        ax.stackplot(t, *[[int(e[3 + i]) / 2**30 for e in events] for i in range(len(categories))],
+                     labels=categories, step="post")
+        ax.set(xlabel="seconds", title=f"{r['method']}\npeak {human_bytes(int(r['peak_bytes']))}, "
+                                        f"model {human_bytes(int(r['model_peak_bytes']))}")
+    axes[0][0].set_ylabel("live bytes (GiB)")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    first = rows[0]
+    fig.suptitle(f"memory over {first['steps']} steps — {first['preset']} {first['dtype']}, T={first['seq_len']}, "
+                 f"B={first['batch_size']}, commit {first['commit']}, {first['date']}; categories by allocating phase "
+                 f"and lifetime (profile --help)", fontsize=8)
+    fig.tight_layout()
+    out = csv_path.with_suffix(".png")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def spec_options(spec: str) -> dict:
     """'streambp:layer_chunk=32,head_chunk=8' -> {'layer_chunk': 32, 'head_chunk': 8}"""
     _, _, options = spec.partition(":")
@@ -149,9 +182,12 @@ def main() -> int:
             ("peak_bytes", "peak memory (GiB)", gib), ("intermediate_bytes", "intermediate memory (GiB)", gib),
             ("time_vs_standard", "time / standard (same implementation)", 1)],
             "two-linear-layer toy (Table 6)", group=lambda r: r["impl"]),
+        "profile": plot_profile,
     }
     for stem, make in makers.items():
         for csv_path in sorted(root.glob(f"*/{stem}-*.csv")):
+            if csv_path.name.endswith(".timeline.csv"):
+                continue  # a profile's per-method timeline, drawn with its summary
             if not csv_path.with_suffix(".png").exists():  # figures are derived; never redraw over an existing one
                 print("wrote", make(csv_path))
     for csv_path in sorted(root.glob("*/verify-*.csv")):

@@ -24,7 +24,12 @@ struct OpenPhase {
 // All meter state behind one mutex: allocations come from every intra-op thread.
 struct State {
   std::mutex mutex;
-  std::unordered_map<void*, std::size_t> sizes;  // live blocks allocated through the wrapper
+  struct Block {
+    std::size_t size;
+    std::uint64_t id;  // allocation number, for the timeline
+  };
+  std::unordered_map<void*, Block> sizes;  // live blocks allocated through the wrapper
+  std::uint64_t next_id = 1;
   std::int64_t current = 0, peak = 0, budget = 0, largest = 0;
   std::vector<OpenPhase> open;
   std::vector<PhasePeak> peaks;
@@ -32,10 +37,10 @@ struct State {
   std::chrono::steady_clock::time_point timeline_start;
   std::vector<MemoryEvent> timeline;
 
-  void record_event() {
+  void record_event(std::uint64_t block = 0, std::int64_t delta = 0) {
     if (!recording) return;
     timeline.push_back({std::chrono::duration<double>(std::chrono::steady_clock::now() - timeline_start).count(),
-                        current, open.empty() ? std::string() : open.back().name});
+                        current, open.empty() ? std::string() : open.back().name, block, delta});
   }
 };
 
@@ -52,9 +57,9 @@ void tracked_free(void* ptr) {
     // A block from before install (oneDNN frees raw_allocate'd blocks through the current allocator) is unknown:
     // free it without counting.
     if (auto it = s.sizes.find(ptr); it != s.sizes.end()) {
-      s.current -= std::int64_t(it->second);
+      s.current -= std::int64_t(it->second.size);
+      s.record_event(it->second.id, -std::int64_t(it->second.size));
       s.sizes.erase(it);
-      s.record_event();
     }
   }
   c10::free_cpu(ptr);
@@ -74,12 +79,13 @@ class TrackingAllocator final : public c10::Allocator {
     void* ptr = n ? c10::alloc_cpu(n) : nullptr;
     if (ptr) {
       std::lock_guard<std::mutex> lock(s.mutex);
-      s.sizes.emplace(ptr, n);
+      const auto id = s.next_id++;
+      s.sizes.emplace(ptr, State::Block{n, id});
       s.current += std::int64_t(n);
       s.peak = std::max(s.peak, s.current);
       s.largest = std::max(s.largest, std::int64_t(n));
       for (const auto& p : s.open) s.peaks[p.slot].peak_bytes = std::max(s.peaks[p.slot].peak_bytes, s.current);
-      s.record_event();
+      s.record_event(id, std::int64_t(n));
     }
     return {ptr, ptr, &tracked_free, c10::Device(c10::DeviceType::CPU)};
   }
@@ -167,6 +173,11 @@ void CpuMemoryMeter::start_timeline() {
   s.record_event();
 }
 
+std::size_t CpuMemoryMeter::timeline_size() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().timeline.size();
+}
+
 std::vector<MemoryEvent> CpuMemoryMeter::stop_timeline() {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -188,8 +199,9 @@ std::int64_t process_peak_rss_bytes() { return proc_status_kib("VmHWM"); }
 std::int64_t process_rss_bytes() { return proc_status_kib("VmRSS"); }
 
 void write_timeline_csv(const std::vector<MemoryEvent>& events, std::ostream& out) {
-  out << "seconds,current_bytes,phase\n";
-  for (const auto& e : events) out << e.seconds << ',' << e.current_bytes << ',' << e.phase << '\n';
+  out << "seconds,current_bytes,phase,block,delta_bytes\n";
+  for (const auto& e : events)
+    out << e.seconds << ',' << e.current_bytes << ',' << e.phase << ',' << e.block << ',' << e.delta_bytes << '\n';
 }
 
 void write_timeline_chrome_trace(const std::vector<MemoryEvent>& events, std::ostream& out) {

@@ -22,6 +22,8 @@ struct MemoryEvent {
   double seconds = 0;            // since the timeline started
   std::int64_t current_bytes = 0;
   std::string phase;             // innermost open phase, "" outside any
+  std::uint64_t block = 0;       // the allocation this event allocates or frees (0: a phase mark)
+  std::int64_t delta_bytes = 0;  // +size on allocation, -size on free, 0 for a phase mark
 };
 
 class CpuMemoryMeter final : public PhaseListener {
@@ -42,6 +44,7 @@ class CpuMemoryMeter final : public PhaseListener {
   std::vector<PhasePeak> phase_peaks() const;
 
   void start_timeline();  // clears and records every allocation and free from now on
+  std::size_t timeline_size() const;  // events recorded so far
   std::vector<MemoryEvent> stop_timeline();
 
   void enter_phase(const std::string& name) override;

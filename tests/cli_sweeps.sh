@@ -83,3 +83,22 @@ for t in table1 table2 table3 table6 table7 fig3 fig5; do
 done
 expect_failure "unknown table" "table99" "$STREAMBP" reproduce table99
 echo "ok: reproduce plans"
+
+# Fig. 1/8: two steps' timeline per method; the categories add up to the live bytes, the peak matches the meter's.
+"$STREAMBP" profile --preset tiny --seq 128 --methods "checkpoint;streambp:layer_chunk=32,head_chunk=32" --out prof \
+  >prof.txt 2>&1 || fail "profile failed:\n$(cat prof.txt)"
+python3 - prof/profile-*.csv <<'PY' || fail "profile files:\n$(cat prof.txt)"
+import csv, sys
+from pathlib import Path
+summary = [p for p in sys.argv[1:] if not p.endswith(".timeline.csv")]
+assert len(summary) == 1, sys.argv
+rows = list(csv.DictReader(open(summary[0])))
+assert [r["method"] for r in rows] == ["checkpoint", "streambp:layer_chunk=32,head_chunk=32"], rows
+for r in rows:
+    assert sum(int(v) for k, v in r.items() if k.startswith("at_peak: ")) == int(r["peak_bytes"]), r
+    events = list(csv.reader(open(Path(summary[0]).parent / (r["timeline"] + ".timeline.csv"))))[1:]
+    assert all(sum(map(int, e[3:])) == int(e[2]) for e in events)
+    assert max(int(e[2]) for e in events) == int(r["peak_bytes"])
+    assert (Path(summary[0]).parent / (r["timeline"] + ".trace.json")).exists()
+PY
+echo "ok: profile"

@@ -16,6 +16,7 @@
 #include "core/phase.h"
 #include "experiments/runner.h"
 #include "profiler/cpu_meter.h"
+#include "profiler/memory_categories.h"
 #include "test_support.h"
 
 using sbp::CpuMemoryMeter;
@@ -346,4 +347,45 @@ TEST_CASE("the analytic memory models hold in mixed precision within 5 percent",
         CHECK(std::abs(ratio - 1.0) <= 0.05);
       }
   }
+}
+
+TEST_CASE("the memory timeline's categories follow the phase that allocated a block and its lifetime",
+          "[meter][profile]") {
+  // Two steps over synthetic events: a block from before the timeline (weights), a forward block that outlives the
+  // forward (checkpoint), a forward temporary, K/V, a head buffer, and a block alive at its step's end (gradient)
+  // that the next step frees.
+  using E = sbp::MemoryEvent;
+  const std::vector<E> events = {
+      {0.0, 100, "forward", 1, +10},   // checkpoint: dies after the forward
+      {0.1, 120, "forward", 2, +20},   // temporary: dies in the forward
+      {0.2, 100, "forward", 2, -20},
+      {0.3, 105, "kv_recompute", 3, +5},
+      {0.4, 112, "head", 4, +7},
+      {0.5, 105, "head", 4, -7},
+      {0.6, 100, "layer", 3, -5},
+      {0.7, 140, "layer", 5, +40},  // gradient: alive when step 1 ends (event 9)
+      {0.8, 130, "layer", 1, -10},
+      // step 2
+      {0.9, 90, "forward", 5, -40},   // zero_grad frees step 1's gradient
+      {1.0, 40, "forward", 99, -50},  // a block from before the timeline (part of the weights)
+  };
+  const std::int64_t before = 90;
+  const auto out = sbp::categorize_timeline(events, before, {9, 11});
+  REQUIRE(out.size() == events.size());
+  enum { W, G, C, KV, H, WS };
+  for (const auto& e : out) {
+    std::int64_t sum = 0;
+    for (const auto b : e.live) sum += b;
+    CHECK(sum == e.current_bytes);
+  }
+  CHECK(out[0].live[C] == 10);
+  CHECK(out[1].live[WS] == 20);
+  CHECK(out[3].live[KV] == 5);
+  CHECK(out[4].live[H] == 7);
+  CHECK(out[7].live[G] == 40);
+  CHECK(out[8].live[C] == 0);
+  CHECK(out[9].live[G] == 0);
+  CHECK(out[10].live[W] == 40);
+  CHECK(out[0].live[W] == 90);
+  CHECK_THROWS(sbp::categorize_timeline(events, before, {12}));
 }

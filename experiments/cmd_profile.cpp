@@ -1,0 +1,103 @@
+// `streambp profile`: the memory timeline of consecutive forward + backward steps (the paper's Fig. 1 and 8), per
+// method: every allocation and free from the CPU meter, with the phase it happened in and a category
+// (profiler/memory_categories.h), as a CSV and a Chrome trace (Perfetto), plus a summary row per method.
+#include <sstream>
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "baselines/methods.h"
+#include "core/dtype.h"
+#include "core/safetensors.h"
+#include "experiments/commands.h"
+#include "experiments/results_table.h"
+#include "profiler/memory_categories.h"
+
+namespace sbp {
+
+void add_profile_options(CLI::App& app, ProfileArgs& a) {
+  app.add_option("--preset", a.source.preset, "model preset (default qwen3-small unless --config)");
+  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  app.add_option("--methods", a.methods, "semicolon-separated method specs");
+  app.add_option("--seq", a.seq_len, "sequence length T")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
+  app.add_option("--batch", a.batch_size, "rows")->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber);
+  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
+  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...)");
+  app.add_option("--lora", a.lora, "LoRA spec (see run --help)");
+  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--out", a.out_dir, "results folder");
+  app.footer("Categories are attributed by the phase that allocated a block and its lifetime (weights & batch: live "
+             "before the first step; gradients: still alive when its step ends; checkpoints / activations: made in the "
+             "forward and alive after it; K/V: StreamBP's K/V recompute; logits / head: the head phases; working set: "
+             "the rest).");
+}
+
+int profile_command(const ProfileArgs& a, const std::string& command_line) {
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  ModelSource source = a.source;
+  if (source.preset.empty() && source.config_file.empty()) source.preset = "qwen3-small";
+  const auto dtype = parse_dtype(a.dtype);
+  const std::uint64_t seed = 0;
+  auto objective = make_objective(a.objective);
+  auto model = build_model(source, dtype, seed);
+  apply_lora(*model, a.lora, "", seed);
+  auto batch = objective->random_batch(model->config(), {a.batch_size, a.seq_len, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, 0});
+  complete_batch(*model, *objective, batch, "random batch", true, "", dtype, seed);
+  objective->prepare(batch, model->config(), "random batch");
+  const auto workload = make_workload(*model, *objective, batch);
+
+  std::vector<std::string> columns = {"objective", "lora", "batch_size", "seq_len", "steps", "peak_bytes",
+                                      "model_peak_bytes", "timeline"};
+  for (const auto* c : kMemoryCategories) columns.push_back(std::string("at_peak: ") + c);
+  ResultsTable table(columns);
+  const auto prov = collect_provenance(command_line);
+  std::filesystem::create_directories(a.out_dir);
+  const auto csv = ResultsTable::new_path(a.out_dir, "profile", prov);
+  const auto stem = csv.stem().string();
+  auto& meter = CpuMemoryMeter::install();
+  for (const auto& spec_text : split_list(a.methods, ';')) {
+    auto method = make_method(spec_text);
+    const auto spec = method->spec();
+    model->zero_grad();
+    meter.reset_peak();
+    const auto before = meter.current_bytes();
+    meter.start_timeline();
+    std::vector<std::size_t> step_ends;
+    for (int s = 0; s < a.steps; ++s) {
+      method->step(*model, *objective, batch);
+      step_ends.push_back(meter.timeline_size());
+      fmt::print(stderr, "  {} step {}/{} done\n", spec, s + 1, a.steps);
+    }
+    const auto events = categorize_timeline(meter.stop_timeline(), before, step_ends);
+    model->zero_grad();
+    // The moment of the peak and what it held.
+    const auto peak = std::max_element(events.begin(), events.end(), [](const auto& x, const auto& y) {
+      return x.current_bytes < y.current_bytes;
+    });
+    const auto name = spec.substr(0, spec.find(':'));
+    const auto timeline = stem + "-" + name;
+    std::ostringstream csv_text, trace_text;
+    write_categorized_csv(events, csv_text);
+    write_categorized_chrome_trace(events, trace_text);
+    write_file_atomically(std::filesystem::path(a.out_dir) / (timeline + ".timeline.csv"), csv_text.str());
+    write_file_atomically(std::filesystem::path(a.out_dir) / (timeline + ".trace.json"), trace_text.str());
+    std::vector<std::string> values = {objective->spec(), model->lora().enabled() ? model->lora().spec() : "",
+                                       std::to_string(a.batch_size), std::to_string(a.seq_len), std::to_string(a.steps),
+                                       std::to_string(peak->current_bytes),
+                                       std::to_string(method->memory_model(workload).total_bytes()), timeline};
+    fmt::print("{:<44} peak {} at {:.2f} s (phase {}):", spec, format_bytes(peak->current_bytes), peak->seconds, peak->phase);
+    for (std::size_t c = 0; c < kMemoryCategories.size(); ++c) {
+      values.push_back(std::to_string(peak->live[c]));
+      fmt::print("  {} {}", kMemoryCategories[c], format_bytes(peak->live[c]));
+    }
+    fmt::print("\n");
+    table.add({source.describe(), spec, dtype_name(dtype), "unchecked", seed, values});
+    table.write_to(csv, prov);
+  }
+  fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json)\n", csv.string(), stem);
+  return 0;
+}
+
+}  // namespace sbp

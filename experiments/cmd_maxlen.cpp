@@ -44,16 +44,10 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const auto dtype = parse_dtype(a.dtype);
   const std::uint64_t seed = 0;
   auto objective = make_objective(a.objective);
-  auto model = build_model(source, dtype, seed);
-  apply_lora(*model, a.lora, "", seed);
-  if (!a.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(a.grad_dtype));
-  const auto& config = model->config();
+  auto model = build_trained_model(source, dtype, a.lora, a.grad_dtype, seed);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_at = [&](std::int64_t T) {
-    auto batch = objective->random_batch(config, {a.batch_size, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, a.group});
-    complete_batch(*model, *objective, batch, "random batch", true, "", dtype, seed);
-    objective->prepare(batch, config, "random batch");
-    return batch;
+    return prepared_random_batch(*model, *objective, a.batch_size, T, a.group, seed);
   };
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   const auto workload_at = [&, base = make_workload(*model, *objective, batch_at(16))](std::int64_t T) {

@@ -41,11 +41,8 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
   const auto dtype = parse_dtype(a.dtype);
   const std::uint64_t seed = 0;
   auto objective = make_objective(a.objective);
-  auto model = build_model(source, dtype, seed);
-  apply_lora(*model, a.lora, "", seed);
-  auto batch = objective->random_batch(model->config(), {a.batch_size, a.seq_len, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, 0});
-  complete_batch(*model, *objective, batch, "random batch", true, "", dtype, seed);
-  objective->prepare(batch, model->config(), "random batch");
+  auto model = build_trained_model(source, dtype, a.lora, "", seed);
+  const auto batch = prepared_random_batch(*model, *objective, a.batch_size, a.seq_len, 0, seed);
   const auto workload = make_workload(*model, *objective, batch);
 
   std::vector<std::string> columns = {"objective", "lora", "batch_size", "seq_len", "steps", "peak_bytes",

@@ -103,10 +103,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   if (methods.empty()) throw std::invalid_argument("--methods: no method given");
   const std::uint64_t seed = 0;
   auto objective = make_objective(plan.objective);
-  auto model = build_model(plan.source, dtype, seed);
-  apply_lora(*model, plan.lora, "", seed);
-  if (!plan.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(plan.grad_dtype));
-  const auto& config = model->config();
+  auto model = build_trained_model(plan.source, dtype, plan.lora, plan.grad_dtype, seed);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto preset = plan.source.describe();
   // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
@@ -168,9 +165,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       for (std::size_t i = 0; i < methods.size(); ++i)
         if (!done.count({specs[i], std::to_string(B), std::to_string(T)})) todo.push_back(i);
       if (todo.empty()) continue;
-      auto batch = objective->random_batch(config, options(B, T));
-      complete_batch(*model, *objective, batch, "random batch", true, "", dtype, seed);
-      objective->prepare(batch, config, "random batch");
+      const auto batch = prepared_random_batch(*model, *objective, B, T, plan.group, seed);
       const auto workload = make_workload(*model, *objective, batch);
       std::map<std::size_t, Measurement> results;
       // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, measured at this point.

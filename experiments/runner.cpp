@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/checkpoint_io.h"
+#include "core/dtype.h"
 #include "core/memory_model.h"
 #include "core/safetensors.h"
 #include "core/streaming.h"
@@ -139,6 +140,23 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   pass.model = reference_pass_memory(workload, kReferenceLayerChunk, kReferenceHeadChunk,
                                      /*separate_weights=*/!ref_dir.empty());
   return pass;
+}
+
+std::unique_ptr<Model> build_trained_model(const ModelSource& source, c10::ScalarType dtype, const std::string& lora,
+                                           const std::string& grad_dtype, std::uint64_t seed) {
+  auto model = build_model(source, dtype, seed);
+  apply_lora(*model, lora, "", seed);
+  if (!grad_dtype.empty()) model->set_grad_dtype(parse_dtype(grad_dtype));
+  return model;
+}
+
+Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
+                            std::int64_t group, std::uint64_t seed) {
+  auto batch = objective.random_batch(model.config(),
+                                      {batch_size, seq_len, 0.0, objective.name() == "sft" ? 0.1 : 0.0, seed, group});
+  complete_batch(model, objective, batch, "random batch", true, "", model.dtype(), seed);
+  objective.prepare(batch, model.config(), "random batch");
+  return batch;
 }
 
 double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n, int repeats) {

@@ -45,6 +45,11 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
 // --lora SPEC and/or --adapter DIR on a freshly built model (nothing when both are empty).
 void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed);
 
+// The model a measuring driver trains: built from `source` in `dtype`, with --lora (empty: none) and --grad-dtype
+// (empty: the dtype) applied.
+std::unique_ptr<Model> build_trained_model(const ModelSource& source, c10::ScalarType dtype, const std::string& lora,
+                                           const std::string& grad_dtype, std::uint64_t seed);
+
 struct ReferencePass {
   bool ran = false;
   double seconds = 0;
@@ -68,6 +73,11 @@ struct Measurement {
   std::vector<PhasePeak> phase_peaks;  // in the same accounting as peak_bytes
   double median_seconds() const;
 };
+
+// A random B x T batch for the drivers' measurements (SFT: the first 10% of each row is prompt; GRPO/DPO draw
+// theirs), its log-probs completed and the objective prepared on it.
+Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
+                            std::int64_t group, std::uint64_t seed);
 
 // Runs warmup + repeats steps. budget_bytes > 0 caps peak_bytes (the step then ends with status "oom").
 Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,

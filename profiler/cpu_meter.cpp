@@ -1,5 +1,7 @@
 #include "profiler/cpu_meter.h"
 
+#include "profiler/chrome_trace.h"
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -205,25 +207,7 @@ void write_timeline_csv(const std::vector<MemoryEvent>& events, std::ostream& ou
 }
 
 void write_timeline_chrome_trace(const std::vector<MemoryEvent>& events, std::ostream& out) {
-  nlohmann::json trace = nlohmann::json::array();
-  std::string phase;
-  double phase_start = 0;
-  auto close_phase = [&](double until) {
-    if (!phase.empty())
-      trace.push_back({{"name", phase}, {"ph", "X"}, {"ts", phase_start * 1e6}, {"dur", (until - phase_start) * 1e6},
-                       {"pid", 1}, {"tid", 1}});
-  };
-  for (const auto& e : events) {
-    trace.push_back({{"name", "cpu live bytes"}, {"ph", "C"}, {"ts", e.seconds * 1e6}, {"pid", 1},
-                     {"args", {{"bytes", e.current_bytes}}}});
-    if (e.phase != phase) {
-      close_phase(e.seconds);
-      phase = e.phase;
-      phase_start = e.seconds;
-    }
-  }
-  if (!events.empty()) close_phase(events.back().seconds);
-  out << nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+  write_counter_chrome_trace(events, [](const MemoryEvent& e) { return nlohmann::json{{"bytes", e.current_bytes}}; }, out);
 }
 
 }  // namespace sbp

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include <nlohmann/json.hpp>
+#include "profiler/chrome_trace.h"
 
 namespace sbp {
 namespace {
@@ -81,26 +81,11 @@ void write_categorized_csv(const std::vector<CategorizedEvent>& events, std::ost
 }
 
 void write_categorized_chrome_trace(const std::vector<CategorizedEvent>& events, std::ostream& out) {
-  nlohmann::json trace = nlohmann::json::array();
-  std::string phase;
-  double phase_start = 0;
-  auto close_phase = [&](double until) {
-    if (!phase.empty())
-      trace.push_back({{"name", phase}, {"ph", "X"}, {"ts", phase_start * 1e6}, {"dur", (until - phase_start) * 1e6},
-                       {"pid", 1}, {"tid", 1}});
-  };
-  for (const auto& e : events) {
+  write_counter_chrome_trace(events, [](const CategorizedEvent& e) {
     nlohmann::json args;
     for (std::size_t c = 0; c < kMemoryCategories.size(); ++c) args[kMemoryCategories[c]] = e.live[c];
-    trace.push_back({{"name", "cpu live bytes"}, {"ph", "C"}, {"ts", e.seconds * 1e6}, {"pid", 1}, {"args", args}});
-    if (e.phase != phase) {
-      close_phase(e.seconds);
-      phase = e.phase;
-      phase_start = e.seconds;
-    }
-  }
-  if (!events.empty()) close_phase(events.back().seconds);
-  out << nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+    return args;
+  }, out);
 }
 
 }  // namespace sbp

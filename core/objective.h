@@ -80,9 +80,11 @@ class Objective {
   // The chunk's terms as a function of its log-probs: token terms + R(S_rest + S_chunk) (see the top of this file).
   at::Tensor chunk_term(const at::Tensor& logp, std::int64_t start) const;
   // Log-probs of the chunk's targets, [B, c], 0 where unscored; differentiable (log_softmax) or, in place, leaving
-  // softmax(logits / temperature) in `logits`.
+  // exp(logits / temperature - row max) in `logits` and, when asked, its row sums ([B*c, 1]) in `row_sum`.
   at::Tensor logps(const at::Tensor& logits, std::int64_t start) const;
-  at::Tensor logps_in_place(at::Tensor& logits, std::int64_t start) const;
+  at::Tensor logps_in_place(at::Tensor& logits, std::int64_t start, at::Tensor* row_sum = nullptr) const;
+  // Rows of the in-place head processed together: about a cache's worth (see logps_in_place).
+  static constexpr std::int64_t kHeadBlockBytes = std::int64_t(2) << 20;
   // [B, c] slice of a [B, T] per-position tensor, as `like`'s dtype.
   static at::Tensor chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like);
 

@@ -1,4 +1,5 @@
 // `streambp run`: one model, one batch, one BP method; prints a summary and writes the JSON record.
+#include <optional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "profiler/cuda_memory.h"
+#include "profiler/op_profile.h"
 
 namespace sbp {
 
@@ -48,6 +50,8 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--save-batch", a.save_batch, "write the batch (safetensors)");
   app.add_option("--json", a.json, "write the run record (JSON)");
   app.add_option("--timeline", a.timeline, "write the memory timeline of the last step: PREFIX.csv and PREFIX.trace.json (Perfetto)");
+  app.add_option("--op-profile", a.op_profile, "write the measured steps' time per outermost ATen op or autograd node "
+                 "(CSV: name, calls, seconds, share of BP time) and print the largest");
   app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: the step fails with status oom above it")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
@@ -130,9 +134,17 @@ int run_command(const RunArgs& a, const std::string& command_line) {
 
   if (!a.timeline.empty())
     for (const auto* ext : {".csv", ".trace.json"}) check_new_output(a.timeline + ext, a.force, "--timeline");
+  if (!a.op_profile.empty()) check_new_output(a.op_profile, a.force, "--op-profile");
   auto& meter = CpuMemoryMeter::install();
   if (!a.timeline.empty()) meter.start_timeline();
+  std::optional<OpProfile> op_profile;
+  if (!a.op_profile.empty()) op_profile.emplace();
   const auto m = measure_method(*model, *method, *objective, batch, a.warmup, a.repeats, a.budget_bytes);
+  std::vector<OpTime> op_times;
+  if (op_profile) {
+    op_times = op_profile->totals();
+    op_profile.reset();
+  }
   if (!a.timeline.empty()) {
     const auto events = meter.stop_timeline();
     std::ostringstream csv, trace;
@@ -140,6 +152,18 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     write_timeline_chrome_trace(events, trace);
     write_file_atomically(a.timeline + ".csv", csv.str());
     write_file_atomically(a.timeline + ".trace.json", trace.str());
+  }
+  if (!a.op_profile.empty()) {
+    // The ops of every step run (warm-up included): shares are of the summed BP time of those steps.
+    double total = 0;
+    for (double s : m.bp_seconds) total += s;
+    if (a.warmup > 0) total = 0;  // warm-up steps are not timed, so no share is given
+    std::ostringstream csv;
+    write_op_profile_csv(op_times, total, csv);
+    write_file_atomically(a.op_profile, csv.str());
+    for (std::size_t i = 0; i < std::min<std::size_t>(op_times.size(), 12); ++i)
+      fmt::print("op        {:<44} {:>8} calls {:>9.3f} s{}\n", op_times[i].name, op_times[i].calls, op_times[i].seconds,
+                 total > 0 ? fmt::format("  {:5.1f}%", 100 * op_times[i].seconds / total) : "");
   }
   std::string cuda_reason;
   const bool cuda = cuda_device_available(&cuda_reason);

@@ -5,6 +5,7 @@
 // the byte budget are rows with status `oom`. Each method's gradient is checked once, in fp64 against standard BP at
 // --check-seq, and the row says so (check_seq, check_batch, check_dtype). The CSV is rewritten atomically after every
 // (B, T) point, so a killed sweep keeps what it finished; --resume FILE continues it, skipping the rows it has.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -168,12 +169,14 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       const auto batch = prepared_random_batch(*model, *objective, B, T, plan.group, seed);
       const auto workload = make_workload(*model, *objective, batch);
       std::map<std::size_t, Measurement> results;
-      // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, measured at this point.
-      const double gemm_rate = gemm_flops_per_second(dtype);
+      // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, sampled right before
+      // every measured step (the speed of a shared machine drifts over minutes); the median sample is the rate.
+      std::vector<double> gemm_samples;
       for (int r = 0; r < plan.repeats; ++r)
         for (const auto i : todo) {
           auto& result = results[i];
           if (result.status == "oom") continue;  // over the budget once: over it every time
+          gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3));
           auto m = measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes);
           finished_work += double(B * T);
           const double eta = finished_work > 0 ? elapsed() / finished_work * (total_work - finished_work) : 0;
@@ -189,6 +192,9 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
           result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
           result.bp_seconds.push_back(m.bp_seconds.at(0));
         }
+      if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3));  // every method oom
+      std::sort(gemm_samples.begin(), gemm_samples.end());
+      const double gemm_rate = gemm_samples[gemm_samples.size() / 2];
       double checkpoint_seconds = 0;
       for (const auto i : todo)
         if (specs[i] == "checkpoint" && results[i].status != "oom") checkpoint_seconds = results[i].median_seconds();

@@ -23,7 +23,7 @@ struct RunArgs {
   std::string batch_file, ref_dir;
   std::string lora, adapter_dir, save_adapter;  // --lora SPEC, --adapter DIR, --save-adapter DIR
   std::uint64_t seed = 0;
-  std::string save_grads, save_model, save_batch, json, timeline;
+  std::string save_grads, save_model, save_batch, json, timeline, op_profile;
   std::int64_t budget_bytes = 0;
   int threads = 0, warmup = 0, repeats = 1;
   bool force = false;

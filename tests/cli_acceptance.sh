@@ -40,3 +40,15 @@ expect_failure "compare against another seed's gradients" "FAILED" \
 grep -q "| stream16 |" verify.txt || fail "verify printed no stream16 row:\n$(cat verify.txt)"
 ls "$WORK"/verify/verify-*.csv >/dev/null || fail "verify wrote no CSV"
 echo "ok: verify --gate"
+
+# --op-profile: the step's time per outermost op, as CSV with shares of the BP time, and the largest ops printed.
+"$STREAMBP" run --preset tiny --seq 64 --method streambp:layer_chunk=16,head_chunk=16 --repeats 2 --op-profile ops.csv > ops.txt
+grep -q "^op  " ops.txt || fail "run --op-profile printed no op lines:\n$(cat ops.txt)"
+python3 - <<'PY'
+import csv
+rows = list(csv.DictReader(open("ops.csv")))
+names = {r["name"] for r in rows}
+assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names or any("PrefixAndDiagonal" in n for n in names), names
+assert all(r["share"] != "" and 0 <= float(r["share"]) <= 1 for r in rows), rows[:3]
+print("ok: op profile with", len(rows), "ops")
+PY

@@ -228,12 +228,17 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   // The block-wise sums and the GEMM dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed
   // precision) come one after the other.
   const auto lm_temporaries = std::max(blocks ? lm_block : 0, z.lm_head_copy());
+  // fp32/fp64 reuse one logits block for every chunk (Model::logits), so it is still there while the final norm's
+  // backward runs: measured 4 [B, c_h, d] blocks beyond dLoss/dh_normed (5 under LoRA, whose moment holds less
+  // else), on tiny at B = 1, 2 in fp32 and fp64.
+  const auto norm_backward = z.s == z.f ? (z.lora ? 5 : 4) * z.B * ch * z.d * z.f : 0;
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
                                            {"lm_head gradient", lm_gradient},
-                                           {"lm_head block or copy", lm_temporaries},
+                                           {"lm_head block or copy, or final norm backward",
+                                           std::max(lm_temporaries, norm_backward)},
                                            {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z) + grad_hn},
                                            {"objective buffers", objective_bytes(w)}}}};
   if (sums_wider)

@@ -46,7 +46,14 @@ struct Sizes {
 // Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + (z.lora ? 1 : 2) * z.s); }
 // The final norm feeds only the LM head, which under LoRA is frozen and keeps nothing: only the saved input stays.
-std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z) { return z.lora ? width * z.f : norm_bytes(width, z); }
+// input_kept: the norm's input is a checkpoint (checkpointing's and the streamed heads' H[L]); in fp32/fp64 its saved
+// compute-dtype input is that checkpoint itself (`x.to(fp32)` is `x`), counted with the checkpoints already.
+// output_held: the caller holds the normed output (the streamed head keeps it for the lm_head's backward), which under
+// LoRA no autograd node saves.
+std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z, bool input_kept, bool output_held = false) {
+  return (z.lora ? width * (z.f + (output_held ? z.s : 0)) : norm_bytes(width, z)) -
+         (input_kept && z.f == z.s ? width * z.f : 0);
+}
 
 // Cross-entropy over c positions at its worst moment (log-softmax backward): the saved log-softmax output, the
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
@@ -152,7 +159,7 @@ MemoryEstimate standard_memory(const Workload& w) {
                       {{"weights", z.weights},
                        {"weight copies (compute dtype)", z.all_copies()},
                        {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w)},
-                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
+                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z, false)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
   if (z.lora) return head;  // the frozen embedding has no backward
@@ -177,7 +184,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                       {{"weights", z.weights},
                        {"lm_head copy (compute dtype)", z.lm_head_copy()},
                        {"checkpoints", (z.L + 1) * btd},
-                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
+                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z, true)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
   // Re-forward of a layer, then its backward: first the MLP's (every activation of the layer saved), then the
@@ -225,21 +232,20 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const bool blocks = z.f > z.s && z.lm_grad > 0, sums_wider = z.f > z.g && z.lm_grad > 0;
   const auto lm_block = std::min(Model::kLmHeadRows, z.V) * z.d * (z.s + z.f);
   const auto lm_gradient = z.lm_grad * (sums_wider ? z.f / z.g : 1);
-  // The block-wise sums and the GEMM dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed
-  // precision) come one after the other.
-  const auto lm_temporaries = std::max(blocks ? lm_block : 0, z.lm_head_copy());
   // fp32/fp64 reuse one logits block for every chunk (Model::logits), so it is still there while the final norm's
   // backward runs: measured 4 [B, c_h, d] blocks beyond dLoss/dh_normed (5 under LoRA, whose moment holds less
   // else), on tiny at B = 1, 2 in fp32 and fp64.
   const auto norm_backward = z.s == z.f ? (z.lora ? 5 : 4) * z.B * ch * z.d * z.f : 0;
+  // While the chunk's logits are alive, one after the other: the block-wise lm_head sums (bf16), the GEMM
+  // dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed precision), the final norm's backward.
+  const auto head_work = std::max({blocks ? lm_block : 0, grad_hn + z.lm_head_copy(), grad_hn + norm_backward});
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
                                            {"lm_head gradient", lm_gradient},
-                                           {"lm_head block or copy, or final norm backward",
-                                           std::max(lm_temporaries, norm_backward)},
-                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z) + grad_hn},
+                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z, true, true)},
+                                           {"head GEMMs or final norm backward", head_work},
                                            {"objective buffers", objective_bytes(w)}}}};
   if (sums_wider)
     moments.push_back({"lm_head gradient commit",
@@ -292,8 +298,13 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // merge dtype (measured: the model was 6% under the meter on tiny fp64 at T = 1024 without them, once dL/dH in and
   // out became one buffer).
   const auto attention_backward = 2 * z.B * c * w.config.q_width() * z.f;
-  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w, true) + mlp_backward_bytes(w, z.B * c),
-                              z.B * c * attention_activation_bytes_per_token(w, true) + block_gradients + attention_backward);
+  // A chunk's graph has no K/V path: K and V are constants of it (recomputed in step 3), so the k projection's normed
+  // and rotated copies and v are not among its saved activations.
+  const auto& cfg = w.config;
+  const auto no_kv_path = cfg.kv_width() * ((cfg.qk_norm ? z.f + (z.lora ? 1 : 2) * z.s : z.s) + z.s);
+  const auto attention_saved = attention_activation_bytes_per_token(w, true) - no_kv_path;
+  const auto chunk = std::max(z.B * c * (attention_saved + mlp_activation_bytes_per_token(w)) + mlp_backward_bytes(w, z.B * c),
+                              z.B * c * attention_saved + block_gradients + attention_backward);
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",

@@ -298,13 +298,8 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // merge dtype (measured: the model was 6% under the meter on tiny fp64 at T = 1024 without them, once dL/dH in and
   // out became one buffer).
   const auto attention_backward = 2 * z.B * c * w.config.q_width() * z.f;
-  // A chunk's graph has no K/V path: K and V are constants of it (recomputed in step 3), so the k projection's normed
-  // and rotated copies and v are not among its saved activations.
-  const auto& cfg = w.config;
-  const auto no_kv_path = cfg.kv_width() * ((cfg.qk_norm ? z.f + (z.lora ? 1 : 2) * z.s : z.s) + z.s);
-  const auto attention_saved = attention_activation_bytes_per_token(w, true) - no_kv_path;
-  const auto chunk = std::max(z.B * c * (attention_saved + mlp_activation_bytes_per_token(w)) + mlp_backward_bytes(w, z.B * c),
-                              z.B * c * attention_saved + block_gradients + attention_backward);
+  const auto chunk = std::max(z.B * c * layer_activation_bytes_per_token(w, true) + mlp_backward_bytes(w, z.B * c),
+                              z.B * c * attention_activation_bytes_per_token(w, true) + block_gradients + attention_backward);
   auto moments = streamed_head_moments(w, head_chunk);
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",

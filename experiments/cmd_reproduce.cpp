@@ -75,7 +75,7 @@ const std::vector<Reproduction>& reproductions() {
         "sweep seq --preset qwen3-small --seq 256,1024 --batch 4,8 --methods " + kGridMethods + kGridTail,
         "sweep seq --preset qwen3-small --dtype bf16 --seq 64,512,2048 --methods " + kGridMethods + kGridTail,
         "sweep seq --preset qwen3-small-mha --seq 512,4096 --methods " + kGridMethods + kGridTail,
-        "sweep seq --preset qwen3-0.6b --seq 64,1024,4096 --methods " + kGridMethods + kGridTail}},
+        "sweep seq --preset qwen3-0.6b --seq 64,1024,2048 --methods " + kGridMethods + kGridTail}},
   };
   return table;
 }

@@ -273,7 +273,7 @@ TEST_CASE("the analytic memory models match the measured peaks within 4 percent"
   // Two tiny but not trivial workloads, one per kind of peak: with V = 4096 and T = 512 the logits dominate (the
   // head-backward moment, as with the real vocabulary); with V = 512 and T = 2048 the layer backward does. fp32, fp64
   // and bf16 (fp32 sums of streamed gradients, fp32 logits), GQA and MHA. Measured/analytic on this grid (torch
-  // 2.14.1, 2 threads): 0.968 to 1.033, the two ends StreamBP's layer moment with 64-token chunks (issue #9 asks 3%;
+  // 2.14.1, 2 threads): 0.96 to 1.03, the low end StreamBP's layer moment with 64-token chunks (issue #9 asks 3%;
   // results/grid has the wider grid). Not checked here: an MHA config with d = 256, head_dim = 64 at T = 1024 (StreamBP
   // with 64-token chunks and checkpointing under LoRA were +5.4-5.8% before the final-norm fix).
   struct Shape {

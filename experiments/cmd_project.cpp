@@ -48,7 +48,7 @@ struct ErrorRange {
   double low = 1, high = 1;
   int runs = 0;
 };
-std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>& dirs) {
+std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>& dirs, const std::string& prefix) {
   std::map<std::string, ErrorRange> out;
   for (const auto& dir : dirs) {
     if (!std::filesystem::is_directory(dir))
@@ -63,7 +63,7 @@ std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>
       }
       for (const auto& row : table.rows()) {
         const auto ratio = table.value(row, "peak_over_model");
-        if (ratio.empty() || row.status == "oom") continue;
+        if (ratio.empty() || row.status == "oom" || row.preset.rfind(prefix, 0) != 0) continue;
         auto& r = out[row.method.substr(0, row.method.find(':'))];
         const double x = std::stod(ratio);
         r.low = r.runs == 0 ? x : std::min(r.low, x);
@@ -120,6 +120,8 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--lora-rank", a.lora_rank, "LoRA rank of the paper's LoRA columns")->check(CLI::PositiveNumber);
   app.add_option("--errors", a.error_dirs, "folders of measured runs (CSV with peak_over_model): the error bars "
                  "(default: results/grid when it exists, from `streambp reproduce memory-grid`)");
+  app.add_option("--error-presets", a.error_presets, "only runs whose preset starts with this (default qwen3: the real "
+                 "vocabulary, as in the projected models; \"\" for every run)");
   app.add_option("--out", a.out_dir, "results folder");
 }
 
@@ -130,7 +132,7 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
                                                                     {"streambp", "streambp:layer_chunk=500,head_chunk=100"}};
   auto error_dirs = a.error_dirs;
   if (error_dirs.empty() && std::filesystem::is_directory("results/grid")) error_dirs.push_back("results/grid");
-  const auto errors = measured_errors(error_dirs);
+  const auto errors = measured_errors(error_dirs, a.error_presets);
   ResultsTable table({"objective", "lora", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
                       "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper"});
   fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n",
@@ -139,7 +141,7 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     fmt::print("no error bars: no measured runs (give --errors DIR, or run `streambp reproduce memory-grid`)\n\n");
   else
     fmt::print("error bar: T* under budget / max(measured/model) .. budget / min(measured/model), over the CPU runs "
-               "in {}\n\n", fmt::join(error_dirs, ", "));
+               "in {} whose preset starts with '{}'\n\n", fmt::join(error_dirs, ", "), a.error_presets);
   for (const auto& o : kObjectives) {
     auto objective = make_objective(o.spec);
     const std::string name = o.spec;

@@ -92,6 +92,7 @@ struct ProjectArgs {
   std::string out_dir = "results/projection";
   // Folders of measured runs (peak / model): the projections' error bars. Empty: results/grid when it exists.
   std::vector<std::string> error_dirs;
+  std::string error_presets = "qwen3";  // the runs that count: presets starting with this
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);

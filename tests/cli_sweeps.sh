@@ -106,7 +106,7 @@ echo "ok: profile"
 # project: the memory models at the paper's Table 3 settings, SFT/GRPO/DPO, with error bars from measured runs (here
 # the small sweep above): every projection row of a measured method has its range (T* under the budget divided by
 # the largest and by the smallest measured / modelled peak).
-"$STREAMBP" project --errors out --out "$WORK/projection" > project.txt || fail "project failed:\n$(cat project.txt)"
+"$STREAMBP" project --errors out --error-presets tiny --out "$WORK/projection" > project.txt || fail "project failed:\n$(cat project.txt)"
 grep -q "### grpo" project.txt && grep -q "### dpo" project.txt || fail "project printed no GRPO/DPO tables:\n$(cat project.txt)"
 python3 - "$WORK/projection" <<'PY'
 import csv, glob, sys

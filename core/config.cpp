@@ -47,10 +47,19 @@ ModelConfig qwen3_small() {
   return c;
 }
 
+// Multi-head twins (as many K/V heads as query heads) of the two CPU presets: the memory models' MHA grid points.
+ModelConfig with_mha(ModelConfig c, const std::string& name) {
+  c.name = name;
+  c.num_key_value_heads = c.num_attention_heads;
+  return c;
+}
+
 const std::map<std::string, ModelConfig (*)()>& presets() {
   static const std::map<std::string, ModelConfig (*)()> table = {
       {"tiny", tiny},
+      {"tiny-mha", [] { return with_mha(tiny(), "tiny-mha"); }},
       {"qwen3-small", qwen3_small},
+      {"qwen3-small-mha", [] { return with_mha(qwen3_small(), "qwen3-small-mha"); }},
       {"qwen3-0.6b", [] { return qwen3("qwen3-0.6b", 1024, 3072, 28, 16, true); }},
       {"qwen3-1.7b", [] { return qwen3("qwen3-1.7b", 2048, 6144, 28, 16, true); }},
       {"qwen3-4b", [] { return qwen3("qwen3-4b", 2560, 9728, 36, 32, true); }},

@@ -46,7 +46,14 @@ struct Sizes {
 // Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + (z.lora ? 1 : 2) * z.s); }
 // The final norm feeds only the LM head, which under LoRA is frozen and keeps nothing: only the saved input stays.
-std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z) { return z.lora ? width * z.f : norm_bytes(width, z); }
+// input_kept: the norm's input is a checkpoint (checkpointing's and the streamed heads' H[L]); in fp32/fp64 its saved
+// compute-dtype input is that checkpoint itself (`x.to(fp32)` is `x`), counted with the checkpoints already.
+// output_held: the caller holds the normed output (the streamed head keeps it for the lm_head's backward), which under
+// LoRA no autograd node saves.
+std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z, bool input_kept, bool output_held = false) {
+  return (z.lora ? width * (z.f + (output_held ? z.s : 0)) : norm_bytes(width, z)) -
+         (input_kept && z.f == z.s ? width * z.f : 0);
+}
 
 // Cross-entropy over c positions at its worst moment (log-softmax backward): the saved log-softmax output, the
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
@@ -152,7 +159,7 @@ MemoryEstimate standard_memory(const Workload& w) {
                       {{"weights", z.weights},
                        {"weight copies (compute dtype)", z.all_copies()},
                        {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w)},
-                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
+                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z, false)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
   if (z.lora) return head;  // the frozen embedding has no backward
@@ -170,6 +177,10 @@ MemoryEstimate standard_memory(const Workload& w) {
   return largest({head, end});
 }
 
+namespace {
+MemoryEstimate embedding_moment(const Workload& w);
+}  // namespace
+
 MemoryEstimate checkpoint_memory(const Workload& w) {
   const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
@@ -177,7 +188,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                       {{"weights", z.weights},
                        {"lm_head copy (compute dtype)", z.lm_head_copy()},
                        {"checkpoints", (z.L + 1) * btd},
-                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z)},
+                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z, true)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
   // Re-forward of a layer, then its backward: first the MLP's (every activation of the layer saved), then the
@@ -200,6 +211,18 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
     moments.push_back(mlp);
     moments.push_back(attention);
   }
+  // Short sequences: the lm_head's weight gradient, a bf16 GEMM of [V, d] output that this CPU (no AVX512-BF16) first
+  // fills in an fp32 buffer (qwen3-small bf16, T = 64: 661 MiB measured, 395 MiB modelled without it); then the end
+  // of the step, when every gradient exists.
+  if (z.s < z.f && z.g == z.s && z.lm_grad > 0)
+    moments.push_back({"lm_head gradient GEMM",
+                       {{"weights", z.weights},
+                        {"checkpoints", (z.L + 1) * btd},
+                        {"final norm", z.B * z.T * final_norm_bytes(z.d, z, true)},
+                        {"logits gradient (model dtype)", z.B * z.T * z.V * z.s},
+                        {"lm_head gradient + its fp32 GEMM buffer", z.lm_grad + z.V * z.d * z.f},
+                        {"objective buffers", objective_bytes(w)}}});
+  moments.push_back(embedding_moment(w));
   return largest(moments);
 }
 
@@ -225,16 +248,20 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const bool blocks = z.f > z.s && z.lm_grad > 0, sums_wider = z.f > z.g && z.lm_grad > 0;
   const auto lm_block = std::min(Model::kLmHeadRows, z.V) * z.d * (z.s + z.f);
   const auto lm_gradient = z.lm_grad * (sums_wider ? z.f / z.g : 1);
-  // The block-wise sums and the GEMM dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed
-  // precision) come one after the other.
-  const auto lm_temporaries = std::max(blocks ? lm_block : 0, z.lm_head_copy());
+  // fp32/fp64 reuse one logits block for every chunk (Model::logits), so it is still there while the final norm's
+  // backward runs: measured 4 [B, c_h, d] blocks beyond dLoss/dh_normed (5 under LoRA, whose moment holds less
+  // else), on tiny at B = 1, 2 in fp32 and fp64.
+  const auto norm_backward = z.s == z.f ? (z.lora ? 5 : 4) * z.B * ch * z.d * z.f : 0;
+  // While the chunk's logits are alive, one after the other: the block-wise lm_head sums (bf16), the GEMM
+  // dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed precision), the final norm's backward.
+  const auto head_work = std::max({blocks ? lm_block : 0, grad_hn + z.lm_head_copy(), grad_hn + norm_backward});
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
                                            {"dL/dH", btd},
                                            {"lm_head gradient", lm_gradient},
-                                           {"lm_head block or copy", lm_temporaries},
-                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z) + grad_hn},
+                                           {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z, true, true)},
+                                           {"head GEMMs or final norm backward", head_work},
                                            {"objective buffers", objective_bytes(w)}}}};
   if (sums_wider)
     moments.push_back({"lm_head gradient commit",

@@ -350,8 +350,21 @@ at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const { return m
 
 at::Tensor Model::final_norm(const at::Tensor& h) const { return rms_norm(h, norm_); }
 
-at::Tensor Model::logits(const at::Tensor& h_normed) const {
-  return at::linear(h_normed, compute(lm_head_)).to(compute_dtype(dtype_));
+at::Tensor Model::logits(const at::Tensor& h_normed, at::Tensor* buffer) const {
+  const auto out_dtype = compute_dtype(dtype_);
+  // bf16: the product is widened into a new block (copying it into the buffer made a transient fp32 copy as large,
+  // and the emulated bf16 GEMM dwarfs the page faults anyway).
+  if (buffer == nullptr || dtype_ != out_dtype) return at::linear(h_normed, compute(lm_head_)).to(out_dtype);
+  auto sizes = h_normed.sizes().vec();
+  sizes.back() = lm_head_.size(0);
+  const auto rows = h_normed.numel() / h_normed.size(-1), n = rows * lm_head_.size(0);
+  if (!buffer->defined() || buffer->numel() < n) {
+    buffer->reset();  // the old block goes first: never two at once
+    *buffer = at::empty({n}, h_normed.options().dtype(out_dtype));
+  }
+  auto out = buffer->narrow(0, 0, n).view({rows, lm_head_.size(0)});
+  at::mm_out(out, h_normed.reshape({rows, h_normed.size(-1)}), lm_head_.t());
+  return out.view(sizes);
 }
 
 at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const {

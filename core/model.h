@@ -110,7 +110,10 @@ class Model {
   at::Tensor mlp_block(int layer, const at::Tensor& h_mid) const;
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
   // Logits in compute_dtype (fp32 for bf16/fp32 models, like HF's loss upcast; fp64 stays fp64). [B, c, V]
-  at::Tensor logits(const at::Tensor& h_normed) const;
+  // With `buffer` (fp32/fp64 models): written into that block (grown when too small) and returned as a view of it,
+  // so a streamed head reuses one block for every chunk (a fresh 600 MB block per chunk costs ~0.15 s of page
+  // faults on qwen3-small).
+  at::Tensor logits(const at::Tensor& h_normed, at::Tensor* buffer = nullptr) const;
   // Backward of logits(h_normed) by hand, for a streamed head: adds dLoss/dW = grad^T · h_normed into `lm_sum`
   // ([V, d], created on the first chunk; fp32 for a bf16 model, see ChunkGradients) inside one GEMM (addmm, beta = 1:
   // no [V, d] temporary for fp32/fp64) and returns dLoss/dh_normed = grad · W. Nothing is summed when the lm_head is

@@ -1,14 +1,21 @@
 // `streambp project`: the analytic memory models evaluated at the paper's Table 3 settings (Qwen3-4B/8B/14B/32B,
-// bf16, batch 1, layer partition 500 and logits partition 100, LoRA rank 32 in mixed precision, one 80 GB GPU): the
-// largest T whose modelled peak fits, per method, beside the paper's measured maximum. These are projections of the
-// CPU-measured models (held to a few percent of the CPU meter on small models), not GPU measurements: a GPU run also
-// holds the CUDA context, the caching allocator's fragmentation and the kernels' workspaces, which the models leave
-// out. SFT only: the paper's GRPO and DPO rows are for column sets it does not label unambiguously.
+// bf16, layer partition 500 and logits partition 100, LoRA rank 32 in mixed precision, one 80 GB GPU; SFT and DPO at
+// batch 1 pair, GRPO with a group of 8): the largest T whose modelled peak fits, per method and objective, beside the
+// paper's measured maximum where its table labels it. Each projection carries an error bar: the range of measured /
+// modelled peak over every CPU run in the --errors folders (results/grid by default), applied to the budget. These are
+// projections of the CPU-measured models, not GPU measurements: a GPU run also holds the CUDA context, the caching
+// allocator's fragmentation and the kernels' workspaces, which the models leave out.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "baselines/methods.h"
 #include "core/config.h"
+#include "core/objective.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 
@@ -20,17 +27,64 @@ struct Setting {
   bool lora;
   double standard, checkpoint, streambp;  // the paper's Table 3, SFT, thousands of tokens
 };
-// Table 3 (SFT): baseline without checkpointing, with checkpointing, StreamBP.
+// Table 3 (SFT): baseline without checkpointing, with checkpointing, StreamBP. The paper's GRPO and DPO rows have 4
+// and 5 entries under these 6 columns without saying which: they are printed as the paper gives them, not paired.
 constexpr Setting kSettings[] = {{"qwen3-4b", false, 7.0, 28.5, 200.0},  {"qwen3-4b", true, 7.1, 36.5, 247.0},
                                  {"qwen3-8b", false, 3.4, 15.7, 72.0},   {"qwen3-8b", true, 5.1, 30.6, 142.4},
                                  {"qwen3-14b", true, 2.9, 23.0, 84.6},   {"qwen3-32b", true, 0.4, 5.9, 16.3}};
+constexpr const char* kPaperGrpo = "w/o ckpt 0.9/1.0/0.7/0.4, w/ ckpt 8.5/12.1/9.5/6.9, StreamBP 18.2/27.5/16.5/10.1";
+constexpr const char* kPaperDpo =
+    "w/o ckpt 3.1/3.5/2.5/1.4/0.2, w/ ckpt 18.7/32.2/25.5/18.5/4.4, StreamBP 57.2/100.2/60.9/36.9/7.8";
+
+struct ObjectiveSetting {
+  const char* spec;
+  std::int64_t batch;  // GRPO: the group of 8 completions; DPO: one chosen + rejected pair
+};
+constexpr ObjectiveSetting kObjectives[] = {{"sft", 1}, {"grpo", 8}, {"dpo", 2}};
+
+// Measured / modelled peak over the runs in `dirs`, per method family (the spec's name: standard, checkpoint, mst,
+// streambp). Files that are not results tables, and rows without both numbers (oom, older formats), are skipped.
+struct ErrorRange {
+  double low = 1, high = 1;
+  int runs = 0;
+};
+std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>& dirs, const std::string& prefix) {
+  std::map<std::string, ErrorRange> out;
+  for (const auto& dir : dirs) {
+    if (!std::filesystem::is_directory(dir))
+      throw std::invalid_argument("--errors " + dir + ": no such folder (run `streambp reproduce memory-grid` first)");
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+      if (entry.path().extension() != ".csv") continue;
+      ResultsTable table({});
+      try {
+        table = ResultsTable::read(entry.path());
+      } catch (const std::exception&) {
+        continue;
+      }
+      for (const auto& row : table.rows()) {
+        const auto ratio = table.value(row, "peak_over_model");
+        if (ratio.empty() || row.status == "oom" || row.preset.rfind(prefix, 0) != 0) continue;
+        auto& r = out[row.method.substr(0, row.method.find(':'))];
+        const double x = std::stod(ratio);
+        r.low = r.runs == 0 ? x : std::min(r.low, x);
+        r.high = r.runs == 0 ? x : std::max(r.high, x);
+        ++r.runs;
+      }
+    }
+  }
+  return out;
+}
 
 // The workload of a Table 3 run: bf16, batch 1, SFT; LoRA: rank r on all linear layers, fp32 adapters (mixed
 // precision, as PEFT keeps them) on a frozen bf16 base.
-Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank) {
+Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank, const Objective& objective,
+                        std::int64_t batch) {
   Workload w;
   w.config = c;
   w.dtype = c10::kBFloat16;
+  w.batch_size = batch;
+  w.objective_bytes_per_token = objective.buffer_bytes_per_token();
+  w.statistics_pass = objective.needs_statistics();  // DPO: the streamed head's pass over the row sums
   w.threads = 1;  // the CPU kernels' per-thread scratch is not a GPU term
   if (lora) {
     const auto d = c.hidden_size, q = c.q_width(), kv = c.kv_width(), I = c.intermediate_size;
@@ -64,34 +118,69 @@ std::int64_t model_max_seq(const BackpropMethod& method, Workload w, std::int64_
 void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--budget-bytes", a.budget_bytes, "device memory (default 80e9: the A800's 80 GB)")->check(CLI::PositiveNumber);
   app.add_option("--lora-rank", a.lora_rank, "LoRA rank of the paper's LoRA columns")->check(CLI::PositiveNumber);
+  app.add_option("--errors", a.error_dirs, "folders of measured runs (CSV with peak_over_model): the error bars "
+                 "(default: results/grid when it exists, from `streambp reproduce memory-grid`)");
+  app.add_option("--error-presets", a.error_presets, "only runs whose preset starts with this (default qwen3: the real "
+                 "vocabulary, as in the projected models; \"\" for every run)");
   app.add_option("--out", a.out_dir, "results folder");
 }
 
 int project_command(const ProjectArgs& a, const std::string& command_line) {
-  const std::vector<std::pair<std::string, std::string>> methods = {
-      {"standard", "standard"}, {"checkpoint", "checkpoint"}, {"streambp", "streambp:layer_chunk=500,head_chunk=100"}};
-  ResultsTable table({"objective", "lora", "batch_size", "budget_bytes", "model_max_seq", "paper_max_seq",
-                      "model_over_paper"});
-  fmt::print("Table 3 (SFT), projected by the analytic memory models: maximum T under {:.0f} GB, bf16, B = 1\n\n",
+  const std::vector<std::pair<std::string, std::string>> methods = {{"standard", "standard"},
+                                                                    {"checkpoint", "checkpoint"},
+                                                                    {"mst", "mst"},
+                                                                    {"streambp", "streambp:layer_chunk=500,head_chunk=100"}};
+  auto error_dirs = a.error_dirs;
+  if (error_dirs.empty() && std::filesystem::is_directory("results/grid")) error_dirs.push_back("results/grid");
+  const auto errors = measured_errors(error_dirs, a.error_presets);
+  ResultsTable table({"objective", "lora", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
+                      "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper"});
+  fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n",
              double(a.budget_bytes) / 1e9);
-  fmt::print("| model | method | projected T* | paper T* | projected / paper |\n|---|---|---|---|---|\n");
-  for (const auto& s : kSettings) {
-    const auto config = preset_config(s.preset);
-    const auto w = paper_workload(config, s.lora, a.lora_rank);
-    const std::string name = std::string(s.preset) + (s.lora ? " LoRA" : " full");
-    for (const auto& [label, spec] : methods) {
-      const double paper = 1000 * (label == "standard" ? s.standard : label == "checkpoint" ? s.checkpoint : s.streambp);
-      auto method = make_method(spec);
-      const auto T = model_max_seq(*method, w, a.budget_bytes, std::int64_t(1) << 24);
-      fmt::print("| {} | {} | {:.1f}k | {:.1f}k | {:.2f} |\n", name, method->spec(), T / 1000.0, paper / 1000.0, T / paper);
-      table.add({s.preset, method->spec(), s.lora ? "bf16-mixed" : "bf16", "projection", 0,
-                 {"sft", s.lora ? fmt::format("rank={},targets=all-linear", a.lora_rank) : "", "1",
-                  std::to_string(a.budget_bytes), std::to_string(T), fmt::format("{:.0f}", paper),
-                  fmt::format("{:.4f}", T / paper)}});
+  if (error_dirs.empty())
+    fmt::print("no error bars: no measured runs (give --errors DIR, or run `streambp reproduce memory-grid`)\n\n");
+  else
+    fmt::print("error bar: T* under budget / max(measured/model) .. budget / min(measured/model), over the CPU runs "
+               "in {} whose preset starts with '{}'\n\n", fmt::join(error_dirs, ", "), a.error_presets);
+  for (const auto& o : kObjectives) {
+    auto objective = make_objective(o.spec);
+    const std::string name = o.spec;
+    fmt::print("### {} (B = {}{})\n\n", name, o.batch, name == "grpo" ? ", a group of 8" : name == "dpo" ? ": one pair" : "");
+    if (name == "grpo") fmt::print("paper (columns unlabelled): {}\n\n", kPaperGrpo);
+    if (name == "dpo") fmt::print("paper (columns unlabelled): {}\n\n", kPaperDpo);
+    fmt::print("| model | method | projected T* | error bar | paper T* | projected / paper |\n|---|---|---|---|---|---|\n");
+    for (const auto& s : kSettings) {
+      const auto config = preset_config(s.preset);
+      const auto w = paper_workload(config, s.lora, a.lora_rank, *objective, o.batch);
+      const std::string model_name = std::string(s.preset) + (s.lora ? " LoRA" : " full");
+      for (const auto& [label, spec] : methods) {
+        const double paper = name != "sft" || label == "mst" ? 0
+                             : 1000 * (label == "standard" ? s.standard : label == "checkpoint" ? s.checkpoint : s.streambp);
+        auto method = make_method(spec);
+        const std::int64_t hi = std::int64_t(1) << 24;
+        const auto T = model_max_seq(*method, w, a.budget_bytes, hi);
+        std::string low, high, bar = "-";
+        const auto e = errors.find(label);
+        if (e != errors.end()) {
+          const auto t_low = model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.high), hi);
+          const auto t_high = model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.low), hi);
+          low = std::to_string(t_low);
+          high = std::to_string(t_high);
+          bar = fmt::format("{:.1f}k-{:.1f}k ({} runs)", t_low / 1000.0, t_high / 1000.0, e->second.runs);
+        }
+        fmt::print("| {} | {} | {:.1f}k | {} | {} | {} |\n", model_name, method->spec(), T / 1000.0, bar,
+                   paper > 0 ? fmt::format("{:.1f}k", paper / 1000.0) : "-", paper > 0 ? fmt::format("{:.2f}", T / paper) : "-");
+        table.add({s.preset, method->spec(), s.lora ? "bf16-mixed" : "bf16", "projection", 0,
+                   {objective->spec(), s.lora ? fmt::format("rank={},targets=all-linear", a.lora_rank) : "",
+                    std::to_string(o.batch), std::to_string(a.budget_bytes), std::to_string(T), low, high,
+                    e != errors.end() ? std::to_string(e->second.runs) : "",
+                    paper > 0 ? fmt::format("{:.0f}", paper) : "", paper > 0 ? fmt::format("{:.4f}", T / paper) : ""}});
+      }
     }
+    fmt::print("\n");
   }
   const auto csv = table.write(a.out_dir, "project", collect_provenance(command_line));
-  fmt::print("\nresults: {}\n", csv.string());
+  fmt::print("results: {}\n", csv.string());
   return 0;
 }
 

@@ -22,6 +22,13 @@ struct Reproduction {
   std::vector<std::string> commands;  // arguments of this binary, one run each
 };
 
+// The memory grid's methods: every method at its defaults, and StreamBP with chunks that split tiny's short sequences.
+const std::string kGridMethods = "standard;checkpoint;mst;streambp;streambp:layer_chunk=500,head_chunk=100";
+const std::string kGridMethodsTiny = "standard;checkpoint;mst:mini_seq=64;streambp;streambp:layer_chunk=128,head_chunk=64";
+// One run per point, no gradient check (the exactness tests cover these shapes), a budget that turns the largest
+// standard/checkpoint points into oom rows instead of filling the machine.
+const std::string kGridTail = " --repeats 1 --check-seq 0 --budget-bytes 12884901888 --out results/grid";
+
 const std::vector<Reproduction>& reproductions() {
   static const std::vector<Reproduction> table = {
       {"table1", "Table 1: BP seconds of checkpointing, MsT, StreamBP; Qwen3-4B bf16, T = 6k..27k, A800",
@@ -53,6 +60,22 @@ const std::vector<Reproduction>& reproductions() {
        "qwen3-small fp32, T = 4096, layer chunks 256..1366 x head chunks 256 and 1024",
        {"sweep partition --preset qwen3-small --seq 4096 --layer-chunks 256,512,1024,1366 --head-chunks 256,1024 "
         "--repeats 1 --check-seq 0 --out results/fig5"}},
+      {"memory-grid", "(not a paper table) the analytic memory models against the meter: the error bars of `project`",
+       "tiny and qwen3-small (GQA and their -mha twins), qwen3-0.6b; T = 64..16384, B = 1..8, fp32, bf16, bf16-mixed "
+       "and LoRA; every method; one run per point, no timing claims (--repeats 1), over-budget points recorded as oom",
+       {"sweep seq --preset tiny --seq 64,256,1024,4096 --batch 1,8 --methods " + kGridMethodsTiny + kGridTail,
+        "sweep seq --preset tiny --seq 16384 --batch 1,8 --methods standard;checkpoint;mst;streambp" + kGridTail,
+        "sweep seq --preset tiny --dtype bf16 --seq 64,1024,4096 --batch 1,8 --methods " + kGridMethodsTiny + kGridTail,
+        "sweep seq --preset tiny-mha --seq 64,1024,4096 --batch 1,8 --methods " + kGridMethodsTiny + kGridTail,
+        "sweep seq --preset tiny-mha --dtype bf16 --seq 64,1024,4096 --batch 1,8 --methods " + kGridMethodsTiny + kGridTail,
+        "sweep seq --preset tiny --lora rank=8 --seq 64,1024,4096 --batch 1,4 --methods " + kGridMethodsTiny + kGridTail,
+        "sweep seq --preset tiny --dtype bf16 --grad-dtype fp32 --lora rank=8 --seq 64,1024,4096 --batch 1,4 --methods " +
+            kGridMethodsTiny + kGridTail,
+        "sweep seq --preset qwen3-small --seq 64,512,2048,8192 --methods " + kGridMethods + kGridTail,
+        "sweep seq --preset qwen3-small --seq 256,1024 --batch 4,8 --methods " + kGridMethods + kGridTail,
+        "sweep seq --preset qwen3-small --dtype bf16 --seq 64,512,2048 --methods " + kGridMethods + kGridTail,
+        "sweep seq --preset qwen3-small-mha --seq 512,4096 --methods " + kGridMethods + kGridTail,
+        "sweep seq --preset qwen3-0.6b --seq 64,1024,2048 --methods " + kGridMethods + kGridTail}},
   };
   return table;
 }

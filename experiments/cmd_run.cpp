@@ -19,7 +19,7 @@
 namespace sbp {
 
 void add_run_options(CLI::App& app, RunArgs& a) {
-  app.add_option("--preset", a.source.preset, "named model preset (tiny, qwen3-small, qwen3-0.6b ... qwen3-32b)");
+  app.add_option("--preset", a.source.preset, "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b)");
   app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
   app.add_option("--load", a.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
   app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();

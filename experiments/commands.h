@@ -90,6 +90,9 @@ int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
 struct ProjectArgs {
   std::int64_t budget_bytes = 80'000'000'000, lora_rank = 32;
   std::string out_dir = "results/projection";
+  // Folders of measured runs (peak / model): the projections' error bars. Empty: results/grid when it exists.
+  std::vector<std::string> error_dirs;
+  std::string error_presets = "qwen3";  // the runs that count: presets starting with this
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);

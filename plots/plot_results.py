@@ -165,6 +165,39 @@ def plot_verify(csv_path: Path):
     return out
 
 
+def plot_grid(folder: Path):
+    """The memory grid (`reproduce memory-grid`): measured / modelled peak of every run, by T, one panel per dtype."""
+    rows = []
+    for f in sorted(folder.glob("seq-*.csv")):
+        rows += [r for r in csv.DictReader(open(f)) if r.get("peak_over_model")]
+    if not rows:
+        return None
+    out = folder / (sorted(folder.glob("seq-*.csv"))[-1].stem.replace("seq-", "grid-") + ".png")
+    if out.exists():
+        return None
+    dtypes = sorted({r["dtype"] + (" LoRA" if r.get("lora") else "") for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.2 * len(dtypes), 3.6), sharey=True, squeeze=False)
+    markers = {"standard": "o", "checkpoint": "s", "mst": "^", "streambp": "D"}
+    for ax, dt in zip(axes[0], dtypes):
+        for family, marker in markers.items():
+            pts = [r for r in rows if r["dtype"] + (" LoRA" if r.get("lora") else "") == dt
+                   and r["method"].split(":")[0] == family]
+            ax.scatter([int(r["seq_len"]) for r in pts], [float(r["peak_over_model"]) for r in pts], marker=marker,
+                       s=18, alpha=0.7, label=family)
+        ax.axhspan(0.97, 1.03, color="0.9", zorder=0)
+        ax.set_xscale("log", base=2)
+        ax.set_title(dt)
+        ax.set_xlabel("sequence length T")
+    axes[0][0].set_ylabel("measured / modelled peak")
+    axes[0][0].legend(fontsize=7)
+    outside = sum(abs(float(r["peak_over_model"]) - 1) > 0.03 for r in rows)
+    fig.suptitle(f"memory models on the grid: {len(rows)} runs, {outside} outside 3% (band)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
     gib = 1 / 2**30
@@ -186,10 +219,14 @@ def main() -> int:
     }
     for stem, make in makers.items():
         for csv_path in sorted(root.glob(f"*/{stem}-*.csv")):
-            if csv_path.name.endswith(".timeline.csv"):
-                continue  # a profile's per-method timeline, drawn with its summary
+            if csv_path.name.endswith(".timeline.csv") or csv_path.parent.name == "grid":
+                continue  # a profile's per-method timeline, drawn with its summary; the grid is drawn as one
             if not csv_path.with_suffix(".png").exists():  # figures are derived; never redraw over an existing one
                 print("wrote", make(csv_path))
+    if (root / "grid").is_dir():
+        out = plot_grid(root / "grid")
+        if out:
+            print("wrote", out)
     for csv_path in sorted(root.glob("*/verify-*.csv")):
         if not csv_path.with_suffix(".png").exists():
             out = plot_verify(csv_path)

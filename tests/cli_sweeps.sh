@@ -77,7 +77,7 @@ PY
 echo "ok: maxlen"
 
 # Every checked-in reproduction lists its setting and commands.
-for t in table1 table2 table3 table6 table7 fig3 fig5; do
+for t in table1 table2 table3 table6 table7 fig3 fig5 memory-grid; do
   "$STREAMBP" reproduce $t --dry-run >repro.txt 2>&1 || fail "reproduce $t --dry-run:\n$(cat repro.txt)"
   grep -q "paper:" repro.txt && grep -q "command:" repro.txt || fail "reproduce $t prints no plan:\n$(cat repro.txt)"
 done
@@ -102,3 +102,23 @@ for r in rows:
     assert (Path(summary[0]).parent / (r["timeline"] + ".trace.json")).exists()
 PY
 echo "ok: profile"
+
+# project: the memory models at the paper's Table 3 settings, SFT/GRPO/DPO, with error bars from measured runs (here
+# the small sweep above): every projection row of a measured method has its range (T* under the budget divided by
+# the largest and by the smallest measured / modelled peak).
+"$STREAMBP" project --errors out --error-presets tiny --out "$WORK/projection" > project.txt || fail "project failed:\n$(cat project.txt)"
+grep -q "### grpo" project.txt && grep -q "### dpo" project.txt || fail "project printed no GRPO/DPO tables:\n$(cat project.txt)"
+python3 - "$WORK/projection" <<'PY'
+import csv, glob, sys
+rows = list(csv.DictReader(open(glob.glob(sys.argv[1] + "/project-*.csv")[0])))
+assert {r["objective"].split(":")[0] for r in rows} == {"sft", "grpo", "dpo"}, rows[0]
+measured = [r for r in rows if r["error_runs"]]
+assert measured, "no row has error bars"
+for r in measured:
+    low, T, high = int(r["model_max_seq_low"]), int(r["model_max_seq"]), int(r["model_max_seq_high"])
+    assert 0 < low <= high, r
+sft = [r for r in rows if r["objective"] == "sft" and r["method"] == "checkpoint"]
+assert all(r["paper_max_seq"] for r in sft) and all(not r["paper_max_seq"] for r in rows if r["objective"] != "sft"), sft
+print("ok: project with", len(measured), "rows with error bars")
+PY
+expect_failure "missing --errors folder" "no such folder" "$STREAMBP" project --errors "$WORK/nowhere" --out "$WORK/projection"

@@ -152,6 +152,21 @@ std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
 
 }  // namespace
 
+namespace {
+
+// Embedding backward (Model::embed_backward): rows added in place into the gradient, so only an untied embedding's
+// gradient appears here (zeros, then the rows); no dense [V, d] temporary. Under LoRA the embedding is frozen and
+// this moment does not happen (an empty estimate).
+MemoryEstimate embedding_moment(const Workload& w) {
+  const Sizes z(w);
+  if (z.lora) return {"embedding backward (none: frozen)", {}};
+  return {"embedding backward",
+          {{"weights", z.weights}, {"gradients", z.all_gradients}, {"dL/dH", z.B * z.T * z.d * z.s},
+           {"objective buffers", objective_bytes(w)}}};
+}
+
+}  // namespace
+
 MemoryEstimate standard_memory(const Workload& w) {
   const Sizes z(w);
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
@@ -176,10 +191,6 @@ MemoryEstimate standard_memory(const Workload& w) {
                       {"objective buffers", objective_bytes(w)}}};
   return largest({head, end});
 }
-
-namespace {
-MemoryEstimate embedding_moment(const Workload& w);
-}  // namespace
 
 MemoryEstimate checkpoint_memory(const Workload& w) {
   const Sizes z(w);
@@ -280,16 +291,6 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   return moments;
 }
 
-// Embedding backward (Model::embed_backward): rows added in place into the gradient, so only an untied embedding's
-// gradient appears here (zeros, then the rows); no dense [V, d] temporary. Under LoRA the embedding is frozen and
-// this moment does not happen (an empty estimate).
-MemoryEstimate embedding_moment(const Workload& w) {
-  const Sizes z(w);
-  if (z.lora) return {"embedding backward (none: frozen)", {}};
-  return {"embedding backward",
-          {{"weights", z.weights}, {"gradients", z.all_gradients}, {"dL/dH", z.B * z.T * z.d * z.s},
-           {"objective buffers", objective_bytes(w)}}};
-}
 
 }  // namespace
 

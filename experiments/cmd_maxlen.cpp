@@ -39,8 +39,7 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   if (a.threads > 0) at::set_num_threads(a.threads);
-  ModelSource source = a.source;
-  if (source.preset.empty() && source.config_file.empty()) source.preset = "qwen3-small";
+  const ModelSource source = a.source.or_preset("qwen3-small");
   const auto dtype = parse_dtype(a.dtype);
   const std::uint64_t seed = 0;
   auto objective = make_objective(a.objective);

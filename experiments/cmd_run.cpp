@@ -1,4 +1,5 @@
 // `streambp run`: one model, one batch, one BP method; prints a summary and writes the JSON record.
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -154,10 +155,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     write_file_atomically(a.timeline + ".trace.json", trace.str());
   }
   if (!a.op_profile.empty()) {
-    // The ops of every step run (warm-up included): shares are of the summed BP time of those steps.
-    double total = 0;
-    for (double s : m.bp_seconds) total += s;
-    if (a.warmup > 0) total = 0;  // warm-up steps are not timed, so no share is given
+    // Shares are of the summed BP time; warm-up steps are profiled but not timed, so with them no share is given.
+    const double total = a.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
     std::ostringstream csv;
     write_op_profile_csv(op_times, total, csv);
     write_file_atomically(a.op_profile, csv.str());

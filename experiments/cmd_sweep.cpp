@@ -267,8 +267,7 @@ void add_sweep_options(CLI::App& app, SweepArgs& a) {
 
 int sweep_command(const SweepArgs& a, const std::string& command_line) {
   SweepPlan plan;
-  plan.source = a.source;
-  if (plan.source.preset.empty() && plan.source.config_file.empty()) plan.source.preset = "qwen3-small";
+  plan.source = a.source.or_preset("qwen3-small");
   plan.dtype = a.dtype, plan.grad_dtype = a.grad_dtype, plan.objective = a.objective, plan.lora = a.lora;
   plan.group = a.group, plan.repeats = a.repeats, plan.threads = a.threads, plan.check_seq_len = a.check_seq_len;
   plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;

@@ -96,7 +96,7 @@ void add_verify_options(CLI::App& app, VerifyArgs& a) {
 int verify_command(const VerifyArgs& args, const std::string& command_line) {
   if (args.threads > 0) at::set_num_threads(args.threads);
   VerifyArgs a = args;
-  if (a.source.preset.empty() && a.source.config_file.empty() && a.source.load_dir.empty()) a.source.preset = "tiny";
+  a.source = a.source.or_preset("tiny");
   // The bf16 weights every run shares, widened exactly to fp32 and fp64.
   const auto bf16 = build_model(a.source, at::kBFloat16, a.seed);
   const auto& config = bf16->config();

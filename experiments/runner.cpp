@@ -17,6 +17,12 @@
 
 namespace sbp {
 
+ModelSource ModelSource::or_preset(const std::string& name) const {
+  ModelSource out = *this;
+  if (preset.empty() && config_file.empty() && load_dir.empty()) out.preset = name;
+  return out;
+}
+
 std::string ModelSource::describe() const {
   if (!preset.empty()) return preset;
   if (!config_file.empty()) return "config:" + config_file;

@@ -23,6 +23,8 @@ struct ModelSource {
   std::string config_file;   // --config config.json (random weights)
   std::string load_dir;      // --load DIR (HF checkpoint)
   std::string describe() const;  // what goes into the results' "preset" column
+  // This source, or the named preset when no model was given (no --preset, --config or --load).
+  ModelSource or_preset(const std::string& name) const;
 };
 
 std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);

@@ -18,6 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save(fig, out: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def plot_demo(csv_path: Path) -> Path:
     rows = list(csv.DictReader(csv_path.open()))
     # A time ratio exists only where the same run measured checkpointing at that T (files written before empty cells
@@ -53,11 +60,7 @@ def plot_demo(csv_path: Path) -> Path:
         time.text(0.5, 0.5, "no checkpoint row in this run:\nno time ratio", ha="center", va="center",
                   transform=time.transAxes)
     fig.suptitle(f"commit {first['commit']}, {first['date']}, {first['threads']} threads", fontsize=8)
-    fig.tight_layout()
-    out = csv_path.with_suffix(".png")
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_path.with_suffix(".png"))
 
 
 def plot_xy(csv_path: Path, x, x_label: str, y_columns, title: str, group=lambda r: r["method"]) -> Path:
@@ -79,11 +82,7 @@ def plot_xy(csv_path: Path, x, x_label: str, y_columns, title: str, group=lambda
     first = rows[0]
     fig.suptitle(f"{title} — {first['preset']} {first['dtype']}, commit {first['commit']}, {first['date']}, "
                  f"{first['threads']} threads", fontsize=8)
-    fig.tight_layout()
-    out = csv_path.with_suffix(".png")
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_path.with_suffix(".png"))
 
 
 def human_bytes(n: int) -> str:
@@ -111,11 +110,7 @@ def plot_profile(csv_path: Path) -> Path:
     fig.suptitle(f"memory over {first['steps']} steps — {first['preset']} {first['dtype']}, T={first['seq_len']}, "
                  f"B={first['batch_size']}, commit {first['commit']}, {first['date']}; categories by allocating phase "
                  f"and lifetime (profile --help)", fontsize=8)
-    fig.tight_layout()
-    out = csv_path.with_suffix(".png")
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_path.with_suffix(".png"))
 
 
 def spec_options(spec: str) -> dict:
@@ -158,11 +153,7 @@ def plot_verify(csv_path: Path):
     first = rows[0]
     fig.suptitle(f"{first['preset']} {first['objective']}: gradient error vs chunk count — commit {first['commit']}, "
                  f"{first['date']}", fontsize=8)
-    fig.tight_layout()
-    out = csv_path.with_suffix(".png")
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_path.with_suffix(".png"))
 
 
 def plot_grid(folder: Path):
@@ -192,10 +183,7 @@ def plot_grid(folder: Path):
     axes[0][0].legend(fontsize=7)
     outside = sum(abs(float(r["peak_over_model"]) - 1) > 0.03 for r in rows)
     fig.suptitle(f"memory models on the grid: {len(rows)} runs, {outside} outside 3% (band)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, out)
 
 
 def main() -> int:

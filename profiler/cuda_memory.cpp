@@ -56,6 +56,18 @@ bool cuda_device_available(std::string* reason) {
   return p.count > 0;
 }
 
+int cuda_device_count() { return probe().count; }
+
+std::string cuda_device_name(int device) {
+  if (!why_unusable(device).empty()) return {};
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return properties.name;
+}
+
 void cuda_reset_peak_stats(int device) {
   if (!why_unusable(device).empty()) return;
   ensure_allocator_initialized();

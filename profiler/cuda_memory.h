@@ -22,6 +22,9 @@ struct CudaMemoryStats {
 
 // True when at least one CUDA device is usable; otherwise false and, if given, *reason says why.
 bool cuda_device_available(std::string* reason = nullptr);
+// Devices this process can use (0 without a driver or GPU), and a device's name ("" when it does not exist).
+int cuda_device_count();
+std::string cuda_device_name(int device);
 
 // Starts a new peak window for `device`. No-op without a GPU or for a device that does not exist.
 void cuda_reset_peak_stats(int device = 0);

@@ -11,6 +11,9 @@ bool cuda_device_available(std::string* reason) {
   return false;
 }
 
+int cuda_device_count() { return 0; }
+std::string cuda_device_name(int) { return {}; }
+
 void cuda_reset_peak_stats(int) {}
 
 CudaMemoryStats cuda_memory_stats(int) {

@@ -1,0 +1,18 @@
+// --device cpu|cuda[:N]: which device a run's model, batch and step live on. The CPU is the default and the only
+// device these machines have; a CUDA device that is not there is a usage error (exit 2), never a silent CPU run.
+#pragma once
+
+#include <string>
+
+#include <c10/core/Device.h>
+
+namespace sbp {
+
+// "cpu", "cuda" (device 0) or "cuda:N". Throws std::invalid_argument naming the flag for anything else, and for a
+// CUDA device this process cannot use (no driver, no GPU, or N out of range), with the CUDA runtime's reason.
+c10::Device parse_device(const std::string& text);
+
+// What the results' "device" column records: "cpu" or "cuda:N (<GPU name>)".
+std::string describe_device(const c10::Device& device);
+
+}  // namespace sbp

@@ -43,7 +43,7 @@ StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Ba
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, grad);
   }
-  return StepResult::finish(loss, start, clock);
+  return StepResult::finish(loss, start, clock, model.device());
 }
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const { return checkpoint_memory(w); }

@@ -23,7 +23,7 @@ StepResult StandardBackprop::step(Model& model, Objective& objective, const Batc
     Phase phase(clock, "backward");
     loss.backward();
   }
-  return StepResult::finish(loss.item<double>(), start, clock);
+  return StepResult::finish(loss.item<double>(), start, clock, model.device());
 }
 
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const { return standard_memory(w); }

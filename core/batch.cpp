@@ -17,6 +17,12 @@ void check(bool ok, const std::string& source, const std::string& what) {
 
 }  // namespace
 
+Batch Batch::to(c10::Device device) const {
+  Batch out{input_ids.to(device), attention_mask.to(device), {}};
+  for (const auto& [name, t] : fields) out.fields[name] = t.to(device);
+  return out;
+}
+
 const at::Tensor& Batch::field(const std::string& name) const {
   auto it = fields.find(name);
   if (it == fields.end()) throw std::invalid_argument("batch has no tensor '" + name + "'");

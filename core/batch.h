@@ -23,6 +23,7 @@ struct Batch {
   std::int64_t seq_len() const { return input_ids.size(1); }
   bool has(const std::string& name) const { return fields.count(name) != 0; }
   const at::Tensor& field(const std::string& name) const;  // throws std::invalid_argument naming it
+  Batch to(c10::Device device) const;  // every tensor moved
 };
 
 // The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token. Throws

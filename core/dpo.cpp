@@ -38,7 +38,7 @@ void DpoObjective::add_synthetic_logps(Batch& batch, const at::Tensor& token_log
   if (reference_given) return;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 3);
   const auto policy = token_logps.to(at::kDouble);
-  const auto noisy = policy + at::normal(0.0, 0.3, policy.sizes(), gen, policy.options());
+  const auto noisy = policy + at::normal(0.0, 0.3, policy.sizes(), gen, at::kDouble).to(policy.device());  // CPU draw, as on every device
   batch.fields["ref_logps"] = (noisy * batch.field("completion_mask").to(at::kDouble)).sum(1);
 }
 

@@ -52,7 +52,8 @@ void GrpoObjective::add_synthetic_logps(Batch& batch, const at::Tensor& token_lo
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 2);
   const auto completion = batch.field("completion_mask").to(at::kDouble);
   const auto policy = token_logps.to(at::kDouble);
-  const auto noise = [&] { return at::normal(0.0, 0.3, policy.sizes(), gen, policy.options()); };
+  // Drawn on the CPU (one seed gives the same batch on every device), then moved.
+  const auto noise = [&] { return at::normal(0.0, 0.3, policy.sizes(), gen, at::kDouble).to(policy.device()); };
   batch.fields["old_logps"] = (policy + noise()) * completion;
   if (options_.beta > 0 && !reference_given) batch.fields["ref_logps"] = (policy + noise()) * completion;
 }
@@ -88,9 +89,9 @@ void GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std
   if (options_.loss_type == "grpo")
     weights_ = 1.0 / (double(B) * counts_.clamp_min(1.0));
   else if (options_.loss_type == "dr_grpo")
-    weights_ = at::full({B}, 1.0 / (double(B) * double(options_.max_completion_length)), at::kDouble);
+    weights_ = at::full({B}, 1.0 / (double(B) * double(options_.max_completion_length)), counts_.options());
   else  // bnpo, dapo
-    weights_ = at::full({B}, 1.0 / std::max(1.0, counts_.sum().item<double>()), at::kDouble);
+    weights_ = at::full({B}, 1.0 / std::max(1.0, counts_.sum().item<double>()), counts_.options());
   temperature_ = options_.temperature;
   // Sequence importance couples a row's tokens through sum(logp - old); without old_logps that sum is 0 in value,
   // known before any chunk: no statistics pass.

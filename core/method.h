@@ -23,8 +23,11 @@ struct StepResult {
   double loss = 0;        // value of the objective (sum of the chunk terms for streamed methods)
   double bp_seconds = 0;  // forward + backward, excluding any optimizer
   std::vector<PhaseTime> phases;
-  // What every method returns at the end of its step: the loss, the time since `start`, the clock's phases.
-  static StepResult finish(double loss, std::chrono::steady_clock::time_point start, const PhaseClock& clock) {
+  // What every method returns at the end of its step: the loss, the time since `start` (after waiting for the
+  // device's queued work: CUDA kernels run after their launch returns), the clock's phases.
+  static StepResult finish(double loss, std::chrono::steady_clock::time_point start, const PhaseClock& clock,
+                           c10::Device device) {
+    synchronize(device);
     return {loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), clock.totals()};
   }
 };

@@ -137,7 +137,14 @@ void Model::register_parameters() {
   if (lora_.enabled()) attach_adapters();
   // HF: inv_freq = 1 / theta^(2i/hd), in fp32.
   const auto exponents = at::arange(0, config_.head_dim, 2, at::kLong).to(at::kFloat) / double(config_.head_dim);
-  inv_freq_ = at::reciprocal(at::pow(config_.rope_theta, exponents));
+  inv_freq_ = at::reciprocal(at::pow(config_.rope_theta, exponents)).to(embed_.device());
+}
+
+void Model::to(c10::Device device) {
+  // Detached and re-marked: the moved tensor is the new leaf (a frozen base stays without requires_grad).
+  for (auto* list : {&parameters_, &adapters_})
+    for (auto& p : *list) p.tensor = p.tensor.detach().to(device).requires_grad_(p.tensor.requires_grad());
+  register_parameters();
 }
 
 std::vector<NamedTensor> Model::gradients() const {
@@ -201,7 +208,7 @@ void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& 
           throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
                                       ", this base model and rank " + std::to_string(config.rank) + " need " +
                                       c10::str(at::IntArrayRef(shape)));
-        adapters.push_back({name, it->second.to(grad_dtype_).detach().clone().requires_grad_(true)});
+        adapters.push_back({name, it->second.to(embed_.device(), grad_dtype_).detach().clone().requires_grad_(true)});
         by_name.erase(it);
       }
     }
@@ -271,7 +278,7 @@ at::Tensor Model::rms_norm(const at::Tensor& x, const at::Tensor& weight) const 
 at::Tensor Model::rope(const at::Tensor& x, std::int64_t start) const {
   const auto c = x.size(2);
   // Absolute positions: a chunk at `start` is rotated exactly like the same rows of the full sequence.
-  const auto positions = at::arange(start, start + c, at::TensorOptions().dtype(at::kFloat));
+  const auto positions = at::arange(start, start + c, inv_freq_.options());
   const auto freqs = at::outer(positions, inv_freq_);  // [c, hd/2] fp32
   const auto angles = at::cat({freqs, freqs}, -1);      // [c, hd]
   const auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());

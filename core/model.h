@@ -59,6 +59,11 @@ class Model {
   // Re-stores the trainable tensors in `dtype` (fp32 masters, or back to dtype()); call with no gradients alive.
   // Throws std::invalid_argument unless dtype is dtype(), or fp32 for a bf16/fp16 model.
   void set_grad_dtype(c10::ScalarType dtype);
+  // Where the weights live (a model is built on the CPU, from one seed for every device, then moved).
+  c10::Device device() const { return embed_.device(); }
+  // Moves every parameter and adapter to `device`; call with no gradients alive. Adapters added later are created
+  // there too.
+  void to(c10::Device device);
   // Every base parameter once (a tied lm_head is the embedding), in HF names and order.
   const std::vector<NamedTensor>& parameters() const { return parameters_; }
   // What a step trains: the base parameters, or under LoRA only the adapters (PEFT names; the base is frozen and

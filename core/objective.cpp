@@ -71,7 +71,7 @@ void Objective::prepare(const Batch& batch, const ModelConfig& config, const std
   prepare_fields(batch, config, source);
   TORCH_CHECK(targets_.defined() && targets_.sizes() == batch.input_ids.sizes(), "objective set no [B, T] targets");
   scored_ = (targets_ >= 0).to(at::kDouble);
-  statistics_ = at::zeros({batch.batch_size()}, at::kDouble);
+  statistics_ = at::zeros({batch.batch_size()}, batch.input_ids.options().dtype(at::kDouble));
 }
 
 at::Tensor Objective::chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like) {

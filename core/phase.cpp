@@ -1,6 +1,12 @@
 #include "core/phase.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 namespace sbp {
+
+void synchronize(c10::Device device) {
+  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
+}
 namespace {
 PhaseListener* g_listener = nullptr;
 }

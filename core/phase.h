@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+
+#include <c10/core/Device.h>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,10 @@ class PhaseListener {
   virtual void leave_phase(const std::string& name) = 0;
 };
 void set_phase_listener(PhaseListener* listener);
+
+// Waits for every stream of a CUDA device (what a wall-clock time of GPU work needs); nothing on the CPU. Phase
+// scopes do not call it: on CUDA their times are host times of launching the phase's kernels.
+void synchronize(c10::Device device);
 
 class PhaseClock {
  public:

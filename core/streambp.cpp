@@ -62,7 +62,7 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
-  return StepResult::finish(loss, start, clock);
+  return StepResult::finish(loss, start, clock, model.device());
 }
 
 void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,

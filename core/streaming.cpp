@@ -131,7 +131,7 @@ at::Tensor sequence_logps(const Model& model, const at::Tensor& input_ids, doubl
   auto h = model.embed(input_ids);  // [B, T, d]
   for (int l = 0; l < model.config().num_hidden_layers; ++l) h = layer_forward_chunked(model, l, h, layer_chunk);
   const auto B = input_ids.size(0), T = input_ids.size(1);
-  auto out = at::zeros({B, T}, at::kDouble);
+  auto out = at::zeros({B, T}, input_ids.options().dtype(at::kDouble));
   // Position t predicts token t + 1: positions [s, e) fill columns [s + 1, e + 1); the last position predicts nothing.
   for_each_chunk(T - 1, head_chunk, [&](std::int64_t s, std::int64_t e) {
     auto logits = model.logits(model.final_norm(h.slice(1, s, e)));  // [B, c_h, V]

@@ -22,6 +22,7 @@ void add_demo_options(CLI::App& app, DemoArgs& a) {
   app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber);
   app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check (0 = skip)")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  add_device_option(app, a.device);
   app.add_option("--out", a.out_dir, "results folder");
 }
 
@@ -32,7 +33,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   plan.methods = split_list(a.methods, ';');
   plan.seq_lens = a.seq_lens, plan.batch_sizes = std::to_string(a.batch_size);
   plan.group = a.group, plan.check_seq_len = a.check_seq_len, plan.repeats = a.repeats, plan.threads = a.threads;
-  plan.out_dir = a.out_dir, plan.stem = "demo";
+  plan.out_dir = a.out_dir, plan.stem = "demo", plan.device = a.device;
   return run_sweep(plan, command_line);
 }
 

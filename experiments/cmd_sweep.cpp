@@ -92,6 +92,7 @@ std::string format_duration(double seconds) {
 
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   if (plan.threads > 0) at::set_num_threads(plan.threads);
+  const auto device = parse_device(plan.device);
   const auto dtype = parse_dtype(plan.dtype);
   const auto lengths = parse_sizes(plan.seq_lens, "--seq");
   const auto batches = parse_sizes(plan.batch_sizes, "--batch");
@@ -104,7 +105,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   if (methods.empty()) throw std::invalid_argument("--methods: no method given");
   const std::uint64_t seed = 0;
   auto objective = make_objective(plan.objective);
-  auto model = build_trained_model(plan.source, dtype, plan.lora, plan.grad_dtype, seed);
+  auto model = build_trained_model(plan.source, dtype, plan.lora, plan.grad_dtype, seed, device);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto preset = plan.source.describe();
   // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
@@ -121,7 +122,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   std::filesystem::path csv;
   nlohmann::json earlier = nlohmann::json::array();
   std::set<std::tuple<std::string, std::string, std::string>> done;  // (method, batch_size, seq_len)
-  const auto prov = collect_provenance(command_line);
+  const auto prov = collect_provenance(command_line, describe_device(device));
   if (!plan.resume.empty()) {
     csv = plan.resume;
     table = ResultsTable::read(csv, &earlier);
@@ -176,7 +177,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
         for (const auto i : todo) {
           auto& result = results[i];
           if (result.status == "oom") continue;  // over the budget once: over it every time
-          gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3));
+          gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3, device));
           auto m = measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes);
           finished_work += double(B * T);
           const double eta = finished_work > 0 ? elapsed() / finished_work * (total_work - finished_work) : 0;
@@ -192,7 +193,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
           result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
           result.bp_seconds.push_back(m.bp_seconds.at(0));
         }
-      if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3));  // every method oom
+      if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3, device));  // every method oom
       std::sort(gemm_samples.begin(), gemm_samples.end());
       const double gemm_rate = gemm_samples[gemm_samples.size() / 2];
       double checkpoint_seconds = 0;
@@ -221,7 +222,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                     checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
                     // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
                     checked ? std::to_string(plan.check_seq_len) : "", checked ? std::to_string(batches.front()) : "",
-                    checked ? "fp64" : "", fmt::format("{:.6g}", flops), oom ? "" : fmt::format("{:.6g}", rate),
+                    // fp64 runs on the CPU: a GPU row's check covers the method, not its CUDA attention kernel.
+                    checked ? (device.is_cuda() ? "fp64 cpu" : "fp64") : "", fmt::format("{:.6g}", flops), oom ? "" : fmt::format("{:.6g}", rate),
                     fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate)}});
         lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", B, T, specs[i],
                                     oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
@@ -261,6 +263,7 @@ void add_sweep_options(CLI::App& app, SweepArgs& a) {
   app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check of every method (0 = skip)")->check(CLI::NonNegativeNumber);
   app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: a run above it is an `oom` row")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  add_device_option(app, a.device);
   app.add_option("--out", a.out_dir, "results folder (default results/<kind>)");
   app.add_option("--resume", a.resume, "continue the sweep that wrote this CSV: rows it has are not measured again")->check(CLI::ExistingFile);
 }
@@ -270,7 +273,7 @@ int sweep_command(const SweepArgs& a, const std::string& command_line) {
   plan.source = a.source.or_preset("qwen3-small");
   plan.dtype = a.dtype, plan.grad_dtype = a.grad_dtype, plan.objective = a.objective, plan.lora = a.lora;
   plan.group = a.group, plan.repeats = a.repeats, plan.threads = a.threads, plan.check_seq_len = a.check_seq_len;
-  plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
+  plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind, plan.device = a.device;
   plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
   std::string methods = a.methods;
   if (a.kind == "seq") {

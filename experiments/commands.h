@@ -24,6 +24,7 @@ struct RunArgs {
   std::string lora, adapter_dir, save_adapter;  // --lora SPEC, --adapter DIR, --save-adapter DIR
   std::uint64_t seed = 0;
   std::string save_grads, save_model, save_batch, json, timeline, op_profile;
+  std::string device = "cpu", profile;  // --device cpu|cuda[:N]; --profile cupti
   std::int64_t budget_bytes = 0;
   int threads = 0, warmup = 0, repeats = 1;
   bool force = false;
@@ -47,6 +48,7 @@ struct DemoArgs {
   std::int64_t batch_size = 1, group = 0;
   int repeats = 2, threads = 0;
   std::int64_t check_seq_len = 700;
+  std::string device = "cpu";
 };
 void add_demo_options(CLI::App& app, DemoArgs& args);
 int demo_command(const DemoArgs& args, const std::string& command_line);
@@ -57,6 +59,7 @@ struct SweepPlan {
   std::string dtype = "fp32", grad_dtype, objective = "sft", lora;
   std::vector<std::string> methods;
   std::string seq_lens, batch_sizes;  // comma-separated
+  std::string device = "cpu";
   std::int64_t group = 0, check_seq_len = 300, budget_bytes = 0;
   int repeats = 2, threads = 0;
   std::string out_dir, stem, resume;  // resume: a CSV of the same sweep to continue
@@ -68,6 +71,7 @@ struct SweepArgs {
   ModelSource source;
   std::string dtype = "fp32", grad_dtype, objective = "sft", lora, methods, seq_lens, batch_sizes;
   std::string layer_chunks = "256,512,1024,1365", head_chunks = "256,1024";
+  std::string device = "cpu";
   std::int64_t group = 0, check_seq_len = 300, budget_bytes = 0;
   int repeats = 2, threads = 0;
   std::string out_dir, resume;
@@ -117,6 +121,7 @@ int reproduce_command(const ReproduceArgs& args, const std::string& command_line
 struct VerifyArgs {
   ModelSource source;
   std::string batch_file, objective = "sft", methods = "streambp", out_dir = "results/verify";
+  std::string device = "cpu";  // where the fp32/bf16 runs go; the fp64 oracle always runs on the CPU
   std::int64_t batch_size = 1, seq_len = 512;
   std::uint64_t seed = 0;
   int threads = 0;

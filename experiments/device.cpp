@@ -3,6 +3,8 @@
 #include <charconv>
 #include <stdexcept>
 
+#include <CLI/CLI.hpp>
+
 #include "profiler/cuda_memory.h"
 
 namespace sbp {
@@ -25,6 +27,11 @@ c10::Device parse_device(const std::string& text) {
     throw std::invalid_argument("--device " + text + ": this machine has " + std::to_string(cuda_device_count()) +
                                 " CUDA device(s)");
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device,
+                 "cpu (default), cuda or cuda:N; every method runs on it (the fp64 gradient checks stay on the CPU)");
 }
 
 std::string describe_device(const c10::Device& device) {

@@ -6,13 +6,20 @@
 
 #include <c10/core/Device.h>
 
+namespace CLI {
+class App;
+}
+
 namespace sbp {
 
 // "cpu", "cuda" (device 0) or "cuda:N". Throws std::invalid_argument naming the flag for anything else, and for a
 // CUDA device this process cannot use (no driver, no GPU, or N out of range), with the CUDA runtime's reason.
 c10::Device parse_device(const std::string& text);
 
-// What the results' "device" column records: "cpu" or "cuda:N (<GPU name>)".
+// Adds --device to a command (the value is checked when the command runs: parse_device).
+void add_device_option(CLI::App& app, std::string& device);
+
+// What the results' "machine" column adds for a GPU run: "cpu" or "cuda:N (<GPU name>)".
 std::string describe_device(const c10::Device& device);
 
 }  // namespace sbp

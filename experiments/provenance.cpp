@@ -36,7 +36,7 @@ std::string cpu_model() {
 
 }  // namespace
 
-Provenance collect_provenance(const std::string& command) {
+Provenance collect_provenance(const std::string& command, const std::string& device) {
   Provenance p;
   const std::string src = STREAMBP_SOURCE_DIR;
   p.commit = shell_output("git -C '" + src + "' rev-parse --short=12 HEAD 2>/dev/null");
@@ -52,7 +52,7 @@ Provenance collect_provenance(const std::string& command) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   p.machine = std::string(host) + " / " + cpu_model() + " / " + std::to_string(std::thread::hardware_concurrency()) +
-              " cores";
+              " cores" + (device.empty() || device == "cpu" ? std::string() : " / " + device);
   p.threads = at::get_num_threads();
   p.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                     std::to_string(TORCH_VERSION_PATCH);

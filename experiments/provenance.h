@@ -10,13 +10,14 @@ namespace sbp {
 struct Provenance {
   std::string commit;         // git HEAD of the source tree, "+dirty" when it has uncommitted changes
   std::string date_utc;       // ISO 8601
-  std::string machine;        // hostname, CPU model, cores
+  std::string machine;        // hostname, CPU model, cores; and the GPU when the run was on one
   int threads = 0;            // intra-op threads used
   std::string torch_version;
   std::string command;        // the argv that reproduces the run
 };
 
-Provenance collect_provenance(const std::string& command);
+// `device`: describe_device() of the run's device ("cpu" or empty: nothing added to `machine`).
+Provenance collect_provenance(const std::string& command, const std::string& device = "cpu");
 nlohmann::json to_json(const Provenance& p);
 std::string shell_quote_argv(int argc, char** argv);
 

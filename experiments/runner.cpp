@@ -149,29 +149,34 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
 }
 
 std::unique_ptr<Model> build_trained_model(const ModelSource& source, c10::ScalarType dtype, const std::string& lora,
-                                           const std::string& grad_dtype, std::uint64_t seed) {
+                                           const std::string& grad_dtype, std::uint64_t seed, c10::Device device) {
   auto model = build_model(source, dtype, seed);
   apply_lora(*model, lora, "", seed);
   if (!grad_dtype.empty()) model->set_grad_dtype(parse_dtype(grad_dtype));
+  model->to(device);
   return model;
 }
 
 Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
                             std::int64_t group, std::uint64_t seed) {
   auto batch = objective.random_batch(model.config(),
-                                      {batch_size, seq_len, 0.0, objective.name() == "sft" ? 0.1 : 0.0, seed, group});
+                                      {batch_size, seq_len, 0.0, objective.name() == "sft" ? 0.1 : 0.0, seed, group})
+                   .to(model.device());
   complete_batch(model, objective, batch, "random batch", true, "", model.dtype(), seed);
   objective.prepare(batch, model.config(), "random batch");
   return batch;
 }
 
-double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n, int repeats) {
-  const auto a = at::randn({n, n}, at::TensorOptions().dtype(dtype)), b = at::randn({n, n}, at::TensorOptions().dtype(dtype));
+double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n, int repeats, c10::Device device) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const auto a = at::randn({n, n}, options), b = at::randn({n, n}, options);
   auto out = at::mm(a, b);  // warm-up, and the output buffer
   double best = 0;
   for (int r = 0; r < repeats; ++r) {
+    synchronize(device);
     const auto start = std::chrono::steady_clock::now();
     at::mm_out(out, a, b);
+    synchronize(device);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::max(best, 2.0 * double(n) * double(n) * double(n) / seconds);
   }

@@ -14,6 +14,7 @@
 #include "core/method.h"
 #include "core/objective.h"
 #include "core/model.h"
+#include "experiments/device.h"
 #include "profiler/cpu_meter.h"
 
 namespace sbp {
@@ -50,7 +51,8 @@ void apply_lora(Model& model, const std::string& lora_spec, const std::string& a
 // The model a measuring driver trains: built from `source` in `dtype`, with --lora (empty: none) and --grad-dtype
 // (empty: the dtype) applied.
 std::unique_ptr<Model> build_trained_model(const ModelSource& source, c10::ScalarType dtype, const std::string& lora,
-                                           const std::string& grad_dtype, std::uint64_t seed);
+                                           const std::string& grad_dtype, std::uint64_t seed,
+                                           c10::Device device = c10::Device(c10::kCPU));
 
 struct ReferencePass {
   bool ran = false;
@@ -76,7 +78,7 @@ struct Measurement {
   double median_seconds() const;
 };
 
-// A random B x T batch for the drivers' measurements (SFT: the first 10% of each row is prompt; GRPO/DPO draw
+// A random B x T batch on the model's device for the drivers' measurements (SFT: the first 10% of each row is prompt; GRPO/DPO draw
 // theirs), its log-probs completed and the objective prepared on it.
 Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
                             std::int64_t group, std::uint64_t seed);
@@ -87,8 +89,9 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
 // This machine's dense GEMM rate in `dtype` at the current thread count: the best of `repeats` n x n x n products
-// (after one warm-up), in FLOP/s: the yardstick of a method's achieved FLOP/s.
-double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n = 2048, int repeats = 5);
+// (after one warm-up) on `device`, in FLOP/s: the yardstick of a method's achieved FLOP/s.
+double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n = 2048, int repeats = 5,
+                             c10::Device device = c10::Device(c10::kCPU));
 // "a;b;;c" -> {a, b, c}: a flag's list (empty items dropped).
 std::vector<std::string> split_list(const std::string& text, char sep);
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently).

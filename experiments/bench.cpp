@@ -1,0 +1,314 @@
+// streambp_bench: Google Benchmark micro-benchmarks of the pieces StreamBP composes, each one chunk's forward +
+// backward exactly as a step runs it (core/streambp.cpp, streamed_head in core/streaming.cpp):
+//   head_chunk/c_h        final norm + logits + SFT loss of c_h positions: the objective's in-place gradient,
+//                         logits_backward by hand (lm_head gradient summed inside its GEMM), the norm by autograd
+//   layer_chunk/T/c       one decoder layer on the chunk [s, T), s = T - c > 0: q, attention over the K/V prefix
+//                         [0, T) (constants; dK/dV go into the layer's sums), o-proj + MLP (step 2)
+//   attention_chunk/T/c   chunk_attention of a [B, n_h, c, hd] query chunk over the keys [0, T), s = T - c
+//   kv_chunk/c            the K/V path of c tokens: input norm, k/v projections, k-norm, RoPE (step 3)
+// Our flags (--device, --preset, --dtype, --short) are taken out of argv; everything else goes to Google Benchmark
+// (--benchmark_filter, --benchmark_out=FILE --benchmark_out_format=json, ...).
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <benchmark/benchmark.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/batch.h"
+#include "core/chunk_attention.h"
+#include "core/dtype.h"
+#include "core/flop_model.h"
+#include "core/model.h"
+#include "core/sft.h"
+#include "core/streaming.h"
+#include "experiments/device.h"
+#include "experiments/provenance.h"
+#include "experiments/runner.h"
+
+namespace {
+
+constexpr std::int64_t kBatch = 1;  // B: the paper's long-sequence setting
+constexpr int kLayer = 0;           // every decoder layer has the same shapes
+constexpr std::uint64_t kSeed = 0;
+
+struct Flags {
+  std::string device = "cpu", preset = "tiny", dtype = "fp32";
+  bool short_mode = false;  // CI: one tiny size per benchmark, 0.01 s minimum time each
+};
+
+void print_help() {
+  fmt::print(
+      "streambp_bench [--device cpu|cuda[:N]] [--preset NAME] [--dtype fp32|fp64|bf16] [--short] [benchmark flags]\n"
+      "  --device   where the model and inputs live (default cpu)\n"
+      "  --preset   model preset (default tiny; see streambp run --help)\n"
+      "  --dtype    model dtype (default fp32)\n"
+      "  --short    tiny sizes and --benchmark_min_time=0.01 (CI)\n\n");
+  benchmark::PrintDefaultHelp();
+}
+
+// Takes our flags ("--flag value" or "--flag=value") out of argv, keeping the program name and the rest in order.
+Flags take_our_flags(int& argc, char** argv) {
+  Flags flags;
+  int kept = 1;
+  const std::pair<std::string, std::string*> valued[] = {
+      {"--device", &flags.device}, {"--preset", &flags.preset}, {"--dtype", &flags.dtype}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    bool ours = arg == "--short";
+    if (ours) flags.short_mode = true;
+    for (const auto& [flag, value] : valued) {
+      if (arg == flag) {
+        if (i + 1 == argc) throw std::invalid_argument(flag + " needs a value");
+        *value = argv[++i];
+        ours = true;
+      } else if (arg.rfind(flag + "=", 0) == 0) {
+        *value = arg.substr(flag.size() + 1);
+        ours = true;
+      }
+    }
+    if (!ours) argv[kept++] = argv[i];
+  }
+  argc = kept;
+  return flags;
+}
+
+// Model::to does not exist yet: the model's device move lands with the GPU path.
+void move_to_device(sbp::Model&, const c10::Device& device) {
+  if (!device.is_cpu())
+    throw std::invalid_argument("--device " + device.str() + ": models live on the CPU in this build");
+}
+
+struct Bench {
+  const sbp::Model& model;
+  c10::Device device;
+  bool failed = false;  // a benchmark ended in an error: the exit code says so
+  at::TensorOptions options() const { return at::TensorOptions().dtype(model.dtype()).device(device); }
+};
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
+
+// The gradients of `outputs` with respect to `inputs` for the given output gradients, as StreamBP takes them: no
+// .grad is touched (a step sums them itself), and the graph is freed.
+void backward(const std::vector<at::Tensor>& outputs, std::vector<at::Tensor> inputs,
+              const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grad_outputs) {
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
+                        /*allow_unused=*/true);
+}
+
+// Where StreamBP sums a layer's K/V gradients (fp32 for a bf16 model): [B, n_kv, T, hd] each, zeroed once; each
+// iteration adds into them, as each chunk of a step does.
+sbp::KVGradSums kv_sums(const at::Tensor& K) {
+  const auto options = K.options().dtype(sbp::ChunkGradients::accumulation_dtype(K.scalar_type()));
+  return {at::zeros(K.sizes(), options), at::zeros(K.sizes(), options)};
+}
+
+sbp::Batch on_device(sbp::Batch batch, const c10::Device& device) {
+  batch.input_ids = batch.input_ids.to(device);
+  batch.attention_mask = batch.attention_mask.to(device);
+  for (auto& [name, tensor] : batch.fields) tensor = tensor.to(device);
+  return batch;
+}
+
+// Matrix-product FLOPs per iteration (2 per multiply-add, flop_model.h's convention). A trained projection's
+// backward is twice its forward (dX and dW).
+double projection_flops(std::int64_t tokens, std::int64_t in, std::int64_t out) {
+  return 3 * 2.0 * double(kBatch * tokens) * double(in) * double(out);
+}
+// QKᵀ and PV of c queries against T keys per head (the diagonal block counted in full, as streambp_flops does),
+// and the flash backward.
+double attention_flops(const sbp::ModelConfig& m, std::int64_t c, std::int64_t T) {
+  return (1 + sbp::FlopTerms::kAttentionBackward) * 4.0 * double(kBatch * m.num_attention_heads * m.head_dim) *
+         double(c) * double(T);
+}
+
+void set_rates(benchmark::State& state, std::int64_t tokens, double flops) {
+  state.counters["tokens_per_second"] =
+      benchmark::Counter(double(kBatch * tokens), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["flop_per_second"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Times `iteration`. One untimed call first creates what a step's later chunks reuse (the head's lm_head sum and
+// logits block). On CUDA each iteration waits for its kernels (at::accelerator: no CUDA header needed), or the
+// loop would time kernel launches only; on the CPU ATen ops are synchronous.
+template <typename F>
+void time_iterations(benchmark::State& state, const Bench& bench, F&& iteration) {
+  iteration();
+  for (auto _ : state) {
+    iteration();
+    if (bench.device.is_cuda()) at::accelerator::synchronizeDevice(bench.device.index());
+  }
+}
+
+void head_chunk(benchmark::State& state, Bench& bench) {
+  const auto& model = bench.model;
+  const auto& m = model.config();
+  const auto c_h = state.range(0);
+  // One head chunk of c_h tokens at start 0, every position but the last scored (labels = input_ids).
+  const auto batch = on_device(sbp::random_sft_batch(m, {kBatch, c_h, 0.0, 0.0, kSeed}), bench.device);
+  sbp::SftObjective objective;
+  objective.prepare(batch, m);
+  const auto h_last = at::randn({kBatch, c_h, m.hidden_size}, bench.options());  // [B, c_h, d]
+  const std::vector<at::Tensor> norm = {model.final_norm_weight()};
+  at::Tensor lm_sum;         // [V, d]: the lm_head gradient sum, live across chunks
+  at::Tensor logits_buffer;  // [B, c_h, V]: one block reused by every chunk
+  time_iterations(state, bench, [&] {
+    const auto h = leaf(h_last);
+    const auto hn = model.final_norm(h);  // [B, c_h, d], with a graph
+    at::Tensor logits;                    // [B, c_h, V]; becomes dLoss/dlogits
+    {
+      at::NoGradGuard no_grad;
+      logits = model.logits(hn, &logits_buffer);
+    }
+    benchmark::DoNotOptimize(objective.chunk_loss_and_grad(logits, 0));
+    const auto grad_hn = model.logits_backward(logits, hn, lm_sum);  // [B, c_h, d]
+    logits.reset();
+    backward({hn}, {h}, norm, {grad_hn});
+  });
+  set_rates(state, c_h, projection_flops(c_h, m.hidden_size, m.vocab_size));
+}
+
+void layer_chunk(benchmark::State& state, Bench& bench) {
+  const auto& model = bench.model;
+  const auto& m = model.config();
+  const auto T = state.range(0), c = state.range(1), s = T - c;
+  const auto h_in = at::randn({kBatch, T, m.hidden_size}, bench.options());  // [B, T, d]: the layer's input
+  at::Tensor K, V;  // [B, n_kv, T, hd]: the prefix's and the chunk's keys and values, no graph (step 1)
+  std::tie(K, V) = sbp::kv_chunked(model, kLayer, h_in, c);
+  const auto sums = kv_sums(K);
+  const auto grad_out = at::randn({kBatch, c, m.hidden_size}, bench.options());  // dLoss/dH_out of the chunk
+  const auto params = model.layer_trainable(kLayer);
+  time_iterations(state, bench, [&] {
+    const auto h = leaf(h_in.slice(1, s, T));  // [B, c, d]
+    const auto o = model.attend(model.q(kLayer, h, s), K, V, s, &sums);  // [B, c, n_h*hd]
+    backward({model.after_attention(kLayer, h, o)}, {h}, params, {grad_out});
+  });
+  const auto d = m.hidden_size;
+  set_rates(state, c,
+            projection_flops(c, d, m.q_width()) + projection_flops(c, m.q_width(), d) +
+                3 * projection_flops(c, d, m.intermediate_size) + attention_flops(m, c, T));
+}
+
+void attention_chunk(benchmark::State& state, Bench& bench) {
+  const auto& m = bench.model.config();
+  const auto T = state.range(0), c = state.range(1), s = T - c;
+  const auto n_h = m.num_attention_heads, n_kv = m.num_key_value_heads, hd = m.head_dim;
+  const auto q_in = at::randn({kBatch, n_h, c, hd}, bench.options());  // [B, n_h, c, hd]
+  const auto k = at::randn({kBatch, n_kv, T, hd}, bench.options());    // [B, n_kv, T, hd]
+  const auto v = at::randn({kBatch, n_kv, T, hd}, bench.options());
+  const auto sums = kv_sums(k);
+  const auto grad_o = at::randn({kBatch, n_h, c, hd}, bench.options());
+  const double scale = 1.0 / std::sqrt(double(hd));
+  time_iterations(state, bench, [&] {
+    const auto q = leaf(q_in);
+    backward({sbp::chunk_attention(q, k, v, s, scale, &sums)}, {q}, {}, {grad_o});
+  });
+  set_rates(state, c, attention_flops(m, c, T));
+}
+
+void kv_chunk(benchmark::State& state, Bench& bench) {
+  const auto& model = bench.model;
+  const auto& m = model.config();
+  const auto c = state.range(0), s = c;  // the second chunk: the start only moves RoPE
+  const auto h_in = at::randn({kBatch, c, m.hidden_size}, bench.options());                 // [B, c, d]
+  const auto dK = at::randn({kBatch, m.num_key_value_heads, c, m.head_dim}, bench.options());  // [B, n_kv, c, hd]
+  const auto dV = at::randn({kBatch, m.num_key_value_heads, c, m.head_dim}, bench.options());
+  const auto params = model.layer_trainable(kLayer);
+  time_iterations(state, bench, [&] {
+    const auto h = leaf(h_in);
+    const auto [k, v] = model.kv(kLayer, h, s);
+    backward({k, v}, {h}, params, {dK, dV});
+  });
+  set_rates(state, c, 2 * projection_flops(c, m.hidden_size, m.kv_width()));
+}
+
+// Registers `body` under `name`. An exception (out of memory, a size the preset cannot take) becomes that
+// benchmark's error row and a non-zero exit, not a terminated process.
+benchmark::internal::Benchmark* add(const char* name, void (*body)(benchmark::State&, Bench&), Bench& bench) {
+  auto* b = benchmark::RegisterBenchmark(name, [body, &bench](benchmark::State& state) {
+    std::string error;
+    try {
+      body(state, bench);
+      return;
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    bench.failed = true;
+    state.SkipWithError(error.c_str());
+  });
+  // Wall-clock time: intra-op threads do work the main thread's CPU time misses, and on CUDA that time is only the
+  // launches. The counters' rates follow it.
+  return b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+void register_benchmarks(Bench& bench, bool short_mode) {
+  using Sizes = std::vector<std::vector<std::int64_t>>;
+  // {T, c}: the chunk [T - c, T) over the prefix [0, T).
+  const Sizes chunks = short_mode ? Sizes{{64, 16}} : Sizes{{1024, 256}, {4096, 256}, {4096, 1024}};
+  const Sizes tokens = short_mode ? Sizes{{16}} : Sizes{{256}, {1024}};
+  auto with_sizes = [](benchmark::internal::Benchmark* b, const Sizes& sizes) {
+    for (const auto& size : sizes) b->Args(size);
+  };
+  with_sizes(add("head_chunk", head_chunk, bench)->ArgNames({"c_h"}), tokens);
+  with_sizes(add("layer_chunk", layer_chunk, bench)->ArgNames({"T", "c"}), chunks);
+  with_sizes(add("attention_chunk", attention_chunk, bench)->ArgNames({"T", "c"}), chunks);
+  with_sizes(add("kv_chunk", kv_chunk, bench)->ArgNames({"c"}), tokens);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto command = sbp::shell_quote_argv(argc, argv);
+  try {
+    const auto flags = take_our_flags(argc, argv);
+    std::vector<char*> args(argv, argv + argc);
+    std::string min_time = "--benchmark_min_time=0.01";  // 1.7.1 reads a double in seconds (1.8 wants "0.01s")
+    if (flags.short_mode) args.insert(args.begin() + 1, min_time.data());  // before the user's, which win
+    int benchmark_argc = int(args.size());
+    args.push_back(nullptr);
+    benchmark::Initialize(&benchmark_argc, args.data(), print_help);
+    if (benchmark::ReportUnrecognizedArguments(benchmark_argc, args.data())) return 2;
+
+    const auto device = sbp::parse_device(flags.device);
+    sbp::ModelSource source;
+    source.preset = flags.preset;
+    const auto model = sbp::build_model(source, sbp::parse_dtype(flags.dtype), kSeed);
+    move_to_device(*model, device);
+
+    Bench bench{*model, device};
+    register_benchmarks(bench, flags.short_mode);
+    const auto provenance = sbp::collect_provenance(command);
+    benchmark::AddCustomContext("device", sbp::describe_device(device));
+    benchmark::AddCustomContext("preset", flags.preset);
+    benchmark::AddCustomContext("dtype", sbp::dtype_name(model->dtype()));
+    benchmark::AddCustomContext("batch_size", std::to_string(kBatch));
+    benchmark::AddCustomContext("threads", std::to_string(provenance.threads));
+    // Spinning OpenMP workers change CPU timings by up to 80x on a busy machine (Makefile, bench).
+    const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+    benchmark::AddCustomContext("omp_wait_policy", wait_policy ? wait_policy : "unset");
+    benchmark::AddCustomContext("torch_version", provenance.torch_version);
+    benchmark::AddCustomContext("commit", provenance.commit);
+    benchmark::AddCustomContext("command", provenance.command);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return bench.failed ? 1 : 0;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "streambp_bench: error: {}\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "streambp_bench: error: {}\n", e.what());
+  }
+  return 2;
+}

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <numeric>
 #include <set>
 #include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "profiler/chrome_trace.h"
 
 namespace sbp {
 namespace {
@@ -21,88 +23,85 @@ std::string csv_field(const std::string& text) {
   return quoted + '"';
 }
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + '"';
-}
-
-// Exact decimal microseconds: Chrome-trace time is in us, and a double cannot hold CUPTI's ns since the epoch
-// (~1.7e18) to the nanosecond, which is why the trace counts from the earliest record.
-std::string microseconds(std::uint64_t ns) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%llu.%03llu", static_cast<unsigned long long>(ns / 1000),
-                static_cast<unsigned long long>(ns % 1000));
-  return text;
-}
-
 std::string hex_address(std::int64_t address) {
   char text[24];
   std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
   return text;
 }
 
-}  // namespace
-
-void write_cupti_csv(const std::vector<CuptiRecord>& records, std::ostream& out) {
-  out << "kind,name,start_ns,end_ns,bytes,address,device\n";
-  for (const CuptiRecord& r : records)
-    out << r.kind << ',' << csv_field(r.name) << ',' << r.start_ns << ',' << r.end_ns << ',' << r.bytes << ','
-        << r.address << ',' << r.device << '\n';
+// Chrome-trace time is in us. A double cannot hold CUPTI's ns since the epoch (~1.7e18) to the nanosecond, but it
+// holds the ns since the earliest record exactly for 104 days, which is why the trace counts from there.
+double microseconds_since(std::uint64_t ns, std::uint64_t origin_ns) {
+  return static_cast<double>(ns - origin_ns) * 1e-3;
 }
 
-void write_cupti_chrome_trace(const std::vector<CuptiRecord>& records, std::ostream& out) {
-  // Running totals need time order; the recorder sorts, hand-made input may not be.
-  std::vector<std::size_t> order(records.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return records[a].start_ns < records[b].start_ns; });
-  const std::uint64_t origin_ns = records.empty() ? 0 : records[order.front()].start_ns;
+constexpr int kKernelThread = 2, kMemcpyThread = 3;  // thread 1: append_counter_track's phase slices
 
-  out << "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"origin_ns\":" << origin_ns << "},\"traceEvents\":[";
-  const char* separator = "\n";
-  auto event = [&]() -> std::ostream& {
-    out << separator;
-    separator = ",\n";
-    return out;
-  };
+}  // namespace
 
+std::string cupti_losses(const CuptiRecording& recording) {
+  return "dropped_records=" + std::to_string(recording.dropped_records) +
+         " unconverted_records=" + std::to_string(recording.unconverted_records) +
+         " unreadable_buffers=" + std::to_string(recording.unreadable_buffers);
+}
+
+void write_cupti_csv(const CuptiRecording& recording, std::ostream& out) {
+  out << "kind,name,start_ns,end_ns,bytes,address,device\n";
+  for (const CuptiRecord& r : recording.records)
+    out << r.kind << ',' << csv_field(r.name) << ',' << r.start_ns << ',' << r.end_ns << ',' << r.bytes << ','
+        << r.address << ',' << r.device << '\n';
+  out << "# " << cupti_losses(recording) << '\n';
+}
+
+void write_cupti_chrome_trace(const CuptiRecording& recording, std::ostream& out) {
+  const std::vector<CuptiRecord>& records = recording.records;
+  const std::uint64_t origin_ns =
+      records.empty() ? 0
+                      : std::min_element(records.begin(), records.end(), [](const auto& a, const auto& b) {
+                          return a.start_ns < b.start_ns;
+                        })->start_ns;
+
+  nlohmann::json trace = nlohmann::json::array();
   std::set<int> devices;
-  for (const CuptiRecord& r : records) devices.insert(r.device);
-  for (const int device : devices)
-    event() << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << device << ",\"args\":{\"name\":\"GPU " << device
-            << "\"}}";
+  std::set<std::pair<int, std::string>> memory_tracks;  // (device, memory kind)
+  for (const CuptiRecord& r : records) {
+    devices.insert(r.device);
+    if (r.kind == "memory") memory_tracks.insert({r.device, r.name});
+  }
+  for (const int device : devices) {
+    const auto name = [&](const char* what, const std::string& value) {
+      return nlohmann::json{{"name", what}, {"ph", "M"}, {"pid", device}, {"args", {{"name", value}}}};
+    };
+    trace.push_back(name("process_name", "GPU " + std::to_string(device)));
+    trace.push_back(name("thread_name", "kernels"));
+    trace.back()["tid"] = kKernelThread;
+    trace.push_back(name("thread_name", "memcpy"));
+    trace.back()["tid"] = kMemcpyThread;
+  }
+  for (const auto& [device, memory_kind] : memory_tracks)
+    append_counter_track(cupti_memory_timeline(records, device, memory_kind).events,
+                         [](const MemoryEvent& e) { return nlohmann::json{{"bytes", e.current_bytes}}; },
+                         memory_kind + " memory", device, trace);
 
-  std::map<std::pair<int, std::string>, std::int64_t> held_bytes;  // (device, memory kind) -> running total
-  for (const std::size_t i : order) {
-    const CuptiRecord& r = records[i];
-    const std::string ts = microseconds(r.start_ns - origin_ns);
-    if (r.kind == "kernel") {
+  for (const CuptiRecord& r : records) {
+    const double ts = microseconds_since(r.start_ns, origin_ns);
+    if (r.kind == "kernel" || r.kind == "memcpy") {
       const std::uint64_t duration_ns = r.end_ns > r.start_ns ? r.end_ns - r.start_ns : 0;
-      event() << "{\"name\":" << json_string(r.name) << ",\"cat\":\"kernel\",\"ph\":\"X\",\"ts\":" << ts
-              << ",\"dur\":" << microseconds(duration_ns) << ",\"pid\":" << r.device << ",\"tid\":0}";
-    } else if (r.kind == "memory") {
-      const std::int64_t total = held_bytes[{r.device, r.name}] += r.bytes;
-      event() << "{\"name\":\"memory\",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":" << ts << ",\"pid\":" << r.device
-              << ",\"args\":{" << json_string(r.name) << ':' << total << "}}";
+      nlohmann::json slice = {{"name", r.name}, {"cat", r.kind}, {"ph", "X"}, {"ts", ts},
+                              {"dur", static_cast<double>(duration_ns) * 1e-3}, {"pid", r.device},
+                              {"tid", r.kind == "kernel" ? kKernelThread : kMemcpyThread}};
+      if (r.kind == "memcpy") slice["args"] = {{"bytes", r.bytes}};
+      trace.push_back(std::move(slice));
     } else if (r.kind == "memory_pool") {
-      event() << "{\"name\":\"memory_pool\",\"cat\":\"memory_pool\",\"ph\":\"C\",\"ts\":" << ts
-              << ",\"pid\":" << r.device << ",\"args\":{" << json_string("pool " + hex_address(r.address)) << ':'
-              << r.bytes << "}}";
+      trace.push_back({{"name", "memory pool " + hex_address(r.address)}, {"ph", "C"}, {"ts", ts}, {"pid", r.device},
+                       {"args", {{"bytes", r.bytes}}}});
     }
   }
-  out << "\n]}\n";
+  const nlohmann::json other = {{"origin_ns", origin_ns},
+                                {"dropped_records", recording.dropped_records},
+                                {"unconverted_records", recording.unconverted_records},
+                                {"unreadable_buffers", recording.unreadable_buffers}};
+  out << nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}, {"otherData", other}}.dump() << '\n';
 }
 
 }  // namespace sbp

@@ -1,4 +1,5 @@
-// cupti_recorder.h for builds without CUDA: nothing to record. The writers are in cupti_export.cpp.
+// cupti_recorder.h for builds without CUDA: nothing to record. The timeline merge (cupti_timeline.cpp) and the
+// writers (cupti_export.cpp) need no CUDA and are in both builds.
 #include "profiler/cupti_recorder.h"
 
 namespace sbp {
@@ -10,6 +11,6 @@ bool CuptiRecorder::start(std::string* reason) {
   return false;
 }
 
-std::vector<CuptiRecord> CuptiRecorder::stop() { return {}; }
+CuptiRecording CuptiRecorder::stop() { return {}; }
 
 }  // namespace sbp

@@ -83,12 +83,6 @@ Flags take_our_flags(int& argc, char** argv) {
   return flags;
 }
 
-// Model::to does not exist yet: the model's device move lands with the GPU path.
-void move_to_device(sbp::Model&, const c10::Device& device) {
-  if (!device.is_cpu())
-    throw std::invalid_argument("--device " + device.str() + ": models live on the CPU in this build");
-}
-
 struct Bench {
   const sbp::Model& model;
   c10::Device device;
@@ -286,11 +280,11 @@ int main(int argc, char** argv) {
     sbp::ModelSource source;
     source.preset = flags.preset;
     const auto model = sbp::build_model(source, sbp::parse_dtype(flags.dtype), kSeed);
-    move_to_device(*model, device);
+    model->to(device);
 
     Bench bench{*model, device};
     register_benchmarks(bench, flags.short_mode);
-    const auto provenance = sbp::collect_provenance(command);
+    const auto provenance = sbp::collect_provenance(command, sbp::describe_device(device));
     benchmark::AddCustomContext("device", sbp::describe_device(device));
     benchmark::AddCustomContext("preset", flags.preset);
     benchmark::AddCustomContext("dtype", sbp::dtype_name(model->dtype()));

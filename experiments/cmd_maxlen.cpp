@@ -34,16 +34,18 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(CLI::Range(std::int64_t(16), std::int64_t(1) << 30));
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder");
+  add_device_option(app, a.device);
   app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   if (a.threads > 0) at::set_num_threads(a.threads);
   const ModelSource source = a.source.or_preset("qwen3-small");
+  const auto device = parse_device(a.device);
   const auto dtype = parse_dtype(a.dtype);
   const std::uint64_t seed = 0;
   auto objective = make_objective(a.objective);
-  auto model = build_trained_model(source, dtype, a.lora, a.grad_dtype, seed);
+  auto model = build_trained_model(source, dtype, a.lora, a.grad_dtype, seed, device);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_at = [&](std::int64_t T) {
     return prepared_random_batch(*model, *objective, a.batch_size, T, a.group, seed);
@@ -57,7 +59,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
 
   ResultsTable table({"objective", "lora", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
                       "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error"});
-  const auto prov = collect_provenance(command_line);
+  const auto prov = collect_provenance(command_line, describe_device(device));
   if (!a.model_only) std::filesystem::create_directories(a.out_dir);
   const auto csv = ResultsTable::new_path(a.out_dir, "maxlen", prov);
   std::vector<std::string> summary;

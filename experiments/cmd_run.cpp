@@ -15,6 +15,7 @@
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "profiler/cuda_memory.h"
+#include "profiler/device_timeline.h"
 #include "profiler/op_profile.h"
 
 namespace sbp {
@@ -53,7 +54,13 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--timeline", a.timeline, "write the memory timeline of the last step: PREFIX.csv and PREFIX.trace.json (Perfetto)");
   app.add_option("--op-profile", a.op_profile, "write the measured steps' time per outermost ATen op or autograd node "
                  "(CSV: name, calls, seconds, share of BP time) and print the largest");
-  app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: the step fails with status oom above it")->check(CLI::NonNegativeNumber);
+  app.add_option("--profile", a.profile, "cupti (with --device cuda and --timeline PREFIX): the timeline from CUPTI's "
+                 "activity records (cudaMalloc/cudaFree of the caching allocator's segments, i.e. reserved memory, "
+                 "with kernels and copies in the trace) instead of the allocator's trace, plus PREFIX.cupti.csv with "
+                 "every record; dropped records are counted and printed")->check(CLI::IsMember({"cupti"}));
+  app.add_option("--budget-bytes", a.budget_bytes, "memory budget: the step fails with status oom above it (CPU: live "
+                 "tensor bytes; CUDA: the caching allocator's reserved bytes)")->check(CLI::NonNegativeNumber);
+  add_device_option(app, a.device);
   app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
   app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber);
@@ -102,6 +109,12 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
 
 int run_command(const RunArgs& a, const std::string& command_line) {
   if (a.threads > 0) at::set_num_threads(a.threads);
+  const auto device = parse_device(a.device);
+  if (!a.profile.empty() && (!device.is_cuda() || a.timeline.empty()))
+    throw std::invalid_argument("--profile cupti needs --device cuda and --timeline PREFIX (CUPTI records GPU activity)");
+  if (!a.op_profile.empty() && device.is_cuda())
+    throw std::invalid_argument("--op-profile times ops on the host, which on CUDA is their launch, not their run; "
+                                "use --profile cupti --timeline PREFIX for kernel times");
   const bool random = a.batch_file.empty();
   if (random && a.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
   if (!random && a.seq_len != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
@@ -126,6 +139,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                                                                    a.prompt_fraction, a.seed, a.group})
                        : read_batch_file(a.batch_file);
   validate_tokens(batch, model->config(), batch_source);
+  model->to(device);
+  batch = batch.to(device);
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
   const auto workload = make_workload(*model, *objective, batch);
@@ -134,10 +149,11 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
   if (!a.timeline.empty())
-    for (const auto* ext : {".csv", ".trace.json"}) check_new_output(a.timeline + ext, a.force, "--timeline");
+    for (const auto* ext : {".csv", ".trace.json", ".cupti.csv"})
+      if (std::string(ext) != ".cupti.csv" || !a.profile.empty()) check_new_output(a.timeline + ext, a.force, "--timeline");
   if (!a.op_profile.empty()) check_new_output(a.op_profile, a.force, "--op-profile");
-  auto& meter = CpuMemoryMeter::install();
-  if (!a.timeline.empty()) meter.start_timeline();
+  DeviceTimeline timeline(device, a.timeline.empty() ? TimelineSource::none
+                                  : a.profile == "cupti" ? TimelineSource::cupti : TimelineSource::allocator);
   std::optional<OpProfile> op_profile;
   if (!a.op_profile.empty()) op_profile.emplace();
   const auto m = measure_method(*model, *method, *objective, batch, a.warmup, a.repeats, a.budget_bytes);
@@ -146,14 +162,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     op_times = op_profile->totals();
     op_profile.reset();
   }
-  if (!a.timeline.empty()) {
-    const auto events = meter.stop_timeline();
-    std::ostringstream csv, trace;
-    write_timeline_csv(events, csv);
-    write_timeline_chrome_trace(events, trace);
-    write_file_atomically(a.timeline + ".csv", csv.str());
-    write_file_atomically(a.timeline + ".trace.json", trace.str());
-  }
+  if (!a.timeline.empty()) timeline.stop_and_write(a.timeline);
   if (!a.op_profile.empty()) {
     // Shares are of the summed BP time; warm-up steps are profiled but not timed, so with them no share is given.
     const double total = a.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
@@ -166,12 +175,14 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   }
   std::string cuda_reason;
   const bool cuda = cuda_device_available(&cuda_reason);
-  fmt::print("cuda      {}\n", cuda ? std::string("a GPU is present; this harness measures CPU runs")
-                                     : "CUDA memory stats and CUPTI skipped: " + cuda_reason);
+  fmt::print("device    {}{}\n", describe_device(device),
+             device.is_cuda() ? " (peaks: caching allocator, allocated bytes)"
+             : cuda           ? "; a GPU is present (--device cuda)"
+                              : "; CUDA memory stats and CUPTI skipped: " + cuda_reason);
   const auto est = method->memory_model(workload);
   print_summary(a, *model, batch, *objective, *method, reference, m, est);
 
-  const auto prov = collect_provenance(command_line);
+  const auto prov = collect_provenance(command_line, describe_device(device));
   if (!a.save_grads.empty() && m.status == "passed") {
     save_gradients(*model, a.save_grads,
                    {{"method", method->spec()}, {"dtype", precision}, {"commit", prov.commit}, {"command", prov.command}});
@@ -211,6 +222,9 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"seq_len", batch.seq_len()},
                         {"budget_bytes", a.budget_bytes},
                         {"largest_allocation_bytes", m.largest_allocation_bytes},
+                        {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
+                                                                           : nlohmann::json()},
+                        {"device", describe_device(device)},
                         {"cuda", {{"available", cuda}, {"reason", cuda_reason}}},
                         {"provenance", to_json(prov)}};
     write_file_atomically(a.json, j.dump(2) + "\n");

@@ -78,6 +78,7 @@ void add_verify_options(CLI::App& app, VerifyArgs& a) {
   app.add_option("--seed", a.seed, "seed of the weights and the batch");
   app.add_option("--threads", a.threads, "intra-op threads")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder (CSV + JSON)");
+  add_device_option(app, a.device);
   app.add_flag("--mixed", a.mixed, "also run every method in bf16 mixed precision (base16m, stream16m, ...: bf16 compute, "
                "fp32 master weights and gradients, run --grad-dtype fp32), gated against base16m");
   app.add_flag("--gate", a.gate, "exit 1 when a method's l2 error against the fp64 oracle (||g - g_oracle|| / ||g_oracle||) "
@@ -97,6 +98,8 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   if (args.threads > 0) at::set_num_threads(args.threads);
   VerifyArgs a = args;
   a.source = a.source.or_preset("tiny");
+  // The fp32/bf16 runs go to --device; the fp64 oracle stays on the CPU (the CUDA attention kernels have no fp64).
+  const auto device = parse_device(a.device);
   // The bf16 weights every run shares, widened exactly to fp32 and fp64.
   const auto bf16 = build_model(a.source, at::kBFloat16, a.seed);
   const auto& config = bf16->config();
@@ -110,11 +113,12 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.seed);
   objective->prepare(batch, config, source);
 
+  const Batch device_batch = batch.to(device);
   auto step = [&](Model& model, const std::string& spec) {
     auto method = make_method(spec);
-    method->step(model, *objective, batch);
+    method->step(model, *objective, model.device() == device ? device_batch : batch);
     TensorList grads;
-    for (const auto& g : model.gradients()) grads.push_back({g.name, g.tensor.clone()});
+    for (const auto& g : model.gradients()) grads.push_back({g.name, g.tensor.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)});
     model.zero_grad();
     return grads;
   };
@@ -122,6 +126,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
              objective->spec(), batch.batch_size(), batch.seq_len());
   const auto oracle = step(oracle_model, "standard");
   Model fp32(config, at::kFloat, bf16->parameters(), "bf16 weights");
+  fp32.to(device);
   std::vector<std::string> specs = {"standard"};
   for (const auto& m : split_list(a.methods, ';')) specs.push_back(make_method(m)->spec());
   std::map<std::string, int> method_count;  // runs of each method per dtype: > 1 puts the options into the labels
@@ -130,7 +135,9 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   if (a.mixed) {
     mixed = std::make_unique<Model>(config, at::kBFloat16, bf16->parameters(), "bf16 weights");
     mixed->set_grad_dtype(at::kFloat);
+    mixed->to(device);
   }
+  bf16->to(device);  // last: the oracle, fp32 and mixed models were made from its CPU weights
   std::vector<VerifyRun> runs;
   for (const auto& [dtype, is_mixed] : {std::pair{at::kFloat, false}, {at::kBFloat16, false}, {at::kBFloat16, true}}) {
     if (is_mixed && !mixed) continue;
@@ -190,7 +197,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   }
   fmt::print("Against base32 (the paper's Table 7 reference): Er_abs / Er_rel per module group\n\n{}\n", md_base32);
   fmt::print("Against the fp64 oracle: largest per-tensor l2 error (the gate's metric) per module group\n\n{}\n", md_oracle);
-  const auto csv = table.write(a.out_dir, "verify", collect_provenance(command_line));
+  const auto csv = table.write(a.out_dir, "verify", collect_provenance(command_line, describe_device(device)));
   fmt::print("results: {}\n", csv.string());
   return gate_ok ? 0 : 1;
 }

@@ -82,7 +82,7 @@ int sweep_command(const SweepArgs& args, const std::string& command_line);
 struct MaxlenArgs {
   ModelSource source;
   std::string methods = "checkpoint;mst;streambp", objective = "sft", lora, dtype = "fp32", grad_dtype;
-  std::string out_dir = "results/maxlen";
+  std::string out_dir = "results/maxlen", device = "cpu";
   std::int64_t budget_bytes = 0, batch_size = 1, group = 0, max_seq = std::int64_t(1) << 20;
   double step = 0.02;
   int threads = 0;

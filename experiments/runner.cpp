@@ -14,6 +14,7 @@
 #include "core/memory_model.h"
 #include "core/safetensors.h"
 #include "core/streaming.h"
+#include "profiler/cuda_meter.h"
 
 namespace sbp {
 
@@ -122,9 +123,12 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   }
   if (ref_dir.empty() && !lora)
     throw std::invalid_argument(source + ": objective " + objective.name() + " needs ref_logps in the batch or --ref DIR (a reference model)");
-  auto& meter = CpuMemoryMeter::install();
-  const auto before = meter.current_bytes();
-  meter.reset_peak();
+  // The pass runs where the policy lives, measured by that device's meter.
+  auto& cpu_meter = CpuMemoryMeter::install();
+  auto* cuda_meter = model.device().is_cuda() ? &CudaMemoryMeter::for_device(model.device().index()) : nullptr;
+  const auto live_bytes = [&] { return cuda_meter ? cuda_meter->current_bytes() : cpu_meter.current_bytes(); };
+  const auto before = live_bytes();
+  cuda_meter ? cuda_meter->reset_peak() : cpu_meter.reset_peak();
   const auto start = std::chrono::steady_clock::now();
   if (ref_dir.empty()) {  // LoRA: the base model is the reference, on its own hidden states
     const Model::AdaptersDisabled base(model);
@@ -132,6 +136,7 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
                                                            kReferenceLayerChunk, kReferenceHeadChunk));
   } else {
     const auto reference = load_model_dir(ref_dir, dtype);
+    reference->to(model.device());
     if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
       throw std::invalid_argument(ref_dir + "/config.json: the reference model must have the policy's architecture and "
                                   "vocabulary; it has " + diff);
@@ -140,7 +145,8 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   }
   pass.ran = true;
   pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  pass.peak_bytes = meter.peak_bytes() - before;
+  synchronize(model.device());
+  pass.peak_bytes = (cuda_meter ? cuda_meter->peak_bytes() : cpu_meter.peak_bytes()) - before;
   auto workload = make_workload(model, objective, batch);
   workload.lora_rank = workload.lora_parameters = 0;  // the reference computes the base function
   pass.model = reference_pass_memory(workload, kReferenceLayerChunk, kReferenceHeadChunk,
@@ -190,9 +196,12 @@ double Measurement::median_seconds() const {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
-                           int warmup, int repeats, std::int64_t budget_bytes) {
-  auto& meter = CpuMemoryMeter::install();
+namespace {
+
+// measure_method on either meter: CpuMemoryMeter and CudaMemoryMeter answer the same calls.
+template <typename Meter>
+Measurement measure_with(Meter& meter, Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+                         int warmup, int repeats, std::int64_t budget_bytes) {
   Measurement m;
   // The model's weights: the base and, under LoRA, the adapters (trainable weights the step also needs).
   for (const auto& p : model.parameters()) m.weight_bytes += std::int64_t(p.tensor.nbytes());
@@ -220,6 +229,30 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
     if (m.status != "passed") break;
   }
   return m;
+}
+
+// While alive, the CUDA meter hears the phase marks (per-phase peaks); then the CPU meter again.
+class ListeningTo {
+ public:
+  explicit ListeningTo(PhaseListener* listener) { set_phase_listener(listener); }
+  ~ListeningTo() { set_phase_listener(&CpuMemoryMeter::install()); }
+  ListeningTo(const ListeningTo&) = delete;
+  ListeningTo& operator=(const ListeningTo&) = delete;
+};
+
+}  // namespace
+
+Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+                           int warmup, int repeats, std::int64_t budget_bytes) {
+  if (model.device().is_cuda()) {
+    auto& meter = CudaMemoryMeter::for_device(model.device().index());
+    if (!meter.available()) throw std::runtime_error("CUDA memory meter: " + meter.reason());
+    const ListeningTo listening(&meter);
+    auto m = measure_with(meter, model, method, objective, batch, warmup, repeats, budget_bytes);
+    m.reserved_peak_bytes = meter.reserved_peak_bytes();
+    return m;
+  }
+  return measure_with(CpuMemoryMeter::install(), model, method, objective, batch, warmup, repeats, budget_bytes);
 }
 
 std::vector<std::string> split_list(const std::string& text, char sep) {

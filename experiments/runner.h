@@ -73,6 +73,9 @@ struct Measurement {
   std::int64_t peak_bytes = 0;
   std::int64_t weight_bytes = 0;  // base parameters and LoRA adapters
   std::int64_t largest_allocation_bytes = 0;  // largest single block (no [T, T] tile ever exists in StreamBP)
+  // CUDA only (-1 on the CPU): the caching allocator's reserved-bytes peak of the last step, what cudaMalloc held
+  // (CUPTI's memory curve is the same quantity).
+  std::int64_t reserved_peak_bytes = -1;
   std::vector<PhaseTime> phases;       // of the last repeat
   std::vector<PhasePeak> phase_peaks;  // in the same accounting as peak_bytes
   double median_seconds() const;
@@ -83,7 +86,9 @@ struct Measurement {
 Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
                             std::int64_t group, std::uint64_t seed);
 
-// Runs warmup + repeats steps. budget_bytes > 0 caps peak_bytes (the step then ends with status "oom").
+// Runs warmup + repeats steps on the model's device, measured by that device's meter: the CPU meter (every tensor
+// byte), or on CUDA the caching allocator's allocated bytes (profiler/cuda_meter.h). budget_bytes > 0 caps peak_bytes
+// (the step then ends with status "oom"); on CUDA it caps the allocator's reserved bytes, as a GPU of that size would.
 Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
                            int warmup, int repeats, std::int64_t budget_bytes);
 

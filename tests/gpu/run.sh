@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU half of the test plan, for whoever has a CUDA machine (these build machines have none, so none of this has
+# run yet: the first owner to run it should send the output and the results folder back).
+#
+#   bash tests/gpu/run.sh [cuda:N]        # from the repository root, after `make build`
+#
+# Every step prints what it expects; the script stops at the first check that fails. Results go to
+# results/gpu/<UTC time>/ (nothing earlier is overwritten).
+#
+# Expected outcomes, step by step:
+#  1. The CUDA-only Catch2 tests, which return early without a GPU, run for real: the caching-allocator meter's
+#     per-phase and overall peaks on 4 MiB tensors are exact, its budget raises OutOfMemoryError, and CUPTI starts and
+#     records. Expected: all pass.
+#  2. Exactness on the GPU against the CPU's fp64 oracle (`verify --device cuda --gate --mixed`, Table 7's metrics):
+#     every method (StreamBP, checkpointing, MsT) in fp32, bf16 and bf16-mixed, on `tiny` (GQA) and `tiny-mha`, with
+#     T = 1100 so StreamBP's chunks have multi-tile prefixes. Expected: exit 0 (each method's l2 error within 2x
+#     standard BP's on the same device plus the dtype's unit roundoff).
+#  3. The meter's peak against the analytic model on qwen3-small, T = 4096, fp32, standard / checkpoint / StreamBP.
+#     Expected: measured/model between 0.9 and 1.3 (GPU kernels keep workspaces the CPU models do not hold, e.g.
+#     cuBLAS's; the CPU runs sit within 3%). The ratios are printed, then checked against those bounds.
+#  4. CUPTI's peak against the caching allocator's reserved peak (`run --profile cupti --timeline P --json J`):
+#     CUPTI's memory curve is cudaMalloc/cudaFree of the allocator's segments, so its maximum must equal
+#     reserved_peak_bytes of the same run, less what was reserved before the recording began (bytes_before, the first
+#     row of P.csv). Expected: equal to the byte; 0 dropped records.
+#  5. A profile of `tiny` from the allocator trace (`run --timeline`): the CSV and Perfetto trace are written and the
+#     timeline has events; its maximum is printed beside the meter's peak for the record (they need not agree: the
+#     timeline sums the unrounded requests of everything live, the peak counts the step's rounded blocks).
+#  6. The micro-benchmarks on the GPU (short mode) write JSON that parses, with every benchmark family present.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DEVICE=${1:-cuda}
+BIN=${BUILD:-build}
+STREAMBP=$BIN/streambp
+OUT=results/gpu/$(date -u +%Y-%m-%dT%H-%M-%SZ)
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+log() { printf '\n== %s\n' "$*"; }
+fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+nvidia-smi -L || fail "no GPU visible (nvidia-smi -L failed)"
+[[ -x $STREAMBP ]] || fail "$STREAMBP not built: run make build"
+
+log "1. CUDA-only unit tests (meter, budget, CUPTI)"
+ctest --test-dir "$BIN" -R "cuda|cupti" --output-on-failure | tee "$OUT/ctest-cuda.txt"
+
+log "2. exactness on $DEVICE against the CPU fp64 oracle (expected: exit 0)"
+for preset in tiny tiny-mha; do
+  "$STREAMBP" verify --device "$DEVICE" --preset $preset --seq 1100 --methods "streambp;checkpoint;mst" --gate --mixed \
+    --out "$OUT/verify" | tee "$OUT/verify-$preset.txt"
+done
+
+log "3. meter peak against the analytic model, qwen3-small T=4096 fp32 (expected: 0.9 <= measured/model <= 1.3)"
+for method in standard checkpoint streambp; do
+  "$STREAMBP" run --device "$DEVICE" --preset qwen3-small --seq 4096 --method $method --json "$OUT/run-$method.json" \
+    >"$OUT/run-$method.txt"
+  "$PY" - "$OUT/run-$method.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+ratio = r["peak_bytes"] / r["model_peak_bytes"]
+print(f'{r["method"]:<40} peak {r["peak_bytes"]/2**20:9.1f} MiB  model {r["model_peak_bytes"]/2**20:9.1f} MiB  '
+      f'measured/model {ratio:.3f}  reserved peak {r["reserved_peak_bytes"]/2**20:9.1f} MiB  {r["bp_seconds"]:.3f} s')
+sys.exit(0 if 0.9 <= ratio <= 1.3 else 1)
+EOF
+done
+
+log "4. CUPTI's peak against the allocator's reserved peak (expected: equal, 0 dropped records)"
+"$STREAMBP" run --device "$DEVICE" --preset tiny --seq 2048 --method streambp --profile cupti \
+  --timeline "$OUT/tiny-cupti" --json "$OUT/tiny-cupti.json" | tee "$OUT/tiny-cupti.txt"
+"$PY" - "$OUT/tiny-cupti" <<'EOF'
+import csv, json, sys
+prefix = sys.argv[1]
+rows = list(csv.DictReader(open(prefix + ".csv")))
+before = int(rows[0]["current_bytes"])
+cupti_peak = max(int(r["current_bytes"]) for r in rows) - before
+reserved = json.load(open(prefix + ".json"))["reserved_peak_bytes"]
+losses = open(prefix + ".cupti.csv").read().strip().splitlines()[-1]
+json.load(open(prefix + ".trace.json"))
+print(f"CUPTI peak {cupti_peak} B above the {before} B reserved before it; allocator reserved peak {reserved} B; {losses}")
+sys.exit(0 if cupti_peak == reserved - before and "dropped_records=0 " in losses + " " else 1)
+EOF
+
+log "5. allocator-trace profile of tiny (expected: files written, events recorded)"
+"$STREAMBP" run --device "$DEVICE" --preset tiny --seq 2048 --method streambp --timeline "$OUT/tiny-allocator" \
+  --json "$OUT/tiny-allocator.json" | tee "$OUT/tiny-allocator.txt"
+"$PY" - "$OUT/tiny-allocator" <<'EOF'
+import csv, json, sys
+prefix = sys.argv[1]
+top = max(int(r["current_bytes"]) for r in csv.DictReader(open(prefix + ".csv")))
+json.load(open(prefix + ".trace.json"))
+peak = json.load(open(prefix + ".json"))["peak_bytes"]
+print(f"timeline max {top} B, meter peak {peak} B (the step's; weights included in both)")
+sys.exit(0 if top > 0 else 1)
+EOF
+
+log "6. micro-benchmarks on $DEVICE (short mode)"
+"$BIN/streambp_bench" --device "$DEVICE" --short --benchmark_out="$OUT/bench.json" --benchmark_out_format=json
+"$PY" -c "import json,sys; b=json.load(open(sys.argv[1]))['benchmarks']; \
+names={x['name'].split('/')[0] for x in b}; print(sorted(names)); \
+sys.exit(0 if names >= {'head_chunk','layer_chunk','attention_chunk','kv_chunk'} else 1)" "$OUT/bench.json"
+
+log "all GPU checks passed; results in $OUT"

@@ -120,6 +120,16 @@ std::int64_t attention_activation_bytes_per_token(const Workload& w, bool input_
   return input_norm + qk + attention + w.lora_attention_targets * w.lora_rank * z.s;
 }
 
+// RoPE's cos and sin tables of `positions` positions ([positions, hd] in the compute dtype), one pair for q and one
+// for k, saved by the rotation's multiplications: per position, not per row of the batch. Measured in MsT's
+// full-sequence attention re-forward (tiny at B = 1, T = 4096: four 256 KiB blocks the model had missed, 5% of its
+// peak; at B = 8, T = 1024 four 64 KiB ones). Not added to the other methods' models: there the tiny-preset meter
+// tests did not show them beyond what the per-token terms already hold (adding them put standard-LoRA and two
+// StreamBP cases 4-5% over).
+std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions) {
+  return 4 * positions * w.config.head_dim * Sizes(w).s;
+}
+
 std::int64_t mlp_activation_bytes_per_token(const Workload& w) {
   const Sizes z(w);
   // post norm; gate, silu(gate), up, product; A x of each adapted projection
@@ -358,10 +368,24 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
     mlp.terms.insert(mlp.terms.end(),
                      {{"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)},
+                      {"RoPE tables", rope_table_bytes(w, z.T)},
                       {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
                       {"MLP gradient sums (fp32)", z.f > z.g ? mlp_gradient_elements * z.f : 0}});
-    MemoryEstimate attention{layer + " (attention)", common};
-    for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
+    // Inside the attention block's backward (measured with run --timeline, tiny B = 8): dL/dh_mid has been consumed
+    // by o_proj's backward and dL/dH_in does not exist yet, so of the [B, T, d] pairs only dL/dH_out and h_mid are
+    // alive; the attention output (o_proj's input) is, because the attention kernel's backward saved it.
+    MemoryEstimate attention{layer + " (attention)",
+                             {{"weights", z.weights},
+                              {"weight copies (compute dtype)", z.layer_copies()},
+                              {"gradients", state.gradients},
+                              {"checkpoints", state.checkpoints},
+                              {"dL/dH out", btd},
+                              {"h_mid", btd},
+                              {"objective buffers", objective_bytes(w)},
+                              {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)},
+                              {"RoPE tables", rope_table_bytes(w, z.T)}}};
+    for (const auto& t : attention_backward_terms(w))
+      if (t.name != "attention activations but o_proj's input") attention.terms.push_back(t);
     moments.push_back(mlp);
     moments.push_back(attention);
   }

@@ -52,3 +52,19 @@ assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names or any("Pref
 assert all(r["share"] != "" and 0 <= float(r["share"]) <= 1 for r in rows), rows[:3]
 print("ok: op profile with", len(rows), "ops")
 PY
+
+# --timeline on the CPU (DeviceTimeline's allocator source): the CSV's live bytes reach the run's peak (the timeline
+# also counts what was live before the step), the Perfetto trace parses, and an existing timeline is not overwritten.
+"$STREAMBP" run --preset tiny --seq 64 --method streambp:layer_chunk=16,head_chunk=16 --timeline tl --json tl.json >/dev/null
+python3 - <<'PY'
+import csv, json
+rows = list(csv.DictReader(open("tl.csv")))
+peak = json.load(open("tl.json"))["peak_bytes"]
+top = max(int(r["current_bytes"]) for r in rows)
+assert top >= peak, (top, peak)
+assert any(r["phase"] == "layer" for r in rows), "no phase names in the timeline"
+json.load(open("tl.trace.json"))
+print("ok: timeline with", len(rows), "events, max", top, ">= peak", peak)
+PY
+expect_failure "existing --timeline" "tl.csv" \
+  "$STREAMBP" run --preset tiny --seq 64 --method standard --timeline tl

@@ -29,7 +29,7 @@ def plot_demo(csv_path: Path) -> Path:
     rows = list(csv.DictReader(csv_path.open()))
     # A time ratio exists only where the same run measured checkpointing at that T (files written before empty cells
     # were introduced hold 0 there instead: never plotted).
-    timed_lengths = {r["seq_len"] for r in rows if r["method"] == "checkpoint"}
+    timed_lengths = {r["seq_len"] for r in rows if r["method"] == "checkpoint" and r["status"] != "oom"}
     by_method = defaultdict(list)
     for r in rows:
         by_method[r["method"]].append(r)
@@ -39,7 +39,9 @@ def plot_demo(csv_path: Path) -> Path:
         T = [int(r["seq_len"]) for r in rs]
         # oom rows (over the sweep's budget) have no measured peak: only the model is drawn there.
         measured = [(t, int(r["peak_bytes"]) / 2**30) for t, r in zip(T, rs) if r["peak_bytes"]]
-        line, = mem.plot([t for t, _ in measured], [p for _, p in measured], "o-", label=f"{method} (measured)")
+        oom = [t for t, r in zip(T, rs) if r["status"] == "oom"]
+        label = f"{method} (measured)" + (f"; oom at T = {', '.join(map(str, oom))}" if oom else "")
+        line, = mem.plot([t for t, _ in measured], [p for _, p in measured], "o-", label=label)
         mem.plot(T, [int(r["model_peak_bytes"]) / 2**30 for r in rs], "--", color=line.get_color(), alpha=0.6)
         # An empty ratio means the run had no checkpoint row to divide by: no point, never an invented 0.
         timed = [(t, float(r["time_vs_checkpoint"])) for t, r in zip(T, rs)
@@ -57,8 +59,9 @@ def plot_demo(csv_path: Path) -> Path:
     if time.lines:
         time.legend(fontsize=7)
     else:
-        time.text(0.5, 0.5, "no checkpoint row in this run:\nno time ratio", ha="center", va="center",
-                  transform=time.transAxes)
+        has_checkpoint = any(r["method"] == "checkpoint" for r in rows)
+        why = "checkpointing over the budget (oom) at every T" if has_checkpoint else "no checkpoint row in this run"
+        time.text(0.5, 0.5, why + ":\nno time ratio", ha="center", va="center", transform=time.transAxes)
     fig.suptitle(f"commit {first['commit']}, {first['date']}, {first['threads']} threads", fontsize=8)
     return save(fig, csv_path.with_suffix(".png"))
 

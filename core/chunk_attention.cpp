@@ -161,8 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_backward(const at::Tensor& g
                                                              const at::Tensor& k, const at::Tensor& v,
                                                              const at::Tensor& o, const at::Tensor& lse, bool causal,
                                                              double scale) {
-  check_cuda_inputs(q);
-  const auto c = q.size(2);
+  const auto c = q.size(2);  // q was checked by cuda_forward
   auto lse_padded = at::zeros({lse.size(0), lse.size(1), (c + kLseAlign - 1) / kLseAlign * kLseAlign}, lse.options());
   lse_padded.narrow(-1, 0, c).copy_(lse);
   const auto no_dropout = at::zeros({}, at::TensorOptions().dtype(at::kLong));  // seed and offset, unused at p = 0

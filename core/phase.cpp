@@ -13,6 +13,9 @@ PhaseListener* g_listener = nullptr;
 
 void set_phase_listener(PhaseListener* listener) { g_listener = listener; }
 
+PhaseListenerScope::PhaseListenerScope(PhaseListener& listener) : previous_(g_listener) { g_listener = &listener; }
+PhaseListenerScope::~PhaseListenerScope() { g_listener = previous_; }
+
 void PhaseClock::add(const std::string& name, double seconds) {
   for (auto& t : totals_)
     if (t.name == name) {

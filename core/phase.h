@@ -25,6 +25,19 @@ class PhaseListener {
 };
 void set_phase_listener(PhaseListener* listener);
 
+// Makes `listener` the phase listener while alive, then restores the one before (e.g. a CUDA meter for a GPU step,
+// then the CPU meter again).
+class PhaseListenerScope {
+ public:
+  explicit PhaseListenerScope(PhaseListener& listener);
+  ~PhaseListenerScope();
+  PhaseListenerScope(const PhaseListenerScope&) = delete;
+  PhaseListenerScope& operator=(const PhaseListenerScope&) = delete;
+
+ private:
+  PhaseListener* previous_;
+};
+
 // Waits for every stream of a CUDA device (what a wall-clock time of GPU work needs); nothing on the CPU. Phase
 // scopes do not call it: on CUDA their times are host times of launching the phase's kernels.
 void synchronize(c10::Device device);

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/DeviceAccelerator.h>
 #include <benchmark/benchmark.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -30,6 +29,7 @@
 #include "core/dtype.h"
 #include "core/flop_model.h"
 #include "core/model.h"
+#include "core/phase.h"
 #include "core/sft.h"
 #include "core/streaming.h"
 #include "experiments/device.h"
@@ -134,14 +134,14 @@ void set_rates(benchmark::State& state, std::int64_t tokens, double flops) {
 }
 
 // Times `iteration`. One untimed call first creates what a step's later chunks reuse (the head's lm_head sum and
-// logits block). On CUDA each iteration waits for its kernels (at::accelerator: no CUDA header needed), or the
-// loop would time kernel launches only; on the CPU ATen ops are synchronous.
+// logits block). On CUDA each iteration waits for its kernels (sbp::synchronize, as a step does), or the loop
+// would time kernel launches only; on the CPU ATen ops are synchronous.
 template <typename F>
 void time_iterations(benchmark::State& state, const Bench& bench, F&& iteration) {
   iteration();
   for (auto _ : state) {
     iteration();
-    if (bench.device.is_cuda()) at::accelerator::synchronizeDevice(bench.device.index());
+    sbp::synchronize(bench.device);
   }
 }
 

@@ -148,9 +148,11 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.source.describe());
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
-  if (!a.timeline.empty())
-    for (const auto* ext : {".csv", ".trace.json", ".cupti.csv"})
-      if (std::string(ext) != ".cupti.csv" || !a.profile.empty()) check_new_output(a.timeline + ext, a.force, "--timeline");
+  if (!a.timeline.empty()) {
+    std::vector<std::string> outputs = {".csv", ".trace.json"};
+    if (!a.profile.empty()) outputs.push_back(".cupti.csv");
+    for (const auto& ext : outputs) check_new_output(a.timeline + ext, a.force, "--timeline");
+  }
   if (!a.op_profile.empty()) check_new_output(a.op_profile, a.force, "--op-profile");
   DeviceTimeline timeline(device, a.timeline.empty() ? TimelineSource::none
                                   : a.profile == "cupti" ? TimelineSource::cupti : TimelineSource::allocator);

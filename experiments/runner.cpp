@@ -231,15 +231,6 @@ Measurement measure_with(Meter& meter, Model& model, BackpropMethod& method, Obj
   return m;
 }
 
-// While alive, the CUDA meter hears the phase marks (per-phase peaks); then the CPU meter again.
-class ListeningTo {
- public:
-  explicit ListeningTo(PhaseListener* listener) { set_phase_listener(listener); }
-  ~ListeningTo() { set_phase_listener(&CpuMemoryMeter::install()); }
-  ListeningTo(const ListeningTo&) = delete;
-  ListeningTo& operator=(const ListeningTo&) = delete;
-};
-
 }  // namespace
 
 Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
@@ -247,7 +238,7 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
   if (model.device().is_cuda()) {
     auto& meter = CudaMemoryMeter::for_device(model.device().index());
     if (!meter.available()) throw std::runtime_error("CUDA memory meter: " + meter.reason());
-    const ListeningTo listening(&meter);
+    const PhaseListenerScope listening(meter);  // per-phase peaks from the CUDA meter for this step
     auto m = measure_with(meter, model, method, objective, batch, warmup, repeats, budget_bytes);
     m.reserved_peak_bytes = meter.reserved_peak_bytes();
     return m;

@@ -92,6 +92,14 @@ Window read_window(c10::DeviceIndex device) {
   return {allocated.current, allocated.peak, reserved.current, reserved.peak};
 }
 
+// The overall peak of one quantity: the largest of the folded windows' and the open window's.
+std::int64_t overall_peak(CudaMemoryMeter::State& s, std::int64_t CudaMemoryMeter::State::*folded,
+                          std::int64_t Window::*open) {
+  const Window w = read_window(s.index());
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return std::max(s.*folded, w.*open);
+}
+
 // The window since the last boundary, and a new one from now (resetPeakStats: peak := current).
 Window take_window(c10::DeviceIndex device) {
   const Window window = read_window(device);
@@ -143,10 +151,7 @@ std::int64_t CudaMemoryMeter::current_bytes() const {
 }
 
 std::int64_t CudaMemoryMeter::peak_bytes() const {
-  if (!available()) return 0;
-  const Window w = read_window(state_->index());
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return std::max(state_->peak, w.allocated_peak);
+  return available() ? overall_peak(*state_, &State::peak, &Window::allocated_peak) : 0;
 }
 
 std::int64_t CudaMemoryMeter::reserved_bytes() const {
@@ -155,10 +160,7 @@ std::int64_t CudaMemoryMeter::reserved_bytes() const {
 }
 
 std::int64_t CudaMemoryMeter::reserved_peak_bytes() const {
-  if (!available()) return 0;
-  const Window w = read_window(state_->index());
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return std::max(state_->reserved_peak, w.reserved_peak);
+  return available() ? overall_peak(*state_, &State::reserved_peak, &Window::reserved_peak) : 0;
 }
 
 std::int64_t CudaMemoryMeter::largest_allocation_bytes() const {

@@ -23,11 +23,7 @@ PY
 
 # No GPU here: --device cuda is refused before any benchmark runs, with the CUDA runtime's reason.
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  status=0
-  out=$("$STREAMBP" --short --device cuda 2>&1) || status=$?
-  [[ $status -eq 2 ]] || fail "--device cuda: exit $status, expected 2\n$out"
-  grep -q -- "--device cuda: " <<<"$out" || fail "--device cuda: no message naming the flag in:\n$out"
-  echo "ok: --device cuda exits 2: $out"
+  expect_exit_2 "--device cuda" "--device cuda: " "$STREAMBP" --short --device cuda
 fi
 expect_failure "unknown device" "expected cpu, cuda or cuda:N" "$STREAMBP" --short --device tpu
 expect_failure "unknown preset" "unknown preset 'nosuch'" "$STREAMBP" --short --preset nosuch

@@ -9,14 +9,6 @@ echo "ok: no libcuda NEEDED, and the binary starts"
 
 # Without a GPU, --device cuda is a usage error (exit 2) that says why, in every command that takes it; never a
 # silent CPU run. (On a GPU machine tests/gpu/run.sh covers the device instead.)
-expect_exit_2() {
-  local what=$1 pattern=$2 out status=0
-  shift 2
-  out=$("$@" 2>&1) || status=$?
-  [[ $status -eq 2 ]] || fail "$what: exit $status, expected 2\n$out"
-  grep -qE -- "$pattern" <<<"$out" || fail "$what: no message matching '$pattern' in:\n$out"
-  echo "ok: $what (exit 2): $(grep -E -m1 -- "$pattern" <<<"$out")"
-}
 if ! nvidia-smi -L >/dev/null 2>&1; then
   for cmd in "run --preset tiny --method streambp --seq 8" "verify --seq 8" "demo --seq 64" \
              "sweep seq --preset tiny --seq 64" "maxlen --preset tiny --budget-bytes 1000000"; do

@@ -15,6 +15,7 @@
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_memory.h"
 #include "profiler/cuda_meter.h"
+#include "test_support.h"
 
 namespace {
 
@@ -38,20 +39,6 @@ std::vector<std::int64_t> current_bytes_of(const std::vector<sbp::MemoryEvent>& 
   return out;
 }
 
-const sbp::PhasePeak* find_phase(const std::vector<sbp::PhasePeak>& peaks, const std::string& name) {
-  for (const auto& p : peaks)
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
-// The meter listens to phases for one scope; the CPU meter (installed by main) listens again afterwards.
-class ListenScope {
- public:
-  explicit ListenScope(sbp::PhaseListener& listener) { sbp::set_phase_listener(&listener); }
-  ~ListenScope() { sbp::set_phase_listener(&sbp::CpuMemoryMeter::install()); }
-  ListenScope(const ListenScope&) = delete;
-  ListenScope& operator=(const ListenScope&) = delete;
-};
 
 // A budget for one scope, always lifted, so that a failing check cannot leave the rest of the test under it.
 class BudgetScope {
@@ -240,7 +227,7 @@ TEST_CASE("the CUDA meter without a GPU is unavailable with a reason and does no
   CHECK(reason == meter.reason());
   CHECK_FALSE(meter.start_timeline());  // the reason pointer is optional
   {
-    ListenScope listen(meter);
+    sbp::PhaseListenerScope listen(meter);
     sbp::PhaseClock clock;
     CHECK_NOTHROW(sbp::Phase(clock, "forward"));
   }
@@ -269,7 +256,7 @@ TEST_CASE("with a GPU the meter's peaks are exact per phase and its timeline see
   meter.reset_peak();
   const std::int64_t base = meter.current_bytes();
   {
-    ListenScope listen(meter);
+    sbp::PhaseListenerScope listen(meter);
     REQUIRE(meter.start_timeline());
     {
       sbp::Phase outer(clock, "outer");
@@ -283,8 +270,8 @@ TEST_CASE("with a GPU the meter's peaks are exact per phase and its timeline see
   CHECK(meter.current_bytes() == base);
   CHECK(meter.largest_allocation_bytes() == 4 * kMiB);
   const auto peaks = meter.phase_peaks();
-  const sbp::PhasePeak* outer = find_phase(peaks, "outer");
-  const sbp::PhasePeak* inner = find_phase(peaks, "inner");
+  const sbp::PhasePeak* outer = sbp::test::find_phase(peaks, "outer");
+  const sbp::PhasePeak* inner = sbp::test::find_phase(peaks, "inner");
   REQUIRE(outer != nullptr);
   REQUIRE(inner != nullptr);
   CHECK(outer->peak_bytes - base == 8 * kMiB);

@@ -27,12 +27,6 @@ constexpr std::int64_t kMillionDoubles = 8'000'000;  // bytes of at::empty({1000
 
 at::Tensor million_doubles() { return at::empty({1000, 1000}, at::kDouble); }
 
-const sbp::PhasePeak* find_phase(const std::vector<sbp::PhasePeak>& peaks, const std::string& name) {
-  for (const auto& p : peaks)
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
 // Sets a budget for one scope and always lifts it, so that a failing check cannot leave later tests under it.
 class BudgetScope {
  public:
@@ -80,9 +74,9 @@ TEST_CASE("phase peaks attribute an allocation to the phases open while it lives
   { sbp::Phase after(clock, "after"); }
   { sbp::Phase again(clock, "inner"); }
   const auto peaks = meter.phase_peaks();
-  const auto* outer = find_phase(peaks, "outer");
-  const auto* inner = find_phase(peaks, "inner");
-  const auto* after = find_phase(peaks, "after");
+  const auto* outer = sbp::test::find_phase(peaks, "outer");
+  const auto* inner = sbp::test::find_phase(peaks, "inner");
+  const auto* after = sbp::test::find_phase(peaks, "after");
   REQUIRE(outer != nullptr);
   REQUIRE(inner != nullptr);
   REQUIRE(after != nullptr);

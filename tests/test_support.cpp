@@ -68,4 +68,10 @@ std::string describe(const ModelConfig& c) {
   return s.str();
 }
 
+const PhasePeak* find_phase(const std::vector<PhasePeak>& peaks, const std::string& name) {
+  for (const auto& p : peaks)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
 }  // namespace sbp::test

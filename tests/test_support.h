@@ -11,6 +11,7 @@
 #include "core/model.h"
 #include "core/objective.h"
 #include "core/safetensors.h"
+#include "profiler/cpu_meter.h"  // PhasePeak
 
 namespace sbp::test {
 
@@ -49,5 +50,8 @@ ModelConfig tiny_config();
 
 // "d=64,L=2,heads=4x16,kv=2,V=512,I=128,tied=1,qk_norm=1,bias=0,o_bias=0": the parameters a failing case needs.
 std::string describe(const ModelConfig& config);
+
+// The named phase's peak in a meter's list (CPU or CUDA), or null.
+const PhasePeak* find_phase(const std::vector<PhasePeak>& peaks, const std::string& name);
 
 }  // namespace sbp::test

@@ -65,6 +65,8 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
   app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber);
   app.add_flag("--force", a.force, "overwrite existing output files");
+  app.add_flag("--model-only", a.model_only, "print the analytic memory model of this workload (and write it with "
+               "--json, status model-only) without running a step");
 }
 
 namespace {
@@ -105,6 +107,33 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
   }
 }
 
+// --model-only: the analytic memory model of the workload, printed and (with --json) written; no step runs.
+int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workload& workload, const Batch& batch,
+                     const std::string& command_line) {
+  const auto est = method.memory_model(workload);
+  fmt::print("method    {}\nbatch     B={} T={}\nmodel     {} analytic peak (at {}; threads {}), no step run\n",
+             method.spec(), batch.batch_size(), batch.seq_len(), format_bytes(est.total_bytes()), est.moment,
+             workload.threads);
+  for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
+  if (!a.json.empty()) {
+    nlohmann::json terms = nlohmann::json::array();
+    for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+    const nlohmann::json j = {{"status", "model-only"},
+                              {"model_peak_bytes", est.total_bytes()},
+                              {"model_peak_moment", est.moment},
+                              {"model_terms", terms},
+                              {"preset", a.source.describe()},
+                              {"method", method.spec()},
+                              {"dtype", precision_name(workload.dtype, workload.gradient_dtype())},
+                              {"batch_size", batch.batch_size()},
+                              {"seq_len", batch.seq_len()},
+                              {"threads", workload.threads},
+                              {"provenance", to_json(collect_provenance(command_line, describe_device(parse_device(a.device))))}};
+    write_file_atomically(a.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_command(const RunArgs& a, const std::string& command_line) {
@@ -122,6 +151,11 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     if (!file.empty()) check_new_output(file, a.force, flag);
   if (!a.save_model.empty()) check_new_output(a.save_model, a.force, "--save-model");
   if (!a.save_adapter.empty()) check_new_output(a.save_adapter, a.force, "--save-adapter");
+  if (a.model_only)
+    for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
+                                      {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"},
+                                      {a.timeline, "--timeline"}, {a.op_profile, "--op-profile"}})
+      if (!value.empty()) throw std::invalid_argument(std::string(flag) + " needs a step, and --model-only runs none");
   if (!a.save_adapter.empty() && a.lora.empty() && a.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
@@ -144,6 +178,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
   const auto workload = make_workload(*model, *objective, batch);
+  if (a.model_only) return print_model_only(a, *method, workload, batch, command_line);
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
   if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.source.describe());
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);

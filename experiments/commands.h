@@ -27,7 +27,7 @@ struct RunArgs {
   std::string device = "cpu", profile;  // --device cpu|cuda[:N]; --profile cupti
   std::int64_t budget_bytes = 0;
   int threads = 0, warmup = 0, repeats = 1;
-  bool force = false;
+  bool force = false, model_only = false;
 };
 void add_run_options(CLI::App& app, RunArgs& args);
 int run_command(const RunArgs& args, const std::string& command_line);

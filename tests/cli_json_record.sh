@@ -23,3 +23,17 @@ for key in ["commit", "date", "machine", "threads", "torch_version", "command"]:
 assert "--json run.json" in p["command"], p["command"]
 print("ok: run record", {k: r[k] for k in ["status", "loss", "peak_bytes", "model_peak_bytes", "bp_seconds"]})
 PY
+
+# --model-only: the same workload's analytic model, no step run, the same number as the measured record's model.
+"$STREAMBP" run --preset tiny --method streambp:layer_chunk=8,head_chunk=8 --dtype fp32 --batch 2 --seq 33 \
+  --pad-fraction 0.2 --seed 3 --model-only --json model.json
+expect_exit_2 "--model-only with --timeline" "needs a step" "$STREAMBP" run --preset tiny --method streambp --seq 33 --model-only --timeline never
+python3 - <<'PY'
+import json
+r, m = json.load(open("run.json")), json.load(open("model.json"))
+assert m["status"] == "model-only", m["status"]
+assert "peak_bytes" not in m and "bp_seconds" not in m, sorted(m)
+assert m["model_peak_bytes"] == r["model_peak_bytes"], (m["model_peak_bytes"], r["model_peak_bytes"])
+assert m["model_terms"] == r["model_terms"] and m["model_peak_moment"] == r["model_peak_moment"]
+print("ok: --model-only gives the run's model", m["model_peak_bytes"])
+PY

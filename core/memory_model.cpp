@@ -123,9 +123,8 @@ std::int64_t attention_activation_bytes_per_token(const Workload& w, bool input_
 // RoPE's cos and sin tables of `positions` positions ([positions, hd] in the compute dtype), one pair for q and one
 // for k, saved by the rotation's multiplications: per position, not per row of the batch. Measured in MsT's
 // full-sequence attention re-forward (tiny at B = 1, T = 4096: four 256 KiB blocks the model had missed, 5% of its
-// peak; at B = 8, T = 1024 four 64 KiB ones). Not added to the other methods' models: there the tiny-preset meter
-// tests did not show them beyond what the per-token terms already hold (adding them put standard-LoRA and two
-// StreamBP cases 4-5% over).
+// peak; at B = 8, T = 1024 four 64 KiB ones). Standard BP (every layer's tables) and checkpointing (the re-forward's)
+// count them too, next to full_sequence_layer_bytes_per_token (measured there: tiny fp32 T = 1024, 64 KiB blocks).
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions) {
   return 4 * positions * w.config.head_dim * Sizes(w).s;
 }
@@ -139,6 +138,36 @@ std::int64_t mlp_activation_bytes_per_token(const Workload& w) {
 std::int64_t layer_activation_bytes_per_token(const Workload& w, bool input_kept) {
   return attention_activation_bytes_per_token(w, input_kept) + mlp_activation_bytes_per_token(w);
 }
+
+namespace {
+
+// RMSNorm's saved statistic rsqrt(mean(x²) + eps): one value per normalised row in the compute dtype, kept by the
+// normalising product (and RsqrtBackward) as long as the norm's input needs a gradient. Per token: the layer's input
+// and post-attention norms and, with qk_norm, one row per q head and per k head. Measured (run --timeline, tiny fp32
+// T = 1024): [T, 1], [T, n_kv] and [T, n_h] rsqrt blocks of 4, 8 and 16 KiB in every layer's saved set.
+std::int64_t norm_statistics_bytes_per_token(const Workload& w) {
+  const auto& c = w.config;
+  return (2 + (c.qk_norm ? c.num_attention_heads + c.num_key_value_heads : 0)) * Sizes(w).f;
+}
+
+// What one decoder layer run with a graph on the full sequence keeps for its backward, per token (standard BP's
+// forward, checkpointing's re-forward): layer_activation_bytes_per_token and the norm statistics, without the
+// [T, n_h*hd] copy of the attention output that helper counts for o_proj: on the full sequence SDPA's CPU kernel
+// writes its output in q's memory layout ([B, T, n_h, hd]: q is rotated from a transposed view of the projection),
+// so Model::attend's transpose(1, 2).reshape is a view and o_proj keeps the kernel's output block itself. Measured
+// with run --timeline (tiny fp32, B = 1, T = 1024, standard and checkpoint): one [T, n_h*hd] block from the kernel
+// per layer, none from o_proj's input, and otherwise exactly the blocks the helper names.
+// input_saved = false: the layer's input needs no gradient (standard BP under LoRA, layer 0: the frozen embedding's
+// output), so its input norm keeps neither that input nor its statistic; only the scaled output, kept by the adapters'
+// A (measured: tiny LoRA fp32 B = 4, T = 256, layer 0 has no [B*T, d] input block and no [B*T, 1] rsqrt).
+std::int64_t full_sequence_layer_bytes_per_token(const Workload& w, bool input_kept, bool input_saved = true) {
+  const Sizes z(w);
+  const auto input_norm_saved = (input_kept && z.f == z.s ? 0 : z.d * z.f) + z.f;
+  return layer_activation_bytes_per_token(w, input_kept) - w.config.q_width() * z.s +
+         norm_statistics_bytes_per_token(w) - (input_saved ? 0 : input_norm_saved);
+}
+
+}  // namespace
 
 namespace {
 
@@ -180,11 +209,21 @@ MemoryEstimate embedding_moment(const Workload& w) {
 MemoryEstimate standard_memory(const Workload& w) {
   const Sizes z(w);
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
+  // Under LoRA the frozen embedding's output needs no gradient: layer 0 keeps less (full_sequence_layer_bytes_per_token).
+  // RoPE's cos/sin tables: each layer's rotation makes its own pair for q and one for k ([T, hd] each, per position,
+  // not per row of the batch), which the multiplications keep (measured: tiny fp32 B = 1, T = 1024: eight 64 KiB
+  // blocks; B = 4, T = 256 LoRA: eight 16 KiB ones). The final norm's statistic, [B, T, 1] in the compute dtype.
+  // (run --preset tiny --method standard --seq 1024 --timeline P; --batch 4 --seq 256 --lora rank=8.)
+  const auto layers = z.L * full_sequence_layer_bytes_per_token(w, false) -
+                      (z.lora ? full_sequence_layer_bytes_per_token(w, false) -
+                                    full_sequence_layer_bytes_per_token(w, false, /*input_saved=*/false)
+                              : 0);
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
                        {"weight copies (compute dtype)", z.all_copies()},
-                       {"layer activations", z.L * z.B * z.T * layer_activation_bytes_per_token(w)},
-                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z, false)},
+                       {"layer activations", z.B * z.T * layers},
+                       {"RoPE tables", z.L * rope_table_bytes(w, z.T)},
+                       {"final norm", z.B * z.T * (final_norm_bytes(z.d, z, false) + z.f)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
   if (z.lora) return head;  // the frozen embedding has no backward
@@ -205,32 +244,80 @@ MemoryEstimate standard_memory(const Workload& w) {
 MemoryEstimate checkpoint_memory(const Workload& w) {
   const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
+  const auto& c = w.config;
+  // The final norm's saved statistic ([B, T, 1], compute dtype) is alive with its other saved tensors.
+  const auto final_norm = z.B * z.T * (final_norm_bytes(z.d, z, true) + z.f);
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
                        {"lm_head copy (compute dtype)", z.lm_head_copy()},
                        {"checkpoints", (z.L + 1) * btd},
-                       {"final norm", z.B * z.T * final_norm_bytes(z.d, z, true)},
+                       {"final norm", final_norm},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
-  // Re-forward of a layer, then its backward: first the MLP's (every activation of the layer saved), then the
-  // attention's (attention_backward_terms, and h_mid's gradient).
+  // Re-forward of a layer on the full sequence, then its backward. Measured with run --timeline (tiny and tiny-mha
+  // fp32, B = 1, T = 64 and 1024; `run --preset tiny-mha --method checkpoint --seq 1024 --threads 2 --timeline P`,
+  // blocks named by size and order): the two local peaks are
+  //  - MLP: silu(gate)·up's backward, which makes d(silu) and d(up) while d(product) is alive: gate, up, silu and
+  //    those three [B, T, I] gradients; the product itself was freed by down_proj's backward. Under LoRA the same
+  //    count one step earlier: down's two partial input gradients (base and adapter path) and their sum, the product
+  //    and down's A·x freed (tiny-mha LoRA fp32 T = 2048: layer peak 14.76 MB measured, 14.71 MB this moment).
+  //    Of this layer's gradients only down_proj's exists.
+  //  - attention: SDPA's backward (attention_backward_terms, the input/q/k norms' statistics, the RoPE tables, and
+  //    h_mid's gradient); the MLP's and o_proj's gradients exist, q/k/v's and the input norm's not yet.
+  // Both hold the RoPE tables of the re-forward (rope_table_bytes: four [T, hd] blocks) and the layer's output (the
+  // value of layer_forward, alive until its backward returns) next to dL/dH in: "dL/dH in + out".
+  // Gradients of this layer written by each moment: full fine-tuning down_proj's [d, I] (MLP), then also gate/up's and
+  // the post norm's, and o_proj's (attention). Under LoRA the adapters': every MLP adapter has r·(d+I) elements (down's
+  // is the first written) and o's r·(n_h·hd + d) (counted whenever the attention is adapted: the targets are not in
+  // the Workload, all-linear has it).
+  const auto r = w.lora_rank;
+  const auto down_gradient = (z.lora ? (w.lora_mlp_targets > 0 ? r * (z.d + c.intermediate_size) : 0)
+                                     : z.d * c.intermediate_size) * z.g;
+  const auto mlp_o_gradients =
+      (z.lora ? w.lora_mlp_targets * r * (z.d + c.intermediate_size) +
+                    (w.lora_attention_targets > 0 ? r * (c.q_width() + z.d) : 0)
+              : 3 * z.d * c.intermediate_size + z.d + z.d * c.q_width() + (c.o_proj_bias ? z.d : 0)) * z.g;
+  const auto mlp_activations = z.B * z.T * (full_sequence_layer_bytes_per_token(w, true) - c.intermediate_size * z.s -
+                                            (w.lora_mlp_targets > 0 ? r * z.s : 0));
+  const auto attention_statistics =
+      z.B * z.T * (norm_statistics_bytes_per_token(w) - z.f);  // all but the post norm's (freed with the MLP's graph)
   std::vector<MemoryEstimate> moments = {head};
   for (const auto& state : layer_states(z)) {
     const auto layer = "layer " + std::to_string(state.layer) + " backward";
+    const auto earlier = state.gradients - z.layer_grad;  // the head's and the layers' after this one
     const std::vector<MemoryTerm> common = {{"weights", z.weights},
                                             {"weight copies (compute dtype)", z.layer_copies()},
-                                            {"gradients", state.gradients},
                                             {"checkpoints", state.checkpoints},
                                             {"dL/dH in + out", 2 * btd},
+                                            {"RoPE tables", rope_table_bytes(w, z.T)},
                                             {"objective buffers", objective_bytes(w)}};
     MemoryEstimate mlp{layer + " (MLP)", common};
-    mlp.terms.push_back({"layer activations", z.B * z.T * layer_activation_bytes_per_token(w, true)});
-    mlp.terms.push_back({"MLP gradient", mlp_backward_bytes(w, z.B * z.T)});
+    mlp.terms.insert(mlp.terms.end(),
+                     {{"gradients (this layer's: down_proj's)", earlier + down_gradient},
+                      {"layer activations but the MLP product", mlp_activations},
+                      {"MLP gradients: d(product), d(silu), d(up)", 3 * z.B * z.T * c.intermediate_size * z.s}});
     MemoryEstimate attention{layer + " (attention)", common};
+    attention.terms.push_back({"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients});
     for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
+    attention.terms.push_back({"input and q/k norm statistics", attention_statistics});
     attention.terms.push_back({"h_mid's gradient", btd});
     moments.push_back(mlp);
     moments.push_back(attention);
+    // bf16, full fine-tuning, short sequences: down_proj's weight gradient, a bf16 GEMM that this CPU (no
+    // AVX512-BF16) first fills in an fp32 [d, I] buffer, while the product (its input) and d(product) are alive.
+    // Measured: tiny-mha bf16, B = 1, T = 64 (`run --preset tiny-mha --method checkpoint --seq 64 --dtype bf16
+    // --timeline P`): the layer's peak, with a 32.1 KiB block next to the 16 KiB bf16 gradient; the MLP moment above
+    // was 2.6% under the meter without this one.
+    if (z.s < z.f && !z.lora) {
+      MemoryEstimate down{layer + " (down_proj weight gradient)", common};
+      down.terms.insert(down.terms.end(),
+                        {{"gradients (this layer's: none yet)", earlier},
+                         {"down_proj's gradient (model dtype) + its fp32 GEMM buffer",
+                          z.d * c.intermediate_size * (z.s + z.f)},
+                         {"layer activations", z.B * z.T * full_sequence_layer_bytes_per_token(w, true)},
+                         {"d(product)", z.B * z.T * c.intermediate_size * z.s}});
+      moments.push_back(down);
+    }
   }
   // Short sequences: the lm_head's weight gradient, a bf16 GEMM of [V, d] output that this CPU (no AVX512-BF16) first
   // fills in an fp32 buffer (qwen3-small bf16, T = 64: 661 MiB measured, 395 MiB modelled without it); then the end
@@ -239,7 +326,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
     moments.push_back({"lm_head gradient GEMM",
                        {{"weights", z.weights},
                         {"checkpoints", (z.L + 1) * btd},
-                        {"final norm", z.B * z.T * final_norm_bytes(z.d, z, true)},
+                        {"final norm", final_norm},
                         {"logits gradient (model dtype)", z.B * z.T * z.V * z.s},
                         {"lm_head gradient + its fp32 GEMM buffer", z.lm_grad + z.V * z.d * z.f},
                         {"objective buffers", objective_bytes(w)}}});

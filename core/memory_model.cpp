@@ -113,8 +113,11 @@ std::int64_t attention_activation_bytes_per_token(const Workload& w, bool input_
   // q/k: projection output (the norm's saved input) + normalised + rotated (kept by attention); without qk_norm
   // only the rotated copy stays.
   const auto qk = c.qk_norm ? (qw + kw) * (z.f + (z.lora ? 1 : 2) * z.s) : (qw + kw) * z.s;
+  // The attention output is kept once: the kernels write it in q's memory layout ([B, T, n_h, hd]), so
+  // Model::attend's transpose + reshape for o_proj is a view and o_proj saves that block itself (measured with
+  // run --timeline on tiny fp32 T = 1024, standard and checkpoint: one [T, n_h*hd] block per layer, none from o_proj).
   const auto attention = kw * z.s                      // v (kept by attention)
-                         + 2 * qw * z.s                // attention output + its [c, n_h*hd] copy for o_proj
+                         + qw * z.s                    // attention output (o_proj's input)
                          + c.num_attention_heads * 4;  // log-sum-exp rows (fp32)
   // LoRA: each adapted projection keeps A x ([r] per token) for B's backward; x itself is the base's saved input.
   return input_norm + qk + attention + w.lora_attention_targets * w.lora_rank * z.s;
@@ -151,20 +154,15 @@ std::int64_t norm_statistics_bytes_per_token(const Workload& w) {
 }
 
 // What one decoder layer run with a graph on the full sequence keeps for its backward, per token (standard BP's
-// forward, checkpointing's re-forward): layer_activation_bytes_per_token and the norm statistics, without the
-// [T, n_h*hd] copy of the attention output that helper counts for o_proj: on the full sequence SDPA's CPU kernel
-// writes its output in q's memory layout ([B, T, n_h, hd]: q is rotated from a transposed view of the projection),
-// so Model::attend's transpose(1, 2).reshape is a view and o_proj keeps the kernel's output block itself. Measured
-// with run --timeline (tiny fp32, B = 1, T = 1024, standard and checkpoint): one [T, n_h*hd] block from the kernel
-// per layer, none from o_proj's input, and otherwise exactly the blocks the helper names.
+// forward, checkpointing's re-forward): layer_activation_bytes_per_token and the norm statistics (measured with
+// run --timeline, tiny fp32, B = 1, T = 1024, standard and checkpoint: exactly these blocks).
 // input_saved = false: the layer's input needs no gradient (standard BP under LoRA, layer 0: the frozen embedding's
 // output), so its input norm keeps neither that input nor its statistic; only the scaled output, kept by the adapters'
 // A (measured: tiny LoRA fp32 B = 4, T = 256, layer 0 has no [B*T, d] input block and no [B*T, 1] rsqrt).
 std::int64_t full_sequence_layer_bytes_per_token(const Workload& w, bool input_kept, bool input_saved = true) {
   const Sizes z(w);
   const auto input_norm_saved = (input_kept && z.f == z.s ? 0 : z.d * z.f) + z.f;
-  return layer_activation_bytes_per_token(w, input_kept) - w.config.q_width() * z.s +
-         norm_statistics_bytes_per_token(w) - (input_saved ? 0 : input_norm_saved);
+  return layer_activation_bytes_per_token(w, input_kept) + norm_statistics_bytes_per_token(w) - (input_saved ? 0 : input_norm_saved);
 }
 
 }  // namespace
@@ -177,14 +175,13 @@ std::int64_t mlp_backward_bytes(const Workload& w, std::int64_t tokens) {
   return tokens * w.config.intermediate_size * std::int64_t(c10::elementSize(w.dtype));
 }
 
-// SDPA's backward over the full sequence of a layer whose input is a checkpoint (checkpointing, MsT): o_proj's
-// backward has freed its input (the [T, n_h*hd] copy of the attention output) and the MLP's activations are gone;
-// the gradients of the attention output, q, k, v and the kernel's scratch exist.
+// SDPA's backward over the full sequence of a layer whose input is a checkpoint (checkpointing, MsT): the MLP's
+// activations are gone; the attention block's (the output too: the kernel's backward saved it), the gradients of the
+// attention output, q, k, v and the kernel's scratch exist.
 std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
   const Sizes z(w);
   const auto& c = w.config;
-  return {{"attention activations but o_proj's input",
-           z.B * z.T * (attention_activation_bytes_per_token(w, true) - c.q_width() * z.s)},
+  return {{"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)},
           {"attention gradients", z.B * z.T * (2 * c.q_width() + 2 * c.kv_width()) * z.s},
           {"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)}};
 }
@@ -268,17 +265,16 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
   // value of layer_forward, alive until its backward returns) next to dL/dH in: "dL/dH in + out".
   // Gradients of this layer written by each moment: full fine-tuning down_proj's [d, I] (MLP), then also gate/up's and
   // the post norm's, and o_proj's (attention). Under LoRA the adapters': every MLP adapter has r·(d+I) elements (down's
-  // is the first written) and o's r·(n_h·hd + d) (counted whenever the attention is adapted: the targets are not in
-  // the Workload, all-linear has it).
+  // is the first written) and o's r·(n_h·hd + d) when o is adapted.
   const auto r = w.lora_rank;
-  const auto down_gradient = (z.lora ? (w.lora_mlp_targets > 0 ? r * (z.d + c.intermediate_size) : 0)
+  const auto down_gradient = (z.lora ? (w.adapts("down") ? r * (z.d + c.intermediate_size) : 0)
                                      : z.d * c.intermediate_size) * z.g;
   const auto mlp_o_gradients =
       (z.lora ? w.lora_mlp_targets * r * (z.d + c.intermediate_size) +
-                    (w.lora_attention_targets > 0 ? r * (c.q_width() + z.d) : 0)
+                    (w.adapts("o") ? r * (c.q_width() + z.d) : 0)
               : 3 * z.d * c.intermediate_size + z.d + z.d * c.q_width() + (c.o_proj_bias ? z.d : 0)) * z.g;
   const auto mlp_activations = z.B * z.T * (full_sequence_layer_bytes_per_token(w, true) - c.intermediate_size * z.s -
-                                            (w.lora_mlp_targets > 0 ? r * z.s : 0));
+                                            (w.adapts("down") ? r * z.s : 0));
   const auto attention_statistics =
       z.B * z.T * (norm_statistics_bytes_per_token(w) - z.f);  // all but the post norm's (freed with the MLP's graph)
   std::vector<MemoryEstimate> moments = {head};
@@ -408,18 +404,18 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   const bool sums_wider = z.f > z.s;
 
   // The chunk's saved Q path, per token. Step 2 builds no K/V path (K and V were made without a graph), so
-  // attention_activation_bytes_per_token's k (projection, normalised, rotated) and v are not there; of its two
-  // [n_h*hd] copies of the attention output, one is the output chunk attention keeps (fp32 or wider), the other
-  // o_proj's input in the model dtype: in fp32/fp64 the same tensor (the kernel's output is laid out [B, c, n_h, hd],
-  // and the merge of the key blocks keeps that layout, so the reshape for o_proj is a view); in bf16 its cast. Measured
-  // with
+  // attention_activation_bytes_per_token's k (projection, normalised, rotated) and v are not there. Its attention
+  // output is the one chunk attention keeps, in the merge dtype (fp32 or wider); in fp32/fp64 that is also o_proj's
+  // input (the merge keeps the kernel's [B, c, n_h, hd] layout, so the reshape is a view), in bf16 o_proj saves a
+  // bf16 cast of it. Measured with
   //   streambp run --preset tiny{,-mha} --method streambp[:layer_chunk=128,head_chunk=64] --seq 64|256|1024
-  //     [--batch 8] [--dtype bf16] --threads 2 --timeline P  (python3 /work/ana/live.py P.csv)
-  // the live blocks of the last chunk's graph: input norm (normed, scaled), q (projection, normalised, rotated), the
-  // attention output (one [c, n_h*hd] block in fp32: B = 8, T = 256, c = 128; fp32 + bf16 in bf16).
+  //     [--batch 8] [--dtype bf16] --threads 2 --timeline P
+  // (the blocks alive at P.csv's peak): the last chunk's graph holds the input norm's normed and scaled outputs, q's
+  // projection, normalised and rotated copies, and the attention output (one [c, n_h*hd] block in fp32: B = 8,
+  // T = 256, c = 128; an fp32 and a bf16 one in bf16).
   const auto k_path = kw * (cfg.qk_norm ? z.f + (z.lora ? 1 : 2) * z.s : z.s) + kw * z.s;
   const auto o_proj_input = z.f == z.s ? 0 : qw * z.s;
-  const auto q_path = attention_activation_bytes_per_token(w, true) - k_path - 2 * qw * z.s + qw * z.f + o_proj_input;
+  const auto q_path = attention_activation_bytes_per_token(w, true) - k_path - qw * z.s + qw * z.f + o_proj_input;
   // RoPE's cos and sin of the chunk's c positions for q ([c, hd] each, saved by the rotation; tiny c = 128: two
   // 8 KiB blocks).
   const auto q_rope = rope_table_bytes(w, c) / 2;
@@ -491,10 +487,10 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     // bf16: the MLP's weight (or adapter) gradients summed over the mini-sequences in fp32 (ChunkGradients).
     const auto mlp_gradient_elements = z.lora ? w.lora_mlp_targets * w.lora_rank * (z.d + cfg.intermediate_size)
                                               : 3 * z.d * cfg.intermediate_size + z.d;
-    // The attention block's saved activations (see the attention backward's notes below): the shared per-token
-    // term without its [T, n_h*hd] copy of the attention output, plus the norms' fp32 rsqrt rows.
-    const auto rsqrt_rows = z.B * z.T * (1 + (cfg.qk_norm ? cfg.num_attention_heads + cfg.num_key_value_heads : 0)) * z.f;
-    const auto attention_saved = z.B * z.T * (attention_activation_bytes_per_token(w, true) - cfg.q_width() * z.s);
+    // The attention block's saved activations (see the attention backward's notes below) and its norms' statistics
+    // (the input norm's, q's and k's rsqrt rows; the post norm's is the MLP's).
+    const auto rsqrt_rows = z.B * z.T * (norm_statistics_bytes_per_token(w) - z.f);
+    const auto attention_saved = z.B * z.T * attention_activation_bytes_per_token(w, true);
     MemoryEstimate mlp{layer + " (MLP mini-sequence)",
                        {{"weights", z.weights},
                         {"weight copies (compute dtype)", z.layer_copies()},
@@ -508,7 +504,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
                         {"RoPE tables", rope_table_bytes(w, z.T)},
                         {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
                         {"MLP gradient sums (fp32)", z.f > z.g ? mlp_gradient_elements * z.f : 0}}};
-    // The attention block's backward (h_mid.backward(g_mid)), measured with run --timeline and /work/ana/live.py on
+    // The attention block's backward (h_mid.backward(g_mid)), measured with run --timeline (the blocks alive at its peak) on
     // tiny fp32 and bf16 B = 8 T = 4096, bf16-mixed LoRA B = 4 T = 4096, tiny-mha fp32 B = 1 T = 64:
     //   streambp run --preset tiny --method mst:mini_seq=64 --batch 8 --seq 4096 --dtype bf16 --threads 2 --timeline P
     // - g_mid (dL/dh_mid) stays alive to the end of the layer (layer_backward holds it) next to h_mid and dL/dH out.
@@ -517,9 +513,8 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     //   Of the layer's compute-dtype weight copies (mixed precision) only q/k/v's (and the norms') are still saved.
     //   Under LoRA the same holds for the adapters: the MLP's and o's gradients exist, q/k/v's not; o's A x and copy
     //   are freed by o_proj's backward (bf16-mixed LoRA B = 4 T = 64: 18 KiB of MLP and 4 KiB of o adapter gradients,
-    //   q/k/v's 1.5 KiB copies and 4 KiB A x each; the model held 30 KiB more, 2.8% over). The Workload counts the
-    //   attention targets, not their names: o counts as adapted when all four are.
-    const bool o_adapted = z.lora && w.lora_attention_targets == 4;
+    //   q/k/v's 1.5 KiB copies and 4 KiB A x each; the model held 30 KiB more, 2.8% over).
+    const bool o_adapted = z.lora && w.adapts("o");
     const auto lora_attention_elements =
         z.lora ? w.lora_parameters / std::max<std::int64_t>(1, z.L) -
                      w.lora_mlp_targets * w.lora_rank * (z.d + cfg.intermediate_size)
@@ -552,7 +547,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
                               {"RMSNorm rsqrt rows (fp32)", rsqrt_rows},
                               {"RoPE tables", rope_table_bytes(w, z.T)}}};
     for (const auto& t : attention_backward_terms(w))
-      if (t.name != "attention activations but o_proj's input") attention.terms.push_back(t);
+      if (t.name != "attention activations") attention.terms.push_back(t);
     moments.push_back(mlp);
     moments.push_back(attention);
     // (b) qk_norm: q's RMSNorm backward, right after SDPA's and RoPE's backward (q was computed last, so its path is

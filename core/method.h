@@ -55,6 +55,12 @@ struct Workload {
   // is frozen, so only the adapters have gradients.
   std::int64_t lora_rank = 0, lora_parameters = 0;
   int lora_attention_targets = 0, lora_mlp_targets = 0;  // adapted projections per layer among q,k,v,o / gate,up,down
+  std::vector<std::string> lora_targets;                  // their names (the memory model needs o and down by name)
+  bool adapts(const std::string& target) const {
+    for (const auto& t : lora_targets)
+      if (t == target) return true;
+    return false;
+  }
   // Intra-op threads: the CPU attention kernels keep a scratch block per thread.
   std::int64_t threads = 1;
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.

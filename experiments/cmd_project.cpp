@@ -92,6 +92,7 @@ Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank, cons
     w.lora_parameters = c.num_hidden_layers * rank * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + I) + (I + d));
     w.lora_attention_targets = 4;
     w.lora_mlp_targets = 3;
+    w.lora_targets = {"q", "k", "v", "o", "gate", "up", "down"};
     w.grad_dtype = c10::kFloat;
   }
   return w;

@@ -95,6 +95,7 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
     w.lora_rank = lora.rank;
     for (const auto& a : model.adapters()) w.lora_parameters += a.tensor.numel();
     for (const auto& t : lora.targets) (t == "gate" || t == "up" || t == "down" ? w.lora_mlp_targets : w.lora_attention_targets)++;
+    w.lora_targets.assign(lora.targets.begin(), lora.targets.end());
   }
   return w;
 }

@@ -175,14 +175,13 @@ std::int64_t mlp_backward_bytes(const Workload& w, std::int64_t tokens) {
   return tokens * w.config.intermediate_size * std::int64_t(c10::elementSize(w.dtype));
 }
 
-// SDPA's backward over the full sequence of a layer whose input is a checkpoint (checkpointing, MsT): the MLP's
-// activations are gone; the attention block's (the output too: the kernel's backward saved it), the gradients of the
-// attention output, q, k, v and the kernel's scratch exist.
+// What SDPA's backward over the full sequence adds (checkpointing, MsT) to the attention block's saved activations
+// (the output too: the kernel's backward saved it): the gradients of the attention output, q, k, v and the kernel's
+// scratch.
 std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
   const Sizes z(w);
   const auto& c = w.config;
-  return {{"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)},
-          {"attention gradients", z.B * z.T * (2 * c.q_width() + 2 * c.kv_width()) * z.s},
+  return {{"attention gradients", z.B * z.T * (2 * c.q_width() + 2 * c.kv_width()) * z.s},
           {"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)}};
 }
 
@@ -294,6 +293,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                       {"MLP gradients: d(product), d(silu), d(up)", 3 * z.B * z.T * c.intermediate_size * z.s}});
     MemoryEstimate attention{layer + " (attention)", common};
     attention.terms.push_back({"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients});
+    attention.terms.push_back({"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)});
     for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
     attention.terms.push_back({"input and q/k norm statistics", attention_statistics});
     attention.terms.push_back({"h_mid's gradient", btd});
@@ -491,21 +491,23 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     // (the input norm's, q's and k's rsqrt rows; the post norm's is the MLP's).
     const auto rsqrt_rows = z.B * z.T * (norm_statistics_bytes_per_token(w) - z.f);
     const auto attention_saved = z.B * z.T * attention_activation_bytes_per_token(w, true);
-    MemoryEstimate mlp{layer + " (MLP mini-sequence)",
-                       {{"weights", z.weights},
-                        {"weight copies (compute dtype)", z.layer_copies()},
-                        {"gradients", state.gradients},
-                        {"checkpoints", state.checkpoints},
-                        {"dL/dH out", btd},
-                        {"h_mid + its gradient", 2 * btd},
-                        {"objective buffers", objective_bytes(w)},
-                        {"attention activations (o_proj's input is SDPA's output)", attention_saved},
-                        {"RMSNorm rsqrt rows (fp32)", rsqrt_rows},
-                        {"RoPE tables", rope_table_bytes(w, z.T)},
-                        {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
-                        {"MLP gradient sums (fp32)", z.f > z.g ? mlp_gradient_elements * z.f : 0}}};
-    // The attention block's backward (h_mid.backward(g_mid)), measured with run --timeline (the blocks alive at its peak) on
-    // tiny fp32 and bf16 B = 8 T = 4096, bf16-mixed LoRA B = 4 T = 4096, tiny-mha fp32 B = 1 T = 64:
+    // Alive at every moment of the layer: the layer input's gradient (dL/dH in) is made only at its end.
+    const std::vector<MemoryTerm> common = {{"weights", z.weights},
+                                            {"checkpoints", state.checkpoints},
+                                            {"dL/dH out", btd},
+                                            {"h_mid + its gradient", 2 * btd},
+                                            {"objective buffers", objective_bytes(w)}};
+    MemoryEstimate mlp{layer + " (MLP mini-sequence)", common};
+    mlp.terms.insert(mlp.terms.end(),
+                     {{"weight copies (compute dtype)", z.layer_copies()},
+                      {"gradients", state.gradients},
+                      {"attention activations (o_proj's input is SDPA's output)", attention_saved},
+                      {"RMSNorm rsqrt rows (fp32)", rsqrt_rows},
+                      {"RoPE tables", rope_table_bytes(w, z.T)},
+                      {"MLP mini-sequence", z.B * c * mlp_activation_bytes_per_token(w)},
+                      {"MLP gradient sums (fp32)", z.f > z.g ? mlp_gradient_elements * z.f : 0}});
+    // The attention block's backward (h_mid.backward(g_mid)), measured with run --timeline (the blocks alive at its
+    // peak) on tiny fp32 and bf16 B = 8 T = 4096, bf16-mixed LoRA B = 4 T = 4096, tiny-mha fp32 B = 1 T = 64:
     //   streambp run --preset tiny --method mst:mini_seq=64 --batch 8 --seq 4096 --dtype bf16 --threads 2 --timeline P
     // - g_mid (dL/dh_mid) stays alive to the end of the layer (layer_backward holds it) next to h_mid and dL/dH out.
     // - Layer l's q/k/v projection and norm weight gradients do not exist yet (their backward comes later; o_proj's
@@ -527,27 +529,24 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     const auto qkv_copies = qkv_elements * z.cast;
     const auto o_lora_inputs = o_adapted ? z.B * z.T * w.lora_rank * z.s : 0;  // o's A x, freed
     // - SDPA's output is [B, T, n_h, hd] storage viewed as [B, n_h, T, hd]: Model::attend's transpose + reshape is a
-    //   view, so o_proj saves the output itself, no [T, n_h*hd] copy (the shared per-token term counts one for
-    //   StreamBP's chunk attention): the fp32 B = 8 T = 4096 peak holds one 8 MiB [B, T, n_h*hd] block, not two.
+    //   view, so o_proj saves the output itself, no [T, n_h*hd] copy: the fp32 B = 8 T = 4096 peak holds one 8 MiB
+    //   [B, T, n_h*hd] block, not two.
     // - Each RMSNorm also saves its fp32 rsqrt row per token and head (input norm 1, q_norm n_h, k_norm n_kv): 896 KiB
     //   at bf16 B = 8 T = 4096, not in the shared per-token terms.
     // (a) SDPA's backward: every activation of the block saved, the gradients of the attention output, q, k, v
     //     (attention_backward_terms) and the flash kernel's scratch (bf16 B = 8 T = 4096: 83.8 MiB live, of it
     //     grad_out 4 + grad_q 4 + grad_k 2 + grad_v 2 MiB and scratch 2 + 1 MiB).
-    MemoryEstimate attention{layer + " (attention)",
-                             {{"weights", z.weights},
-                              {"q/k/v weight copies (compute dtype)", qkv_copies},
-                              {"gradients (but layer's q/k/v/norms)", gradients_before_qkv},
-                              {"checkpoints", state.checkpoints},
-                              {"dL/dH out", btd},
-                              {"h_mid + its gradient", 2 * btd},
-                              {"objective buffers", objective_bytes(w)},
-                              {"attention activations (o_proj's input is SDPA's output) but o's A x",
-                               attention_saved - o_lora_inputs},
-                              {"RMSNorm rsqrt rows (fp32)", rsqrt_rows},
-                              {"RoPE tables", rope_table_bytes(w, z.T)}}};
-    for (const auto& t : attention_backward_terms(w))
-      if (t.name != "attention activations") attention.terms.push_back(t);
+    // Both moments of the attention block's backward: its q/k/v gradients (and copies) do not exist yet.
+    auto before_qkv = common;
+    before_qkv.insert(before_qkv.end(), {{"q/k/v weight copies (compute dtype)", qkv_copies},
+                                         {"gradients (but layer's q/k/v/norms)", gradients_before_qkv}});
+    MemoryEstimate attention{layer + " (attention)", before_qkv};
+    attention.terms.insert(attention.terms.end(),
+                           {{"attention activations (o_proj's input is SDPA's output) but o's A x",
+                             attention_saved - o_lora_inputs},
+                            {"RMSNorm rsqrt rows (fp32)", rsqrt_rows},
+                            {"RoPE tables", rope_table_bytes(w, z.T)}});
+    for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
     moments.push_back(mlp);
     moments.push_back(attention);
     // (b) qk_norm: q's RMSNorm backward, right after SDPA's and RoPE's backward (q was computed last, so its path is
@@ -570,18 +569,13 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
       const auto per_token = input_norm + k_saved + qw * z.f +
                              (w.lora_attention_targets - (o_adapted ? 1 : 0)) * w.lora_rank * z.s +
                              (1 + cfg.num_key_value_heads) * z.f;  // rsqrt rows of the input norm and k_norm
-      moments.push_back({layer + " (q norm backward)",
-                         {{"weights", z.weights},
-                          {"q/k/v weight copies (compute dtype)", qkv_copies},
-                          {"gradients (but layer's q/k/v/norms)", gradients_before_qkv},
-                          {"checkpoints", state.checkpoints},
-                          {"dL/dH out", btd},
-                          {"h_mid + its gradient", 2 * btd},
-                          {"objective buffers", objective_bytes(w)},
-                          {"input norm's, k's and q norm's saved tensors", z.B * z.T * per_token},
-                          {"k's RoPE tables", rope_table_bytes(w, z.T) / 2},
-                          {"k, v gradients", 2 * z.B * z.T * kw * z.s},
-                          {"q norm backward temporaries (5, statistics dtype)", 5 * z.B * z.T * qw * z.f}}});
+      MemoryEstimate q_norm{layer + " (q norm backward)", before_qkv};
+      q_norm.terms.insert(q_norm.terms.end(),
+                          {{"input norm's, k's and q norm's saved tensors", z.B * z.T * per_token},
+                           {"k's RoPE tables", rope_table_bytes(w, z.T) / 2},
+                           {"k, v gradients", 2 * z.B * z.T * kw * z.s},
+                           {"q norm backward temporaries (5, statistics dtype)", 5 * z.B * z.T * qw * z.f}});
+      moments.push_back(q_norm);
     }
   }
   moments.push_back(embedding_moment(w));

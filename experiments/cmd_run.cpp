@@ -78,6 +78,16 @@ double phase_seconds(const Measurement& m, const std::string& name) {
   return 0;
 }
 
+void print_terms(const MemoryEstimate& est) {
+  for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
+}
+
+nlohmann::json terms_json(const MemoryEstimate& est) {
+  auto terms = nlohmann::json::array();
+  for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+  return terms;
+}
+
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
                    const MemoryEstimate& est) {
@@ -100,7 +110,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
   fmt::print("peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(m.peak_bytes),
              format_bytes(est.total_bytes()), 100.0 * (double(m.peak_bytes) / double(est.total_bytes()) - 1.0),
              est.moment);
-  for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
+  print_terms(est);
   for (const auto& p : m.phase_peaks) {
     const double seconds = phase_seconds(m, p.name);
     fmt::print("  phase   {:<12} peak {:>12}  {:8.3f} s  x{}\n", p.name, format_bytes(p.peak_bytes), seconds, p.count);
@@ -114,14 +124,12 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
   fmt::print("method    {}\nbatch     B={} T={}\nmodel     {} analytic peak (at {}; threads {}), no step run\n",
              method.spec(), batch.batch_size(), batch.seq_len(), format_bytes(est.total_bytes()), est.moment,
              workload.threads);
-  for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
+  print_terms(est);
   if (!a.json.empty()) {
-    nlohmann::json terms = nlohmann::json::array();
-    for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
     const nlohmann::json j = {{"status", "model-only"},
                               {"model_peak_bytes", est.total_bytes()},
                               {"model_peak_moment", est.moment},
-                              {"model_terms", terms},
+                              {"model_terms", terms_json(est)},
                               {"preset", a.source.describe()},
                               {"method", method.spec()},
                               {"dtype", precision_name(workload.dtype, workload.gradient_dtype())},
@@ -226,8 +234,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     fmt::print("gradients written to {}\n", a.save_grads);
   }
   if (!a.json.empty()) {
-    nlohmann::json terms = nlohmann::json::array(), phases = nlohmann::json::array();
-    for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+    nlohmann::json phases = nlohmann::json::array();
     for (const auto& p : m.phase_peaks) {
       const double seconds = phase_seconds(m, p.name);
       phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", seconds}, {"count", p.count}});
@@ -238,7 +245,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"peak_bytes", m.peak_bytes},
                         {"model_peak_bytes", est.total_bytes()},
                         {"model_peak_moment", est.moment},
-                        {"model_terms", terms},
+                        {"model_terms", terms_json(est)},
                         {"weight_bytes", m.weight_bytes},
                         {"bp_seconds", m.median_seconds()},
                         {"bp_seconds_all", m.bp_seconds},

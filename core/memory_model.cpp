@@ -59,15 +59,21 @@ std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z, bool input_kep
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
 std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * c * z.V * z.f; }
 
-// The CPU flash-attention kernel's scratch in its backward (ATen's FlashAttentionKernel.cpp): per thread, the
-// attention weights of a block of qS queries x kvS keys and their gradient, in the accumulation dtype (fp32 for
-// bf16, which adds a bf16 copy of both). qS is 256, 64 or 32 queries by the query count, kvS at most 512 keys.
-// Measured: 512 KiB at 2 threads, fp32, T = 512 (the largest block of MsT's attention backward on tiny).
-std::int64_t flash_backward_scratch_bytes(const Workload& w, std::int64_t queries, std::int64_t keys) {
-  const Sizes z(w);
-  const auto q_split = std::min(queries, queries >= 768 ? std::int64_t(256) : queries >= 192 ? 64 : 32);
-  const auto kv_split = std::min<std::int64_t>(512, keys);
-  return w.threads * 2 * q_split * kv_split * (z.f + (z.s < z.f ? z.s : 0));
+// The attention backward's scratch over `queries` x `keys` in `dtype`, from the calibration. On the CPU (ATen's
+// FlashAttentionKernel.cpp) it is per thread: the attention weights of a block of queries x keys and their gradient
+// in the accumulation dtype (plus a bf16 copy of both for bf16), and whatever the block GEMMs' library takes for
+// them (oneDNN's bf16 kernels: 2 x 32 KiB at tiny's shapes under AVX512_CORE, 2 x 354 KiB with native AVX512-BF16).
+std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
+                                     bool causal) {
+  const auto& c = w.config;
+  return w.workspace_bytes(KernelCall::attention_backward(dtype, w.threads, w.batch_size, c.num_attention_heads,
+                                                          c.num_key_value_heads, queries, keys, c.head_dim, causal));
+}
+
+// A GEMM's workspace in the model dtype, from the calibration (out[m, n] = op(A)[m, k] · op(B)[k, n]).
+std::int64_t gemm_workspace_bytes(const Workload& w, std::int64_t m, std::int64_t n, std::int64_t k, bool a_transposed,
+                                  bool b_transposed = false) {
+  return w.workspace_bytes(KernelCall::gemm(w.dtype, w.threads, m, n, k, a_transposed, b_transposed));
 }
 
 std::int64_t objective_bytes(const Workload& w) { return w.batch_size * w.seq_len * w.objective_bytes_per_token; }
@@ -96,6 +102,13 @@ MemoryEstimate largest(std::vector<MemoryEstimate> moments) {
 }
 
 }  // namespace
+
+std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
+  if (!workspaces)
+    throw std::logic_error("memory model of " + config.name + ": no kernel calibration attached to the workload (" +
+                           call.describe() + ")");
+  return workspaces->bytes(call);
+}
 
 std::int64_t MemoryEstimate::total_bytes() const {
   std::int64_t total = 0;
@@ -182,7 +195,7 @@ std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
   const Sizes z(w);
   const auto& c = w.config;
   return {{"attention gradients", z.B * z.T * (2 * c.q_width() + 2 * c.kv_width()) * z.s},
-          {"attention kernel scratch", flash_backward_scratch_bytes(w, z.T, z.T)}};
+          {"attention kernel scratch", attention_scratch_bytes(w, w.dtype, z.T, z.T, true)}};
 }
 
 }  // namespace
@@ -299,32 +312,36 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
     attention.terms.push_back({"h_mid's gradient", btd});
     moments.push_back(mlp);
     moments.push_back(attention);
-    // bf16, full fine-tuning, short sequences: down_proj's weight gradient, a bf16 GEMM that this CPU (no
-    // AVX512-BF16) first fills in an fp32 [d, I] buffer, while the product (its input) and d(product) are alive.
-    // Measured: tiny-mha bf16, B = 1, T = 64 (`run --preset tiny-mha --method checkpoint --seq 64 --dtype bf16
-    // --timeline P`): the layer's peak, with a 32.1 KiB block next to the 16 KiB bf16 gradient; the MLP moment above
-    // was 2.6% under the meter without this one.
-    if (z.s < z.f && !z.lora) {
+    // Full fine-tuning, short sequences: down_proj's weight gradient GEMM (grad^T · product over B·T rows), while
+    // the product (its input) and d(product) are alive, with the GEMM's workspace; in mixed precision its output is
+    // then widened into the fp32 gradient (after the workspace is gone). Measured on an AVX512_CORE CPU, bf16:
+    // tiny-mha B = 1, T = 64 (`run --preset tiny-mha --method checkpoint --seq 64 --dtype bf16 --timeline P`): the
+    // layer's peak, a 32.1 KiB workspace (an fp32 copy of the output) next to the 16 KiB bf16 gradient; the MLP moment
+    // above was 2.6% under the meter without this one.
+    if (!z.lora) {
+      const auto down_elements = z.d * c.intermediate_size;
+      const auto workspace = gemm_workspace_bytes(w, z.d, c.intermediate_size, z.B * z.T, /*a_transposed=*/true);
       MemoryEstimate down{layer + " (down_proj weight gradient)", common};
       down.terms.insert(down.terms.end(),
                         {{"gradients (this layer's: none yet)", earlier},
-                         {"down_proj's gradient (model dtype) + its fp32 GEMM buffer",
-                          z.d * c.intermediate_size * (z.s + z.f)},
+                         {"down_proj's gradient (model dtype) + the GEMM's workspace or the fp32 cast",
+                          down_elements * z.s + std::max(workspace, z.cast ? down_elements * z.g : 0)},
                          {"layer activations", z.B * z.T * full_sequence_layer_bytes_per_token(w, true)},
                          {"d(product)", z.B * z.T * c.intermediate_size * z.s}});
       moments.push_back(down);
     }
   }
-  // Short sequences: the lm_head's weight gradient, a bf16 GEMM of [V, d] output that this CPU (no AVX512-BF16) first
-  // fills in an fp32 buffer (qwen3-small bf16, T = 64: 661 MiB measured, 395 MiB modelled without it); then the end
-  // of the step, when every gradient exists.
-  if (z.s < z.f && z.g == z.s && z.lm_grad > 0)
+  // Short sequences: the lm_head's weight gradient GEMM (grad^T · normed hidden states, [V, d] output) with its
+  // workspace (on an AVX512_CORE CPU in bf16 an fp32 copy of the output: qwen3-small bf16, T = 64: 661 MiB measured,
+  // 395 MiB modelled without it); then the end of the step, when every gradient exists.
+  if (z.g == z.s && z.lm_grad > 0)
     moments.push_back({"lm_head gradient GEMM",
                        {{"weights", z.weights},
                         {"checkpoints", (z.L + 1) * btd},
                         {"final norm", final_norm},
                         {"logits gradient (model dtype)", z.B * z.T * z.V * z.s},
-                        {"lm_head gradient + its fp32 GEMM buffer", z.lm_grad + z.V * z.d * z.f},
+                        {"lm_head gradient + the GEMM's workspace",
+                         z.lm_grad + gemm_workspace_bytes(w, z.V, z.d, z.B * z.T, /*a_transposed=*/true)},
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   return largest(moments);
@@ -344,13 +361,19 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   // add's fp32 copy of it), and at the end rounds the sum into the bf16 gradient (the commit moment, after the last
   // chunk's buffers are gone).
   const auto head_logits = z.B * ch * z.V * (z.f + (z.s < z.f ? z.s : 0));
-  // dLoss/dh_normed = grad · W ([B, c_h, d]); a bf16 GEMM on this CPU (no AVX512-BF16) also fills an fp32 buffer of
-  // that shape (measured: 512 KiB at B = 2, c_h = 1024, d = 64).
-  const auto grad_hn = z.B * ch * z.d * (z.s + (z.s < z.f ? z.f : 0));
+  // dLoss/dh_normed = grad · W ([B, c_h, d]) and its GEMM's workspace (on an AVX512_CORE CPU in bf16 an fp32 copy of
+  // the output: 512 KiB at B = 2, c_h = 1024, d = 64).
+  const auto grad_hn = z.B * ch * z.d * z.s + gemm_workspace_bytes(w, z.B * ch, z.d, z.V, false);
   // Mixed precision: the gradient is the fp32 sum itself (no commit moment), the GEMMs use a compute-dtype copy of
   // the lm_head.
   const bool blocks = z.f > z.s && z.lm_grad > 0, sums_wider = z.f > z.g && z.lm_grad > 0;
-  const auto lm_block = std::min(Model::kLmHeadRows, z.V) * z.d * (z.s + z.f);
+  // A block's product grad^T · h_normed ([rows, d] in the model dtype) with the GEMM's workspace, then the fp32
+  // copy of it that the add into the sum makes. fp32/fp64 add inside one GEMM over the whole [V, d] (addmm).
+  const auto rows = std::min(Model::kLmHeadRows, z.V);
+  const auto lm_block =
+      blocks ? rows * z.d * z.s + std::max(gemm_workspace_bytes(w, rows, z.d, z.B * ch, true), rows * z.d * z.f)
+      : z.lm_grad > 0 ? gemm_workspace_bytes(w, z.V, z.d, z.B * ch, true)
+                      : 0;
   const auto lm_gradient = z.lm_grad * (sums_wider ? z.f / z.g : 1);
   // fp32/fp64 reuse one logits block for every chunk (Model::logits), so it is still there while the final norm's
   // backward runs: measured 4 [B, c_h, d] blocks beyond dLoss/dh_normed (5 under LoRA, whose moment holds less
@@ -358,7 +381,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const auto norm_backward = z.s == z.f ? (z.lora ? 5 : 4) * z.B * ch * z.d * z.f : 0;
   // While the chunk's logits are alive, one after the other: the block-wise lm_head sums (bf16), the GEMM
   // dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed precision), the final norm's backward.
-  const auto head_work = std::max({blocks ? lm_block : 0, grad_hn + z.lm_head_copy(), grad_hn + norm_backward});
+  const auto head_work = std::max({lm_block, grad_hn + z.lm_head_copy(), grad_hn + norm_backward});
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
@@ -441,13 +464,13 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   // fp32 copies (112 KiB each).
   const auto q_rows = z.B * c * qw;
   const auto dq_path = q_rows * (3 * z.f + z.s + (z.f > z.s ? z.f : 0));
-  // The kernel runs on fp32 copies of bf16 blocks: its scratch has no bf16 copy (tiny bf16, c = 128: 256 KiB).
-  const auto key_block = [&](std::int64_t keys, bool after_first) {
+  // The kernel runs on fp32 copies of bf16 blocks: its scratch is the fp32 kernel's (tiny bf16, c = 128: 256 KiB).
+  const auto key_block = [&](std::int64_t keys, bool after_first, bool diagonal) {
     return (sums_wider ? 4 : 2) * z.B * keys * kw * z.f +
-           flash_backward_scratch_bytes(w, c, keys) * z.f / (z.f + (z.s < z.f ? z.s : 0)) + (after_first ? q_rows * z.f : 0);
+           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal) + (after_first ? q_rows * z.f : 0);
   };
   const auto tile = sums_wider ? std::min<std::int64_t>(1024, prefix) : prefix;
-  const auto block_gradients = std::max(prefix > 0 ? key_block(tile, tile < prefix) : 0, key_block(c, prefix > 0));
+  const auto block_gradients = std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));
   const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
                                 block_gradients + dq_path;
   const auto chunk = std::max(mlp_moment, attention_moment);

@@ -12,6 +12,7 @@
 
 #include "core/batch.h"
 #include "core/config.h"
+#include "core/kernel_workspace.h"
 #include "core/objective.h"
 #include "core/phase.h"
 
@@ -61,8 +62,12 @@ struct Workload {
       if (t == target) return true;
     return false;
   }
-  // Intra-op threads: the CPU attention kernels keep a scratch block per thread.
+  // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
+  // What the kernel running at a moment allocates beyond its inputs and outputs: this machine's calibration, or none
+  // (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
+  std::shared_ptr<const KernelWorkspaces> workspaces;
+  std::int64_t workspace_bytes(const KernelCall& call) const;
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }

@@ -4,7 +4,8 @@
 // paper's measured maximum where its table labels it. Each projection carries an error bar: the range of measured /
 // modelled peak over every CPU run in the --errors folders (results/grid by default), applied to the budget. These are
 // projections of the CPU-measured models, not GPU measurements: a GPU run also holds the CUDA context, the caching
-// allocator's fragmentation and the kernels' workspaces, which the models leave out.
+// allocator's fragmentation and the kernels' workspaces, which the models leave out (no_kernel_workspaces: this CPU's
+// calibration would not describe a GPU's kernels).
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -85,7 +86,10 @@ Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank, cons
   w.batch_size = batch;
   w.objective_bytes_per_token = objective.buffer_bytes_per_token();
   w.statistics_pass = objective.needs_statistics();  // DPO: the streamed head's pass over the row sums
-  w.threads = 1;  // the CPU kernels' per-thread scratch is not a GPU term
+  w.threads = 1;
+  // A GPU's kernels (cuBLAS, flash attention) take workspaces this machine cannot measure, and this CPU's would not
+  // describe them: the projection models none, and says so.
+  w.workspaces = no_kernel_workspaces();
   if (lora) {
     const auto d = c.hidden_size, q = c.q_width(), kv = c.kv_width(), I = c.intermediate_size;
     w.lora_rank = rank;
@@ -136,8 +140,10 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   const auto errors = measured_errors(error_dirs, a.error_presets);
   ResultsTable table({"objective", "lora", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
                       "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper"});
-  fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n",
-             double(a.budget_bytes) / 1e9);
+  fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n"
+             "kernel workspaces: {} (a GPU's cuBLAS/flash workspaces are not modelled; this CPU's calibration would not "
+             "describe them)\n",
+             double(a.budget_bytes) / 1e9, no_kernel_workspaces()->source());
   if (error_dirs.empty())
     fmt::print("no error bars: no measured runs (give --errors DIR, or run `streambp reproduce memory-grid`)\n\n");
   else

@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
+#include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
 #include "profiler/device_timeline.h"
 #include "profiler/op_profile.h"
@@ -82,6 +83,11 @@ void print_terms(const MemoryEstimate& est) {
   for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
 }
 
+// Where the model's kernel workspaces come from (the calibration's probes are listed in the JSON record).
+void print_calibration(const Workload& w) {
+  fmt::print("kernels   workspaces {}; {}\n", w.workspaces->source(), cpu_isa_summary());
+}
+
 nlohmann::json terms_json(const MemoryEstimate& est) {
   auto terms = nlohmann::json::array();
   for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
@@ -125,6 +131,7 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
              method.spec(), batch.batch_size(), batch.seq_len(), format_bytes(est.total_bytes()), est.moment,
              workload.threads);
   print_terms(est);
+  print_calibration(workload);
   if (!a.json.empty()) {
     const nlohmann::json j = {{"status", "model-only"},
                               {"model_peak_bytes", est.total_bytes()},
@@ -136,6 +143,7 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
                               {"batch_size", batch.batch_size()},
                               {"seq_len", batch.seq_len()},
                               {"threads", workload.threads},
+                              {"calibration", calibration_json(*workload.workspaces)},
                               {"provenance", to_json(collect_provenance(command_line, describe_device(parse_device(a.device))))}};
     write_file_atomically(a.json, j.dump(2) + "\n");
   }
@@ -226,6 +234,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                               : "; CUDA memory stats and CUPTI skipped: " + cuda_reason);
   const auto est = method->memory_model(workload);
   print_summary(a, *model, batch, *objective, *method, reference, m, est);
+  print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));
   if (!a.save_grads.empty() && m.status == "passed") {
@@ -246,6 +255,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"model_peak_bytes", est.total_bytes()},
                         {"model_peak_moment", est.moment},
                         {"model_terms", terms_json(est)},
+                        {"calibration", calibration_json(*workload.workspaces)},
                         {"weight_bytes", m.weight_bytes},
                         {"bp_seconds", m.median_seconds()},
                         {"bp_seconds_all", m.bp_seconds},

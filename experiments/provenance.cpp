@@ -13,6 +13,8 @@
 #include <ATen/Parallel.h>
 #include <torch/headeronly/version.h>
 
+#include "profiler/calibration.h"
+
 namespace sbp {
 namespace {
 
@@ -52,7 +54,7 @@ Provenance collect_provenance(const std::string& command, const std::string& dev
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   p.machine = std::string(host) + " / " + cpu_model() + " / " + std::to_string(std::thread::hardware_concurrency()) +
-              " cores" + (device.empty() || device == "cpu" ? std::string() : " / " + device);
+              " cores / " + cpu_isa_summary() + (device.empty() || device == "cpu" ? std::string() : " / " + device);
   p.threads = at::get_num_threads();
   p.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                     std::to_string(TORCH_VERSION_PATCH);

@@ -10,7 +10,7 @@ namespace sbp {
 struct Provenance {
   std::string commit;         // git HEAD of the source tree, "+dirty" when it has uncommitted changes
   std::string date_utc;       // ISO 8601
-  std::string machine;        // hostname, CPU model, cores; and the GPU when the run was on one
+  std::string machine;        // hostname, CPU model, cores, the instruction sets its kernels use; the GPU if any
   int threads = 0;            // intra-op threads used
   std::string torch_version;
   std::string command;        // the argv that reproduces the run

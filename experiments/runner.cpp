@@ -14,6 +14,7 @@
 #include "core/memory_model.h"
 #include "core/safetensors.h"
 #include "core/streaming.h"
+#include "profiler/calibration.h"
 #include "profiler/cuda_meter.h"
 
 namespace sbp {
@@ -89,6 +90,7 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
   Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
              objective.needs_statistics()};
   w.threads = at::get_num_threads();
+  w.workspaces = machine_workspaces(model.device());
   w.grad_dtype = model.grad_dtype();
   const auto& lora = model.lora();
   if (lora.enabled()) {

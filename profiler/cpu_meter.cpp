@@ -3,6 +3,7 @@
 #include "profiler/chrome_trace.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -29,10 +30,16 @@ struct State {
   struct Block {
     std::size_t size;
     std::uint64_t id;  // allocation number, for the timeline
+    int thread;        // the allocating thread (thread_index)
+    std::uint64_t window;  // the reset_peak window it was allocated in
   };
   std::unordered_map<void*, Block> sizes;  // live blocks allocated through the wrapper
   std::uint64_t next_id = 1;
   std::int64_t current = 0, peak = 0, budget = 0, largest = 0;
+  // Per allocating thread, bytes allocated in this window and still alive, and their peak: what each thread held at
+  // its own worst moment (coincident_peak_bytes).
+  std::uint64_t window = 0;
+  std::vector<std::int64_t> thread_current, thread_peak;
   std::vector<OpenPhase> open;
   std::vector<PhasePeak> peaks;
   bool recording = false;
@@ -51,6 +58,13 @@ State& state() {
   return *s;
 }
 
+// A small number per OS thread, in the order threads first allocate (OpenMP's workers live for the process).
+int thread_index() {
+  static std::atomic<int> next{0};
+  thread_local const int index = next++;
+  return index;
+}
+
 void tracked_free(void* ptr) {
   if (!ptr) return;
   auto& s = state();
@@ -60,6 +74,7 @@ void tracked_free(void* ptr) {
     // free it without counting.
     if (auto it = s.sizes.find(ptr); it != s.sizes.end()) {
       s.current -= std::int64_t(it->second.size);
+      if (it->second.window == s.window) s.thread_current[it->second.thread] -= std::int64_t(it->second.size);
       s.record_event(it->second.id, -std::int64_t(it->second.size));
       s.sizes.erase(it);
     }
@@ -80,10 +95,17 @@ class TrackingAllocator final : public c10::Allocator {
     }
     void* ptr = n ? c10::alloc_cpu(n) : nullptr;
     if (ptr) {
+      const auto thread = thread_index();
       std::lock_guard<std::mutex> lock(s.mutex);
       const auto id = s.next_id++;
-      s.sizes.emplace(ptr, State::Block{n, id});
+      s.sizes.emplace(ptr, State::Block{n, id, thread, s.window});
       s.current += std::int64_t(n);
+      if (std::size_t(thread) >= s.thread_current.size()) {
+        s.thread_current.resize(thread + 1, 0);
+        s.thread_peak.resize(thread + 1, 0);
+      }
+      s.thread_current[thread] += std::int64_t(n);
+      s.thread_peak[thread] = std::max(s.thread_peak[thread], s.thread_current[thread]);
       s.peak = std::max(s.peak, s.current);
       s.largest = std::max(s.largest, std::int64_t(n));
       for (const auto& p : s.open) s.peaks[p.slot].peak_bytes = std::max(s.peaks[p.slot].peak_bytes, s.current);
@@ -126,6 +148,16 @@ void CpuMemoryMeter::reset_peak() {
   s.largest = 0;
   s.peaks.clear();
   s.open.clear();
+  ++s.window;
+  std::fill(s.thread_current.begin(), s.thread_current.end(), 0);
+  std::fill(s.thread_peak.begin(), s.thread_peak.end(), 0);
+}
+
+std::int64_t CpuMemoryMeter::coincident_peak_bytes() const {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  std::int64_t sum = 0;
+  for (const auto p : state().thread_peak) sum += p;
+  return sum;
 }
 
 std::int64_t CpuMemoryMeter::largest_allocation_bytes() const {

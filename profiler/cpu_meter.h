@@ -38,6 +38,11 @@ class CpuMemoryMeter final : public PhaseListener {
   // Largest single block allocated since the last reset_peak(): proves that no [T, T] tile was ever made.
   std::int64_t largest_allocation_bytes() const;
   void reset_peak();  // peak := current; also clears the phase peaks and the largest allocation
+  // Bytes allocated since reset_peak() if every thread's own peak (of the blocks it allocated, still alive) had come
+  // at the same moment: the worst case of a parallel kernel whose workers each take scratch, which a long call
+  // reaches and a short probe may not (kernel calibration: 2 x 354 KiB of oneDNN scratch in a bf16 flash backward
+  // coincide at T = 2048 and not at T = 1024).
+  std::int64_t coincident_peak_bytes() const;
   // Allocations that would take live bytes above `bytes` throw c10::OutOfMemoryError; 0 = no budget.
   void set_budget_bytes(std::int64_t bytes);
   std::int64_t budget_bytes() const;

@@ -272,10 +272,10 @@ TEST_CASE("MsT gradients equal standard BP in fp64 for every parameter", "[exact
 
 TEST_CASE("StreamBP in fp32 and bf16 is as close to the fp64 oracle as standard BP in the same dtype",
           "[exactness][streambp][low-precision]") {
-  // DESIGN §8: a method's (l2) error may be at most 2x the standard method's error in the same dtype, plus a floor.
-  // The floor is the unit roundoff u of the dtype: the error of merely storing an exact gradient in it. The oracle is
-  // standard BP in fp64 on the very same weights (the low-precision weights widened), so that only the arithmetic
-  // of the step is measured, not the rounding of the weights.
+  // DESIGN §8: a method's (l2) error may be at most 2x the standard method's error in the same dtype, plus a floor:
+  // the error of storing every entry at the model's rounding floor (low_precision_floor). The oracle is standard BP
+  // in fp64 on the very same weights (the low-precision weights widened), so that only the arithmetic of the step is
+  // measured, not the rounding of the weights.
   struct LowPrecisionCase {
     c10::ScalarType dtype;
     bool tied, qk_norm, bias;
@@ -322,12 +322,16 @@ namespace {
 struct Bf16Errors {
   sbp::GradComparison standard, stream;
 };
-// mixed: bf16 compute with fp32 masters and gradients (--grad-dtype fp32); lora: a LoRA spec (fp64 oracle with the
-// same adapters).
-Bf16Errors bf16_errors(const std::string& spec, const sbp::StreamBP::Faults& faults = {}, bool mixed = false,
-                       const std::string& lora = "") {
+// `tiny`, untied: the model of every bf16 case but the issue's own.
+ModelConfig bf16_config() {
   ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
+  return config;
+}
+// mixed: bf16 compute with fp32 masters and gradients (--grad-dtype fp32); lora: a LoRA spec (fp64 oracle with the
+// same adapters). B = 1, T = 512.
+Bf16Errors bf16_errors(const std::string& spec, const sbp::StreamBP::Faults& faults = {}, bool mixed = false,
+                       const std::string& lora = "", const ModelConfig& config = bf16_config()) {
   sbp::Model model(config, at::kBFloat16, 17);
   sbp::Model oracle_model(config, at::kDouble, model.parameters(), "bf16 weights");
   if (!lora.empty()) {
@@ -346,26 +350,55 @@ Bf16Errors bf16_errors(const std::string& spec, const sbp::StreamBP::Faults& fau
           sbp::compare_gradients(oracle.gradients, model.gradients())};
 }
 
-// The issue's bar for bf16 (#8): StreamBP's error within 1.5x standard BP's + u on every tensor.
+// The issue's bar for bf16 (#8, #18): StreamBP's error within 1.5x standard BP's + the rounding floor on every tensor.
 sbp::RuleVerdict bf16_verdict(const Bf16Errors& e) {
   return sbp::low_precision_rule(e.standard, e.stream, 1.5, at::kBFloat16);
+}
+
+// The model of issue #18: 4 layers, d = 128, 4 heads of 32 over 2 KV heads, I = 256, V = 512 (untied).
+ModelConfig issue18_config() {
+  ModelConfig config = bf16_config();
+  config.name = "issue18";
+  config.hidden_size = 128;
+  config.intermediate_size = 256;
+  config.num_hidden_layers = 4;
+  config.head_dim = 32;
+  return config;
 }
 
 }  // namespace
 
 TEST_CASE("StreamBP's bf16 error stays within 1.5x standard BP's at any chunk count", "[exactness][streambp][bf16]") {
-  // DESIGN §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32 and are
-  // rounded into bf16 once. Measured (tiny, T = 512): StreamBP/standard error ratios <= 1.64 per tensor at 64
-  // chunks, flat from 1 to 512 chunks; the unit-roundoff floor covers tensors whose error is itself at rounding level.
+  // DESIGN §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32, every
+  // chunk's share is added into them without a bf16 rounding of its own (Model::SummingGradients), and each sum is
+  // rounded into bf16 once. Measured (tiny, T = 512, native bf16 and AVX512_CORE): StreamBP/standard l2 error ratios
+  // <= 1.23 per tensor from 1 to 512 chunks, largest on 16- and 64-entry norm weights, whose ratios are the noisiest.
   for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",
                                  "streambp:layer_chunk=16,head_chunk=64", "streambp:layer_chunk=4,head_chunk=4",
                                  "streambp:layer_chunk=1,head_chunk=32"}) {
     const auto e = bf16_errors(spec);
     REQUIRE(e.stream.problems.empty());
     const auto verdict = bf16_verdict(e);
-    INFO(spec << ": largest error / (1.5 x standard + u) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
+    INFO(spec << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
     CHECK(verdict.passed());
   }
+}
+
+TEST_CASE("StreamBP's bf16 error stays within 1.5x standard BP's on issue #18's model at 64 chunks",
+          "[exactness][streambp][bf16]") {
+  // Issue #18 reported 1.85x standard-bf16's l2 error on layer 0's v_proj at 64 layer chunks of 8 tokens, accepted by
+  // the former floor u (as large as standard's error, 7.2e-3). Measured here after the fix (B = 1, T = 512, seeds as
+  // below, native bf16 and AVX512_CORE): worst per-tensor ratios 1.17-1.26 (full: q_norm; LoRA: o_proj's A), v_proj
+  // 0.8; the chunk shares' bf16 roundings before the fix added ~1% (geometric mean over tensors).
+  for (const std::string lora : {"", "rank=8,init=random"})
+    for (const bool mixed : {false, true}) {
+      const auto e = bf16_errors("streambp:layer_chunk=8,head_chunk=8", {}, mixed, lora, issue18_config());
+      REQUIRE(e.stream.problems.empty());
+      const auto verdict = bf16_verdict(e);
+      INFO("lora=" << lora << " mixed=" << mixed << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio
+                   << " (" << verdict.worst_tensor << ": " << verdict.method_error << " vs " << verdict.standard_error << ")");
+      CHECK(verdict.passed());
+    }
 }
 
 TEST_CASE("checkpoint's and MsT's bf16 errors stay within 1.5x standard BP's at any mini-sequence count",
@@ -376,7 +409,7 @@ TEST_CASE("checkpoint's and MsT's bf16 errors stay within 1.5x standard BP's at 
     const auto e = bf16_errors(spec);
     REQUIRE(e.stream.problems.empty());
     const auto verdict = bf16_verdict(e);
-    INFO(spec << ": largest error / (1.5 x standard + u) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
+    INFO(spec << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
     CHECK(verdict.passed());
   }
 }
@@ -384,8 +417,8 @@ TEST_CASE("checkpoint's and MsT's bf16 errors stay within 1.5x standard BP's at 
 TEST_CASE("in mixed precision every method stays within 1.5x standard BP's error at any chunk count",
           "[exactness][bf16][mixed]") {
   // --grad-dtype fp32: bf16 compute, fp32 masters and gradients; full fine-tuning and LoRA (fp32 adapters on the bf16
-  // base, the paper's LoRA setting). Each weight gradient leaves a bf16 GEMM once rounded and is summed in fp32, so
-  // the streamed sums need no separate buffers; their error must still not grow with the chunk count.
+  // base, the paper's LoRA setting). The fp32 gradients are the streamed sums themselves (no separate buffers), and
+  // the chunk shares go into them as in bf16, never rounded per chunk; their error must not grow with the chunk count.
   for (const std::string lora : {"", "rank=8,init=random"})
     for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=16,head_chunk=64",
                                    "streambp:layer_chunk=1,head_chunk=32", "checkpoint", "mst:mini_seq=8",
@@ -393,7 +426,7 @@ TEST_CASE("in mixed precision every method stays within 1.5x standard BP's error
       const auto e = bf16_errors(spec, {}, /*mixed=*/true, lora);
       REQUIRE(e.stream.problems.empty());
       const auto verdict = bf16_verdict(e);
-      INFO(spec << " lora=" << lora << ": largest error / (1.5 x standard + u) = " << verdict.worst_ratio << " ("
+      INFO(spec << " lora=" << lora << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " ("
                 << verdict.worst_tensor << ")");
       CHECK(verdict.passed());
     }
@@ -431,11 +464,11 @@ TEST_CASE("mixed precision runs the bf16 model on fp32 masters", "[exactness][bf
 }
 
 TEST_CASE("the bf16 gate fails when streamed sums are kept in bf16 over many chunks", "[negative-control][bf16]") {
-  // The fault rounds dK/dV and every weight gradient once per chunk: 512 chunks of one token. It must trip the
-  // issue's 1.5x bar and verify --gate's 2x rule alike.
+  // The fault rounds dK/dV and every weight gradient once per chunk: 512 chunks of one token (measured: 3.1x the
+  // 1.5x allowance). It must trip the issue's 1.5x bar and a 2x rule alike.
   const auto e = bf16_errors("streambp:layer_chunk=1,head_chunk=32", {.accumulate_in_model_dtype = true});
   const auto verdict = bf16_verdict(e);
-  INFO("largest error / (1.5 x standard + u) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
+  INFO("largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
   CHECK_FALSE(verdict.passed());
   CHECK_FALSE(sbp::low_precision_rule(e.standard, e.stream, 2.0, at::kBFloat16).passed());
 }

@@ -27,6 +27,11 @@ double unit_roundoff(c10::ScalarType dtype) {
   return double(std::numeric_limits<double>::epsilon()) / 2;
 }
 
+double low_precision_floor(const GradComparison& standard, const TensorError& tensor, c10::ScalarType dtype) {
+  if (tensor.l2_scale <= 0) return unit_roundoff(dtype);  // an all-zero model: no scale to be relative to
+  return unit_roundoff(dtype) * standard.floor * std::sqrt(double(tensor.numel)) / tensor.l2_scale;
+}
+
 RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, double factor,
                                c10::ScalarType dtype) {
   TORCH_CHECK(standard.tensors.size() == method.tensors.size(), "low_precision_rule: different tensor lists");
@@ -35,7 +40,7 @@ RuleVerdict low_precision_rule(const GradComparison& standard, const GradCompari
     const auto& m = method.tensors[i];
     const auto& s = standard.tensors[i];
     TORCH_CHECK(m.name == s.name, "low_precision_rule: ", m.name, " vs ", s.name);
-    const double ratio = m.l2_rel / (factor * s.l2_rel + unit_roundoff(dtype));
+    const double ratio = m.l2_rel / (factor * s.l2_rel + low_precision_floor(standard, s, dtype));
     if (ratio > v.worst_ratio || v.worst_tensor.empty())
       v = {ratio, m.name, m.l2_rel, s.l2_rel};
   }
@@ -95,8 +100,8 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
       const double energy = a.square().sum().item<double>();
       const double err = diff.square().sum().item<double>();
       e.nmse = energy > 0 ? err / energy : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
-      const double l2_scale = std::max(std::sqrt(energy), out.floor * std::sqrt(double(e.numel)));
-      e.l2_rel = l2_scale > 0 ? std::sqrt(err) / l2_scale : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
+      e.l2_scale = std::max(std::sqrt(energy), out.floor * std::sqrt(double(e.numel)));
+      e.l2_rel = e.l2_scale > 0 ? std::sqrt(err) / e.l2_scale : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
       // NaN anywhere must fail the gates: comparisons with NaN are false, so turn it into +inf.
       if (!(e.normwise_rel == e.normwise_rel)) e.normwise_rel = std::numeric_limits<double>::infinity();
       if (!(e.l2_rel == e.l2_rel)) e.l2_rel = std::numeric_limits<double>::infinity();

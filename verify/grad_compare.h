@@ -30,6 +30,7 @@ struct TensorError {
   std::int64_t numel = 0;
   double max_abs = 0, er_abs = 0, er_rel = 0, normwise_rel = 0, nmse = 0, l2_rel = 0;
   double ref_max_abs = 0;   // max|a|: the tensor's own scale
+  double l2_scale = 0;      // l2_rel's denominator: max(||a||_2, floor * sqrt(numel))
   bool degenerate = false;  // ref_max_abs below the floor: normwise_rel is max|a-b| / floor
 };
 
@@ -43,19 +44,28 @@ struct GradComparison {
   bool passed(double rtol) const { return problems.empty() && max_normwise_rel() <= rtol; }
 };
 
-// Unit roundoff u of a dtype: the error of merely storing an exact value in it (the low-precision rule's floor).
+// Unit roundoff u of a dtype: the error of merely storing an exact value in it.
 double unit_roundoff(c10::ScalarType dtype);
 
 // The low-precision rule (DESIGN §8): on every tensor, a method's l2 error against the oracle is at most
-// factor x standard BP's in the same dtype + u. Both comparisons are against the same oracle, tensor for tensor.
+// factor x standard BP's in the same dtype + a floor. Both comparisons are against the same oracle, tensor for tensor.
+// The floor is the error of storing every entry at the model's rounding floor (kDegenerateFraction of the largest
+// gradient entry): u x floor x sqrt(numel) in absolute terms, u x floor x sqrt(numel) / l2_scale relative to the
+// tensor. On a degenerate tensor that is u (its gradient is noise, only an absolute bound means anything); on a
+// tensor of real size it fades with the tensor's own scale (tiny and a 4-layer d = 128 model in bf16, T = 512: at
+// most 1.2% of standard's error, 0.3% typical). The former floor, u itself on every tensor, was 20-90% of
+// standard-bf16's own error there (4.4e-3 to 2e-2, i.e. 1.1u to 5u): it turned the 1.5x bar into up to 2.4x and
+// passed issue #18's reported 1.85x tensor (1.34e-2 against 7.2e-3).
 struct RuleVerdict {
-  double worst_ratio = 0;   // max over tensors of error / (factor x standard's error + u): <= 1 passes
+  double worst_ratio = 0;   // max over tensors of error / (factor x standard's error + floor): <= 1 passes
   std::string worst_tensor;
   double method_error = 0, standard_error = 0;  // the worst tensor's l2 errors
   bool passed() const { return worst_ratio <= 1; }
 };
 RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, double factor,
                                c10::ScalarType dtype);
+// The rule's floor for one tensor of `standard` (relative, like l2_rel).
+double low_precision_floor(const GradComparison& standard, const TensorError& tensor, c10::ScalarType dtype);
 
 std::string module_group(const std::string& hf_name);
 // `ref` is the reference (e.g. standard BP); every tensor of either side must have a partner of the same shape.

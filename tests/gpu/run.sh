@@ -14,7 +14,7 @@
 #  2. Exactness on the GPU against the CPU's fp64 oracle (`verify --device cuda --gate --mixed`, Table 7's metrics):
 #     every method (StreamBP, checkpointing, MsT) in fp32, bf16 and bf16-mixed, on `tiny` (GQA) and `tiny-mha`, with
 #     T = 1100 so StreamBP's chunks have multi-tile prefixes. Expected: exit 0 (each method's l2 error within 2x
-#     standard BP's on the same device plus the dtype's unit roundoff).
+#     standard BP's on the same device plus the rounding floor of low_precision_floor).
 #  3. The meter's peak against the analytic model on qwen3-small, T = 4096, fp32, standard / checkpoint / StreamBP.
 #     Expected: measured/model between 0.9 and 1.3 (GPU kernels keep workspaces the CPU models do not hold, e.g.
 #     cuBLAS's; the CPU runs sit within 3%). The ratios are printed, then checked against those bounds.

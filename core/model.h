@@ -54,8 +54,7 @@ class Model {
   // The dtype of the trainable tensors and their gradients: dtype() by default; fp32 for a bf16/fp16 model in mixed
   // precision (--grad-dtype fp32), where the trainable tensors are fp32 masters cast to the compute dtype where they
   // are used (like torch.autocast: the forward is the compute-dtype model on rounded masters; each weight gradient
-  // leaves its compute-dtype GEMM once rounded, or under SummingGradients goes into its fp32 sum unrounded). A frozen
-  // base (LoRA) stays in dtype().
+  // leaves its compute-dtype GEMM once rounded and is summed in fp32). A frozen base (LoRA) stays in dtype().
   c10::ScalarType grad_dtype() const { return grad_dtype_; }
   // Re-stores the trainable tensors in `dtype` (fp32 masters, or back to dtype()); call with no gradients alive.
   // Throws std::invalid_argument unless dtype is dtype(), or fp32 for a bf16/fp16 model.

@@ -369,9 +369,8 @@ ModelConfig issue18_config() {
 }  // namespace
 
 TEST_CASE("StreamBP's bf16 error stays within 1.5x standard BP's at any chunk count", "[exactness][streambp][bf16]") {
-  // DESIGN §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32, every
-  // chunk's share is added into them without a bf16 rounding of its own (Model::SummingGradients), and each sum is
-  // rounded into bf16 once. Measured (tiny, T = 512, native bf16 and AVX512_CORE): StreamBP/standard l2 error ratios
+  // DESIGN §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32 and each
+  // is rounded into bf16 once (every chunk's share is itself one bf16 GEMM output). Measured (tiny, T = 512, native bf16 and AVX512_CORE): StreamBP/standard l2 error ratios
   // <= 1.23 per tensor from 1 to 512 chunks, largest on 16- and 64-entry norm weights, whose ratios are the noisiest.
   for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",
                                  "streambp:layer_chunk=16,head_chunk=64", "streambp:layer_chunk=4,head_chunk=4",

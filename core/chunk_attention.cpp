@@ -13,11 +13,11 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Blocks of a bf16/fp16 chunk are computed in fp32: each block's output would otherwise be rounded to 16 bits
-// before the merge, one rounding more than a single SDPA call makes (measured: 2.5x standard BP's bf16 error on
-// a q bias). The prefix is upcast tile by tile (kPrefixTile keys at a time), never as a whole: a full-prefix fp32
-// copy of K and V per chunk was +64% of the bf16 peak on `tiny` at T = 4096 (issue #8). fp32 and fp64 run as they
-// are, the prefix in one block.
+// Blocks of a bf16/fp16 chunk (the CPU's path; CUDA sends 16-bit chunks to the whole-chunk kernel) are computed in
+// fp32: each block's output would otherwise be rounded to 16 bits before the merge, one rounding more than a single
+// SDPA call makes (measured: 2.5x standard BP's bf16 error on a q bias). The prefix is upcast tile by tile
+// (kPrefixTile keys at a time), never as a whole: a full-prefix fp32 copy of K and V per chunk was +64% of the bf16
+// peak on `tiny` at T = 4096 (issue #8). fp32 and fp64 run as they are, the prefix in one block.
 constexpr std::int64_t kPrefixTile = 1024;
 
 bool upcasts(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
@@ -141,9 +141,9 @@ constexpr std::int64_t kLseAlign = 32;
 
 void check_cuda_inputs(const at::Tensor& q) {
   TORCH_CHECK(q.scalar_type() == at::kFloat,
-              "chunk attention on CUDA runs its blocks in fp32 (bf16/fp16 are upcast, as on the CPU); ",
-              c10::toString(q.scalar_type()), " is not supported by the memory-efficient kernel (fp64 runs on the CPU: "
-              "--device cpu)");
+              "chunk attention on CUDA runs its memory-efficient blocks in fp32 (bf16/fp16 take the flash whole-chunk "
+              "kernel); ", c10::toString(q.scalar_type()), " is not supported by the memory-efficient kernel (fp64 "
+              "runs on the CPU: --device cpu)");
   TORCH_CHECK(q.size(-1) % 4 == 0, "chunk attention on CUDA: head_dim ", q.size(-1),
               " is not a multiple of 4, which the memory-efficient kernel needs in fp32");
 }
@@ -183,11 +183,36 @@ const AttentionKernel& cuda_attention_kernel() {
   return kernel;
 }
 
+namespace {
+// ScopedCpuWholeChunkKernel's kernel, if one is alive.
+const WholeChunkKernel* cpu_whole_chunk_override = nullptr;
+}  // namespace
+
+ScopedCpuWholeChunkKernel::ScopedCpuWholeChunkKernel(const WholeChunkKernel& kernel)
+    : previous_(cpu_whole_chunk_override) {
+  cpu_whole_chunk_override = &kernel;
+}
+
+ScopedCpuWholeChunkKernel::~ScopedCpuWholeChunkKernel() { cpu_whole_chunk_override = previous_; }
+
+ChunkAttentionChoice choose_chunk_attention(c10::DeviceType device, c10::ScalarType dtype) {
+  TORCH_CHECK(device == c10::DeviceType::CPU || device == c10::DeviceType::CUDA, "chunk_attention: no kernel for device ",
+              device);
+  const bool sixteen_bit = dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (device == c10::DeviceType::CUDA)
+    return sixteen_bit ? ChunkAttentionChoice{nullptr, &cuda_whole_chunk_kernel()}
+                       : ChunkAttentionChoice{&cuda_attention_kernel(), nullptr};
+  if (sixteen_bit && cpu_whole_chunk_override) return {nullptr, cpu_whole_chunk_override};
+  // The CPU keeps fp32 blocks for bf16 (issue #18 item 4 moves only CUDA, where fp32 forfeits the tensor cores):
+  // the blocks hand dK/dV to the sums in fp32, with no rounding per chunk.
+  return {&cpu_attention_kernel(), nullptr};
+}
+
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
                            double scale, const KVGradSums* sums) {
-  TORCH_CHECK(q.is_cpu() || q.is_cuda(), "chunk_attention: no kernel for device ", q.device());
-  return chunk_attention_with(q.is_cuda() ? cuda_attention_kernel() : cpu_attention_kernel(), q, k, v, q_start, scale,
-                              sums);
+  const auto choice = choose_chunk_attention(q.device().type(), q.scalar_type());
+  return choice.whole ? chunk_attention_with(*choice.whole, q, k, v, q_start, scale, sums)
+                      : chunk_attention_with(*choice.blocks, q, k, v, q_start, scale, sums);
 }
 
 at::Tensor chunk_attention_with(const AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k,

@@ -1,7 +1,11 @@
 // Causal attention of a query chunk at absolute positions [s, s+c) over the key prefix [0, s+c), bottom-right
-// aligned, without any mask: the prefix block [0, s) is attended in full, the diagonal block [s, s+c) with SDPA's
-// causal rule (square, so top-left and bottom-right coincide), and the two are merged by log-sum-exp. Attention
-// work is exactly the causal triangle — no masked-out half of the diagonal block, no [c, e] mask (DESIGN §4).
+// aligned, without materialising a mask (DESIGN §4). Two paths, chosen by device and dtype
+// (chunk_attention_kernels.h):
+//  - blocks (CPU; CUDA fp32): the prefix block [0, s) attended in full, the diagonal block [s, s+c) with SDPA's
+//    causal rule (square, so top-left and bottom-right coincide), merged by log-sum-exp in >= fp32 (16-bit K/V
+//    upcast tile by tile). Attention work is exactly the causal triangle.
+//  - whole chunk (CUDA bf16/fp16): one flash-attention call over [0, s+c) whose causal rule is aligned bottom-right,
+//    bf16 in and out with fp32 accumulation inside: the rounding of standard BP's SDPA call (on sm80 its kernel).
 #pragma once
 
 #include <cstdint>
@@ -14,15 +18,19 @@ namespace sbp {
 // bf16 model). Given to chunk_attention, the backward adds each key block's gradient into them as the kernel made it
 // (fp32 for bf16), instead of handing it back through autograd, which would round every chunk's share to the K/V
 // dtype before the sum (measured: StreamBP-bf16's k_norm gradient at 1.05x the 1.5x-standard allowance with 512
-// chunks) and would allocate a prefix-sized dK/dV per chunk.
+// chunks) and would allocate a prefix-sized dK/dV per chunk. CUDA's whole-chunk flash kernel writes dK/dV only in
+// bf16, so there each chunk's share is rounded once before the fp32 sum (bounded on the CPU through the path's
+// reference kernel: test_exactness [whole-chunk]), and the kernel itself allocates the prefix-sized dK/dV.
 struct KVGradSums {
   at::Tensor dK, dV;
 };
 
 // q: [B, n_h, c, hd]; k, v: [B, n_kv, s+c, hd] (n_h a multiple of n_kv) -> o: [B, n_h, c, hd]. Differentiable
-// in q, and in k, v unless `sums` is given (then their gradients go into sums->dK/dV[..., :s+c, :]): the backward
-// runs the flash backward of each block with the merged output and log-sum-exp, which gives each block's exact share
-// of the gradient. q_start = 0 (the diagonal block alone) only with `sums`; without, SDPA does that case.
+// in q, and in k, v unless `sums` is given (then their gradients are added into sums->dK/dV[..., :s+c, :]). Blocks:
+// the backward runs each block's flash backward with the merged output and log-sum-exp, which gives each block's
+// exact share of the gradient (fp32 for bf16). Whole chunk: the kernel's own backward, whose dK/dV of the prefix
+// come rounded to the model's dtype. q_start = 0 (the diagonal block alone) only with `sums`; without, SDPA does
+// that case.
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
                            double scale, const KVGradSums* sums = nullptr);
 

@@ -10,6 +10,7 @@
 
 #include "baselines/methods.h"
 #include "core/checkpoint_io.h"
+#include "core/chunk_attention_kernels.h"
 #include "core/dtype.h"
 #include "core/safetensors.h"
 #include "experiments/commands.h"
@@ -94,6 +95,10 @@ nlohmann::json terms_json(const MemoryEstimate& est) {
   return terms;
 }
 
+const char* chunk_attention_name(const Model& model) {
+  return choose_chunk_attention(model.device().type(), model.dtype()).name();
+}
+
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
                    const MemoryEstimate& est) {
@@ -110,6 +115,9 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                "its time or peak)\n", a.ref_dir, reference.seconds, format_bytes(reference.peak_bytes),
                format_bytes(reference.model.total_bytes()), reference.model.moment);
   fmt::print("method    {}\n", method.spec());
+  // Which kernel runs StreamBP's layer chunks on this device and dtype: a GPU owner checks it against the kernels
+  // the profile shows (tests/gpu/run.sh).
+  fmt::print("attention {} (StreamBP's chunk attention)\n", chunk_attention_name(model));
   fmt::print("status    {}{}\n", m.status, m.error.empty() ? "" : "  (" + m.error + ")");
   if (m.status == "passed") fmt::print("loss      {:.10g}\n", m.loss);
   fmt::print("bp time   {:.3f} s (median of {})\n", m.median_seconds(), m.bp_seconds.size());
@@ -279,6 +287,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
                                                                            : nlohmann::json()},
                         {"device", describe_device(device)},
+                        {"chunk_attention", chunk_attention_name(*model)},
                         {"cuda", {{"available", cuda}, {"reason", cuda_reason}}},
                         {"provenance", to_json(prov)}};
     write_file_atomically(a.json, j.dump(2) + "\n");

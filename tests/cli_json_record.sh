@@ -15,7 +15,7 @@ assert isinstance(r["peak_bytes"], int) and r["peak_bytes"] > 0, r["peak_bytes"]
 assert isinstance(r["model_peak_bytes"], int) and r["model_peak_bytes"] > 0, r["model_peak_bytes"]
 assert number("bp_seconds") >= 0
 for key, value in [("method", "streambp:layer_chunk=8,head_chunk=8"), ("dtype", "fp32"), ("preset", "tiny"),
-                   ("seed", 3), ("batch_size", 2), ("seq_len", 33)]:
+                   ("seed", 3), ("batch_size", 2), ("seq_len", 33), ("chunk_attention", "cpu flash")]:
     assert r[key] == value, (key, r[key])
 p = r["provenance"]
 for key in ["commit", "date", "machine", "threads", "torch_version", "command"]:

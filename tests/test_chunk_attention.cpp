@@ -1,8 +1,14 @@
 // chunk_attention against one whole-sequence SDPA call, in fp64: the chunk's output and the gradients of q, k, v
-// (through autograd and into KVGradSums). Both kernel set-ups run here: the CPU one, and the CUDA one's K/V handling
-// (GQA heads expanded per 1024-key tile, gradients summed back per group) driven through the CPU flash kernel, so
-// the part of the CUDA path that is not the cutlass kernel itself is tested on a machine without a GPU.
+// (through autograd and into KVGradSums). Every kernel set-up runs here: the CPU blocks; the CUDA blocks' K/V
+// handling (GQA heads expanded per 1024-key tile, gradients summed back per group) driven through the CPU flash
+// kernel; and the whole-chunk path CUDA takes in bf16 (one call over [0, s+c), bottom-right causal, the kernel's
+// dK/dV added into the sums) driven through the CPU flash kernel with a bottom-right mask. So everything of the CUDA
+// paths but the CUDA kernels themselves is tested on a machine without a GPU.
 #include <catch2/catch.hpp>
+
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -12,6 +18,7 @@
 namespace {
 
 using sbp::AttentionKernel;
+using sbp::WholeChunkKernel;
 
 double relative_error(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).norm().item<double>() / want.norm().item<double>();
@@ -45,7 +52,8 @@ struct Result {
   at::Tensor o, dq, dk, dv;
 };
 
-Result run_chunk(const AttentionKernel& kernel, const Case& c, bool into_sums) {
+template <typename Kernel>
+Result run_chunk(const Kernel& kernel, const Case& c, bool into_sums) {
   const auto q = c.q.narrow(2, c.s, c.q.size(2) - c.s).clone().requires_grad_();
   const auto k = c.k.clone().requires_grad_(!into_sums), v = c.v.clone().requires_grad_(!into_sums);
   sbp::KVGradSums sums{at::zeros_like(c.k), at::zeros_like(c.v)};
@@ -109,4 +117,104 @@ TEST_CASE("the CUDA attention kernel refuses fp64 with a clear error", "[attenti
   // Reached before any CUDA call: the dtype check runs first, so it holds on a machine without a GPU.
   const auto q = at::zeros({1, 2, 4, 16}, at::kDouble);
   CHECK_THROWS_WITH(sbp::cuda_attention_kernel().forward(q, q, q, true, 0.25), Catch::Contains("fp64 runs on the CPU"));
+}
+
+namespace {
+
+// StreamBP's use of one layer: chunks [0, 7), [7, 20), [20, T) in turn, each over the K/V prefix up to its end (a view
+// of the layer's K/V, as streambp.cpp passes it), every chunk's K/V gradients added into one pair of sums.
+Result run_streamed(const WholeChunkKernel& kernel, const Case& c) {
+  const auto T = c.q.size(2);
+  sbp::KVGradSums sums{at::zeros_like(c.k), at::zeros_like(c.v)};
+  std::vector<at::Tensor> o, dq;
+  for (const auto [start, end] : {std::pair<std::int64_t, std::int64_t>{0, 7}, {7, 20}, {20, T}}) {
+    const auto q = c.q.narrow(2, start, end - start).clone().requires_grad_();
+    const auto o_chunk = sbp::chunk_attention_with(kernel, q, c.k.narrow(2, 0, end), c.v.narrow(2, 0, end), start,
+                                                   c.scale, &sums);
+    (o_chunk * c.g.narrow(2, start, end - start)).sum().backward();
+    o.push_back(o_chunk.detach());
+    dq.push_back(q.grad());
+  }
+  return {at::cat(o, 2), at::cat(dq, 2), sums.dK, sums.dV};
+}
+
+// A known bug for the negative control: SDPA's own causal rule, top-left aligned, on the chunk's non-square
+// [c, s+c] scores (what `is_causal` means on the CPU and in SDPA, but not in CUDA's flash kernel).
+sbp::WholeChunkForward top_left_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, /*is_causal=*/true, {}, scale);
+  return {o, lse, at::Tensor(), at::Tensor()};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> top_left_backward(const at::Tensor& grad_o, const at::Tensor& q,
+                                                                 const at::Tensor& k, const at::Tensor& v,
+                                                                 const sbp::WholeChunkForward& f, double scale) {
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad_o.contiguous(), q, k, v, f.o, f.lse, 0.0, true,
+                                                                  {}, scale);
+}
+
+}  // namespace
+
+TEST_CASE("the whole-chunk path equals whole-sequence attention in fp64, its K/V gradients summed chunk by chunk",
+          "[attention][whole-chunk]") {
+  // The path CUDA runs in bf16, through its CPU reference (CPU flash with a [c, s+c] bottom-right mask): one call per
+  // chunk over the keys [0, s+c), K/V sliced to s+c, GQA heads passed as they are (the kernel sums the groups),
+  // dK/dV added into the sums over [0, s+c) only. s = 2500: a prefix longer than the blocks' 1024-key tiles.
+  const auto& kernel = sbp::cpu_masked_whole_chunk_kernel();
+  for (const auto kv_heads : {2, 4}) {
+    const Case c = make_case(2600, 2500, 4, kv_heads);
+    for (const bool into_sums : {false, true}) {
+      INFO("kv_heads " << kv_heads << ", into sums " << into_sums);
+      CHECK(worst_error(run_chunk(kernel, c, into_sums), c) < 1e-12);
+    }
+    // Three chunks of one layer, the first one alone on its (square) diagonal: the sums must hold every key's
+    // gradient over the whole sequence, and the rows beyond each chunk's prefix must stay untouched by it.
+    const Case whole = make_case(40, 0, 4, kv_heads);
+    INFO("kv_heads " << kv_heads << ", three chunks into one pair of sums");
+    CHECK(worst_error(run_streamed(kernel, whole), whole) < 1e-12);
+  }
+}
+
+TEST_CASE("negative control: the whole-chunk check fails with the causal rule aligned top-left",
+          "[attention][whole-chunk][negative]") {
+  const WholeChunkKernel top_left{"top-left causal", top_left_forward, top_left_backward};
+  const Case c = make_case(120, 100, 4, 2);
+  const Result r = run_chunk(top_left, c, true);
+  CHECK(relative_error(r.o, c.o) > 0.1);
+  CHECK(relative_error(r.dk, c.dk) > 0.1);
+  CHECK(worst_error(run_chunk(sbp::cpu_masked_whole_chunk_kernel(), c, true), c) < 1e-12);  // the same case, right
+}
+
+TEST_CASE("chunk attention runs the flash whole-chunk kernel for 16-bit CUDA queries and blocks otherwise",
+          "[attention][whole-chunk][cuda]") {
+  using c10::DeviceType;
+  const auto cuda = DeviceType::CUDA, cpu = DeviceType::CPU;
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    INFO(c10::toString(dtype));
+    CHECK(sbp::choose_chunk_attention(cuda, dtype).whole == &sbp::cuda_whole_chunk_kernel());
+    CHECK(sbp::choose_chunk_attention(cpu, dtype).blocks == &sbp::cpu_attention_kernel());
+  }
+  // fp64 goes to the CUDA blocks, whose kernel refuses it with the error of the test below.
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    INFO(c10::toString(dtype));
+    CHECK(sbp::choose_chunk_attention(cuda, dtype).blocks == &sbp::cuda_attention_kernel());
+    CHECK(sbp::choose_chunk_attention(cpu, dtype).blocks == &sbp::cpu_attention_kernel());
+  }
+  {
+    const sbp::ScopedCpuWholeChunkKernel on_cpu(sbp::cpu_masked_whole_chunk_kernel());
+    CHECK(sbp::choose_chunk_attention(cpu, at::kBFloat16).whole == &sbp::cpu_masked_whole_chunk_kernel());
+    CHECK(sbp::choose_chunk_attention(cpu, at::kFloat).blocks == &sbp::cpu_attention_kernel());
+  }
+  CHECK(sbp::choose_chunk_attention(cpu, at::kBFloat16).blocks == &sbp::cpu_attention_kernel());
+  CHECK_THROWS_WITH(sbp::choose_chunk_attention(DeviceType::Meta, at::kFloat), Catch::Contains("no kernel for device"));
+}
+
+TEST_CASE("the CUDA whole-chunk kernel refuses what flash attention cannot run with a clear error",
+          "[attention][whole-chunk][cuda]") {
+  // Reached before any CUDA call: the checks run first, so they hold on a machine without a GPU.
+  const auto& flash = sbp::cuda_whole_chunk_kernel();
+  const auto fp32 = at::zeros({1, 2, 4, 16}, at::kFloat), fp64 = at::zeros({1, 2, 4, 16}, at::kDouble);
+  CHECK_THROWS_WITH(flash.forward(fp32, fp32, fp32, 0.25), Catch::Contains("fp32 runs memory-efficient blocks"));
+  CHECK_THROWS_WITH(flash.forward(fp64, fp64, fp64, 0.25), Catch::Contains("fp64 runs on the CPU"));
+  const auto odd_head_dim = at::zeros({1, 2, 4, 12}, at::kBFloat16);
+  CHECK_THROWS_WITH(flash.forward(odd_head_dim, odd_head_dim, odd_head_dim, 0.25),
+                    Catch::Contains("head_dim a multiple of 8"));
 }

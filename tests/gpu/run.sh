@@ -13,8 +13,9 @@
 #     records. Expected: all pass.
 #  2. Exactness on the GPU against the CPU's fp64 oracle (`verify --device cuda --gate --mixed`, Table 7's metrics):
 #     every method (StreamBP, checkpointing, MsT) in fp32, bf16 and bf16-mixed, on `tiny` (GQA) and `tiny-mha`, with
-#     T = 1100 so StreamBP's chunks have multi-tile prefixes. Expected: exit 0 (each method's l2 error within 2x
-#     standard BP's on the same device plus the rounding floor of low_precision_floor).
+#     T = 1100 so StreamBP's fp32 chunks have multi-tile prefixes (bf16 runs one flash call per chunk, step 7).
+#     Expected: exit 0 (each method's l2 error within 2x standard BP's on the same device plus the rounding floor of
+#     low_precision_floor).
 #  3. The meter's peak against the analytic model on qwen3-small, T = 4096, fp32, standard / checkpoint / StreamBP.
 #     Expected: measured/model between 0.9 and 1.3 (GPU kernels keep workspaces the CPU models do not hold, e.g.
 #     cuBLAS's; the CPU runs sit within 3%). The ratios are printed, then checked against those bounds.
@@ -26,6 +27,17 @@
 #     timeline has events; its maximum is printed beside the meter's peak for the record (they need not agree: the
 #     timeline sums the unrounded requests of everything live, the peak counts the step's rounded blocks).
 #  6. The micro-benchmarks on the GPU (short mode) write JSON that parses, with every benchmark family present.
+#  7. StreamBP's bf16 chunk attention is one flash-attention call per chunk (core/chunk_attention_whole.cpp; never
+#     run before this script). (a) `run --dtype bf16 --profile cupti` on `tiny`, T = 2048, 8 layer chunks: the run
+#     prints and records "cuda flash, one call per chunk (bottom-right causal)", and CUPTI's kernel records hold
+#     flash's forward and backward kernels (flash_fwd*, flash_bwd*) and no memory-efficient backward (fmha_cutlassB*,
+#     the fp32 block path's kernel). The same run in fp32 shows the reverse (memory-efficient blocks, no flash_bwd),
+#     so the names are the ones the check reads. (b) bf16 exactness of that path against the fp64 oracle at 1, 18, 138
+#     and 1100 chunks of T = 1100 on `tiny` (GQA: the kernel's own group sums) and `tiny-mha` (`verify --gate
+#     --mixed`). Expected: exit 0, i.e. bf16 StreamBP within 2x standard-bf16's error on the GPU plus the floor. Its
+#     dK/dV come rounded to bf16 per chunk (the kernel writes no fp32 gradients); on the CPU, through the CPU
+#     reference of this path, that stays within 1.5x standard's error at 1 to 512 chunks (test_exactness,
+#     [whole-chunk]). The gate ratios printed here are the GPU's numbers for that claim.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${1:-cuda}
@@ -97,5 +109,34 @@ log "6. micro-benchmarks on $DEVICE (short mode)"
 "$PY" -c "import json,sys; b=json.load(open(sys.argv[1]))['benchmarks']; \
 names={x['name'].split('/')[0] for x in b}; print(sorted(names)); \
 sys.exit(0 if names >= {'head_chunk','layer_chunk','attention_chunk','kv_chunk'} else 1)" "$OUT/bench.json"
+
+log "7a. bf16 chunk attention runs flash, one call per chunk (expected: the run names it; flash_fwd and flash_bwd kernels, no fmha_cutlassB; fp32 the reverse)"
+for dtype in bf16 fp32; do
+  "$STREAMBP" run --device "$DEVICE" --preset tiny --seq 2048 --dtype $dtype --method streambp:layer_chunk=256,head_chunk=256 \
+    --profile cupti --timeline "$OUT/attention-$dtype" --json "$OUT/attention-$dtype.json" | tee "$OUT/attention-$dtype.txt"
+  "$PY" - "$OUT/attention-$dtype" $dtype <<'EOF'
+import csv, json, sys
+prefix, dtype = sys.argv[1], sys.argv[2]
+expected = {"bf16": "cuda flash, one call per chunk (bottom-right causal)", "fp32": "cuda memory-efficient"}[dtype]
+recorded = json.load(open(prefix + ".json"))["chunk_attention"]
+printed = [l for l in open(prefix + ".txt") if l.startswith("attention ")]
+kernels = {r["name"] for r in csv.DictReader(l for l in open(prefix + ".cupti.csv") if not l.startswith("#"))
+           if r["kind"] == "kernel"}
+def has(part): return any(part in k for k in kernels)
+print(f"{dtype}: recorded {recorded!r}; printed {printed}; flash_fwd {has('flash_fwd')}, flash_bwd {has('flash_bwd')}, "
+      f"fmha_cutlassB {has('fmha_cutlassB')} ({len(kernels)} distinct kernels)")
+ok = recorded == expected and len(printed) == 1 and expected in printed[0]
+ok &= (has("flash_fwd") and has("flash_bwd") and not has("fmha_cutlassB")) if dtype == "bf16" else \
+      (has("fmha_cutlassB") and not has("flash_bwd"))
+sys.exit(0 if ok else 1)
+EOF
+done
+
+log "7b. bf16 StreamBP through flash at 1 to 1100 chunks against the CPU fp64 oracle (expected: exit 0)"
+for preset in tiny tiny-mha; do
+  "$STREAMBP" verify --device "$DEVICE" --preset $preset --seq 1100 --gate --mixed --out "$OUT/verify-chunks" \
+    --methods "streambp:layer_chunk=1100,head_chunk=1100;streambp:layer_chunk=64,head_chunk=64;streambp:layer_chunk=8,head_chunk=64;streambp:layer_chunk=1,head_chunk=64" \
+    | tee "$OUT/verify-chunks-$preset.txt"
+done
 
 log "all GPU checks passed; results in $OUT"

@@ -357,27 +357,47 @@ at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const { return m
 
 at::Tensor Model::final_norm(const at::Tensor& h) const { return rms_norm(h, norm_); }
 
-at::Tensor Model::logits(const at::Tensor& h_normed, at::Tensor* buffer) const {
+namespace {
+
+// A [rows, cols] view of `block`, which is (re)made in `dtype` when it is missing or too small (the old block goes
+// first: never two at once).
+at::Tensor reused_block(at::Tensor& block, std::int64_t rows, std::int64_t cols, const at::TensorOptions& options) {
+  if (!block.defined() || block.numel() < rows * cols) {
+    block.reset();
+    block = at::empty({rows * cols}, options);
+  }
+  return block.narrow(0, 0, rows * cols).view({rows, cols});
+}
+
+}  // namespace
+
+at::Tensor Model::logits(const at::Tensor& h_normed, HeadBuffers* buffers) const {
   const auto out_dtype = compute_dtype(dtype_);
-  // bf16: the product is widened into a new block (copying it into the buffer made a transient fp32 copy as large,
-  // and the emulated bf16 GEMM dwarfs the page faults anyway).
-  if (buffer == nullptr || dtype_ != out_dtype) return at::linear(h_normed, compute(lm_head_)).to(out_dtype);
+  if (buffers == nullptr) return at::linear(h_normed, compute(lm_head_)).to(out_dtype);
   auto sizes = h_normed.sizes().vec();
   sizes.back() = lm_head_.size(0);
-  const auto rows = h_normed.numel() / h_normed.size(-1), n = rows * lm_head_.size(0);
-  if (!buffer->defined() || buffer->numel() < n) {
-    buffer->reset();  // the old block goes first: never two at once
-    *buffer = at::empty({n}, h_normed.options().dtype(out_dtype));
+  const auto rows = h_normed.numel() / h_normed.size(-1), V = lm_head_.size(0);
+  const auto h = h_normed.reshape({rows, h_normed.size(-1)});
+  auto out = reused_block(buffers->logits, rows, V, h_normed.options().dtype(out_dtype));
+  if (dtype_ == out_dtype) {
+    at::mm_out(out, h, lm_head_.t());
+  } else {  // the model-dtype GEMM, widened like HF's logits.float()
+    auto product = reused_block(buffers->product, rows, V, h_normed.options());
+    at::mm_out(product, h, compute(lm_head_).t());
+    out.copy_(product);
   }
-  auto out = buffer->narrow(0, 0, n).view({rows, lm_head_.size(0)});
-  at::mm_out(out, h_normed.reshape({rows, h_normed.size(-1)}), lm_head_.t());
   return out.view(sizes);
 }
 
-at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const {
+at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum,
+                                  HeadBuffers* buffers) const {
   at::NoGradGuard no_grad;
   // Like autograd's backward of .to(compute_dtype): the gradient is rounded to the model dtype before the GEMMs.
-  const auto g = grad_logits.to(dtype_).reshape({-1, grad_logits.size(-1)});  // [B*c, V]
+  const auto V = grad_logits.size(-1);
+  const auto g = buffers && dtype_ != grad_logits.scalar_type()
+                     ? reused_block(buffers->product, grad_logits.numel() / V, V, h_normed.options())
+                           .copy_(grad_logits.reshape({-1, V}))
+                     : grad_logits.to(dtype_).reshape({-1, V});  // [B*c, V]
   if (lm_head_.requires_grad()) {
     const auto hn = h_normed.detach().reshape({-1, h_normed.size(-1)});  // [B*c, d]
     const auto sum_dtype = ChunkGradients::accumulation_dtype(dtype_);

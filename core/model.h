@@ -114,16 +114,24 @@ class Model {
   at::Tensor attention_block(int layer, const at::Tensor& h) const;
   at::Tensor mlp_block(int layer, const at::Tensor& h_mid) const;
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
+  // The blocks a streamed head reuses for every chunk (grown when too small): the logits in the compute dtype and,
+  // for a bf16/fp16 model, the GEMM's product in the model dtype, which logits_backward reuses for the gradient it
+  // rounds. A fresh [B, c_h, V] block per chunk pays its page faults every time: ~0.15 s per chunk on qwen3-small
+  // fp32; in bf16 (1024 x 151936, 2 threads) widening the product into a fresh fp32 block took 0.85 s and rounding
+  // the gradient into a fresh bf16 one 0.49 s, against 0.03 s each into warm blocks: 15% of a StreamBP step.
+  struct HeadBuffers {
+    at::Tensor logits, product;
+  };
   // Logits in compute_dtype (fp32 for bf16/fp32 models, like HF's loss upcast; fp64 stays fp64). [B, c, V]
-  // With `buffer` (fp32/fp64 models): written into that block (grown when too small) and returned as a view of it,
-  // so a streamed head reuses one block for every chunk (a fresh 600 MB block per chunk costs ~0.15 s of page
-  // faults on qwen3-small).
-  at::Tensor logits(const at::Tensor& h_normed, at::Tensor* buffer = nullptr) const;
+  // With `buffers`: written into them and returned as a view of buffers->logits.
+  at::Tensor logits(const at::Tensor& h_normed, HeadBuffers* buffers = nullptr) const;
   // Backward of logits(h_normed) by hand, for a streamed head: adds dLoss/dW = grad^T · h_normed into `lm_sum`
   // ([V, d], created on the first chunk; fp32 for a bf16 model, see ChunkGradients) inside one GEMM (addmm, beta = 1:
   // no [V, d] temporary for fp32/fp64) and returns dLoss/dh_normed = grad · W. Nothing is summed when the lm_head is
-  // frozen. grad_logits: [B, c, V] in compute dtype; h_normed: [B, c, d].
-  at::Tensor logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum) const;
+  // frozen. grad_logits: [B, c, V] in compute dtype; h_normed: [B, c, d]. With `buffers` (those of logits()), a
+  // bf16 model rounds the gradient into buffers->product instead of a new block.
+  at::Tensor logits_backward(const at::Tensor& grad_logits, const at::Tensor& h_normed, at::Tensor& lm_sum,
+                             HeadBuffers* buffers = nullptr) const;
   // Vocabulary rows per block of a bf16 lm_head gradient sum (logits_backward).
   static constexpr std::int64_t kLmHeadRows = 4096;
   // Adds a streamed head's lm_sum into the lm_head gradient (rounding it once into the model dtype).

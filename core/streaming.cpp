@@ -99,18 +99,18 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
   if (model.final_norm_weight().requires_grad()) norm.push_back(model.final_norm_weight());
   ChunkGradients norm_grads(norm);
   at::Tensor lm_sum;  // [V, d]
-  at::Tensor logits_buffer;  // one [B, c_h, V] block, reused by every chunk (see Model::logits)
+  Model::HeadBuffers buffers;  // the [B, c_h, V] blocks every chunk reuses (see Model::HeadBuffers)
   for_each_chunk(T_used, head_chunk, [&](std::int64_t s, std::int64_t e) {
     auto h = h_last.slice(1, s, e).detach().requires_grad_(true);  // [B, c_h, d]
     const auto hn = model.final_norm(h);                              // with a graph: final norm weight and h
     at::Tensor logits;  // [B, c_h, V], compute dtype; becomes dLoss/dlogits
     {
       at::NoGradGuard no_grad;
-      logits = model.logits(hn, &logits_buffer);
+      logits = model.logits(hn, &buffers);
     }
     out.loss += objective.chunk_loss_and_grad(logits, s);
     if (grad_scale != 1.0) logits.mul_(grad_scale);
-    const auto grad_hn = model.logits_backward(logits, hn, lm_sum);  // [B, c_h, d]
+    const auto grad_hn = model.logits_backward(logits, hn, lm_sum, &buffers);  // [B, c_h, d]
     logits.reset();  // a view: the block stays for the next chunk, through the final norm's backward
     std::vector<at::Tensor> inputs = {h};
     inputs.insert(inputs.end(), norm.begin(), norm.end());
@@ -119,7 +119,7 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
     out.grad.slice(1, s, e).copy_(grads[0]);
     norm_grads.add(at::ArrayRef<at::Tensor>(grads).slice(1));
   });
-  logits_buffer.reset();  // before the commits (bf16: the lm_head's fp32 sum is rounded into a new block)
+  buffers = {};  // before the commits (bf16: the lm_head's fp32 sum is rounded into a new block)
   norm_grads.commit();
   model.commit_lm_head_gradient(lm_sum);
   return out;

@@ -156,17 +156,17 @@ void head_chunk(benchmark::State& state, Bench& bench) {
   const auto h_last = at::randn({kBatch, c_h, m.hidden_size}, bench.options());  // [B, c_h, d]
   const std::vector<at::Tensor> norm = {model.final_norm_weight()};
   at::Tensor lm_sum;         // [V, d]: the lm_head gradient sum, live across chunks
-  at::Tensor logits_buffer;  // [B, c_h, V]: one block reused by every chunk
+  sbp::Model::HeadBuffers buffers;  // [B, c_h, V]: the blocks every chunk reuses
   time_iterations(state, bench, [&] {
     const auto h = leaf(h_last);
     const auto hn = model.final_norm(h);  // [B, c_h, d], with a graph
     at::Tensor logits;                    // [B, c_h, V]; becomes dLoss/dlogits
     {
       at::NoGradGuard no_grad;
-      logits = model.logits(hn, &logits_buffer);
+      logits = model.logits(hn, &buffers);
     }
     benchmark::DoNotOptimize(objective.chunk_loss_and_grad(logits, 0));
-    const auto grad_hn = model.logits_backward(logits, hn, lm_sum);  // [B, c_h, d]
+    const auto grad_hn = model.logits_backward(logits, hn, lm_sum, &buffers);  // [B, c_h, d]
     logits.reset();
     backward({hn}, {h}, norm, {grad_hn});
   });

@@ -89,7 +89,7 @@ at::Tensor chunk_attention_with(const WholeChunkKernel& kernel, const at::Tensor
                                 const at::Tensor& v, std::int64_t q_start, double scale, const KVGradSums* sums);
 
 // Tests only: while alive, choose_chunk_attention gives `kernel` for 16-bit queries on the CPU, so that a whole
-// model step on this machine runs the path CUDA takes in bf16 (through cpu_masked_whole_chunk_kernel). One at a
+// model step on a CPU runs the path CUDA takes in bf16 (through cpu_masked_whole_chunk_kernel). One at a
 // time, not thread-safe.
 class ScopedCpuWholeChunkKernel {
  public:

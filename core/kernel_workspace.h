@@ -49,11 +49,11 @@ class KernelWorkspaces {
  public:
   virtual ~KernelWorkspaces() = default;
   virtual std::int64_t bytes(const KernelCall& call) const = 0;
-  // Where the numbers come from, for the run record and the projections: "measured on this machine (cpu)", "none".
+  // Where the numbers come from, for the run record and the projections: "measured on the running machine (cpu)", "none".
   virtual std::string source() const = 0;
 };
 
-// No workspace at all: the projections of GPU-sized runs, whose kernels (cuBLAS, flash) this machine cannot measure.
+// No workspace at all: the projections of GPU-sized runs, whose kernels (cuBLAS, flash) a CPU cannot measure.
 std::shared_ptr<const KernelWorkspaces> no_kernel_workspaces();
 
 }  // namespace sbp

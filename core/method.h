@@ -64,8 +64,8 @@ struct Workload {
   }
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
-  // What the kernel running at a moment allocates beyond its inputs and outputs: this machine's calibration, or none
-  // (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
+  // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,
+  // or none (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
   std::shared_ptr<const KernelWorkspaces> workspaces;
   std::int64_t workspace_bytes(const KernelCall& call) const;
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.

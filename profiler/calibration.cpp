@@ -146,7 +146,7 @@ class MeasuredWorkspaces final : public KernelWorkspaces {
     return probes_.emplace(key, std::move(p)).first->second.bytes;
   }
 
-  std::string source() const override { return "measured on this machine (" + device_.str() + ")"; }
+  std::string source() const override { return "measured on the running machine (" + device_.str() + ")"; }
 
   std::vector<Probe> probes() const {
     const std::lock_guard<std::mutex> lock(mutex_);

@@ -363,7 +363,8 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const auto head_logits = z.B * ch * z.V * (z.f + (z.s < z.f ? z.s : 0));
   // dLoss/dh_normed = grad · W ([B, c_h, d]) and its GEMM's workspace (on an AVX512_CORE CPU in bf16 an fp32 copy of
   // the output: 512 KiB at B = 2, c_h = 1024, d = 64).
-  const auto grad_hn = z.B * ch * z.d * z.s + gemm_workspace_bytes(w, z.B * ch, z.d, z.V, false);
+  const auto grad_hn = z.B * ch * z.d * z.s;
+  const auto grad_hn_workspace = gemm_workspace_bytes(w, z.B * ch, z.d, z.V, false);
   // Mixed precision: the gradient is the fp32 sum itself (no commit moment), the GEMMs use a compute-dtype copy of
   // the lm_head.
   const bool blocks = z.f > z.s && z.lm_grad > 0, sums_wider = z.f > z.g && z.lm_grad > 0;
@@ -375,13 +376,13 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
       : z.lm_grad > 0 ? gemm_workspace_bytes(w, z.V, z.d, z.B * ch, true)
                       : 0;
   const auto lm_gradient = z.lm_grad * (sums_wider ? z.f / z.g : 1);
-  // fp32/fp64 reuse one logits block for every chunk (Model::logits), so it is still there while the final norm's
-  // backward runs: measured 4 [B, c_h, d] blocks beyond dLoss/dh_normed (5 under LoRA, whose moment holds less
-  // else), on tiny at B = 1, 2 in fp32 and fp64.
-  const auto norm_backward = z.s == z.f ? (z.lora ? 5 : 4) * z.B * ch * z.d * z.f : 0;
+  // Every chunk reuses the logits blocks (Model::HeadBuffers), so they are still there while the final norm's
+  // backward runs: measured 4 fp32 [B, c_h, d] blocks beyond dLoss/dh_normed (5 under LoRA, whose moment holds less
+  // else), on tiny at B = 1, 2 in fp32, fp64 and bf16 (whose norm computes in fp32).
+  const auto norm_backward = (z.lora ? 5 : 4) * z.B * ch * z.d * z.f;
   // While the chunk's logits are alive, one after the other: the block-wise lm_head sums (bf16), the GEMM
   // dLoss/dh_normed = grad · W (with the lm_head's compute-dtype copy in mixed precision), the final norm's backward.
-  const auto head_work = std::max({lm_block, grad_hn + z.lm_head_copy(), grad_hn + norm_backward});
+  const auto head_work = std::max({lm_block, grad_hn + grad_hn_workspace + z.lm_head_copy(), grad_hn + norm_backward});
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
                                            {"checkpoints", (z.L + 1) * btd},
@@ -390,6 +391,17 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
                                            {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z, true, true)},
                                            {"head GEMMs or final norm backward", head_work},
                                            {"objective buffers", objective_bytes(w)}}}};
+  // The logits GEMM of a later chunk writes into the blocks the earlier chunks left (bf16: its model-dtype product,
+  // with whatever the GEMM takes beyond its output, e.g. an fp32 copy of it on an AVX512_CORE CPU).
+  moments.push_back({"head forward (logits GEMM)",
+                     {{"weights", z.weights},
+                      {"checkpoints", (z.L + 1) * btd},
+                      {"dL/dH", btd},
+                      {"lm_head gradient", ch < z.T ? lm_gradient : 0},
+                      {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z, true, true)},
+                      {"the GEMM's workspace (+ the lm_head's compute-dtype copy)",
+                       gemm_workspace_bytes(w, z.B * ch, z.V, z.d, false, /*b_transposed=*/true) + z.lm_head_copy()},
+                      {"objective buffers", objective_bytes(w)}}});
   if (sums_wider)
     moments.push_back({"lm_head gradient commit",
                        {{"weights", z.weights},

@@ -8,12 +8,8 @@
 
 namespace sbp {
 
-StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Batch& batch) {
-  model.zero_grad();
-  objective.prepare(batch, model.config());
+double CheckpointBackprop::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
-  PhaseClock clock;
-  const auto start = std::chrono::steady_clock::now();
   std::vector<at::Tensor> inputs(L + 1);  // inputs[l]: [B, T, d] input of layer l; inputs[L]: last hidden state
   {
     Phase phase(clock, "forward");
@@ -43,7 +39,7 @@ StepResult CheckpointBackprop::step(Model& model, Objective& objective, const Ba
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, grad);
   }
-  return StepResult::finish(loss, start, clock, model.device());
+  return loss;
 }
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const { return checkpoint_memory(w); }

@@ -11,9 +11,10 @@ namespace sbp {
 class CheckpointBackprop final : public BackpropMethod {
  public:
   std::string spec() const override { return "checkpoint"; }
-  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return checkpoint_flops(workload); }
+ private:
+  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
 };
 
 }  // namespace sbp

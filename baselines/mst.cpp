@@ -17,14 +17,10 @@ std::int64_t mini_sequence_length(std::int64_t T, std::int64_t M) { return (T + 
 
 }  // namespace
 
-StepResult MsT::step(Model& model, Objective& objective, const Batch& batch) {
-  model.zero_grad();
-  objective.prepare(batch, model.config());
+double MsT::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
   const auto T = batch.seq_len();
   const auto chunk = mini_sequence_length(T, options_.mini_seq);
-  PhaseClock clock;
-  const auto start = std::chrono::steady_clock::now();
 
   std::vector<at::Tensor> H(L + 1);  // checkpoints: H[l] the input of layer l, H[L] the last hidden state
   {
@@ -57,7 +53,7 @@ StepResult MsT::step(Model& model, Objective& objective, const Batch& batch) {
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
-  return StepResult::finish(loss, start, clock, model.device());
+  return loss;
 }
 
 at::Tensor MsT::layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,

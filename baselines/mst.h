@@ -28,12 +28,12 @@ class MsT final : public BackpropMethod {
 
   explicit MsT(Options options) : options_(options) {}
   std::string spec() const override { return "mst:mini_seq=" + std::to_string(options_.mini_seq); }
-  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return mst_flops(workload); }
   void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
  private:
+  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
   // Re-forward of one layer with the MLP in mini-sequences; returns dLoss/dH_in given H_in and dLoss/dH_out.
   at::Tensor layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
                             std::int64_t chunk, PhaseClock& clock) const;

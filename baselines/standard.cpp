@@ -7,11 +7,7 @@
 
 namespace sbp {
 
-StepResult StandardBackprop::step(Model& model, Objective& objective, const Batch& batch) {
-  model.zero_grad();
-  objective.prepare(batch, model.config());
-  PhaseClock clock;
-  const auto start = std::chrono::steady_clock::now();
+double StandardBackprop::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   at::Tensor loss;
   {
     Phase phase(clock, "forward");
@@ -23,7 +19,7 @@ StepResult StandardBackprop::step(Model& model, Objective& objective, const Batc
     Phase phase(clock, "backward");
     loss.backward();
   }
-  return StepResult::finish(loss.item<double>(), start, clock, model.device());
+  return loss.item<double>();
 }
 
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const { return standard_memory(w); }

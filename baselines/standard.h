@@ -10,9 +10,10 @@ namespace sbp {
 class StandardBackprop final : public BackpropMethod {
  public:
   std::string spec() const override { return "standard"; }
-  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return standard_flops(workload); }
+ private:
+  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
 };
 
 }  // namespace sbp

@@ -23,6 +23,13 @@ Batch Batch::to(c10::Device device) const {
   return out;
 }
 
+Batch Batch::select_rows(const at::Tensor& index) const {
+  const auto i = index.to(input_ids.device());
+  Batch out{input_ids.index_select(0, i), attention_mask.index_select(0, i), {}};
+  for (const auto& [name, t] : fields) out.fields[name] = t.index_select(0, i.to(t.device()));
+  return out;
+}
+
 const at::Tensor& Batch::field(const std::string& name) const {
   auto it = fields.find(name);
   if (it == fields.end()) throw std::invalid_argument("batch has no tensor '" + name + "'");

@@ -24,6 +24,8 @@ struct Batch {
   bool has(const std::string& name) const { return fields.count(name) != 0; }
   const at::Tensor& field(const std::string& name) const;  // throws std::invalid_argument naming it
   Batch to(c10::Device device) const;  // every tensor moved
+  // Rows `index` (int64 [n]) of every tensor (each has the rows first): a micro-batch or a rank's share.
+  Batch select_rows(const at::Tensor& index) const;
 };
 
 // The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token. Throws

@@ -48,6 +48,21 @@ Batch DpoObjective::with_reference(const Batch& batch, const at::Tensor& token_l
   return out;
 }
 
+std::vector<Batch> DpoObjective::split(const Batch& batch, std::int64_t parts, const std::string& source) const {
+  const auto P = batch.batch_size() / 2;
+  if (batch.batch_size() % 2 != 0 || parts < 1 || P % parts != 0)
+    throw std::invalid_argument(source + ": dpo's " + std::to_string(P) + " pairs (" +
+                                std::to_string(batch.batch_size()) + " rows) do not split into " +
+                                std::to_string(parts) + " equal micro-batches of whole pairs");
+  std::vector<Batch> out;
+  const auto n = P / parts;
+  for (std::int64_t k = 0; k < parts; ++k) {
+    const auto chosen = at::arange(k * n, (k + 1) * n);
+    out.push_back(batch.select_rows(at::cat({chosen, chosen + P})));
+  }
+  return out;
+}
+
 void DpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std::string& source) {
   check_field_names(b, {"completion_mask"}, {"ref_logps"}, "dpo", source);
   const auto rows = b.batch_size();
@@ -77,7 +92,9 @@ at::Tensor DpoObjective::row_loss(const at::Tensor& S) const {
   const auto ratios = S - ref_.to(S.scalar_type());  // log pi/ref per row
   const auto z = options_.beta * (ratios.slice(0, 0, P) - ratios.slice(0, P));
   const double ls = options_.label_smoothing;
-  return (-(1.0 - ls) * at::log_sigmoid(z) - ls * at::log_sigmoid(-z)).mean();
+  // The mean over pairs, or over the step's pairs when the micro-batches of one step share its totals.
+  const auto losses = -(1.0 - ls) * at::log_sigmoid(z) - ls * at::log_sigmoid(-z);
+  return step_totals_ ? losses.sum() / (rows_normaliser(S.size(0)) / 2) : losses.mean();
 }
 
 }  // namespace sbp

@@ -31,6 +31,8 @@ class DpoObjective final : public Objective {
   void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
                            bool reference_given) const override;
   bool needs_reference(const Batch& batch) const override { return !batch.has("ref_logps"); }
+  // Pairs stay whole: micro-batch k has chosen rows [k*P/K, (k+1)*P/K) and the rejected rows P + the same.
+  std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const override;
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
 
  private:

@@ -87,11 +87,11 @@ void GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std
                                   std::to_string(options_.max_completion_length) + " (dr_grpo's normaliser)");
   }
   if (options_.loss_type == "grpo")
-    weights_ = 1.0 / (double(B) * counts_.clamp_min(1.0));
+    weights_ = 1.0 / (rows_normaliser(B) * counts_.clamp_min(1.0));
   else if (options_.loss_type == "dr_grpo")
-    weights_ = at::full({B}, 1.0 / (double(B) * double(options_.max_completion_length)), counts_.options());
+    weights_ = at::full({B}, 1.0 / (rows_normaliser(B) * double(options_.max_completion_length)), counts_.options());
   else  // bnpo, dapo
-    weights_ = at::full({B}, 1.0 / std::max(1.0, counts_.sum().item<double>()), counts_.options());
+    weights_ = at::full({B}, 1.0 / std::max(1.0, tokens_normaliser(counts_.sum().item<double>())), counts_.options());
   temperature_ = options_.temperature;
   // Sequence importance couples a row's tokens through sum(logp - old); without old_logps that sum is 0 in value,
   // known before any chunk: no statistics pass.

@@ -73,18 +73,29 @@ struct Workload {
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
 };
 
+struct StepOptions {
+  // Add into the gradients already there (the micro-batches of one optimizer step) instead of freeing them first.
+  bool accumulate = false;
+};
+
 class BackpropMethod {
  public:
   virtual ~BackpropMethod() = default;
   // Canonical spec; make_method(spec()) builds the same method.
   virtual std::string spec() const = 0;
-  // Zeroes (frees) the model's gradients, runs forward + backward on `batch` and leaves the exact gradient of the
-  // objective in every parameter's grad().
-  virtual StepResult step(Model& model, Objective& objective, const Batch& batch) = 0;
+  // What every method's step does, in one place: frees the model's gradients (unless options.accumulate), prepares
+  // the objective on `batch`, runs forward + backward (backprop) under the clock and leaves the exact gradient of the
+  // objective in every trainable tensor's grad() (added to what was there when accumulating).
+  StepResult step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options = {});
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/flop_model.h).
   virtual double flops(const Workload& workload) const = 0;
+
+ protected:
+  // The method itself: forward + backward of the prepared objective on `batch`, adding the gradients into grad()
+  // (autograd's accumulation, ChunkGradients::commit); returns the loss. Phases go to `clock`.
+  virtual double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) = 0;
 };
 
 }  // namespace sbp

@@ -74,6 +74,22 @@ void Objective::prepare(const Batch& batch, const ModelConfig& config, const std
   statistics_ = at::zeros({batch.batch_size()}, batch.input_ids.options().dtype(at::kDouble));
 }
 
+StepTotals Objective::batch_totals() const {
+  TORCH_CHECK(scored_.defined(), "batch_totals() before prepare()");
+  return {scored_.size(0), static_cast<std::int64_t>(scored_.sum().item<double>())};
+}
+
+std::vector<Batch> Objective::split(const Batch& batch, std::int64_t parts, const std::string& source) const {
+  const auto rows = batch.batch_size();
+  if (parts < 1 || rows % parts != 0)
+    throw std::invalid_argument(source + ": " + std::to_string(rows) + " rows do not split into " +
+                                std::to_string(parts) + " equal micro-batches");
+  std::vector<Batch> out;
+  const auto n = rows / parts;
+  for (std::int64_t k = 0; k < parts; ++k) out.push_back(batch.select_rows(at::arange(k * n, (k + 1) * n)));
+  return out;
+}
+
 at::Tensor Objective::chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like) {
   return per_position.slice(1, start, start + like.size(1)).to(like.scalar_type());
 }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -22,6 +23,12 @@
 #include "core/config.h"
 
 namespace sbp {
+
+// What an objective normalises by: rows (GRPO's grpo and dr_grpo losses; DPO's pairs are rows / 2) and scored
+// tokens (SFT; GRPO's bnpo and dapo).
+struct StepTotals {
+  std::int64_t rows = 0, tokens = 0;
+};
 
 class Objective {
  public:
@@ -50,6 +57,16 @@ class Objective {
   // The same by autograd through chunk_loss (two more [B, c, V] buffers): the reference the in-place one is tested on.
   double chunk_loss_and_grad_by_autograd(at::Tensor& logits, std::int64_t start) const;
 
+  // The totals of the batch last prepared.
+  StepTotals batch_totals() const;
+  // Normalise by these totals instead of each batch's own, across prepare() calls until reset (nullopt): the
+  // micro-batches of one optimizer step share the step's totals, as HF/TRL's num_items_in_batch, so that K
+  // micro-batches of B give exactly the gradient of one batch of K*B (sums over rows, each divided by the whole).
+  void set_step_totals(std::optional<StepTotals> totals) { step_totals_ = totals; }
+  // The batch's rows cut into `parts` micro-batches of equal size (throws std::invalid_argument naming `source` when
+  // they do not divide); DPO keeps each chosen row with its rejected one.
+  virtual std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const;
+
   // Bytes per position of what prepare() keeps for the step (the memory models' "objective buffers").
   virtual std::int64_t buffer_bytes_per_token() const { return 16; }  // targets (int64) + scored mask (fp64)
 
@@ -77,6 +94,14 @@ class Objective {
   virtual at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const;
   virtual at::Tensor row_loss(const at::Tensor& S) const;
 
+  // The normalisers in effect: the step's totals when set, else the batch's own count.
+  double rows_normaliser(std::int64_t batch_rows) const {
+    return double(step_totals_ ? step_totals_->rows : batch_rows);
+  }
+  double tokens_normaliser(double batch_tokens) const {
+    return step_totals_ ? double(step_totals_->tokens) : batch_tokens;
+  }
+
   // The chunk's terms as a function of its log-probs: token terms + R(S_rest + S_chunk) (see the top of this file).
   at::Tensor chunk_term(const at::Tensor& logp, std::int64_t start) const;
   // Log-probs of the chunk's targets, [B, c], 0 where unscored; differentiable (log_softmax) or, in place, leaving
@@ -94,6 +119,7 @@ class Objective {
   std::int64_t seq_len_ = 0;
   at::Tensor statistics_;  // [B] fp64: S summed over the chunks seen by the statistics pass
   bool statistics_ready_ = false;
+  std::optional<StepTotals> step_totals_;
   // Negative control (tests only): each chunk differentiates R at its own partial sums, as if S_rest were 0.
   bool fault_partial_statistics_ = false;
 };

@@ -30,7 +30,7 @@ void SftObjective::prepare_fields(const Batch& b, const ModelConfig& config, con
 }
 
 at::Tensor SftObjective::token_loss(const at::Tensor& logp, std::int64_t) const {
-  return -logp.sum() / double(num_valid_);
+  return -logp.sum() / tokens_normaliser(double(num_valid_));
 }
 
 }  // namespace sbp

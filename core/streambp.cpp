@@ -32,13 +32,9 @@ at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::T
   return model.attend(q, K.slice(2, 0, c), V.slice(2, 0, c), 0, &sums);
 }
 
-StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch) {
-  model.zero_grad();
-  objective.prepare(batch, model.config());
+double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
   const auto T = batch.seq_len();
-  PhaseClock clock;
-  const auto start = std::chrono::steady_clock::now();
 
   // Forward without a graph, itself chunked: keeps the input of every layer (H[l]: [B, T, d]) and the last hidden
   // state H[L]; per chunk only the Q path, attention and MLP of c tokens exist.
@@ -62,7 +58,7 @@ StepResult StreamBP::step(Model& model, Objective& objective, const Batch& batch
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
-  return StepResult::finish(loss, start, clock, model.device());
+  return loss;
 }
 
 void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,

@@ -33,12 +33,12 @@ class StreamBP final : public BackpropMethod {
 
   explicit StreamBP(Options options) : options_(options) {}
   std::string spec() const override;
-  StepResult step(Model& model, Objective& objective, const Batch& batch) override;
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return streambp_flops(workload, options_.layer_chunk); }
   void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
  private:
+  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
   // One layer's exact backward, streamed: g holds dLoss/dH_out [B, T, d] on entry and dLoss/dH_in on return. Each
   // chunk reads its own rows of dLoss/dH_out once (the layer is position-wise outside attention, whose K/V
   // gradients go to the sums), so its input gradient overwrites them: no second [B, T, d] buffer.

@@ -22,7 +22,8 @@
 
 namespace sbp {
 
-void add_run_options(CLI::App& app, RunArgs& a) {
+// The options `run` and `train` share: model, LoRA, precision, method, objective, random batch, device, outputs.
+void add_model_options(CLI::App& app, RunArgs& a) {
   app.add_option("--preset", a.source.preset, "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b)");
   app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
   app.add_option("--load", a.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
@@ -37,9 +38,6 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(CLI::Range(0.0, 0.99));
   app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--batch-file", a.batch_file, "safetensors with input_ids, attention_mask and the objective's tensors "
-                 "(sft: labels; grpo: completion_mask, advantages, optional old_logps, ref_logps; dpo: completion_mask, "
-                 "optional ref_logps)")->check(CLI::ExistingFile);
   app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (bf16 compute; the trainable "
                  "tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, cast to bf16 "
@@ -49,10 +47,20 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                  "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
   app.add_option("--adapter", a.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")->check(CLI::ExistingDirectory);
   app.add_option("--save-adapter", a.save_adapter, "write the LoRA adapter as a PEFT folder");
-  app.add_option("--save-grads", a.save_grads, "write every trainable parameter's gradient (safetensors; HF names, PEFT names under LoRA)");
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
-  app.add_option("--save-batch", a.save_batch, "write the batch (safetensors)");
   app.add_option("--json", a.json, "write the run record (JSON)");
+  add_device_option(app, a.device);
+  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--force", a.force, "overwrite existing output files");
+}
+
+void add_run_options(CLI::App& app, RunArgs& a) {
+  add_model_options(app, a);
+  app.add_option("--batch-file", a.batch_file, "safetensors with input_ids, attention_mask and the objective's tensors "
+                 "(sft: labels; grpo: completion_mask, advantages, optional old_logps, ref_logps; dpo: completion_mask, "
+                 "optional ref_logps)")->check(CLI::ExistingFile);
+  app.add_option("--save-grads", a.save_grads, "write every trainable parameter's gradient (safetensors; HF names, PEFT names under LoRA)");
+  app.add_option("--save-batch", a.save_batch, "write the batch (safetensors)");
   app.add_option("--timeline", a.timeline, "write the memory timeline of the last step: PREFIX.csv and PREFIX.trace.json (Perfetto)");
   app.add_option("--op-profile", a.op_profile, "write the measured steps' time per outermost ATen op or autograd node "
                  "(CSV: name, calls, seconds, share of BP time) and print the largest");
@@ -62,11 +70,8 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                  "every record; dropped records are counted and printed")->check(CLI::IsMember({"cupti"}));
   app.add_option("--budget-bytes", a.budget_bytes, "memory budget: the step fails with status oom above it (CPU: live "
                  "tensor bytes; CUDA: the caching allocator's reserved bytes)")->check(CLI::NonNegativeNumber);
-  add_device_option(app, a.device);
-  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
   app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber);
-  app.add_flag("--force", a.force, "overwrite existing output files");
   app.add_flag("--model-only", a.model_only, "print the analytic memory model of this workload (and write it with "
                "--json, status model-only) without running a step");
 }

@@ -30,7 +30,19 @@ struct RunArgs {
   bool force = false, model_only = false;
 };
 void add_run_options(CLI::App& app, RunArgs& args);
+// The model, method, objective, batch, precision, device and output options `run` and `train` share.
+void add_model_options(CLI::App& app, RunArgs& args);
 int run_command(const RunArgs& args, const std::string& command_line);
+
+struct TrainArgs {
+  RunArgs run;  // model, method, objective, random batch, precision, LoRA, device, --save-model, --json
+  std::int64_t steps = 1, grad_accum = 1, save_every = 0;
+  std::string optimizer = "adamw", state_dtype, lr_schedule = "constant";
+  double clip_grad_norm = 0;
+  std::string data_dir, checkpoint_dir, resume_dir, metrics;
+};
+void add_train_options(CLI::App& app, TrainArgs& args);
+int train_command(const TrainArgs& args, const std::string& command_line);
 
 struct CompareArgs {
   std::string ref, other, json;

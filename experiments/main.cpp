@@ -1,4 +1,4 @@
-// streambp: the harness's command line. Subcommands: run (one BP step, measured), compare (gradient files),
+// streambp: the harness's command line. Subcommands: run (one BP step, measured), train (optimizer steps), compare (gradient files),
 // demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors), toy (Table 6: the
 // two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
 // maxlen (the maximum T under a budget), project (the models at the paper's settings),
@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   CLI::App app{"StreamBP harness: exact, memory-efficient backpropagation for long sequences, next to its baselines"};
   app.require_subcommand(1);
   sbp::RunArgs run_args;
+  sbp::TrainArgs train_args;
   sbp::CompareArgs compare_args;
   sbp::DemoArgs demo_args;
   sbp::VerifyArgs verify_args;
@@ -32,6 +33,9 @@ int main(int argc, char** argv) {
   sbp::ProfileArgs profile_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
+  auto* train = app.add_subcommand("train", "optimizer steps of a BP method: AdamW/SGD, schedules, clipping, gradient "
+                                            "accumulation, resumable checkpoints, per-step metrics");
+  sbp::add_train_options(*train, train_args);
   auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
   sbp::add_compare_options(*compare, compare_args);
   auto* demo = app.add_subcommand("demo", "side-by-side of the BP methods: peak memory, analytic floor, time, check");
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
   const auto command_line = sbp::shell_quote_argv(argc, argv);
   try {
     if (*run) return sbp::run_command(run_args, command_line);
+    if (*train) return sbp::train_command(train_args, command_line);
     if (*compare) return sbp::compare_command(compare_args, command_line);
     if (*verify) return sbp::verify_command(verify_args, command_line);
     if (*toy) return sbp::toy_command(toy_args, command_line);

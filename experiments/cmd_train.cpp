@@ -1,0 +1,252 @@
+// `streambp train`: optimizer steps of any BP method (core/trainer.h), with gradient accumulation, a data folder or
+// seeded random batches, atomic resumable checkpoints, a per-step metrics CSV and a progress line per step.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "baselines/methods.h"
+#include "core/checkpoint_io.h"
+#include "core/dtype.h"
+#include "core/safetensors.h"
+#include "core/trainer.h"
+#include "experiments/commands.h"
+#include "experiments/provenance.h"
+
+namespace sbp {
+
+namespace fs = std::filesystem;
+
+void add_train_options(CLI::App& app, TrainArgs& a) {
+  add_model_options(app, a.run);
+  app.add_option("--steps", a.steps, "optimizer steps of the whole run (a resumed run counts the steps already taken)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", a.optimizer, "adamw:lr=1e-5,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0"
+                 "[,decay_norms_and_biases=0] or sgd:lr=...,momentum=0,weight_decay=0 (torch.optim's update and "
+                 "defaults; weight decay on every trainable tensor unless decay_norms_and_biases=0, HF Trainer's groups)");
+  app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16: the optimizer states' dtype (default: "
+                 "each trainable tensor's own, as torch does)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  app.add_option("--lr-schedule", a.lr_schedule, "constant|cosine[,warmup=K]: HF's get_constant/cosine_schedule_with_"
+                 "warmup over --steps");
+  app.add_option("--clip-grad-norm", a.clip_grad_norm, "clip the global gradient 2-norm to X as torch.nn.utils."
+                 "clip_grad_norm_ (0: off; the norm is reported either way)")->check(CLI::NonNegativeNumber);
+  app.add_option("--grad-accum", a.grad_accum, "micro-batches per step: each global batch is split by rows into K "
+                 "(normalised by the step's total target count, HF/TRL's num_items_in_batch)")->check(CLI::PositiveNumber);
+  app.add_option("--data", a.data_dir, "folder of batch files (safetensors, as --save-batch writes them), one global "
+                 "batch per step in lexical order, cycled; default: a seeded random batch per step (--batch, --seq)")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--save-every", a.save_every, "write a resumable checkpoint every K steps (and after the last) into "
+                 "--checkpoint-dir")->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", a.checkpoint_dir, "folder of the resumable checkpoints (checkpoint-NNNNNN)");
+  app.add_option("--resume", a.resume_dir, "continue from the latest complete checkpoint in DIR (from step 0 when it "
+                 "has none); checkpoints then also go there unless --checkpoint-dir says otherwise");
+  app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
+                 "bytes) and its JSON sidecar with provenance; a resumed run keeps the rows up to its checkpoint");
+}
+
+namespace {
+
+std::vector<fs::path> batch_files(const std::string& dir) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw std::invalid_argument("--data " + dir + ": no .safetensors batch files");
+  return files;
+}
+
+// Everything that decides the trajectory, compared on --resume (the method may differ: every method is exact).
+nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, const Objective& objective,
+                                      const std::string& optimizer) {
+  const auto& r = a.run;
+  return {{"model", r.source.describe()},
+          {"precision", precision_name(model.dtype(), model.grad_dtype())},
+          {"lora", r.lora},
+          {"adapter", r.adapter_dir},
+          {"objective", objective.spec()},
+          {"seed", r.seed},
+          {"data", a.data_dir},
+          {"batch", a.data_dir.empty() ? nlohmann::json({{"B", r.batch_size}, {"T", r.seq_len}, {"pad", r.pad_fraction},
+                                                          {"prompt", r.prompt_fraction}, {"group", r.group}})
+                                       : nlohmann::json()},
+          {"ref", r.ref_dir},
+          {"optimizer", optimizer},
+          {"optimizer_state_dtype", a.state_dtype},
+          {"lr_schedule", a.lr_schedule},
+          {"steps", a.steps},
+          {"clip_grad_norm", a.clip_grad_norm},
+          {"grad_accum", a.grad_accum}};
+}
+
+std::string eta_text(double seconds) {
+  const auto s = std::int64_t(std::llround(seconds));
+  return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+}
+
+const char* kMetricsHeader = "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes";
+
+// The data rows of an earlier metrics file with step <= `through` (a resumed run continues it).
+std::vector<std::string> metrics_rows_through(const fs::path& file, std::int64_t through) {
+  std::vector<std::string> rows;
+  std::ifstream in(file);
+  std::string line;
+  if (!std::getline(in, line) || line != kMetricsHeader)
+    throw std::invalid_argument("--metrics " + file.string() + ": not a metrics file of `train` (header differs)");
+  while (std::getline(in, line))
+    if (!line.empty() && std::stoll(line.substr(0, line.find(','))) <= through) rows.push_back(line);
+  return rows;
+}
+
+}  // namespace
+
+int train_command(const TrainArgs& a, const std::string& command_line) {
+  const auto& r = a.run;
+  if (r.threads > 0) at::set_num_threads(r.threads);
+  const auto device = parse_device(r.device);
+  const bool random = a.data_dir.empty();
+  if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
+  if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
+  if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
+    throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
+  const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
+  for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
+                                   {r.save_adapter, "--save-adapter"}})
+    if (!file.empty()) check_new_output(file, r.force, flag);
+  if (!r.save_adapter.empty() && r.lora.empty() && r.adapter_dir.empty())
+    throw std::invalid_argument("--save-adapter needs --lora or --adapter");
+
+  TrainOptions options;
+  options.optimizer = parse_optimizer_spec(a.optimizer);
+  if (!a.state_dtype.empty()) options.optimizer.state_dtype = parse_state_dtype(a.state_dtype);
+  options.schedule = parse_lr_schedule(a.lr_schedule);
+  options.total_steps = a.steps;
+  options.grad_accum = a.grad_accum;
+  options.clip_grad_norm = a.clip_grad_norm;
+
+  const auto dtype = parse_dtype(!r.dtype.empty() ? r.dtype
+                                 : r.source.load_dir.empty() ? "fp32"
+                                                             : read_config_dtype(r.source.load_dir + "/config.json"));
+  auto method = make_method(r.method);
+  auto objective = make_objective(r.objective);
+  auto model = build_model(r.source, dtype, r.seed);
+  apply_lora(*model, r.lora, r.adapter_dir, r.seed);
+  if (!r.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(r.grad_dtype));
+  model->to(device);
+  const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
+  // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
+  // batch of the same seed), its log-probs completed by the current policy.
+  auto batch_for_step = [&](std::int64_t s) {
+    const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
+    Batch batch = random ? objective->random_batch(model->config(), {r.batch_size, r.seq_len, r.pad_fraction,
+                                                                     r.prompt_fraction, r.seed + std::uint64_t(s), r.group})
+                         : read_batch_file(files[s % files.size()]);
+    validate_tokens(batch, model->config(), source);
+    batch = batch.to(device);
+    complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.seed + std::uint64_t(s));
+    return std::pair{batch, source};
+  };
+
+  Trainer trainer(*model, *method, *objective, options);
+  const auto fingerprint = trajectory_fingerprint(a, *model, *objective, optimizer_spec(options.optimizer));
+  std::int64_t start_step = 0;
+  if (!a.resume_dir.empty()) {
+    const auto latest = Trainer::latest_checkpoint(a.resume_dir);
+    if (latest.empty()) {
+      fmt::print(stderr, "resume    {}: no complete checkpoint, starting at step 0\n", a.resume_dir);
+    } else {
+      const auto run = trainer.load_checkpoint(latest);
+      const auto& saved = run.at("trajectory");
+      for (const auto& [key, value] : fingerprint.items())
+        if (!saved.contains(key) || saved.at(key) != value)
+          throw std::invalid_argument(latest.string() + ": the checkpoint's " + key + " is " +
+                                      (saved.contains(key) ? saved.at(key).dump() : "missing") + ", this run's " +
+                                      value.dump() + " (resume with the arguments of the run that wrote it)");
+      start_step = trainer.steps_taken();
+      fmt::print(stderr, "resume    {} (step {})\n", latest.string(), start_step);
+    }
+  }
+  if (start_step >= a.steps)
+    fmt::print(stderr, "train     nothing to do: {} of --steps {} already taken\n", start_step, a.steps);
+
+  std::vector<std::string> metric_rows;
+  if (!a.metrics.empty()) {
+    if (fs::exists(a.metrics) && start_step > 0 && !r.force)
+      metric_rows = metrics_rows_through(a.metrics, start_step);
+    else
+      check_new_output(a.metrics, r.force || (start_step == 0 && !a.resume_dir.empty()), "--metrics");
+  }
+  const auto prov = collect_provenance(command_line, describe_device(device));
+  auto write_metrics = [&] {
+    if (a.metrics.empty()) return;
+    std::ostringstream csv;
+    csv << kMetricsHeader << "\n";
+    for (const auto& row : metric_rows) csv << row << "\n";
+    write_file_atomically(a.metrics, csv.str());
+    const nlohmann::json sidecar = {{"provenance", to_json(prov)},
+                                    {"method", method->spec()},
+                                    {"trajectory", fingerprint},
+                                    {"columns", kMetricsHeader},
+                                    {"peak_bytes", "live tensor bytes at the step's peak (CPU allocator meter), "
+                                                   "weights, optimizer state and batch included; empty on CUDA"}};
+    write_file_atomically(fs::path(a.metrics).replace_extension(".json"), sidecar.dump(2) + "\n");
+  };
+
+  fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}\n", method->spec(), r.source.describe(),
+             precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
+             lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps);
+  auto& meter = CpuMemoryMeter::install();
+  const bool metered = !device.is_cuda();
+  double total_seconds = 0, last_loss = 0;
+  std::int64_t peak = 0;
+  const auto run_start = std::chrono::steady_clock::now();
+  for (std::int64_t s = start_step; s < a.steps; ++s) {
+    const auto [batch, source] = batch_for_step(s);
+    model->zero_grad();  // the previous step's gradients are not part of this step
+    meter.reset_peak();
+    const auto t = trainer.step(batch, source);
+    const auto step_peak = meter.peak_bytes();
+    peak = std::max(peak, step_peak);
+    last_loss = t.loss;
+    total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    const double per_step = total_seconds / double(s + 1 - start_step);
+    fmt::print(stderr, "step {}/{}  loss {:.6g}  grad_norm {:.4g}  lr {:.4g}  {:.0f} tok/s  peak {}  ETA {}\n", t.step,
+               a.steps, t.loss, t.grad_norm, t.lr, double(t.tokens) / (t.bp_seconds + t.optimizer_seconds),
+               metered ? format_bytes(step_peak) : "-", eta_text(per_step * double(a.steps - t.step)));
+    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{}", t.step, t.loss, t.grad_norm,
+                                      t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
+                                      metered ? std::to_string(step_peak) : ""));
+    write_metrics();
+    const bool last = t.step == a.steps;
+    if (!checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
+      const auto dir = trainer.save_checkpoint(checkpoint_dir, {{"trajectory", fingerprint},
+                                                                {"method", method->spec()},
+                                                                {"provenance", to_json(prov)}});
+      fmt::print(stderr, "checkpoint {}\n", dir.string());
+    }
+  }
+  if (!r.save_model.empty()) save_model_dir(*model, r.save_model);
+  if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.source.describe());
+  if (!r.json.empty()) {
+    const nlohmann::json j = {{"status", "completed"},
+                              {"steps", trainer.steps_taken()},
+                              {"start_step", start_step},
+                              {"final_loss", trainer.steps_taken() > start_step ? nlohmann::json(last_loss) : nlohmann::json()},
+                              {"seconds", total_seconds},
+                              {"peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(peak) : nlohmann::json()},
+                              {"method", method->spec()},
+                              {"trajectory", fingerprint},
+                              {"metrics", a.metrics},
+                              {"device", describe_device(device)},
+                              {"provenance", to_json(prov)}};
+    write_file_atomically(r.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace sbp

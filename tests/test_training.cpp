@@ -1,0 +1,161 @@
+// Training is exact (issue #19): every method follows standard BP's trajectory over optimizer steps in fp64, and K
+// micro-batches of B are one step of K*B. The outside oracles (torch.optim.AdamW, HF) are tests/optimizer_oracle.py
+// and tests/train_oracle.py; this file compares the methods with each other through the Trainer.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "baselines/methods.h"
+#include "core/lora.h"
+#include "core/model.h"
+#include "core/trainer.h"
+#include "test_support.h"
+#include "verify/grad_compare.h"
+
+namespace {
+
+using sbp::Batch;
+
+struct Case {
+  std::string objective, lora;  // lora "": full fine-tuning
+  std::int64_t batch_size = 2, seq_len = 23, group = 0;
+  double pad_fraction = 0.3;
+};
+
+struct Trajectory {
+  std::vector<double> losses;
+  sbp::TensorList params;  // the trainable tensors after the last step (copies)
+};
+
+sbp::TrainOptions training_options(std::int64_t steps, std::int64_t grad_accum) {
+  sbp::TrainOptions o;
+  o.optimizer = sbp::parse_optimizer_spec("adamw:lr=2e-3,weight_decay=0.1");
+  o.schedule = sbp::parse_lr_schedule("cosine,warmup=3");
+  o.total_steps = steps;
+  o.grad_accum = grad_accum;
+  o.clip_grad_norm = 0.5;  // active: tiny's gradient norms are ~1
+  return o;
+}
+
+std::unique_ptr<sbp::Model> case_model(const Case& k) {
+  auto model = std::make_unique<sbp::Model>(sbp::test::tiny_config(), at::kDouble, 11);
+  if (!k.lora.empty()) model->add_lora(sbp::parse_lora_spec(k.lora), 12);
+  return model;
+}
+
+// One global batch per step, drawn (with the log-probs GRPO/DPO need) from the initial model, so that every method
+// trains on the same tensors.
+std::vector<Batch> case_batches(const Case& k, int steps) {
+  auto model = case_model(k);
+  auto objective = sbp::make_objective(k.objective);
+  std::vector<Batch> out;
+  for (int s = 0; s < steps; ++s)
+    out.push_back(sbp::test::objective_batch(*model, *objective,
+                                             {k.batch_size, k.seq_len, k.pad_fraction, 0.2, 100 + std::uint64_t(s), k.group}));
+  return out;
+}
+
+Trajectory train(const Case& k, const std::string& method_spec, const std::vector<Batch>& batches,
+                 std::int64_t grad_accum = 1) {
+  auto model = case_model(k);
+  auto method = sbp::make_method(method_spec);
+  auto objective = sbp::make_objective(k.objective);
+  sbp::Trainer trainer(*model, *method, *objective, training_options(std::int64_t(batches.size()), grad_accum));
+  Trajectory t;
+  for (const auto& b : batches) t.losses.push_back(trainer.step(b).loss);
+  for (const auto& p : model->trainable()) t.params.push_back({p.name, p.tensor.detach().clone()});
+  return t;
+}
+
+// The largest relative difference of the per-step losses and (normwise) of the final trainable tensors.
+double trajectory_error(const Trajectory& ref, const Trajectory& other) {
+  REQUIRE(ref.losses.size() == other.losses.size());
+  double worst = 0;
+  for (std::size_t s = 0; s < ref.losses.size(); ++s)
+    worst = std::max(worst, std::abs(ref.losses[s] - other.losses[s]) / std::abs(ref.losses[s]));
+  const auto cmp = sbp::compare_gradients(ref.params, other.params);
+  REQUIRE(cmp.problems.empty());
+  return std::max(worst, cmp.max_normwise_rel());
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"sft", ""},
+      {"sft", "rank=4,alpha=8"},
+      {"grpo:beta=0.04,loss_type=grpo", "", 4, 23, 2},
+      {"grpo:loss_type=dapo,importance=sequence", "rank=4,alpha=8", 4, 23, 2},
+      {"dpo:beta=0.1,label_smoothing=0.1", ""},
+      {"dpo:beta=0.1", "rank=4,alpha=8"},
+  };
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("every method trains along standard BP's trajectory in fp64 (20 AdamW steps, clipping, cosine schedule)",
+          "[training][exactness]") {
+  constexpr int kSteps = 20;
+  double worst = 0;
+  for (const auto& k : cases()) {
+    const auto batches = case_batches(k, kSteps);
+    const auto reference = train(k, "standard", batches);
+    for (const std::string spec : {"checkpoint", "mst:mini_seq=3", "streambp:layer_chunk=5,head_chunk=7"}) {
+      const double err = trajectory_error(reference, train(k, spec, batches));
+      INFO(k.objective << " lora=" << k.lora << " " << spec << ": largest relative difference " << err);
+      CHECK(err <= 1e-10);
+      worst = std::max(worst, err);
+    }
+  }
+  WARN("largest relative difference of losses and final tensors over 6 cases x 3 methods x 20 steps: " << worst);
+}
+
+TEST_CASE("K micro-batches of B are one optimizer step of K*B in fp64, for every objective", "[training][exactness]") {
+  for (auto k : cases()) {
+    k.batch_size = 8;  // 4 micro-batches of 2 rows (DPO: of 1 pair), with rows of different target counts
+    k.group = 0;
+    const auto batches = case_batches(k, 3);
+    for (const std::string spec : {"standard", "streambp:layer_chunk=5,head_chunk=7"}) {
+      const double err = trajectory_error(train(k, spec, batches, 1), train(k, spec, batches, 4));
+      INFO(k.objective << " lora=" << k.lora << " " << spec << ": 4 x B=2 against B=8, relative difference " << err);
+      CHECK(err <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("negative control: micro-batches normalised by their own counts are not one step of K*B",
+          "[training][negative-control]") {
+  // What a trainer without the step's totals does (HF's loss averaged per micro-batch, then divided by K): with rows
+  // of different target counts the gradient is a different weighting of the same tokens.
+  Case k{"sft", ""};
+  k.batch_size = 8;
+  const auto batches = case_batches(k, 3);
+  const auto reference = train(k, "standard", batches, 1);
+  auto model = case_model(k);
+  auto method = sbp::make_method("standard");
+  auto objective = sbp::make_objective(k.objective);
+  const auto o = training_options(3, 4);
+  sbp::Optimizer optimizer(model->trainable(), o.optimizer);
+  Trajectory faulty;
+  for (const auto& b : batches) {
+    double loss = 0;
+    const auto micro = objective->split(b, 4, "batch");
+    for (std::size_t i = 0; i < micro.size(); ++i)
+      loss += method->step(*model, *objective, micro[i], {.accumulate = i > 0}).loss / 4;
+    std::vector<at::Tensor> params;
+    for (const auto& p : model->trainable()) {
+      p.tensor.mutable_grad().div_(4);
+      params.push_back(p.tensor);
+    }
+    sbp::clip_grad_norm(params, o.clip_grad_norm);
+    optimizer.step(sbp::lr_at(o.schedule, o.optimizer.lr, optimizer.steps_taken(), o.total_steps));
+    faulty.losses.push_back(loss);
+  }
+  for (const auto& p : model->trainable()) faulty.params.push_back({p.name, p.tensor.detach().clone()});
+  const double err = trajectory_error(reference, faulty);
+  INFO("per-micro-batch normalisation: relative difference " << err);
+  CHECK(err > 1e-6);
+}

@@ -4,6 +4,7 @@
 
 #include "core/dtype.h"
 #include "core/model.h"
+#include "core/optimizer.h"
 
 namespace sbp {
 namespace {
@@ -634,6 +635,36 @@ MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk
                       {{"reference weights", separate_weights ? z.P * z.s : 0}, {"hidden states", btd},
                        {"head chunk", 2 * z.B * ch * z.V * z.f + z.B * ch * norm_bytes(z.d, z)}, {"log-probs", logps}}};
   return largest({layer, head});
+}
+
+MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) {
+  auto bp = method.memory_model(w);
+  if (w.optimizer_state_bytes == 0 && w.optimizer_update_bytes == 0) return bp;
+  bp.terms.push_back({"optimizer states", w.optimizer_state_bytes});
+  const Sizes z(w);
+  // After the last micro-batch: every gradient exists (clipped in place), the activations are gone.
+  MemoryEstimate update{"optimizer step",
+                        {{"weights", z.weights},
+                         {"gradients", z.all_gradients},
+                         {"optimizer states", w.optimizer_state_bytes},
+                         {"the update's temporaries", w.optimizer_update_bytes}}};
+  return largest({bp, update});
+}
+
+void add_projected_optimizer(Workload& w, const OptimizerOptions& options) {
+  const auto& c = w.config;
+  const bool lora = w.lora_rank > 0;
+  const std::int64_t total = lora ? w.lora_parameters : c.num_parameters();
+  const std::int64_t largest =
+      std::min(total, lora ? w.lora_rank * std::max({c.intermediate_size, c.hidden_size,
+                                                      c.num_attention_heads * c.head_dim})
+                           : c.vocab_size * c.hidden_size);
+  std::vector<ParamShape> shapes;
+  for (std::int64_t left = total; left > 0; left -= largest)
+    shapes.push_back({"weight", {std::min(left, largest)}, w.gradient_dtype()});
+  const auto m = optimizer_memory(options, shapes);
+  w.optimizer_state_bytes = m.state_bytes;
+  w.optimizer_update_bytes = m.step_temporary_bytes;
 }
 
 }  // namespace sbp

@@ -19,6 +19,16 @@ MemoryEstimate standard_memory(const Workload& w);
 MemoryEstimate checkpoint_memory(const Workload& w);
 MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
 MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len);
+// A training step of `method`: its BP moments with the optimizer's states beside them, or the optimizer's update
+// (weights, every gradient, the states and the update's temporaries), whichever is larger. Without optimizer bytes
+// in the workload: the method's own model.
+MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w);
+// The optimizer's bytes of a workload that has no model to look at (projections): its trainable elements (every
+// weight, or the LoRA adapters) as tensors no larger than the largest one (the [V, d] embedding, or a rank x I
+// adapter), in the gradient dtype. Exact for the states; the update's temporaries follow the largest tensor.
+struct OptimizerOptions;
+void add_projected_optimizer(Workload& w, const OptimizerOptions& options);
+
 // The reference pass (sequence_logps): the weights of a reference model loaded for it (separate_weights; under LoRA
 // the policy's own base serves), two [B, T, d] hidden states, one layer's K/V and chunk, or one head chunk's logits
 // with their log-sum-exp temporary.

@@ -68,6 +68,9 @@ struct Workload {
   // or none (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
   std::shared_ptr<const KernelWorkspaces> workspaces;
   std::int64_t workspace_bytes(const KernelCall& call) const;
+  // A training step (Trainer): the optimizer's states, held through the whole step, and the most its update allocates
+  // at once beyond them (optimizer_memory in core/optimizer.h); both 0 for a forward + backward alone.
+  std::int64_t optimizer_state_bytes = 0, optimizer_update_bytes = 0;
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }

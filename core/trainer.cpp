@@ -90,6 +90,15 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   return out;
 }
 
+void Trainer::add_optimizer_memory(Workload& workload) const {
+  std::vector<ParamShape> shapes;
+  for (const auto& p : model_.trainable())
+    shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
+  const auto m = optimizer_memory(options_.optimizer, shapes);
+  workload.optimizer_state_bytes = m.state_bytes;
+  workload.optimizer_update_bytes = m.step_temporary_bytes;
+}
+
 fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run) const {
   fs::create_directories(dir);
   const auto final_dir = dir / checkpoint_name(steps_taken());
@@ -108,8 +117,12 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
                                {"run", run}};
   // trainer.json last: a directory with it is complete (and only such a directory is ever renamed into place).
   write_file_atomically(tmp / "trainer.json", meta.dump(2) + "\n");
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a rerun of the same step replaces it whole
+  // A rerun of the same step replaces it: the old one is renamed away first (atomic), never deleted in place, so a
+  // kill at any moment leaves whole checkpoints only (the `.tmp-`/`.old-` names are never picked).
+  const auto old = dir / (".old-" + final_dir.filename().string() + "-" + std::to_string(::getpid()));
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);
   fs::rename(tmp, final_dir);
+  fs::remove_all(old);
   return final_dir;
 }
 

@@ -49,6 +49,10 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
+  // The workload of a training step: the optimizer's states and the update's temporaries of this model's
+  // trainable tensors (optimizer_memory), for training_memory.
+  void add_optimizer_memory(Workload& workload) const;
+
   // Resumable checkpoints: DIR/checkpoint-NNNNNN/ holding the trainable tensors (trainable.safetensors, their own
   // dtypes), the optimizer state (optimizer.safetensors: states, per-tensor and global step counts) and
   // trainer.json (step, specs, `run`: what the caller needs to check and continue, e.g. its arguments and data

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -16,7 +17,9 @@
 
 #include "baselines/methods.h"
 #include "core/config.h"
+#include "core/memory_model.h"
 #include "core/objective.h"
+#include "core/optimizer.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 
@@ -106,7 +109,7 @@ Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank, cons
 std::int64_t model_max_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t hi) {
   auto fits = [&](std::int64_t T) {
     w.seq_len = T;
-    return method.memory_model(w).total_bytes() <= budget;
+    return training_memory(method, w).total_bytes() <= budget;
   };
   if (!fits(1)) return 0;
   std::int64_t lo = 1;
@@ -127,6 +130,10 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
                  "(default: results/grid when it exists, from `streambp reproduce memory-grid`)");
   app.add_option("--error-presets", a.error_presets, "only runs whose preset starts with this (default qwen3: the real "
                  "vocabulary, as in the projected models; \"\" for every run)");
+  app.add_option("--optimizer", a.optimizer, "project training steps: the optimizer (e.g. adamw; see train --help) "
+                 "whose states and update share the budget with the step (default: forward + backward only)");
+  app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16 (default: the trainable tensors' dtype: "
+                 "bf16 states for full bf16 training, fp32 for LoRA's fp32 adapters)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--out", a.out_dir, "results folder");
 }
 
@@ -138,12 +145,23 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   auto error_dirs = a.error_dirs;
   if (error_dirs.empty() && std::filesystem::is_directory("results/grid")) error_dirs.push_back("results/grid");
   const auto errors = measured_errors(error_dirs, a.error_presets);
-  ResultsTable table({"objective", "lora", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
+  std::optional<OptimizerOptions> optimizer;
+  if (!a.optimizer.empty()) {
+    optimizer = parse_optimizer_spec(a.optimizer);
+    if (!a.state_dtype.empty()) optimizer->state_dtype = parse_state_dtype(a.state_dtype);
+  } else if (!a.state_dtype.empty()) {
+    throw std::invalid_argument("--optimizer-state-dtype needs --optimizer");
+  }
+  const std::string optimizer_column =
+      optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";
+  ResultsTable table({"objective", "lora", "optimizer", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
                       "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper"});
   fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n"
              "kernel workspaces: {} (a GPU's cuBLAS/flash workspaces are not modelled; this CPU's calibration would not "
              "describe them)\n",
              double(a.budget_bytes) / 1e9, no_kernel_workspaces()->source());
+  fmt::print("{}\n", optimizer ? "training steps: " + optimizer_column + " (states and the update's temporaries in the budget)"
+                              : "forward + backward only (no optimizer state; --optimizer adamw projects training)");
   if (error_dirs.empty())
     fmt::print("no error bars: no measured runs (give --errors DIR, or run `streambp reproduce memory-grid`)\n\n");
   else
@@ -158,7 +176,8 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     fmt::print("| model | method | projected T* | error bar | paper T* | projected / paper |\n|---|---|---|---|---|---|\n");
     for (const auto& s : kSettings) {
       const auto config = preset_config(s.preset);
-      const auto w = paper_workload(config, s.lora, a.lora_rank, *objective, o.batch);
+      auto w = paper_workload(config, s.lora, a.lora_rank, *objective, o.batch);
+      if (optimizer) add_projected_optimizer(w, *optimizer);
       const std::string model_name = std::string(s.preset) + (s.lora ? " LoRA" : " full");
       for (const auto& [label, spec] : methods) {
         const double paper = name != "sft" || label == "mst" ? 0
@@ -179,7 +198,7 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
                    paper > 0 ? fmt::format("{:.1f}k", paper / 1000.0) : "-", paper > 0 ? fmt::format("{:.2f}", T / paper) : "-");
         table.add({s.preset, method->spec(), s.lora ? "bf16-mixed" : "bf16", "projection", 0,
                    {objective->spec(), s.lora ? fmt::format("rank={},targets=all-linear", a.lora_rank) : "",
-                    std::to_string(o.batch), std::to_string(a.budget_bytes), std::to_string(T), low, high,
+                    optimizer_column, std::to_string(o.batch), std::to_string(a.budget_bytes), std::to_string(T), low, high,
                     e != errors.end() ? std::to_string(e->second.runs) : "",
                     paper > 0 ? fmt::format("{:.0f}", paper) : "", paper > 0 ? fmt::format("{:.4f}", T / paper) : ""}});
       }

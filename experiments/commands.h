@@ -109,6 +109,9 @@ struct ProjectArgs {
   // Folders of measured runs (peak / model): the projections' error bars. Empty: results/grid when it exists.
   std::vector<std::string> error_dirs;
   std::string error_presets = "qwen3";  // the runs that count: presets starting with this
+  // Training: the optimizer whose states and update share the budget (empty: forward + backward only), and its
+  // state dtype (empty: the trainable tensors', bf16 for the paper's pure-bf16 full training).
+  std::string optimizer, state_dtype;
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);

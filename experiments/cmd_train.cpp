@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 #include "baselines/methods.h"
 #include "core/checkpoint_io.h"
 #include "core/dtype.h"
+#include "core/memory_model.h"
 #include "core/safetensors.h"
 #include "core/trainer.h"
 #include "experiments/commands.h"
@@ -192,8 +194,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                     {"method", method->spec()},
                                     {"trajectory", fingerprint},
                                     {"columns", kMetricsHeader},
-                                    {"peak_bytes", "live tensor bytes at the step's peak (CPU allocator meter), "
-                                                   "weights, optimizer state and batch included; empty on CUDA"}};
+                                    {"peak_bytes", "live tensor bytes at the step's peak (CPU allocator meter): "
+                                                   "weights, optimizer states and what the step allocates, as `run` "
+                                                   "counts (not the batch); empty on CUDA"}};
     write_file_atomically(fs::path(a.metrics).replace_extension(".json"), sidecar.dump(2) + "\n");
   };
 
@@ -202,15 +205,29 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
              lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps);
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
+  std::int64_t weight_bytes = 0;  // the model's own bytes: base weights and adapters (masters in mixed precision)
+  for (const auto& p : model->parameters()) weight_bytes += std::int64_t(p.tensor.nbytes());
+  for (const auto& p : model->adapters()) weight_bytes += std::int64_t(p.tensor.nbytes());
+  std::optional<MemoryEstimate> estimate;  // of the first step's micro-batch shape
   double total_seconds = 0, last_loss = 0;
   std::int64_t peak = 0;
   const auto run_start = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
+    if (!estimate) {
+      const auto micro = objective->split(batch, a.grad_accum, source);
+      objective->prepare(micro.front(), model->config(), source);
+      auto workload = make_workload(*model, *objective, micro.front());
+      trainer.add_optimizer_memory(workload);
+      estimate = training_memory(*method, workload);
+    }
     model->zero_grad();  // the previous step's gradients are not part of this step
     meter.reset_peak();
+    // As `run` counts: the step's peak with the model's weights and the optimizer's states, not what else the
+    // process holds (the batch, the data's files).
+    const auto held = meter.current_bytes() - weight_bytes - trainer.optimizer().state_bytes();
     const auto t = trainer.step(batch, source);
-    const auto step_peak = meter.peak_bytes();
+    const auto step_peak = meter.peak_bytes() - held;
     peak = std::max(peak, step_peak);
     last_loss = t.loss;
     total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
@@ -230,6 +247,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       fmt::print(stderr, "checkpoint {}\n", dir.string());
     }
   }
+  if (estimate && metered && trainer.steps_taken() > start_step)
+    fmt::print(stderr, "peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(peak),
+               format_bytes(estimate->total_bytes()), 100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0),
+               estimate->moment);
   if (!r.save_model.empty()) save_model_dir(*model, r.save_model);
   if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.source.describe());
   if (!r.json.empty()) {
@@ -239,6 +260,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"final_loss", trainer.steps_taken() > start_step ? nlohmann::json(last_loss) : nlohmann::json()},
                               {"seconds", total_seconds},
                               {"peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(peak) : nlohmann::json()},
+                              {"model_peak_bytes", estimate ? nlohmann::json(estimate->total_bytes()) : nlohmann::json()},
+                              {"model_peak_moment", estimate ? nlohmann::json(estimate->moment) : nlohmann::json()},
+                              {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"method", method->spec()},
                               {"trajectory", fingerprint},
                               {"metrics", a.metrics},

@@ -2,7 +2,8 @@
 `sweep seq` CSV; per-sample time and peak vs batch size (`sweep batch`); time and peak vs StreamBP's chunk sizes
 (`sweep partition`); the linear toy's bytes and time vs partitions (`toy`); live bytes by category over two steps
 (`profile`, Fig. 1/8); gradient error vs chunk count, one figure
-per `streambp verify` CSV that sweeps StreamBP's chunks.
+per `streambp verify` CSV that sweeps StreamBP's chunks; training loss curves of the runs side by side, one figure
+per folder of `train --metrics` CSVs (results/train-*/<run>/loss.png).
 
 Usage: python plots/plot_results.py [results_dir]   (writes <csv stem>.png next to each CSV that has no figure yet)
 """
@@ -189,6 +190,35 @@ def plot_grid(folder: Path):
     return save(fig, out)
 
 
+def plot_training(folder: Path) -> Path:
+    """Loss per step of every `train --metrics` CSV in `folder` (one run each), and each run's difference to the
+    first one in name order that is fp32 (the reference trajectory), when there is one."""
+    runs = {}
+    for csv_path in sorted(folder.glob("*.csv")):
+        rows = list(csv.DictReader(csv_path.open()))
+        if rows and "grad_norm" in rows[0]:
+            runs[csv_path.stem] = ([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows])
+    reference = next((name for name in runs if name.startswith("fp32")), None)
+    fig, axes = plt.subplots(1, 2 if reference else 1, figsize=(11 if reference else 6, 4), squeeze=False)
+    loss_ax = axes[0][0]
+    for name, (steps, losses) in runs.items():
+        loss_ax.plot(steps, losses, "-" if "streambp" in name else "--", label=name)
+    loss_ax.set(xlabel="optimizer step", ylabel="loss", title=f"training loss: {folder.name}"[:80])
+    loss_ax.legend(fontsize=7)
+    if reference:
+        ref = dict(zip(*runs[reference]))
+        diff_ax = axes[0][1]
+        for name, (steps, losses) in runs.items():
+            if name == reference:
+                continue
+            diff_ax.plot(steps, [abs(l - ref[s]) for s, l in zip(steps, losses)], "-" if "streambp" in name else "--",
+                         label=name)
+        diff_ax.set(xlabel="optimizer step", ylabel=f"|loss - {reference}|", yscale="log",
+                    title="distance to the fp32 trajectory")
+        diff_ax.legend(fontsize=7)
+    return save(fig, folder / "loss.png")
+
+
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
     gib = 1 / 2**30
@@ -218,6 +248,9 @@ def main() -> int:
         out = plot_grid(root / "grid")
         if out:
             print("wrote", out)
+    for folder in sorted(root.glob("train-*/*/")):
+        if any(folder.glob("*.csv")) and not (folder / "loss.png").exists():
+            print("wrote", plot_training(folder))
     for csv_path in sorted(root.glob("*/verify-*.csv")):
         if not csv_path.with_suffix(".png").exists():
             out = plot_verify(csv_path)

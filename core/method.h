@@ -71,6 +71,8 @@ struct Workload {
   // A training step (Trainer): the optimizer's states, held through the whole step, and the most its update allocates
   // at once beyond them (optimizer_memory in core/optimizer.h); both 0 for a forward + backward alone.
   std::int64_t optimizer_state_bytes = 0, optimizer_update_bytes = 0;
+  // Micro-batches after the first of a step (gradient accumulation) run with every gradient already there.
+  bool accumulating = false;
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }

@@ -219,6 +219,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       objective->prepare(micro.front(), model->config(), source);
       auto workload = make_workload(*model, *objective, micro.front());
       trainer.add_optimizer_memory(workload);
+      workload.accumulating = a.grad_accum > 1;
       estimate = training_memory(*method, workload);
     }
     model->zero_grad();  // the previous step's gradients are not part of this step

@@ -76,6 +76,19 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                "--json, status model-only) without running a step");
 }
 
+RunParts build_run_parts(const RunArgs& a) {
+  RunParts parts;
+  parts.dtype = parse_dtype(!a.dtype.empty() ? a.dtype
+                            : a.source.load_dir.empty() ? "fp32"
+                                                        : read_config_dtype(a.source.load_dir + "/config.json"));
+  parts.method = make_method(a.method);
+  parts.objective = make_objective(a.objective);
+  parts.model = build_model(a.source, parts.dtype, a.seed);
+  apply_lora(*parts.model, a.lora, a.adapter_dir, a.seed);
+  if (!a.grad_dtype.empty()) parts.model->set_grad_dtype(parse_dtype(a.grad_dtype));
+  return parts;
+}
+
 namespace {
 
 // Wall time of a phase in the measured step (the meter keys peaks by the same names).
@@ -188,14 +201,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.save_adapter.empty() && a.lora.empty() && a.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
-  const auto dtype = parse_dtype(!a.dtype.empty() ? a.dtype
-                                 : a.source.load_dir.empty() ? "fp32"
-                                                             : read_config_dtype(a.source.load_dir + "/config.json"));
-  auto method = make_method(a.method);
-  auto objective = make_objective(a.objective);
-  auto model = build_model(a.source, dtype, a.seed);
-  apply_lora(*model, a.lora, a.adapter_dir, a.seed);
-  if (!a.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(a.grad_dtype));
+  auto [dtype, model, method, objective] = build_run_parts(a);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction,

@@ -131,14 +131,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   options.grad_accum = a.grad_accum;
   options.clip_grad_norm = a.clip_grad_norm;
 
-  const auto dtype = parse_dtype(!r.dtype.empty() ? r.dtype
-                                 : r.source.load_dir.empty() ? "fp32"
-                                                             : read_config_dtype(r.source.load_dir + "/config.json"));
-  auto method = make_method(r.method);
-  auto objective = make_objective(r.objective);
-  auto model = build_model(r.source, dtype, r.seed);
-  apply_lora(*model, r.lora, r.adapter_dir, r.seed);
-  if (!r.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(r.grad_dtype));
+  auto [dtype, model, method, objective] = build_run_parts(r);
   model->to(device);
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s

@@ -32,6 +32,15 @@ struct RunArgs {
 void add_run_options(CLI::App& app, RunArgs& args);
 // The model, method, objective, batch, precision, device and output options `run` and `train` share.
 void add_model_options(CLI::App& app, RunArgs& args);
+// What those options ask for, built in one place: the dtype (--dtype, else the --load checkpoint's, else fp32) and
+// the model (source, --lora/--adapter, --grad-dtype), method and objective.
+struct RunParts {
+  c10::ScalarType dtype;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<BackpropMethod> method;
+  std::unique_ptr<Objective> objective;
+};
+RunParts build_run_parts(const RunArgs& args);
 int run_command(const RunArgs& args, const std::string& command_line);
 
 struct TrainArgs {

@@ -28,17 +28,22 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
     loss = term.item<double>();
     grad = h.grad();
   }
+  head_ready(model);
   for (int l = L - 1; l >= 0; --l) {
-    Phase phase(clock, "layer");
-    auto h = inputs[l].detach().requires_grad_(true);
-    inputs[l].reset();  // the checkpoint is consumed by its own re-forward
-    model.layer_forward(l, h).backward(grad);
-    grad = h.grad();
+    {
+      Phase phase(clock, "layer");
+      auto h = inputs[l].detach().requires_grad_(true);
+      inputs[l].reset();  // the checkpoint is consumed by its own re-forward
+      model.layer_forward(l, h).backward(grad);
+      grad = h.grad();
+    }
+    layer_ready(model, l);
   }
   {
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, grad);
   }
+  embedding_ready(model);
   return loss;
 }
 

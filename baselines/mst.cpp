@@ -44,15 +44,18 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
   auto [loss, G] = streamed_head(model, objective, H[L], head_chunk, clock, T_used);
   H[L].reset();
   if (faults_.double_head_grad) model.lm_head_weight().mutable_grad().mul_(2.0);
+  head_ready(model);
 
   for (int l = L - 1; l >= 0; --l) {
     G = layer_backward(model, l, H[l], G, chunk, clock);
     H[l].reset();
+    layer_ready(model, l);
   }
   {
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
+  embedding_ready(model);
   return loss;
 }
 

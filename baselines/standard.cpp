@@ -19,6 +19,11 @@ double StandardBackprop::backprop(Model& model, Objective& objective, const Batc
     Phase phase(clock, "backward");
     loss.backward();
   }
+  // One graph: every gradient is final only when backward() returns (autograd's post-accumulate hooks would fire
+  // earlier per tensor; the groups fire here, in the streamed methods' order).
+  head_ready(model);
+  for (int l = model.config().num_hidden_layers - 1; l >= 0; --l) layer_ready(model, l);
+  embedding_ready(model);
   return loss.item<double>();
 }
 

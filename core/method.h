@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,6 +79,16 @@ struct Workload {
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
 };
 
+// A group of trainable tensors whose gradients the running step has finished (DESIGN §11): a decoder layer's
+// ("layer.5"), the head's ("head": final norm, untied lm_head), the embedding's ("embedding": tied, the lm_head's
+// too). Where a distributed reduction or a per-layer optimizer step attaches. Fired once per group and step (each
+// micro-batch's step when accumulating), never for a group without trainable tensors.
+struct GradientGroup {
+  std::string name;
+  std::vector<at::Tensor> tensors;
+};
+using GradientReadyFn = std::function<void(const GradientGroup&)>;
+
 struct StepOptions {
   // Add into the gradients already there (the micro-batches of one optimizer step) instead of freeing them first.
   bool accumulate = false;
@@ -92,6 +103,8 @@ class BackpropMethod {
   // the objective on `batch`, runs forward + backward (backprop) under the clock and leaves the exact gradient of the
   // objective in every trainable tensor's grad() (added to what was there when accumulating).
   StepResult step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options = {});
+  // Called at every group's gradient-ready moment of the following steps (empty: none).
+  void on_gradient_ready(GradientReadyFn fn) { gradient_ready_ = std::move(fn); }
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/flop_model.h).
@@ -101,6 +114,14 @@ class BackpropMethod {
   // The method itself: forward + backward of the prepared objective on `batch`, adding the gradients into grad()
   // (autograd's accumulation, ChunkGradients::commit); returns the loss. Phases go to `clock`.
   virtual double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) = 0;
+  // The events, for backprop: each method fires them where that group's gradient becomes final.
+  void layer_ready(const Model& model, int layer) const;
+  void head_ready(const Model& model) const;
+  void embedding_ready(const Model& model) const;
+
+ private:
+  void gradient_ready(std::string name, std::vector<at::Tensor> tensors) const;
+  GradientReadyFn gradient_ready_;
 };
 
 }  // namespace sbp

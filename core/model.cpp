@@ -429,6 +429,18 @@ void Model::commit_lm_head_gradient(at::Tensor& lm_sum) const {
   sums.commit();
 }
 
+std::vector<at::Tensor> Model::head_trainable() const {
+  std::vector<at::Tensor> out;
+  if (norm_.requires_grad()) out.push_back(norm_);
+  if (!config_.tie_word_embeddings && lm_head_.requires_grad()) out.push_back(lm_head_);
+  return out;
+}
+
+std::vector<at::Tensor> Model::embedding_trainable() const {
+  if (!embed_.requires_grad()) return {};
+  return {embed_};
+}
+
 std::vector<at::Tensor> Model::layer_trainable(int layer) const {
   const auto& w = layers_.at(layer);
   std::vector<at::Tensor> out;

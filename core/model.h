@@ -141,6 +141,10 @@ class Model {
   // The trainable tensors of decoder layer `layer` (its weights, or its adapters under LoRA): what a streamed
   // layer backward sums over chunks.
   std::vector<at::Tensor> layer_trainable(int layer) const;
+  // What the head's backward finishes: the final norm's weight and an untied lm_head (none under LoRA); and what the
+  // embedding's backward finishes last: the embedding (tied: the lm_head too, one tensor). Frozen tensors left out.
+  std::vector<at::Tensor> head_trainable() const;
+  std::vector<at::Tensor> embedding_trainable() const;
 
  private:
   void register_parameters();

@@ -49,15 +49,18 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
   auto [loss, G] = streamed_head(model, objective, H[L], options_.head_chunk, clock, T,
                                  faults_.double_head_grad ? 2.0 : 1.0);
   H[L].reset();
+  head_ready(model);
 
   for (int l = L - 1; l >= 0; --l) {
     stream_layer_backward(model, l, H[l], G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
     H[l].reset();  // a checkpoint is dead once its layer is done
+    layer_ready(model, l);  // its chunk loop has committed the layer's sums
   }
   {
     Phase phase(clock, "embedding");
     model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
   }
+  embedding_ready(model);
   return loss;
 }
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -234,4 +235,71 @@ TEST_CASE("the memory models of training steps match the measured peaks within 3
           }
   INFO("runs whose peak is the optimizer's update");
   CHECK(update_moments > 0);
+}
+
+namespace {
+
+// The gradient-ready events of one step: each group's gradients as they were at its event.
+struct Event {
+  std::string name;
+  std::vector<at::Tensor> tensors, grads;  // grads: copies taken at the event (undefined where none existed)
+};
+
+// Every trainable tensor in exactly one event, every event's gradients equal (bitwise) to the final ones: nothing
+// changed a group's gradient after its event. Returns what is wrong, or "".
+std::string check_events(const std::vector<Event>& events, const sbp::Model& model) {
+  std::map<const void*, int> seen;
+  for (const auto& e : events)
+    for (std::size_t i = 0; i < e.tensors.size(); ++i) {
+      seen[e.tensors[i].unsafeGetTensorImpl()] += 1;
+      const auto& now = e.tensors[i].grad();
+      if (!e.grads[i].defined()) return e.name + ": a tensor without a gradient at its event";
+      if (!now.defined() || !at::equal(now, e.grads[i])) return e.name + ": a gradient changed after its event";
+    }
+  for (const auto& p : model.trainable())
+    if (seen[p.tensor.unsafeGetTensorImpl()] != 1)
+      return p.name + " is in " + std::to_string(seen[p.tensor.unsafeGetTensorImpl()]) + " events";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("every method fires one gradient-ready event per group, when its gradients are final",
+          "[training][gradient-ready]") {
+  for (const std::string lora : {"", "rank=4,alpha=8"})
+    for (const bool tied : {true, false})
+      for (const std::string spec : {"standard", "checkpoint", "mst:mini_seq=3", "streambp:layer_chunk=5,head_chunk=7"}) {
+        auto config = sbp::test::tiny_config();
+        config.tie_word_embeddings = tied;
+        sbp::Model model(config, at::kDouble, 11);
+        if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 12);
+        auto method = sbp::make_method(spec);
+        auto objective = sbp::make_objective("sft");
+        const auto batch = sbp::random_sft_batch(config, {2, 23, 0.3, 0.2, 5});
+        std::vector<Event> events;
+        method->on_gradient_ready([&](const sbp::GradientGroup& g) {
+          Event e{g.name, g.tensors, {}};
+          for (const auto& t : g.tensors) e.grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+          events.push_back(std::move(e));
+        });
+        method->step(model, *objective, batch);
+        INFO(spec << " lora=" << lora << " tied=" << tied);
+        CHECK(check_events(events, model) == "");
+        // The order a distributed reduction overlaps with: the head, the layers from the last, the embedding.
+        std::vector<std::string> names, expected;
+        for (const auto& e : events) names.push_back(e.name);
+        if (lora.empty()) expected.push_back("head");
+        for (int l = config.num_hidden_layers - 1; l >= 0; --l) expected.push_back("layer." + std::to_string(l));
+        if (lora.empty()) expected.push_back("embedding");
+        CHECK(names == expected);
+
+        // Negative control: a second micro-batch accumulating into the same gradients changes them after the first
+        // one's events, and the check sees it.
+        if (spec == "standard" && lora.empty() && tied) {
+          auto first = events;
+          method->on_gradient_ready(nullptr);
+          method->step(model, *objective, sbp::random_sft_batch(config, {2, 23, 0.3, 0.2, 6}), {.accumulate = true});
+          CHECK(check_events(first, model) != "");
+        }
+      }
 }

@@ -142,7 +142,8 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   if (tensors.size() != trainable.size())
     throw std::invalid_argument(file + ": " + std::to_string(tensors.size()) + " tensors, the model trains " +
                                 std::to_string(trainable.size()));
-  // Everything is checked before anything is copied.
+  // Everything is checked before anything is copied: source[i] is the file's tensor for trainable[i].
+  std::vector<const at::Tensor*> source;
   for (const auto& p : trainable) {
     const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const NamedTensor& t) { return t.name == p.name; });
     if (it == tensors.end()) throw std::invalid_argument(file + ": tensor '" + p.name + "' missing");
@@ -150,15 +151,13 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
       throw std::invalid_argument(file + ": tensor '" + p.name + "' is " + c10::str(it->tensor.sizes()) + " " +
                                   c10::toString(it->tensor.scalar_type()) + ", the model's is " +
                                   c10::str(p.tensor.sizes()) + " " + c10::toString(p.tensor.scalar_type()));
+    source.push_back(&it->tensor);
   }
   load_optimizer_state(optimizer_, checkpoint / "optimizer.safetensors");
   if (optimizer_.steps_taken() != meta.at("step").get<std::int64_t>())
     throw std::invalid_argument(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
   at::NoGradGuard no_grad;
-  for (const auto& p : trainable) {
-    const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const NamedTensor& t) { return t.name == p.name; });
-    p.tensor.copy_(it->tensor);
-  }
+  for (std::size_t i = 0; i < trainable.size(); ++i) trainable[i].tensor.copy_(*source[i]);
   return meta.at("run");
 }
 

@@ -198,9 +198,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
              lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps);
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
-  std::int64_t weight_bytes = 0;  // the model's own bytes: base weights and adapters (masters in mixed precision)
-  for (const auto& p : model->parameters()) weight_bytes += std::int64_t(p.tensor.nbytes());
-  for (const auto& p : model->adapters()) weight_bytes += std::int64_t(p.tensor.nbytes());
+  const auto weight_bytes = model_weight_bytes(*model);
   std::optional<MemoryEstimate> estimate;  // of the first step's micro-batch shape
   double total_seconds = 0, last_loss = 0;
   std::int64_t peak = 0;

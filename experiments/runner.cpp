@@ -207,8 +207,7 @@ Measurement measure_with(Meter& meter, Model& model, BackpropMethod& method, Obj
                          int warmup, int repeats, std::int64_t budget_bytes) {
   Measurement m;
   // The model's weights: the base and, under LoRA, the adapters (trainable weights the step also needs).
-  for (const auto& p : model.parameters()) m.weight_bytes += std::int64_t(p.tensor.nbytes());
-  for (const auto& p : model.adapters()) m.weight_bytes += std::int64_t(p.tensor.nbytes());
+  m.weight_bytes = model_weight_bytes(model);
   for (int i = 0; i < warmup + repeats; ++i) {
     model.zero_grad();  // the previous step's gradients are not part of this step's memory
     meter.reset_peak();
@@ -256,6 +255,13 @@ std::vector<std::string> split_list(const std::string& text, char sep) {
   while (std::getline(in, item, sep))
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+std::int64_t model_weight_bytes(const Model& model) {
+  std::int64_t bytes = 0;
+  for (const auto& p : model.parameters()) bytes += std::int64_t(p.tensor.nbytes());
+  for (const auto& p : model.adapters()) bytes += std::int64_t(p.tensor.nbytes());
+  return bytes;
 }
 
 std::string format_bytes(std::int64_t bytes) {

@@ -93,6 +93,8 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
                            int warmup, int repeats, std::int64_t budget_bytes);
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
+// The model's own bytes: base weights and LoRA adapters (fp32 masters in mixed precision), what a step's peak counts.
+std::int64_t model_weight_bytes(const Model& model);
 // This machine's dense GEMM rate in `dtype` at the current thread count: the best of `repeats` n x n x n products
 // (after one warm-up) on `device`, in FLOP/s: the yardstick of a method's achieved FLOP/s.
 double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n = 2048, int repeats = 5,

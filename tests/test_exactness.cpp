@@ -356,6 +356,15 @@ sbp::RuleVerdict bf16_verdict(const Bf16Errors& e) {
   return sbp::low_precision_rule(e.standard, e.stream, 1.5, at::kBFloat16);
 }
 
+// The bar checked on one case: every tensor compared, and the rule passed (`what` names the case on failure).
+void check_bf16_rule(const Bf16Errors& e, const std::string& what) {
+  REQUIRE(e.stream.problems.empty());
+  const auto verdict = bf16_verdict(e);
+  INFO(what << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor
+            << ": " << verdict.method_error << " vs " << verdict.standard_error << ")");
+  CHECK(verdict.passed());
+}
+
 // The model of issue #18: 4 layers, d = 128, 4 heads of 32 over 2 KV heads, I = 256, V = 512 (untied).
 ModelConfig issue18_config() {
   ModelConfig config = bf16_config();
@@ -376,11 +385,7 @@ TEST_CASE("StreamBP's bf16 error stays within 1.5x standard BP's at any chunk co
   for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",
                                  "streambp:layer_chunk=16,head_chunk=64", "streambp:layer_chunk=4,head_chunk=4",
                                  "streambp:layer_chunk=1,head_chunk=32"}) {
-    const auto e = bf16_errors(spec);
-    REQUIRE(e.stream.problems.empty());
-    const auto verdict = bf16_verdict(e);
-    INFO(spec << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
-    CHECK(verdict.passed());
+    check_bf16_rule(bf16_errors(spec), spec);
   }
 }
 
@@ -397,21 +402,11 @@ TEST_CASE("StreamBP through the whole-chunk attention CUDA runs in bf16 stays wi
   for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",
                                  "streambp:layer_chunk=16,head_chunk=64", "streambp:layer_chunk=4,head_chunk=4",
                                  "streambp:layer_chunk=1,head_chunk=32"}) {
-    const auto e = bf16_errors(spec);
-    REQUIRE(e.stream.problems.empty());
-    const auto verdict = bf16_verdict(e);
-    INFO(spec << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor
-              << ": " << verdict.method_error << " vs " << verdict.standard_error << ")");
-    CHECK(verdict.passed());
+    check_bf16_rule(bf16_errors(spec), spec);
   }
   for (const bool mixed : {false, true}) {
-    const auto e = bf16_errors("streambp:layer_chunk=8,head_chunk=8", {}, mixed, "", issue18_config());
-    REQUIRE(e.stream.problems.empty());
-    const auto verdict = bf16_verdict(e);
-    INFO("issue #18's model, 64 chunks, mixed=" << mixed << ": largest error / (1.5 x standard + floor) = "
-                                                 << verdict.worst_ratio << " (" << verdict.worst_tensor << ": "
-                                                 << verdict.method_error << " vs " << verdict.standard_error << ")");
-    CHECK(verdict.passed());
+    check_bf16_rule(bf16_errors("streambp:layer_chunk=8,head_chunk=8", {}, mixed, "", issue18_config()),
+                    "issue #18's model, 64 chunks, mixed=" + std::to_string(mixed));
   }
 }
 
@@ -423,12 +418,8 @@ TEST_CASE("StreamBP's bf16 error stays within 1.5x standard BP's on issue #18's 
   // 0.8; the chunk shares' bf16 roundings before the fix added ~1% (geometric mean over tensors).
   for (const std::string lora : {"", "rank=8,init=random"})
     for (const bool mixed : {false, true}) {
-      const auto e = bf16_errors("streambp:layer_chunk=8,head_chunk=8", {}, mixed, lora, issue18_config());
-      REQUIRE(e.stream.problems.empty());
-      const auto verdict = bf16_verdict(e);
-      INFO("lora=" << lora << " mixed=" << mixed << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio
-                   << " (" << verdict.worst_tensor << ": " << verdict.method_error << " vs " << verdict.standard_error << ")");
-      CHECK(verdict.passed());
+      check_bf16_rule(bf16_errors("streambp:layer_chunk=8,head_chunk=8", {}, mixed, lora, issue18_config()),
+                      "lora=" + lora + " mixed=" + std::to_string(mixed));
     }
 }
 
@@ -437,11 +428,7 @@ TEST_CASE("checkpoint's and MsT's bf16 errors stay within 1.5x standard BP's at 
   // Checkpointing re-runs the standard arithmetic; MsT sums its MLP mini-sequences' weight gradients and its head
   // chunks over 1 to 512 mini-sequences of the same T = 512.
   for (const std::string spec : {"checkpoint", "mst:mini_seq=1", "mst:mini_seq=8", "mst:mini_seq=64", "mst:mini_seq=512"}) {
-    const auto e = bf16_errors(spec);
-    REQUIRE(e.stream.problems.empty());
-    const auto verdict = bf16_verdict(e);
-    INFO(spec << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " (" << verdict.worst_tensor << ")");
-    CHECK(verdict.passed());
+    check_bf16_rule(bf16_errors(spec), spec);
   }
 }
 
@@ -454,12 +441,7 @@ TEST_CASE("in mixed precision every method stays within 1.5x standard BP's error
     for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=16,head_chunk=64",
                                    "streambp:layer_chunk=1,head_chunk=32", "checkpoint", "mst:mini_seq=8",
                                    "mst:mini_seq=1"}) {
-      const auto e = bf16_errors(spec, {}, /*mixed=*/true, lora);
-      REQUIRE(e.stream.problems.empty());
-      const auto verdict = bf16_verdict(e);
-      INFO(spec << " lora=" << lora << ": largest error / (1.5 x standard + floor) = " << verdict.worst_ratio << " ("
-                << verdict.worst_tensor << ")");
-      CHECK(verdict.passed());
+      check_bf16_rule(bf16_errors(spec, {}, /*mixed=*/true, lora), spec + " lora=" + lora);
     }
 }
 

@@ -211,9 +211,7 @@ TEST_CASE("the memory models of training steps match the measured peaks within 3
             auto workload = sbp::make_workload(model, objective, batch);
             trainer.add_optimizer_memory(workload);
             const auto estimate = sbp::training_memory(*method, workload);
-            std::int64_t weights = 0;
-            for (const auto& p : model.parameters()) weights += std::int64_t(p.tensor.nbytes());
-            for (const auto& p : model.adapters()) weights += std::int64_t(p.tensor.nbytes());
+            const auto weights = sbp::model_weight_bytes(model);
             std::int64_t peak = 0;
             // The first update of SGD allocates less (its buffer is the gradient's clone); bf16: the peak of several
             // steps (the attention backward's per-worker scratch, see test_meter.cpp).

@@ -3,8 +3,8 @@
 // paper's Figure 1). LibTorch has no C++ checkpoint utility, so the re-forward is written out here.
 #pragma once
 
-#include "core/flop_model.h"
-#include "core/method.h"
+#include "core/methods/flop_model.h"
+#include "core/methods/method.h"
 
 namespace sbp {
 

@@ -5,8 +5,8 @@
 #include "baselines/checkpoint.h"
 #include "baselines/mst.h"
 #include "baselines/standard.h"
-#include "core/spec.h"
-#include "core/streambp.h"
+#include "core/io/spec.h"
+#include "core/methods/streambp.h"
 
 namespace sbp {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/method.h"
+#include "core/methods/method.h"
 
 namespace sbp {
 

@@ -6,9 +6,9 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "core/memory_model.h"
-#include "core/model.h"
-#include "core/streaming.h"
+#include "core/methods/memory_model.h"
+#include "core/model/model.h"
+#include "core/methods/streaming.h"
 
 namespace sbp {
 namespace {

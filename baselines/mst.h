@@ -9,9 +9,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "core/flop_model.h"
-#include "core/method.h"
-#include "core/phase.h"
+#include "core/methods/flop_model.h"
+#include "core/methods/method.h"
+#include "core/methods/phase.h"
 
 namespace sbp {
 

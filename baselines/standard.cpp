@@ -2,8 +2,8 @@
 
 #include <ATen/ATen.h>
 
-#include "core/memory_model.h"
-#include "core/model.h"
+#include "core/methods/memory_model.h"
+#include "core/model/model.h"
 
 namespace sbp {
 

@@ -2,8 +2,8 @@
 // checkpointing). The reference every other method is checked against.
 #pragma once
 
-#include "core/flop_model.h"
-#include "core/method.h"
+#include "core/methods/flop_model.h"
+#include "core/methods/method.h"
 
 namespace sbp {
 

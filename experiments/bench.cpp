@@ -24,14 +24,14 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "core/batch.h"
-#include "core/chunk_attention.h"
-#include "core/dtype.h"
-#include "core/flop_model.h"
-#include "core/model.h"
-#include "core/phase.h"
-#include "core/sft.h"
-#include "core/streaming.h"
+#include "core/objectives/batch.h"
+#include "core/model/chunk_attention.h"
+#include "core/io/dtype.h"
+#include "core/methods/flop_model.h"
+#include "core/model/model.h"
+#include "core/methods/phase.h"
+#include "core/objectives/sft.h"
+#include "core/methods/streaming.h"
 #include "experiments/device.h"
 #include "experiments/provenance.h"
 #include "experiments/runner.h"

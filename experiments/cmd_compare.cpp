@@ -2,7 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "verify/grad_compare.h"

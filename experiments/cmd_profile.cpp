@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
-#include "core/dtype.h"
-#include "core/safetensors.h"
+#include "core/io/dtype.h"
+#include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 #include "profiler/memory_categories.h"

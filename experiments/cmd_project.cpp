@@ -16,10 +16,10 @@
 #include <fmt/ranges.h>
 
 #include "baselines/methods.h"
-#include "core/config.h"
-#include "core/memory_model.h"
-#include "core/objective.h"
-#include "core/optimizer.h"
+#include "core/model/config.h"
+#include "core/methods/memory_model.h"
+#include "core/objectives/objective.h"
+#include "core/training/optimizer.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 

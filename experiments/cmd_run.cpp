@@ -9,10 +9,10 @@
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
-#include "core/checkpoint_io.h"
-#include "core/chunk_attention_kernels.h"
-#include "core/dtype.h"
-#include "core/safetensors.h"
+#include "core/io/checkpoint_io.h"
+#include "core/model/chunk_attention_kernels.h"
+#include "core/io/dtype.h"
+#include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "profiler/calibration.h"

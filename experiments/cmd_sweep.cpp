@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
-#include "core/dtype.h"
+#include "core/io/dtype.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 #include "verify/grad_compare.h"

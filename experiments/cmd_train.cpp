@@ -13,11 +13,11 @@
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
-#include "core/checkpoint_io.h"
-#include "core/dtype.h"
-#include "core/memory_model.h"
-#include "core/safetensors.h"
-#include "core/trainer.h"
+#include "core/io/checkpoint_io.h"
+#include "core/io/dtype.h"
+#include "core/methods/memory_model.h"
+#include "core/io/safetensors.h"
+#include "core/training/trainer.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 

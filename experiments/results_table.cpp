@@ -5,7 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 namespace sbp {
 namespace {

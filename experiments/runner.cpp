@@ -9,11 +9,11 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
-#include "core/checkpoint_io.h"
-#include "core/dtype.h"
-#include "core/memory_model.h"
-#include "core/safetensors.h"
-#include "core/streaming.h"
+#include "core/io/checkpoint_io.h"
+#include "core/io/dtype.h"
+#include "core/methods/memory_model.h"
+#include "core/io/safetensors.h"
+#include "core/methods/streaming.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_meter.h"
 

@@ -10,10 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/batch.h"
-#include "core/method.h"
-#include "core/objective.h"
-#include "core/model.h"
+#include "core/objectives/batch.h"
+#include "core/methods/method.h"
+#include "core/objectives/objective.h"
+#include "core/model/model.h"
 #include "experiments/device.h"
 #include "profiler/cpu_meter.h"
 

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "core/phase.h"
+#include "core/methods/phase.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
 

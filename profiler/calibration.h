@@ -21,7 +21,7 @@
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
-#include "core/kernel_workspace.h"
+#include "core/methods/kernel_workspace.h"
 
 namespace sbp {
 

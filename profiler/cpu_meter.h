@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/phase.h"
+#include "core/methods/phase.h"
 
 namespace sbp {
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/phase.h"
+#include "core/methods/phase.h"
 #include "profiler/cpu_meter.h"
 
 namespace sbp {

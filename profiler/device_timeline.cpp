@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "core/safetensors.h"  // write_file_atomically
+#include "core/io/safetensors.h"  // write_file_atomically
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
 #include "profiler/cupti_recorder.h"

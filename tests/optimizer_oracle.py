@@ -1,4 +1,4 @@
-"""Our optimizer is torch's, bit for bit: AdamW and SGD (core/optimizer.h) after 10 steps equal torch.optim.AdamW and
+"""Our optimizer is torch's, bit for bit: AdamW and SGD (core/training/optimizer.h) after 10 steps equal torch.optim.AdamW and
 torch.optim.SGD of torch 2.14.1 on CPU exactly (every parameter and every state tensor, fp64, fp32, bf16 and a mix
 of the three), with torch.nn.utils.clip_grad_norm_ before each step (its returned norm equal too) and the lr of
 transformers' get_cosine_schedule_with_warmup / get_constant_schedule_with_warmup through LambdaLR (equal lr values).

@@ -19,9 +19,9 @@
 #include <sstream>
 #include <string>
 
-#include "core/lr_schedule.h"
-#include "core/optimizer.h"
-#include "core/safetensors.h"
+#include "core/training/lr_schedule.h"
+#include "core/training/optimizer.h"
+#include "core/io/safetensors.h"
 
 namespace {
 

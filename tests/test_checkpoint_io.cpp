@@ -8,9 +8,9 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint_io.h"
-#include "core/config.h"
-#include "core/model.h"
+#include "core/io/checkpoint_io.h"
+#include "core/model/config.h"
+#include "core/model/model.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;

@@ -12,8 +12,8 @@
 
 #include <ATen/ATen.h>
 
-#include "core/chunk_attention.h"
-#include "core/chunk_attention_kernels.h"
+#include "core/model/chunk_attention.h"
+#include "core/model/chunk_attention_kernels.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "core/phase.h"
+#include "core/methods/phase.h"
 #include "profiler/caching_allocator.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_memory.h"

@@ -12,11 +12,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 
-#include "core/batch.h"
-#include "core/chunk_attention_kernels.h"
-#include "core/model.h"
-#include "core/sft.h"
-#include "core/streambp.h"
+#include "core/objectives/batch.h"
+#include "core/model/chunk_attention_kernels.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
+#include "core/methods/streambp.h"
 #include "baselines/methods.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"

@@ -12,10 +12,10 @@
 #include <ATen/record_function.h>
 
 #include "baselines/methods.h"
-#include "core/flop_model.h"
-#include "core/lora.h"
-#include "core/model.h"
-#include "core/sft.h"
+#include "core/methods/flop_model.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
 #include "experiments/runner.h"
 #include "test_support.h"
 

@@ -11,10 +11,10 @@
 #include <c10/util/Exception.h>
 
 #include "baselines/methods.h"
-#include "core/model.h"
-#include "core/sft.h"
-#include "core/lora.h"
-#include "core/phase.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
+#include "core/model/lora.h"
+#include "core/methods/phase.h"
 #include "experiments/runner.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/memory_categories.h"

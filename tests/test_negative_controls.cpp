@@ -7,10 +7,10 @@
 
 #include <ATen/ATen.h>
 
-#include "core/batch.h"
-#include "core/model.h"
-#include "core/sft.h"
-#include "core/streambp.h"
+#include "core/objectives/batch.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
+#include "core/methods/streambp.h"
 #include "baselines/mst.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"

@@ -6,8 +6,8 @@
 
 #include <ATen/ATen.h>
 
-#include "core/batch.h"
-#include "core/objective.h"
+#include "core/objectives/batch.h"
+#include "core/objectives/objective.h"
 #include "test_support.h"
 
 using namespace sbp;

@@ -6,12 +6,12 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include "core/batch.h"
-#include "core/dpo.h"
-#include "core/grpo.h"
-#include "core/model.h"
-#include "core/spec.h"
-#include "core/streaming.h"
+#include "core/objectives/batch.h"
+#include "core/objectives/dpo.h"
+#include "core/objectives/grpo.h"
+#include "core/model/model.h"
+#include "core/io/spec.h"
+#include "core/methods/streaming.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
 

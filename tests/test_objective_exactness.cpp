@@ -10,11 +10,11 @@
 
 #include <ATen/ATen.h>
 
-#include "core/batch.h"
-#include "core/lora.h"
-#include "core/model.h"
-#include "core/objective.h"
-#include "core/streaming.h"
+#include "core/objectives/batch.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/objectives/objective.h"
+#include "core/methods/streaming.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
 

@@ -11,8 +11,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include "core/lr_schedule.h"
-#include "core/optimizer.h"
+#include "core/training/lr_schedule.h"
+#include "core/training/optimizer.h"
 #include "profiler/cpu_meter.h"
 #include "test_support.h"
 

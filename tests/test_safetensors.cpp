@@ -1,4 +1,4 @@
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>

@@ -7,8 +7,8 @@
 #include <ATen/ATen.h>
 
 #include "baselines/methods.h"
-#include "core/sft.h"
-#include "core/streaming.h"
+#include "core/objectives/sft.h"
+#include "core/methods/streaming.h"
 
 namespace sbp::test {
 

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <string>
 
-#include "core/batch.h"
-#include "core/config.h"
-#include "core/model.h"
-#include "core/objective.h"
-#include "core/safetensors.h"
+#include "core/objectives/batch.h"
+#include "core/model/config.h"
+#include "core/model/model.h"
+#include "core/objectives/objective.h"
+#include "core/io/safetensors.h"
 #include "profiler/cpu_meter.h"  // PhasePeak
 
 namespace sbp::test {

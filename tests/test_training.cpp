@@ -11,11 +11,11 @@
 #include <ATen/ATen.h>
 
 #include "baselines/methods.h"
-#include "core/lora.h"
-#include "core/memory_model.h"
-#include "core/sft.h"
-#include "core/model.h"
-#include "core/trainer.h"
+#include "core/model/lora.h"
+#include "core/methods/memory_model.h"
+#include "core/objectives/sft.h"
+#include "core/model/model.h"
+#include "core/training/trainer.h"
 #include "test_support.h"
 #include "experiments/runner.h"
 #include "profiler/cpu_meter.h"

@@ -18,7 +18,7 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 namespace sbp {
 

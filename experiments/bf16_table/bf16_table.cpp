@@ -15,11 +15,11 @@
 #include <ATen/Parallel.h>
 
 #include "baselines/methods.h"
-#include "core/batch.h"
-#include "core/config.h"
-#include "core/lora.h"
-#include "core/model.h"
-#include "core/sft.h"
+#include "core/objectives/batch.h"
+#include "core/model/config.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
 #include "verify/grad_compare.h"
 
 namespace {

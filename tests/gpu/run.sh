@@ -27,7 +27,7 @@
 #     timeline has events; its maximum is printed beside the meter's peak for the record (they need not agree: the
 #     timeline sums the unrounded requests of everything live, the peak counts the step's rounded blocks).
 #  6. The micro-benchmarks on the GPU (short mode) write JSON that parses, with every benchmark family present.
-#  7. StreamBP's bf16 chunk attention is one flash-attention call per chunk (core/chunk_attention_whole.cpp; never
+#  7. StreamBP's bf16 chunk attention is one flash-attention call per chunk (core/model/chunk_attention_whole.cpp; never
 #     run before this script). (a) `run --dtype bf16 --profile cupti` on `tiny`, T = 2048, 8 layer chunks: the run
 #     prints and records "cuda flash, one call per chunk (bottom-right causal)", and CUPTI's kernel records hold
 #     flash's forward and backward kernels (flash_fwd*, flash_bwd*) and no memory-efficient backward (fmha_cutlassB*,

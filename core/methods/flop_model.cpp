@@ -1,0 +1,75 @@
+#include "core/methods/flop_model.h"
+
+#include <algorithm>
+
+namespace sbp {
+
+FlopTerms flop_terms(const Workload& w) {
+  const auto& c = w.config;
+  const double N = double(w.batch_size) * double(w.seq_len), T = double(w.seq_len), d = double(c.hidden_size);
+  const double q = double(c.q_width()), kv = double(c.kv_width()), I = double(c.intermediate_size);
+  const double L = double(c.num_hidden_layers), r = double(w.lora_rank);
+  const bool lora = w.lora_rank > 0, attention_adapters = lora && w.lora_attention_targets > 0,
+             mlp_adapters = lora && w.lora_mlp_targets > 0;
+  FlopTerms f;
+  // Projections: 2 FLOPs per multiply-add; an adapter on a [out, in] projection costs r·(in + out) per token (A x,
+  // then B (A x)). Only all-attention / all-MLP target sets are modelled (PEFT's all-linear and the usual q,k,v,o).
+  f.kv_base = 2 * N * L * 2 * d * kv;
+  f.kv_adapters = attention_adapters ? 2 * N * L * r * 2 * (d + kv) : 0;
+  f.layer_base = 2 * N * L * (d * q + 2 * d * kv + q * d + 3 * d * I);
+  f.layer_adapters = 2 * N * L * r * ((attention_adapters ? (d + q) + 2 * (d + kv) + (q + d) : 0) +
+                                      (mlp_adapters ? 3 * (d + I) : 0));
+  // A frozen base's backward is one product (the input's gradient); a trained weight's two; an adapter's two (the
+  // input's gradient through A, and A's and B's weight gradients, r-sized).
+  f.base_backward = lora ? 1 : 2;
+  // Under LoRA the embedding is frozen, so standard BP never needs the gradient of layer 0's input: autograd skips
+  // the input-gradient products of layer 0's q/k/v projections and their adapters' A (the methods that keep a
+  // layer's input as a leaf compute them).
+  f.first_layer_skipped = lora ? 2 * N * d * (q + 2 * kv) + (attention_adapters ? 2 * N * r * d * 3 : 0) : 0;
+  f.attention = 2 * 2 * double(w.batch_size) * double(c.num_attention_heads) * double(c.head_dim) * T * (T + 1) / 2 * L;
+  f.head = 2 * N * d * double(c.vocab_size);
+  f.head_backward = lora ? 1 : 2;
+  return f;
+}
+
+double FlopTerms::projections(double base, double adapters, bool with_backward) const {
+  return with_backward ? base * (1 + base_backward) + adapters * 3 : base + adapters;
+}
+
+double standard_flops(const Workload& w) {
+  const auto f = flop_terms(w);
+  return f.projections(f.layer_base, f.layer_adapters, true) - f.first_layer_skipped +
+         f.attention * (1 + FlopTerms::kAttentionBackward) + f.head * (1 + f.head_backward);
+}
+
+double checkpoint_flops(const Workload& w) {
+  const auto f = flop_terms(w);
+  return f.projections(f.layer_base, f.layer_adapters, true) + f.projections(f.layer_base, f.layer_adapters, false) +
+         f.attention * (2 + FlopTerms::kAttentionBackward) + f.head * (1 + f.head_backward);
+}
+
+double mst_flops(const Workload& w) {
+  const auto f = flop_terms(w);
+  return checkpoint_flops(w) + (w.statistics_pass ? f.head : 0);  // its head is the streamed one
+}
+
+double streambp_attention_flops(const Workload& w, std::int64_t layer_chunk) {
+  const auto f = flop_terms(w);
+  const double T = double(w.seq_len), c = double(std::min(layer_chunk, w.seq_len));
+  const double D = double((w.seq_len + layer_chunk - 1) / layer_chunk);
+  // Σ_i c·(s_i + c) over the D chunks (a shorter last chunk is counted as full: an upper bound by < c·T).
+  const double chunked = std::min(T * T, c * c * D * (D + 1) / 2) / (T * (T + 1) / 2);
+  return f.attention * chunked * (2 + FlopTerms::kAttentionBackward);
+}
+
+double streambp_flops(const Workload& w, std::int64_t layer_chunk) {
+  const auto f = flop_terms(w);
+  return f.projections(f.layer_base, f.layer_adapters, false)                                    // forward
+         + f.projections(f.kv_base, f.kv_adapters, false)                                         // step 1: K, V
+         + f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true)        // step 2
+         + f.projections(f.kv_base, f.kv_adapters, true)                                          // step 3
+         + streambp_attention_flops(w, layer_chunk)                                               // forward + step 2
+         + f.head * (1 + f.head_backward + (w.statistics_pass ? 1 : 0));                          // streamed head
+}
+
+}  // namespace sbp

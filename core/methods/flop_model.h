@@ -1,0 +1,36 @@
+// Analytic FLOP counts of each BP method's step (matrix products only, 2 FLOPs per multiply-add): what the method
+// computes, recomputation included, so that FLOPs / BP time is its achieved rate, comparable with the machine's dense
+// GEMM rate (issue #9's efficiency columns). Element-wise work (norms, RoPE, SiLU, softmax) is not counted: it is
+// what keeps a method below the GEMM rate.
+#pragma once
+
+#include <cstdint>
+
+#include "core/methods/method.h"
+
+namespace sbp {
+
+// The pieces, for B rows of T tokens (N = B·T), per step:
+struct FlopTerms {
+  double layer_base = 0, layer_adapters = 0;  // one forward of every decoder layer's projections; of their adapters
+  double kv_base = 0, kv_adapters = 0;        // the K and V projections' share of those (StreamBP repeats them)
+  double attention = 0;   // one causal forward of every layer's attention: QKᵀ and PV over T(T+1)/2 pairs per head
+  double head = 0;        // one forward of the LM head: N·d·V multiply-adds
+  double base_backward = 2, head_backward = 2;  // backward / forward: 2 when the weights train, 1 when frozen
+  double first_layer_skipped = 0;  // what standard BP under LoRA never computes (flop_terms)
+  static constexpr double kAttentionBackward = 2.5;  // flash backward: S recomputed, dP, dV, dQ, dK: 5 products vs 2
+  // Forward (and backward) of projections with these base and adapter FLOPs.
+  double projections(double base, double adapters, bool with_backward) const;
+};
+FlopTerms flop_terms(const Workload& w);
+
+double standard_flops(const Workload& w);
+double checkpoint_flops(const Workload& w);  // standard + one re-forward of every layer
+double mst_flops(const Workload& w);         // checkpointing's, plus the streamed head's statistics pass
+// StreamBP: the chunked forward and step 2 compute each chunk's scores against its whole key prefix, diagonal block
+// included: Σ c·e_i = T²(1 + 1/D)/2 per head (D = ceil(T / c) chunks), against T(T+1)/2 for a causal kernel; K/V
+// are projected in the forward, in step 1 and again in step 3.
+double streambp_flops(const Workload& w, std::int64_t layer_chunk);
+double streambp_attention_flops(const Workload& w, std::int64_t layer_chunk);  // its attention share
+
+}  // namespace sbp

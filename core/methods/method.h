@@ -1,0 +1,127 @@
+// The one interface every BP method implements (standard, checkpoint, MsT, StreamBP). Drivers and checkers only
+// see this: they never branch on the concrete method.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "core/objectives/batch.h"
+#include "core/model/config.h"
+#include "core/methods/kernel_workspace.h"
+#include "core/objectives/objective.h"
+#include "core/methods/phase.h"
+
+namespace sbp {
+
+class Model;
+
+struct StepResult {
+  double loss = 0;        // value of the objective (sum of the chunk terms for streamed methods)
+  double bp_seconds = 0;  // forward + backward, excluding any optimizer
+  std::vector<PhaseTime> phases;
+  // What every method returns at the end of its step: the loss, the time since `start` (after waiting for the
+  // device's queued work: CUDA kernels run after their launch returns), the clock's phases.
+  static StepResult finish(double loss, std::chrono::steady_clock::time_point start, const PhaseClock& clock,
+                           c10::Device device) {
+    synchronize(device);
+    return {loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), clock.totals()};
+  }
+};
+
+// Analytic peak memory: named terms in bytes, printed next to the measured peak.
+struct MemoryTerm {
+  std::string name;
+  std::int64_t bytes = 0;
+};
+struct MemoryEstimate {
+  std::string moment;  // when the peak happens, e.g. "head backward"
+  std::vector<MemoryTerm> terms;
+  std::int64_t total_bytes() const;
+};
+
+struct Workload {
+  ModelConfig config;
+  c10::ScalarType dtype = c10::kFloat;  // compute dtype (Model::dtype)
+  std::int64_t batch_size = 1, seq_len = 1;
+  // What the objective adds (Objective::buffer_bytes_per_token, needs_statistics after prepare): its per-position
+  // buffers (targets, masks, GRPO's old/ref log-probs), and whether a streamed head runs the statistics pass.
+  std::int64_t objective_bytes_per_token = 16;
+  bool statistics_pass = false;
+  // LoRA (lora_rank > 0): adapters on the named targets of every layer, lora_parameters elements in all; the base
+  // is frozen, so only the adapters have gradients.
+  std::int64_t lora_rank = 0, lora_parameters = 0;
+  int lora_attention_targets = 0, lora_mlp_targets = 0;  // adapted projections per layer among q,k,v,o / gate,up,down
+  std::vector<std::string> lora_targets;                  // their names (the memory model needs o and down by name)
+  bool adapts(const std::string& target) const {
+    for (const auto& t : lora_targets)
+      if (t == target) return true;
+    return false;
+  }
+  // Intra-op threads: CPU kernels keep scratch per thread.
+  std::int64_t threads = 1;
+  // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,
+  // or none (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
+  std::shared_ptr<const KernelWorkspaces> workspaces;
+  std::int64_t workspace_bytes(const KernelCall& call) const;
+  // A training step (Trainer): the optimizer's states, held through the whole step, and the most its update allocates
+  // at once beyond them (optimizer_memory in core/optimizer.h); both 0 for a forward + backward alone.
+  std::int64_t optimizer_state_bytes = 0, optimizer_update_bytes = 0;
+  // Micro-batches after the first of a step (gradient accumulation) run with every gradient already there.
+  bool accumulating = false;
+  // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
+  c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
+  c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
+};
+
+// A group of trainable tensors whose gradients the running step has finished (DESIGN §11): a decoder layer's
+// ("layer.5"), the head's ("head": final norm, untied lm_head), the embedding's ("embedding": tied, the lm_head's
+// too). Where a distributed reduction or a per-layer optimizer step attaches. Fired once per group and step (each
+// micro-batch's step when accumulating), never for a group without trainable tensors.
+struct GradientGroup {
+  std::string name;
+  std::vector<at::Tensor> tensors;
+};
+using GradientReadyFn = std::function<void(const GradientGroup&)>;
+
+struct StepOptions {
+  // Add into the gradients already there (the micro-batches of one optimizer step) instead of freeing them first.
+  bool accumulate = false;
+};
+
+class BackpropMethod {
+ public:
+  virtual ~BackpropMethod() = default;
+  // Canonical spec; make_method(spec()) builds the same method.
+  virtual std::string spec() const = 0;
+  // What every method's step does, in one place: frees the model's gradients (unless options.accumulate), prepares
+  // the objective on `batch`, runs forward + backward (backprop) under the clock and leaves the exact gradient of the
+  // objective in every trainable tensor's grad() (added to what was there when accumulating).
+  StepResult step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options = {});
+  // Called at every group's gradient-ready moment of the following steps (empty: none).
+  void on_gradient_ready(GradientReadyFn fn) { gradient_ready_ = std::move(fn); }
+  // Analytic peak bytes of step() (weights and gradients included).
+  virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
+  // Analytic matrix-product FLOPs of step(), recomputation included (core/flop_model.h).
+  virtual double flops(const Workload& workload) const = 0;
+
+ protected:
+  // The method itself: forward + backward of the prepared objective on `batch`, adding the gradients into grad()
+  // (autograd's accumulation, ChunkGradients::commit); returns the loss. Phases go to `clock`.
+  virtual double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) = 0;
+  // The events, for backprop: each method fires them where that group's gradient becomes final.
+  void layer_ready(const Model& model, int layer) const;
+  void head_ready(const Model& model) const;
+  void embedding_ready(const Model& model) const;
+
+ private:
+  void gradient_ready(std::string name, std::vector<at::Tensor> tensors) const;
+  GradientReadyFn gradient_ready_;
+};
+
+}  // namespace sbp

@@ -1,0 +1,134 @@
+#include "core/methods/streambp.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/model/chunk_attention.h"
+#include "core/methods/memory_model.h"
+#include "core/model/model.h"
+#include "core/methods/streaming.h"
+
+namespace sbp {
+namespace {
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
+
+}  // namespace
+
+std::string StreamBP::spec() const {
+  return "streambp:layer_chunk=" + std::to_string(options_.layer_chunk) +
+         ",head_chunk=" + std::to_string(options_.head_chunk);
+}
+
+at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
+                            std::int64_t q_start, const KVGradSums& sums) const {
+  const auto c = q.size(2);
+  if (!faults_.top_left_causal) return model.attend(q, K.slice(2, 0, q_start + c), V.slice(2, 0, q_start + c), q_start, &sums);
+  // SDPA's is_causal on [s, s+c) x [0, s+c) aligns top-left: query i sees keys 0..i, as if the chunk started at 0.
+  return model.attend(q, K.slice(2, 0, c), V.slice(2, 0, c), 0, &sums);
+}
+
+double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
+  const int L = int(model.config().num_hidden_layers);
+  const auto T = batch.seq_len();
+
+  // Forward without a graph, itself chunked: keeps the input of every layer (H[l]: [B, T, d]) and the last hidden
+  // state H[L]; per chunk only the Q path, attention and MLP of c tokens exist.
+  std::vector<at::Tensor> H(L + 1);
+  {
+    Phase phase(clock, "forward");
+    at::NoGradGuard no_grad;
+    H[0] = model.embed(batch.input_ids);
+    for (int l = 0; l < L; ++l) H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
+  }
+  // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
+  auto [loss, G] = streamed_head(model, objective, H[L], options_.head_chunk, clock, T,
+                                 faults_.double_head_grad ? 2.0 : 1.0);
+  H[L].reset();
+  head_ready(model);
+
+  for (int l = L - 1; l >= 0; --l) {
+    stream_layer_backward(model, l, H[l], G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
+    H[l].reset();  // a checkpoint is dead once its layer is done
+    layer_ready(model, l);  // its chunk loop has committed the layer's sums
+  }
+  {
+    Phase phase(clock, "embedding");
+    model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
+  }
+  embedding_ready(model);
+  return loss;
+}
+
+void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
+                                     PhaseClock& clock) const {
+  const auto T = h_in.size(1);
+  const auto c = options_.layer_chunk;
+  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph.
+  at::Tensor K, V;  // [B, n_kv, T, hd]
+  {
+    Phase phase(clock, "kv_recompute");
+    std::tie(K, V) = kv_chunked(model, layer, h_in, c);
+  }
+  // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
+  const auto sum_options = K.options().dtype(faults_.accumulate_in_model_dtype
+                                                ? K.scalar_type()
+                                                : ChunkGradients::accumulation_dtype(K.scalar_type()));
+  auto dK = at::zeros(K.sizes(), sum_options), dV = at::zeros(V.sizes(), sum_options);  // [B, n_kv, T, hd]
+  const KVGradSums sums{dK, dV};
+  // The drop_tail fault forgets the last T mod c tokens, like a loop over T / c full chunks would.
+  const auto T_used = faults_.drop_tail && T % c != 0 ? T - T % c : T;
+  if (T_used < T) g.slice(1, T_used).zero_();
+  // The layer's weight (or adapter) gradients, summed over the chunks of steps 2 and 3 and written once.
+  ChunkGradients weights(model.layer_trainable(layer), faults_.accumulate_in_model_dtype);
+  const auto& params = weights.params();
+  auto grads_of = [&](const at::Tensor& out, std::vector<at::Tensor> inputs, const at::Tensor& grad_out) {
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    return torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
+                                 /*allow_unused=*/true);
+  };
+
+  // Step 2: per chunk, Q path + attention over the prefix + o-proj/MLP with grad: the gradients of the chunk's input,
+  // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
+  {
+    Phase phase(clock, "layer");
+    for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
+      auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
+      const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
+      const auto grads = grads_of(out, {h}, g.slice(1, s, e));  // the prefix's dK/dV went into `sums`
+      g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
+      weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+    });
+  }
+  K.reset();
+  V.reset();
+
+  // Step 3: the K/V path is position-wise, so it streams too: recompute k, v of a chunk with grad and push
+  // dK/dV of that chunk through it (W_k, W_v, k-norm, input norm, and the layer input). Each dK/dV entry is read
+  // once, so rounding it to the model dtype here is its only rounding.
+  if (!faults_.drop_kv_path) {
+    Phase phase(clock, "kv_path");
+    for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
+      auto h = leaf(h_in.slice(1, s, e));
+      const auto [k, v] = model.kv(layer, h, s);
+      std::vector<at::Tensor> inputs = {h};
+      inputs.insert(inputs.end(), params.begin(), params.end());
+      const auto grads = torch::autograd::grad(
+          {k, v}, inputs, {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
+          /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+      g.slice(1, s, e).add_(grads[0]);
+      weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+    });
+  }
+  weights.commit();
+}
+
+MemoryEstimate StreamBP::memory_model(const Workload& w) const {
+  return streambp_memory(w, options_.layer_chunk, options_.head_chunk);
+}
+
+}  // namespace sbp

@@ -1,0 +1,146 @@
+#include "core/methods/streaming.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/model/model.h"
+#include "core/objectives/objective.h"
+#include "core/methods/phase.h"
+
+namespace sbp {
+
+std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
+  at::NoGradGuard no_grad;
+  at::Tensor K, V;  // [B, n_kv, T, hd]
+  for_each_chunk(h.size(1), chunk, [&](std::int64_t s, std::int64_t e) {
+    const auto [k, v] = model.kv(layer, h.slice(1, s, e), s);
+    if (!K.defined()) {
+      auto sizes = k.sizes().vec();
+      sizes[2] = h.size(1);
+      K = at::empty(sizes, k.options());
+      V = at::empty(sizes, v.options());
+    }
+    K.slice(2, s, e).copy_(k);
+    V.slice(2, s, e).copy_(v);
+  });
+  return {K, V};
+}
+
+at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk) {
+  at::NoGradGuard no_grad;
+  const auto [K, V] = kv_chunked(model, layer, h, layer_chunk);  // [B, n_kv, T, hd]
+  auto out = at::empty_like(h);
+  for_each_chunk(h.size(1), layer_chunk, [&](std::int64_t s, std::int64_t e) {
+    const auto hc = h.slice(1, s, e);
+    const auto o = model.attend(model.q(layer, hc, s), K.slice(2, 0, e), V.slice(2, 0, e), s);
+    out.slice(1, s, e).copy_(model.after_attention(layer, hc, o));
+  });
+  return out;
+}
+
+ChunkGradients::ChunkGradients(std::vector<at::Tensor> params, bool keep_model_dtype)
+    : params_(std::move(params)), sums_(params_.size()), keep_model_dtype_(keep_model_dtype) {}
+
+c10::ScalarType ChunkGradients::accumulation_dtype(c10::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
+}
+
+void ChunkGradients::add(at::ArrayRef<at::Tensor> grads) {
+  TORCH_CHECK(grads.size() == params_.size(), "ChunkGradients: one gradient per parameter");
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (!sums_[i].defined())
+      sums_[i] = keep_model_dtype_ ? grads[i] : grads[i].to(accumulation_dtype(grads[i].scalar_type()));
+    else
+      sums_[i].add_(grads[i]);
+  }
+}
+
+void ChunkGradients::commit() {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!sums_[i].defined()) continue;
+    auto& grad = params_[i].mutable_grad();
+    if (grad.defined())
+      grad.add_(sums_[i].to(params_[i].scalar_type()));
+    else
+      grad = sums_[i].to(params_[i].scalar_type());  // the one rounding of a streamed bf16 gradient
+    sums_[i].reset();
+  }
+}
+
+void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk) {
+  at::NoGradGuard no_grad;
+  for_each_chunk(h_last.size(1), head_chunk, [&](std::int64_t s, std::int64_t e) {
+    auto logits = model.logits(model.final_norm(h_last.slice(1, s, e)));  // [B, c_h, V]
+    objective.accumulate_statistics(logits, s);
+  });
+  objective.finish_statistics();
+}
+
+HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
+                         PhaseClock& clock, std::int64_t T_used, double grad_scale) {
+  const auto T = h_last.size(1);
+  if (T_used < 0) T_used = T;
+  // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
+  // not the whole sequence.
+  if (objective.needs_statistics() && head_chunk < T) {
+    Phase phase(clock, "statistics");
+    statistics_pass(model, objective, h_last, head_chunk);
+  }
+  HeadResult out;
+  out.grad = at::zeros_like(h_last);
+  Phase phase(clock, "head");
+  // The head's trainable parameters: the final norm weight through autograd, the lm_head weight by hand (its
+  // gradient is one GEMM per chunk into `lm_sum`, fp32 for a bf16 model); both committed once after the last chunk.
+  std::vector<at::Tensor> norm;
+  if (model.final_norm_weight().requires_grad()) norm.push_back(model.final_norm_weight());
+  ChunkGradients norm_grads(norm);
+  at::Tensor lm_sum;  // [V, d]
+  Model::HeadBuffers buffers;  // the [B, c_h, V] blocks every chunk reuses (see Model::HeadBuffers)
+  for_each_chunk(T_used, head_chunk, [&](std::int64_t s, std::int64_t e) {
+    auto h = h_last.slice(1, s, e).detach().requires_grad_(true);  // [B, c_h, d]
+    const auto hn = model.final_norm(h);                              // with a graph: final norm weight and h
+    at::Tensor logits;  // [B, c_h, V], compute dtype; becomes dLoss/dlogits
+    {
+      at::NoGradGuard no_grad;
+      logits = model.logits(hn, &buffers);
+    }
+    out.loss += objective.chunk_loss_and_grad(logits, s);
+    if (grad_scale != 1.0) logits.mul_(grad_scale);
+    const auto grad_hn = model.logits_backward(logits, hn, lm_sum, &buffers);  // [B, c_h, d]
+    logits.reset();  // a view: the block stays for the next chunk, through the final norm's backward
+    std::vector<at::Tensor> inputs = {h};
+    inputs.insert(inputs.end(), norm.begin(), norm.end());
+    const auto grads = torch::autograd::grad({hn}, inputs, {grad_hn}, /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+    out.grad.slice(1, s, e).copy_(grads[0]);
+    norm_grads.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+  });
+  buffers = {};  // before the commits (bf16: the lm_head's fp32 sum is rounded into a new block)
+  norm_grads.commit();
+  model.commit_lm_head_gradient(lm_sum);
+  return out;
+}
+
+at::Tensor sequence_logps(const Model& model, const at::Tensor& input_ids, double temperature,
+                          std::int64_t layer_chunk, std::int64_t head_chunk) {
+  at::NoGradGuard no_grad;
+  auto h = model.embed(input_ids);  // [B, T, d]
+  for (int l = 0; l < model.config().num_hidden_layers; ++l) h = layer_forward_chunked(model, l, h, layer_chunk);
+  const auto B = input_ids.size(0), T = input_ids.size(1);
+  auto out = at::zeros({B, T}, input_ids.options().dtype(at::kDouble));
+  // Position t predicts token t + 1: positions [s, e) fill columns [s + 1, e + 1); the last position predicts nothing.
+  for_each_chunk(T - 1, head_chunk, [&](std::int64_t s, std::int64_t e) {
+    auto logits = model.logits(model.final_norm(h.slice(1, s, e)));  // [B, c_h, V]
+    if (temperature != 1.0) logits.div_(temperature);
+    const auto targets = input_ids.slice(1, s + 1, e + 1).unsqueeze(-1);
+    const auto lse = at::logsumexp(logits, -1);
+    out.slice(1, s + 1, e + 1).copy_(logits.gather(-1, targets).squeeze(-1) - lse);
+  });
+  return out;
+}
+
+}  // namespace sbp

@@ -1,0 +1,226 @@
+#include "core/model/chunk_attention.h"
+#include "core/model/chunk_attention_kernels.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace sbp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Blocks of a bf16/fp16 chunk (the CPU's path; CUDA sends 16-bit chunks to the whole-chunk kernel) are computed in
+// fp32: each block's output would otherwise be rounded to 16 bits before the merge, one rounding more than a single
+// SDPA call makes (measured: 2.5x standard BP's bf16 error on a q bias). The prefix is upcast tile by tile
+// (kPrefixTile keys at a time), never as a whole: a full-prefix fp32 copy of K and V per chunk was +64% of the bf16
+// peak on `tiny` at T = 4096 (issue #8). fp32 and fp64 run as they are, the prefix in one block.
+constexpr std::int64_t kPrefixTile = 1024;
+
+bool upcasts(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+at::Tensor upcast(const at::Tensor& t) { return upcasts(t) ? t.to(at::kFloat) : t; }
+
+// Key blocks [start, start + length) of a chunk with queries at [q_start, q_start + c): the prefix in tiles, then the
+// causal diagonal block [q_start, q_start + c).
+struct KeyBlock {
+  std::int64_t start, length;
+  bool causal;
+};
+std::vector<KeyBlock> key_blocks(std::int64_t q_start, std::int64_t c, bool tiled) {
+  std::vector<KeyBlock> blocks;
+  const auto tile = tiled ? kPrefixTile : q_start;
+  for (std::int64_t s = 0; s < q_start; s += tile) blocks.push_back({s, std::min(tile, q_start - s), false});
+  blocks.push_back({q_start, c, true});
+  return blocks;
+}
+
+// K/V rows [start, start + length) in the compute dtype, expanded to the query's head count when the kernel needs it
+// (a copy of the tile: GQA heads cannot be expanded as a strided view).
+at::Tensor kv_block(const AttentionKernel& kernel, const at::Tensor& kv, const KeyBlock& b, std::int64_t heads) {
+  auto block = upcast(kv.narrow(2, b.start, b.length));
+  if (!kernel.needs_equal_heads || kv.size(1) == heads) return block;
+  const auto group = heads / kv.size(1);
+  return block.unsqueeze(2).expand({kv.size(0), kv.size(1), group, b.length, kv.size(3)}).reshape(
+      {kv.size(0), heads, b.length, kv.size(3)});
+}
+
+// The inverse of kv_block's expansion for a gradient: each K/V head's gradient is the sum over its query heads.
+at::Tensor kv_block_grad(const at::Tensor& grad, std::int64_t kv_heads) {
+  if (grad.size(1) == kv_heads) return grad;
+  return grad.unflatten(1, {kv_heads, grad.size(1) / kv_heads}).sum(2);
+}
+
+struct PrefixAndDiagonal : torch::autograd::Function<PrefixAndDiagonal> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
+                            const at::Tensor& v_in, std::int64_t q_start, double scale, const KVGradSums* sums,
+                            const AttentionKernel* kernel) {
+    const auto q = upcast(q_in);
+    const auto heads = q.size(1);
+    at::Tensor o, lse;  // the merge so far: [B, n_h, c, hd] and [B, n_h, c], >= fp32
+    for (const auto& b : key_blocks(q_start, q.size(2), kernel->tiles_prefix || upcasts(k_in))) {
+      const auto [o_b, lse_b] = kernel->forward(q, kv_block(*kernel, k_in, b, heads), kv_block(*kernel, v_in, b, heads),
+                                                b.causal, scale);
+      if (!o.defined()) {
+        o = o_b.to(lse_b.scalar_type());
+        lse = lse_b;
+        continue;
+      }
+      // Softmax over the union of the key sets: weights exp(lse_block - lse).
+      const auto merged = at::logaddexp(lse, lse_b);
+      o = at::exp(lse - merged).unsqueeze(-1) * o + at::exp(lse_b - merged).unsqueeze(-1) * o_b.to(o.scalar_type());
+      lse = merged;
+    }
+    // The backward needs the exact merged output: kept in its (>= fp32) merge dtype, chunk-sized.
+    ctx->save_for_backward({q_in, k_in, v_in, o, lse});
+    ctx->saved_data["q_start"] = q_start;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["kernel"] = reinterpret_cast<std::int64_t>(kernel);
+    if (sums) ctx->saved_data["sums"] = at::IValue(std::vector<at::Tensor>{sums->dK, sums->dV});
+    return o.to(q_in.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& k_in = saved[1];
+    const auto& v_in = saved[2];
+    const auto q = upcast(saved[0]), o = saved[3].to(upcast(saved[0]).scalar_type());
+    const auto& lse = saved[4];
+    const auto q_start = ctx->saved_data["q_start"].toInt();
+    const auto scale = ctx->saved_data["scale"].toDouble();
+    const auto* kernel = reinterpret_cast<const AttentionKernel*>(ctx->saved_data["kernel"].toInt());
+    const auto grad_o = upcast(grads[0]).contiguous();
+    const auto heads = q.size(1), kv_heads = k_in.size(1);
+    // With the merged o and lse, P = exp(S - lse) and rowsum(dO * O) are those of the whole softmax, so each
+    // block's backward returns its exact part of dQ and the exact dK, dV of its keys: added into the sums, or
+    // written into the gradients of K and V (no concatenation).
+    const bool to_sums = ctx->saved_data.count("sums") > 0;
+    at::Tensor dq, dk, dv;
+    if (to_sums) {
+      const auto sums = ctx->saved_data["sums"].toTensorVector();
+      dk = sums[0], dv = sums[1];
+    } else {
+      dk = at::empty_like(k_in, at::MemoryFormat::Contiguous), dv = at::empty_like(v_in, at::MemoryFormat::Contiguous);
+    }
+    for (const auto& b : key_blocks(q_start, q.size(2), kernel->tiles_prefix || upcasts(k_in))) {
+      const auto [dq_b, dk_e, dv_e] = kernel->backward(grad_o, q, kv_block(*kernel, k_in, b, heads),
+                                                       kv_block(*kernel, v_in, b, heads), o, lse, b.causal, scale);
+      const auto dk_b = kv_block_grad(dk_e, kv_heads), dv_b = kv_block_grad(dv_e, kv_heads);
+      dq = dq.defined() ? dq.add_(dq_b) : dq_b;
+      if (to_sums) {
+        dk.narrow(2, b.start, b.length).add_(dk_b);
+        dv.narrow(2, b.start, b.length).add_(dv_b);
+      } else {
+        dk.narrow(2, b.start, b.length).copy_(dk_b);
+        dv.narrow(2, b.start, b.length).copy_(dv_b);
+      }
+    }
+    if (to_sums) dk = dv = at::Tensor();
+    return {dq.to(saved[0].scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::pair<at::Tensor, at::Tensor> cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              bool causal, double scale) {
+  auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, scale);
+  return {o, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_backward(const at::Tensor& grad_o, const at::Tensor& q,
+                                                            const at::Tensor& k, const at::Tensor& v,
+                                                            const at::Tensor& o, const at::Tensor& lse, bool causal,
+                                                            double scale) {
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad_o, q, k, v, o, lse, 0.0, causal, {}, scale);
+}
+
+// The memory-efficient kernel's log-sum-exp rows are padded to a multiple of 32 queries on CUDA; its backward reads
+// the padded layout.
+constexpr std::int64_t kLseAlign = 32;
+
+void check_cuda_inputs(const at::Tensor& q) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat,
+              "chunk attention on CUDA runs its memory-efficient blocks in fp32 (bf16/fp16 take the flash whole-chunk "
+              "kernel); ", c10::toString(q.scalar_type()), " is not supported by the memory-efficient kernel (fp64 "
+              "runs on the CPU: --device cpu)");
+  TORCH_CHECK(q.size(-1) % 4 == 0, "chunk attention on CUDA: head_dim ", q.size(-1),
+              " is not a multiple of 4, which the memory-efficient kernel needs in fp32");
+}
+
+std::pair<at::Tensor, at::Tensor> cuda_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               bool causal, double scale) {
+  check_cuda_inputs(q);
+  // Square blocks only, so the kernel's top-left causal rule is the bottom-right one.
+  auto [o, lse, seed, offset] =
+      at::_scaled_dot_product_efficient_attention(q, k, v, {}, /*compute_log_sumexp=*/true, 0.0, causal, scale);
+  return {o, lse.narrow(-1, 0, q.size(2))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_backward(const at::Tensor& grad_o, const at::Tensor& q,
+                                                             const at::Tensor& k, const at::Tensor& v,
+                                                             const at::Tensor& o, const at::Tensor& lse, bool causal,
+                                                             double scale) {
+  const auto c = q.size(2);  // q was checked by cuda_forward
+  auto lse_padded = at::zeros({lse.size(0), lse.size(1), (c + kLseAlign - 1) / kLseAlign * kLseAlign}, lse.options());
+  lse_padded.narrow(-1, 0, c).copy_(lse);
+  const auto no_dropout = at::zeros({}, at::TensorOptions().dtype(at::kLong));  // seed and offset, unused at p = 0
+  auto [dq, dk, dv, dbias] = at::_scaled_dot_product_efficient_attention_backward(
+      grad_o, q, k, v, at::Tensor(), o, lse_padded, no_dropout, no_dropout, 0.0, {true, true, true, false}, causal,
+      scale);
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+const AttentionKernel& cpu_attention_kernel() {
+  static const AttentionKernel kernel{"cpu flash", false, false, cpu_forward, cpu_backward};
+  return kernel;
+}
+
+const AttentionKernel& cuda_attention_kernel() {
+  static const AttentionKernel kernel{"cuda memory-efficient", true, true, cuda_forward, cuda_backward};
+  return kernel;
+}
+
+namespace {
+// ScopedCpuWholeChunkKernel's kernel, if one is alive.
+const WholeChunkKernel* cpu_whole_chunk_override = nullptr;
+}  // namespace
+
+ScopedCpuWholeChunkKernel::ScopedCpuWholeChunkKernel(const WholeChunkKernel& kernel)
+    : previous_(cpu_whole_chunk_override) {
+  cpu_whole_chunk_override = &kernel;
+}
+
+ScopedCpuWholeChunkKernel::~ScopedCpuWholeChunkKernel() { cpu_whole_chunk_override = previous_; }
+
+ChunkAttentionChoice choose_chunk_attention(c10::DeviceType device, c10::ScalarType dtype) {
+  TORCH_CHECK(device == c10::DeviceType::CPU || device == c10::DeviceType::CUDA, "chunk_attention: no kernel for device ",
+              device);
+  const bool sixteen_bit = dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (device == c10::DeviceType::CUDA)
+    return sixteen_bit ? ChunkAttentionChoice{nullptr, &cuda_whole_chunk_kernel()}
+                       : ChunkAttentionChoice{&cuda_attention_kernel(), nullptr};
+  if (sixteen_bit && cpu_whole_chunk_override) return {nullptr, cpu_whole_chunk_override};
+  // The CPU keeps fp32 blocks for bf16 (issue #18 item 4 moves only CUDA, where fp32 forfeits the tensor cores):
+  // the blocks hand dK/dV to the sums in fp32, with no rounding per chunk.
+  return {&cpu_attention_kernel(), nullptr};
+}
+
+at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
+                           double scale, const KVGradSums* sums) {
+  const auto choice = choose_chunk_attention(q.device().type(), q.scalar_type());
+  return choice.whole ? chunk_attention_with(*choice.whole, q, k, v, q_start, scale, sums)
+                      : chunk_attention_with(*choice.blocks, q, k, v, q_start, scale, sums);
+}
+
+at::Tensor chunk_attention_with(const AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v, std::int64_t q_start, double scale, const KVGradSums* sums) {
+  TORCH_CHECK((q_start > 0 || sums) && k.size(2) == q_start + q.size(2), "chunk_attention: keys must be [0, q_start + c)");
+  TORCH_CHECK(!sums || (!k.requires_grad() && !v.requires_grad()),
+              "chunk_attention: K/V gradients go into the sums; k and v must not require grad");
+  return PrefixAndDiagonal::apply(q, k, v, q_start, scale, sums, &kernel);
+}
+
+}  // namespace sbp

@@ -1,0 +1,120 @@
+#include "core/objectives/batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace sbp {
+namespace {
+
+void check(bool ok, const std::string& source, const std::string& what) {
+  if (!ok) throw std::invalid_argument(source + ": " + what);
+}
+
+}  // namespace
+
+Batch Batch::to(c10::Device device) const {
+  Batch out{input_ids.to(device), attention_mask.to(device), {}};
+  for (const auto& [name, t] : fields) out.fields[name] = t.to(device);
+  return out;
+}
+
+Batch Batch::select_rows(const at::Tensor& index) const {
+  const auto i = index.to(input_ids.device());
+  Batch out{input_ids.index_select(0, i), attention_mask.index_select(0, i), {}};
+  for (const auto& [name, t] : fields) out.fields[name] = t.index_select(0, i.to(t.device()));
+  return out;
+}
+
+const at::Tensor& Batch::field(const std::string& name) const {
+  auto it = fields.find(name);
+  if (it == fields.end()) throw std::invalid_argument("batch has no tensor '" + name + "'");
+  return it->second;
+}
+
+void validate_tokens(const Batch& b, const ModelConfig& config, const std::string& source) {
+  check(b.input_ids.defined(), source, "missing tensor 'input_ids'");
+  check(b.attention_mask.defined(), source, "missing tensor 'attention_mask'");
+  check(b.input_ids.dim() == 2, source, "input_ids must be [B, T], got " + c10::str(b.input_ids.sizes()));
+  check(b.input_ids.size(0) > 0 && b.input_ids.size(1) > 0, source, "empty batch " + c10::str(b.input_ids.sizes()));
+  check(b.attention_mask.sizes() == b.input_ids.sizes(), source,
+        "attention_mask " + c10::str(b.attention_mask.sizes()) + " must have the shape of input_ids " +
+            c10::str(b.input_ids.sizes()));
+  for (const auto& [name, t] : {std::pair{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask}})
+    check(t.scalar_type() == at::kLong, source, std::string(name) + " must be int64, got " + c10::toString(t.scalar_type()));
+  const auto& ids = b.input_ids;
+  const auto& mask = b.attention_mask;
+  check(ids.min().item<std::int64_t>() >= 0 && ids.max().item<std::int64_t>() < config.vocab_size, source,
+        "input_ids outside [0, vocab_size=" + std::to_string(config.vocab_size) + ")");
+  check(((mask == 0) | (mask == 1)).all().item<bool>(), source, "attention_mask must hold only 0 and 1");
+  // Right padding: the mask never goes 0 -> 1 along a row, and the first token is real.
+  check((mask.slice(1, 1) <= mask.slice(1, 0, -1)).all().item<bool>(), source,
+        "attention_mask must be right padding (1...1 0...0); left/interior padding and packed sequences are not supported");
+  check((mask.select(1, 0) == 1).all().item<bool>(), source, "every row needs at least one token (attention_mask[:, 0] == 1)");
+}
+
+Batch random_sft_batch(const ModelConfig& config, const RandomBatchOptions& o) {
+  if (o.batch_size < 1 || o.seq_len < 2) throw std::invalid_argument("random batch needs B >= 1 and T >= 2");
+  if (o.pad_fraction < 0 || o.pad_fraction >= 1) throw std::invalid_argument("--pad-fraction must be in [0, 1)");
+  if (o.prompt_fraction < 0 || o.prompt_fraction >= 1) throw std::invalid_argument("prompt fraction must be in [0, 1)");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  const auto B = o.batch_size, T = o.seq_len;
+  Batch b;
+  b.input_ids = at::randint(0, config.vocab_size, {B, T}, gen, at::TensorOptions().dtype(at::kLong));
+  b.attention_mask = at::ones({B, T}, at::kLong);
+  auto labels = b.input_ids.clone();
+  for (std::int64_t r = 0; r < B; ++r) {
+    auto pads = std::int64_t(std::llround(o.pad_fraction * double(T) * double(r + 1) / double(B)));
+    pads = std::min(pads, T - 2);  // keep at least one predicted token per row
+    const auto prompt = std::min(std::int64_t(std::llround(o.prompt_fraction * double(T - pads))), T - pads - 2);
+    labels[r].slice(0, 0, prompt).fill_(-100);
+    b.attention_mask[r].slice(0, T - pads).fill_(0);
+    b.input_ids[r].slice(0, T - pads).fill_(0);
+    labels[r].slice(0, T - pads).fill_(-100);
+  }
+  b.fields["labels"] = labels;
+  return b;
+}
+
+Batch random_completion_batch(const ModelConfig& config, const RandomBatchOptions& o,
+                              const std::vector<std::int64_t>& prompt_of_row) {
+  const auto B = o.batch_size, T = o.seq_len;
+  if (B < 1 || T < 2) throw std::invalid_argument("random batch needs B >= 1 and T >= 2 (a prompt token and a completion token)");
+  if (o.pad_fraction < 0 || o.pad_fraction >= 1) throw std::invalid_argument("--pad-fraction must be in [0, 1)");
+  if (o.prompt_fraction < 0 || o.prompt_fraction >= 1) throw std::invalid_argument("--prompt-fraction must be in [0, 1)");
+  if (std::int64_t(prompt_of_row.size()) != B) throw std::logic_error("random_completion_batch: one prompt per row");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::mt19937_64 rng(o.seed ^ 0x5eed5eedULL);
+  auto between = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+
+  Batch b;
+  b.input_ids = at::randint(0, config.vocab_size, {B, T}, gen, at::TensorOptions().dtype(at::kLong));
+  b.attention_mask = at::ones({B, T}, at::kLong);
+  auto completion = at::zeros({B, T}, at::kLong);
+  const auto prompts = *std::max_element(prompt_of_row.begin(), prompt_of_row.end()) + 1;
+  std::vector<std::int64_t> prompt_len(prompts);
+  for (auto& len : prompt_len)
+    len = o.prompt_fraction > 0 ? std::clamp<std::int64_t>(std::llround(o.prompt_fraction * double(T)), 1, T - 1)
+                                : between(1, std::max<std::int64_t>(1, T / 2));
+  std::vector<std::int64_t> first_row(prompts, -1);
+  for (std::int64_t r = 0; r < B; ++r) {
+    const auto p = prompt_of_row[r], P = prompt_len[p];
+    if (first_row[p] < 0)
+      first_row[p] = r;
+    else
+      b.input_ids[r].slice(0, 0, P).copy_(b.input_ids[first_row[p]].slice(0, 0, P));  // the group's shared prompt
+    const auto max_pads = std::min(std::int64_t(std::floor(o.pad_fraction * double(T))), T - P - 1);
+    const auto pads = max_pads > 0 ? between(0, max_pads) : 0;
+    completion[r].slice(0, P, T - pads).fill_(1);
+    b.attention_mask[r].slice(0, T - pads).fill_(0);
+    b.input_ids[r].slice(0, T - pads).fill_(0);
+  }
+  b.fields["completion_mask"] = completion;
+  return b;
+}
+
+}  // namespace sbp

@@ -1,0 +1,54 @@
+// A training batch in HF's convention (right padding), plus what its objective reads beside the tokens.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/model/config.h"
+
+namespace sbp {
+
+struct Batch {
+  at::Tensor input_ids;       // [B, T] int64
+  at::Tensor attention_mask;  // [B, T] int64, 1 = token, 0 = right padding
+  // The objective's tensors, by their batch-file names: SFT "labels"; GRPO "completion_mask", "advantages",
+  // "old_logps", "ref_logps"; DPO "completion_mask", "ref_logps". Each objective validates its own (objective.h).
+  std::map<std::string, at::Tensor> fields;
+
+  std::int64_t batch_size() const { return input_ids.size(0); }
+  std::int64_t seq_len() const { return input_ids.size(1); }
+  bool has(const std::string& name) const { return fields.count(name) != 0; }
+  const at::Tensor& field(const std::string& name) const;  // throws std::invalid_argument naming it
+  Batch to(c10::Device device) const;  // every tensor moved
+  // Rows `index` (int64 [n]) of every tensor (each has the rows first): a micro-batch or a rank's share.
+  Batch select_rows(const at::Tensor& index) const;
+};
+
+// The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token. Throws
+// std::invalid_argument saying what is wrong and where (`source` names the file or flag). With right padding and no
+// loss on pads the causal rule alone gives HF's gradients, so no method ever needs a [B, T, T] mask (DESIGN §4);
+// left/interior padding and packed sequences are rejected.
+void validate_tokens(const Batch& batch, const ModelConfig& config, const std::string& source);
+
+struct RandomBatchOptions {
+  std::int64_t batch_size = 1, seq_len = 128;
+  double pad_fraction = 0.0;     // SFT: row b gets round(F*T*(b+1)/B) pads; GRPO/DPO: each row up to F*T, drawn
+  double prompt_fraction = 0.0;  // SFT: leading labels set to -100; GRPO/DPO: prompt length (0: drawn in [1, T/2])
+  std::uint64_t seed = 0;
+  std::int64_t group = 0;        // GRPO: completions per prompt (0: the whole batch is one group)
+};
+
+// SFT: random tokens, labels = input_ids with -100 on the prompt and on pads.
+Batch random_sft_batch(const ModelConfig& config, const RandomBatchOptions& options);
+
+// Prompt + completion rows for GRPO and DPO: rows with the same prompt_of_row[r] share a prompt (tokens and seeded
+// length); each row's completion fills the rest of the row but for a seeded number of right pads (at least one
+// completion token stays). Fields: completion_mask [B, T] (1 on completion tokens).
+Batch random_completion_batch(const ModelConfig& config, const RandomBatchOptions& options,
+                              const std::vector<std::int64_t>& prompt_of_row);
+
+}  // namespace sbp

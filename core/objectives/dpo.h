@@ -1,0 +1,50 @@
+// DPO with TRL's sigmoid loss. Rows 0..P-1 are the chosen completions, P..2P-1 the rejected ones (pair p = rows p
+// and P+p). With S_r = the summed log-probs of row r's completion tokens (the first included: the last prompt
+// position predicts it) and ref_r the reference's sum:
+//   z_p = beta·((S_p - ref_p) - (S_{P+p} - ref_{P+p})),  L = mean_p [-(1 - ls)·log σ(z_p) - ls·log σ(-z_p)]
+// (ls = label_smoothing, as TRL 0.17 had it). L couples a row's positions through S: a row term (objective.h).
+#pragma once
+
+#include "core/objectives/objective.h"
+#include "core/io/spec.h"
+
+namespace sbp {
+
+class DpoObjective final : public Objective {
+ public:
+  struct Options {
+    double beta = 0.1, label_smoothing = 0.0;  // TRL's defaults
+  };
+  struct Faults {  // negative controls (tests only)
+    bool skip_first_completion_token = false;  // the public StreamBP code's bug
+    bool partial_statistics = false;           // each head chunk's coefficient from its own partial sums
+  };
+
+  explicit DpoObjective(const Spec& spec);
+  std::string spec() const override;
+  void inject_faults_for_testing(const Faults& faults);
+
+  // --batch counts rows (P chosen + P rejected, even); pair p's rows share a prompt.
+  Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const override;
+  bool wants_policy_logps() const override { return true; }
+  // Without a reference model: ref_logps = row sums of (policy + N(0, 0.3²)) log-probs, so that margins are not 0.
+  void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
+                           bool reference_given) const override;
+  bool needs_reference(const Batch& batch) const override { return !batch.has("ref_logps"); }
+  // Pairs stay whole: micro-batch k has chosen rows [k*P/K, (k+1)*P/K) and the rejected rows P + the same.
+  std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const override;
+  Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
+
+ private:
+  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
+  at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
+  bool has_row_term() const override { return true; }
+  at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const override;
+  at::Tensor row_loss(const at::Tensor& S) const override;
+
+  Options options_;
+  Faults faults_;
+  at::Tensor ref_;  // [2P] fp64
+};
+
+}  // namespace sbp

@@ -1,0 +1,140 @@
+#include "core/objectives/grpo.h"
+
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+namespace sbp {
+
+GrpoObjective::GrpoObjective(const Spec& spec) {
+  spec.check_keys({"beta", "epsilon_low", "epsilon_high", "loss_type", "temperature", "importance", "max_completion_length"});
+  Options o;
+  o.beta = spec.get_double("beta", o.beta, 0.0, 1e6);
+  o.epsilon_low = spec.get_double("epsilon_low", o.epsilon_low, 0.0, 1.0);
+  o.epsilon_high = spec.get_double("epsilon_high", o.epsilon_high, 0.0, 1e6);
+  o.temperature = spec.get_double("temperature", o.temperature, 1e-6, 1e6);
+  o.loss_type = spec.get_choice("loss_type", o.loss_type, {"grpo", "bnpo", "dr_grpo", "dapo"});
+  o.importance = spec.get_choice("importance", o.importance, {"token", "sequence"});
+  o.max_completion_length = spec.get_int("max_completion_length", o.max_completion_length, 1);
+  options_ = o;
+  temperature_ = o.temperature;
+}
+
+std::string GrpoObjective::spec() const {
+  const auto& o = options_;
+  return fmt::format("grpo:beta={},epsilon_low={},epsilon_high={},loss_type={},temperature={},importance={},"
+                     "max_completion_length={}",
+                     o.beta, o.epsilon_low, o.epsilon_high, o.loss_type, o.temperature, o.importance,
+                     o.max_completion_length);
+}
+
+Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
+  const auto B = o.batch_size, G = o.group > 0 ? o.group : o.batch_size;
+  if (G < 2)
+    throw std::invalid_argument("grpo: --group must be >= 2 (advantages are normalised within a group; a group of one "
+                                "has advantage 0), got " + std::to_string(G));
+  if (B % G != 0)
+    throw std::invalid_argument("grpo: --batch " + std::to_string(B) + " is not a multiple of --group " + std::to_string(G));
+  std::vector<std::int64_t> prompt_of_row(B);
+  for (std::int64_t r = 0; r < B; ++r) prompt_of_row[r] = r / G;
+  Batch batch = random_completion_batch(config, o, prompt_of_row);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed + 1);
+  const auto rewards = at::normal(0.0, 1.0, {B / G, G}, gen, at::TensorOptions().dtype(at::kDouble));
+  const auto mean = rewards.mean(1, /*keepdim=*/true), std = rewards.std(1, /*unbiased=*/true, /*keepdim=*/true);
+  batch.fields["advantages"] = ((rewards - mean) / (std + 1e-4)).reshape({B});
+  return batch;
+}
+
+void GrpoObjective::add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
+                                        bool reference_given) const {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 2);
+  const auto completion = batch.field("completion_mask").to(at::kDouble);
+  const auto policy = token_logps.to(at::kDouble);
+  // Drawn on the CPU (one seed gives the same batch on every device), then moved.
+  const auto noise = [&] { return at::normal(0.0, 0.3, policy.sizes(), gen, at::kDouble).to(policy.device()); };
+  batch.fields["old_logps"] = (policy + noise()) * completion;
+  if (options_.beta > 0 && !reference_given) batch.fields["ref_logps"] = (policy + noise()) * completion;
+}
+
+Batch GrpoObjective::with_reference(const Batch& batch, const at::Tensor& token_logps) const {
+  Batch out = batch;
+  out.fields["ref_logps"] = token_logps.to(at::kDouble) * batch.field("completion_mask").to(at::kDouble);
+  return out;
+}
+
+void GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std::string& source) {
+  check_field_names(b, {"completion_mask", "advantages"}, {"old_logps", "ref_logps"}, "grpo", source);
+  const auto B = b.batch_size(), T = b.seq_len();
+  const auto completion = checked_completion_mask(b, source);  // [B, T] per token
+  advantages_ = checked_float_field(b, "advantages", {B}, {}, source);
+  old_ = b.has("old_logps") ? shift_left(checked_float_field(b, "old_logps", {B, T}, completion, source), 0.0) : at::Tensor();
+  ref_ = at::Tensor();
+  if (options_.beta > 0) {
+    if (!b.has("ref_logps"))
+      throw std::invalid_argument(source + ": grpo with beta > 0 needs ref_logps in the batch or --ref (a reference model)");
+    ref_ = shift_left(checked_float_field(b, "ref_logps", {B, T}, completion, source), 0.0);
+  }
+  const auto scored = shift_left(completion, 0);  // position t is scored when token t + 1 is a completion token
+  targets_ = at::where(scored == 1, shift_left(b.input_ids, 0), -1);
+  counts_ = completion.sum(1).to(at::kDouble);
+  if (options_.loss_type == "dr_grpo") {
+    const auto longest = counts_.max().item<double>();
+    if (longest > double(options_.max_completion_length))
+      throw std::invalid_argument(source + ": a completion has " + std::to_string(std::int64_t(longest)) +
+                                  " tokens, more than max_completion_length=" +
+                                  std::to_string(options_.max_completion_length) + " (dr_grpo's normaliser)");
+  }
+  if (options_.loss_type == "grpo")
+    weights_ = 1.0 / (rows_normaliser(B) * counts_.clamp_min(1.0));
+  else if (options_.loss_type == "dr_grpo")
+    weights_ = at::full({B}, 1.0 / (rows_normaliser(B) * double(options_.max_completion_length)), counts_.options());
+  else  // bnpo, dapo
+    weights_ = at::full({B}, 1.0 / std::max(1.0, tokens_normaliser(counts_.sum().item<double>())), counts_.options());
+  temperature_ = options_.temperature;
+  // Sequence importance couples a row's tokens through sum(logp - old); without old_logps that sum is 0 in value,
+  // known before any chunk: no statistics pass.
+  if (!old_.defined()) statistics_ready_ = true;
+}
+
+at::Tensor GrpoObjective::old_chunk(const at::Tensor& logp, std::int64_t start) const {
+  return old_.defined() ? chunk_of(old_, start, logp) : logp.detach();
+}
+
+at::Tensor GrpoObjective::clipped_surrogate(const at::Tensor& w, const at::Tensor& advantages) const {
+  // TRL's form, ties included: where both terms are equal at::minimum splits the gradient between them.
+  return -at::minimum(w * advantages, at::clamp(w, 1.0 - options_.epsilon_low, 1.0 + options_.epsilon_high) * advantages);
+}
+
+at::Tensor GrpoObjective::token_loss(const at::Tensor& logp, std::int64_t start) const {
+  const auto mask = chunk_of(scored_, start, logp);  // [B, c]
+  auto weights = weights_.to(logp.scalar_type()).unsqueeze(1);  // [B, 1]
+  if (faults_.per_chunk_normalisation) {
+    const auto in_chunk = mask.sum(1, /*keepdim=*/true).clamp_min(1.0);
+    weights = options_.loss_type == "grpo" ? 1.0 / (double(logp.size(0)) * in_chunk) : 1.0 / in_chunk.sum().clamp_min(1.0);
+  }
+  auto per_token = at::zeros_like(logp);
+  if (options_.importance == "token") {
+    const auto w = at::exp(logp - old_chunk(logp, start));
+    per_token = clipped_surrogate(w, advantages_.to(logp.scalar_type()).unsqueeze(1));
+  }
+  if (options_.beta > 0) {
+    const auto delta = chunk_of(ref_, start, logp) - logp;
+    per_token = per_token + options_.beta * (at::exp(delta) - delta - 1.0);
+  }
+  return (per_token * mask * weights).sum();
+}
+
+at::Tensor GrpoObjective::row_statistics(const at::Tensor& logp, std::int64_t start) const {
+  return ((logp - old_chunk(logp, start)) * chunk_of(scored_, start, logp)).sum(1);  // [B]
+}
+
+at::Tensor GrpoObjective::row_loss(const at::Tensor& S) const {
+  const auto dtype = S.scalar_type();
+  const auto w = at::exp(S / counts_.clamp_min(1.0).to(dtype));  // [B]: TRL's sequence-level ratio
+  // Every completion token of row b carries the same surrogate: weight x count of them.
+  return (clipped_surrogate(w, advantages_.to(dtype)) * (weights_ * counts_).to(dtype)).sum();
+}
+
+}  // namespace sbp

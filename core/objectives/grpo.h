@@ -1,0 +1,64 @@
+// GRPO (TRL's formulas, REFERENCES §1). Per completion token t of row b:
+//   w = exp(logp - old_logp)                 (token importance; sequence: exp of the row's mean log-ratio)
+//   l = -min(w·A_b, clamp(w, 1 - epsilon_low, 1 + epsilon_high)·A_b) + beta·(exp(ref - logp) - (ref - logp) - 1)
+// normalised by loss_type: grpo = mean over rows of (sum_t l / n_b); bnpo and dapo = sum l / all completion tokens
+// (dapo's normaliser is the whole generation batch's token count: on one process that is this batch);
+// dr_grpo = sum l / (B · max_completion_length). Without old_logps the old policy is the current one, detached
+// (w = 1 in value, not in gradient); beta = 0 reads no reference at all.
+#pragma once
+
+#include "core/objectives/objective.h"
+#include "core/io/spec.h"
+
+namespace sbp {
+
+class GrpoObjective final : public Objective {
+ public:
+  // Defaults are TRL's current GRPOConfig (beta 0, epsilon 0.2 both sides, loss_type dapo, temperature 1, token
+  // importance, max_completion_length 256). The paper's code pinned TRL 0.17: beta=0.04,loss_type=bnpo,temperature=0.9.
+  struct Options {
+    double beta = 0.0, epsilon_low = 0.2, epsilon_high = 0.2, temperature = 1.0;
+    std::string loss_type = "dapo", importance = "token";
+    std::int64_t max_completion_length = 256;
+  };
+  struct Faults {  // negative controls (tests only)
+    bool per_chunk_normalisation = false;  // count completion tokens per head chunk instead of over the batch
+  };
+
+  explicit GrpoObjective(const Spec& spec);
+  std::string spec() const override;
+  const Options& options() const { return options_; }
+  void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
+
+  // --batch B rows in groups of --group G completions per prompt; advantages = group-normalised N(0, 1) rewards
+  // ((r - mean) / (std + 1e-4), TRL's scale_rewards=group); no old_logps/ref_logps yet (add_synthetic_logps).
+  Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const override;
+  bool wants_policy_logps() const override { return true; }
+  // old_logps = policy + N(0, 0.3²) on completion tokens (ratios both sides of the clip range); with beta > 0 and no
+  // reference model, ref_logps likewise with other noise.
+  void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
+                           bool reference_given) const override;
+  bool needs_reference(const Batch& batch) const override { return options_.beta > 0 && !batch.has("ref_logps"); }
+  std::int64_t buffer_bytes_per_token() const override {
+    return 16 + (old_.defined() ? 8 : 0) + (ref_.defined() ? 8 : 0);  // + the shifted old/ref log-probs (fp64)
+  }
+  Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
+
+ private:
+  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
+  at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
+  bool has_row_term() const override { return options_.importance == "sequence"; }
+  at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const override;
+  at::Tensor row_loss(const at::Tensor& S) const override;
+  at::Tensor old_chunk(const at::Tensor& logp, std::int64_t start) const;  // [B, c]
+  at::Tensor clipped_surrogate(const at::Tensor& w, const at::Tensor& advantages) const;  // -min(w·A, clip(w)·A)
+
+  Options options_;
+  Faults faults_;
+  at::Tensor advantages_;  // [B] fp64
+  at::Tensor old_, ref_;   // [B, T] fp64 per position (t scores token t + 1); old_ undefined: the current policy
+  at::Tensor counts_;      // [B] fp64: completion tokens of each row (n_b)
+  at::Tensor weights_;     // [B] fp64: the loss_type's normaliser per token of row b
+};
+
+}  // namespace sbp

@@ -1,0 +1,36 @@
+#include "core/objectives/sft.h"
+
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+
+namespace sbp {
+
+SftObjective::SftObjective(const Spec& spec) { spec.check_keys({}); }
+
+Batch SftObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& options) const {
+  return random_sft_batch(config, options);
+}
+
+void SftObjective::prepare_fields(const Batch& b, const ModelConfig& config, const std::string& source) {
+  check_field_names(b, {"labels"}, {}, "sft", source);
+  const auto& labels = b.field("labels");  // [B, T]
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(source + ": " + what); };
+  if (labels.sizes() != b.input_ids.sizes())
+    fail("labels " + c10::str(labels.sizes()) + " must have the shape of input_ids " + c10::str(b.input_ids.sizes()));
+  if (labels.scalar_type() != at::kLong) fail("labels must be int64, got " + std::string(c10::toString(labels.scalar_type())));
+  if (!((b.attention_mask == 1) | (labels == -100)).all().item<bool>()) fail("labels on padded positions must be -100");
+  const auto valid_labels = labels.masked_select(labels != -100);
+  if (!((valid_labels >= 0) & (valid_labels < config.vocab_size)).all().item<bool>())
+    fail("labels must be -100 or in [0, vocab_size=" + std::to_string(config.vocab_size) + ")");
+  const auto shifted = shift_left(labels, -100);  // position t is scored on labels[t + 1]
+  targets_ = shifted.masked_fill(shifted == -100, -1);
+  num_valid_ = (targets_ >= 0).sum().item<std::int64_t>();
+  if (num_valid_ == 0) fail("sft: the batch has no valid shifted label (all -100): the loss would be 0/0");
+}
+
+at::Tensor SftObjective::token_loss(const at::Tensor& logp, std::int64_t) const {
+  return -logp.sum() / tokens_normaliser(double(num_valid_));
+}
+
+}  // namespace sbp

@@ -1,0 +1,180 @@
+#include "core/training/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <nlohmann/json.hpp>
+
+#include "core/model/model.h"
+#include "core/objectives/objective.h"
+#include "core/io/safetensors.h"
+
+namespace sbp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The objective normalises by the step's totals for the duration of a scope, and by each batch's own after it.
+class StepTotalsScope {
+ public:
+  StepTotalsScope(Objective& objective, const StepTotals& totals) : objective_(objective) {
+    objective_.set_step_totals(totals);
+  }
+  ~StepTotalsScope() { objective_.set_step_totals(std::nullopt); }
+  StepTotalsScope(const StepTotalsScope&) = delete;
+  StepTotalsScope& operator=(const StepTotalsScope&) = delete;
+
+ private:
+  Objective& objective_;
+};
+
+constexpr const char* kCheckpointPrefix = "checkpoint-";
+
+std::string checkpoint_name(std::int64_t step) {
+  auto digits = std::to_string(step);
+  return kCheckpointPrefix + std::string(digits.size() < 6 ? 6 - digits.size() : 0, '0') + digits;
+}
+
+}  // namespace
+
+Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options)
+    : model_(model), method_(method), objective_(objective), options_(std::move(options)),
+      optimizer_(model.trainable(), options_.optimizer) {
+  if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
+  if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
+  if (!(options_.clip_grad_norm >= 0)) throw std::invalid_argument("--clip-grad-norm must be >= 0");
+}
+
+TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
+  TrainStepResult out;
+  const auto micro = objective_.split(batch, options_.grad_accum, source);
+  // The step's totals: every micro-batch prepared once (its checks run before any gradient exists).
+  StepTotals totals;
+  for (const auto& m : micro) {
+    objective_.prepare(m, model_.config(), source);
+    const auto t = objective_.batch_totals();
+    totals.rows += t.rows;
+    totals.tokens += t.tokens;
+  }
+  out.tokens = totals.tokens;
+  {
+    const StepTotalsScope scope(objective_, totals);
+    for (std::size_t k = 0; k < micro.size(); ++k) {
+      const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
+      out.loss += r.loss;
+      out.bp_seconds += r.bp_seconds;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> params;
+  for (const auto& p : model_.trainable()) params.push_back(p.tensor);
+  // Without clipping the norm is still reported: a coefficient of exactly 1 leaves every gradient bit as it was.
+  out.grad_norm = clip_grad_norm(params, options_.clip_grad_norm > 0 ? options_.clip_grad_norm
+                                                                     : std::numeric_limits<double>::infinity());
+  out.lr = lr_at(options_.schedule, options_.optimizer.lr, optimizer_.steps_taken(), options_.total_steps);
+  optimizer_.step(out.lr);
+  synchronize(model_.device());
+  out.optimizer_seconds = seconds_since(start);
+  out.step = optimizer_.steps_taken();
+  return out;
+}
+
+void Trainer::add_optimizer_memory(Workload& workload) const {
+  std::vector<ParamShape> shapes;
+  for (const auto& p : model_.trainable())
+    shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
+  const auto m = optimizer_memory(options_.optimizer, shapes);
+  workload.optimizer_state_bytes = m.state_bytes;
+  workload.optimizer_update_bytes = m.step_temporary_bytes;
+}
+
+fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run) const {
+  fs::create_directories(dir);
+  const auto final_dir = dir / checkpoint_name(steps_taken());
+  // Same file system as the final name, so the rename is atomic; the pid keeps two writers apart.
+  const auto tmp = dir / (".tmp-" + final_dir.filename().string() + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  write_safetensors(tmp / "trainable.safetensors", model_.trainable());
+  save_optimizer_state(optimizer_, tmp / "optimizer.safetensors");
+  const nlohmann::json meta = {{"step", steps_taken()},
+                               {"optimizer", optimizer_spec(optimizer_.options())},
+                               {"lr_schedule", lr_schedule_spec(options_.schedule)},
+                               {"total_steps", options_.total_steps},
+                               {"grad_accum", options_.grad_accum},
+                               {"clip_grad_norm", options_.clip_grad_norm},
+                               {"run", run}};
+  // trainer.json last: a directory with it is complete (and only such a directory is ever renamed into place).
+  write_file_atomically(tmp / "trainer.json", meta.dump(2) + "\n");
+  // A rerun of the same step replaces it: the old one is renamed away first (atomic), never deleted in place, so a
+  // kill at any moment leaves whole checkpoints only (the `.tmp-`/`.old-` names are never picked).
+  const auto old = dir / (".old-" + final_dir.filename().string() + "-" + std::to_string(::getpid()));
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);
+  fs::rename(tmp, final_dir);
+  fs::remove_all(old);
+  return final_dir;
+}
+
+nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
+  const auto meta_file = checkpoint / "trainer.json";
+  if (!fs::exists(meta_file)) throw std::invalid_argument(checkpoint.string() + ": not a training checkpoint (no trainer.json)");
+  nlohmann::json meta;
+  try {
+    std::ifstream in(meta_file);
+    meta = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(meta_file.string() + ": " + e.what());
+  }
+  const auto tensors = read_safetensors(checkpoint / "trainable.safetensors");
+  const auto& trainable = model_.trainable();
+  const auto file = (checkpoint / "trainable.safetensors").string();
+  if (tensors.size() != trainable.size())
+    throw std::invalid_argument(file + ": " + std::to_string(tensors.size()) + " tensors, the model trains " +
+                                std::to_string(trainable.size()));
+  // Everything is checked before anything is copied: source[i] is the file's tensor for trainable[i].
+  std::vector<const at::Tensor*> source;
+  for (const auto& p : trainable) {
+    const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const NamedTensor& t) { return t.name == p.name; });
+    if (it == tensors.end()) throw std::invalid_argument(file + ": tensor '" + p.name + "' missing");
+    if (it->tensor.sizes() != p.tensor.sizes() || it->tensor.scalar_type() != p.tensor.scalar_type())
+      throw std::invalid_argument(file + ": tensor '" + p.name + "' is " + c10::str(it->tensor.sizes()) + " " +
+                                  c10::toString(it->tensor.scalar_type()) + ", the model's is " +
+                                  c10::str(p.tensor.sizes()) + " " + c10::toString(p.tensor.scalar_type()));
+    source.push_back(&it->tensor);
+  }
+  load_optimizer_state(optimizer_, checkpoint / "optimizer.safetensors");
+  if (optimizer_.steps_taken() != meta.at("step").get<std::int64_t>())
+    throw std::invalid_argument(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < trainable.size(); ++i) trainable[i].tensor.copy_(*source[i]);
+  return meta.at("run");
+}
+
+fs::path Trainer::latest_checkpoint(const fs::path& dir) {
+  fs::path best;
+  std::int64_t best_step = -1;
+  if (!fs::is_directory(dir)) return best;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const auto name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind(kCheckpointPrefix, 0) != 0) continue;
+    if (!fs::exists(entry.path() / "trainer.json")) continue;
+    const auto digits = name.substr(std::string(kCheckpointPrefix).size());
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    const auto step = std::stoll(digits);
+    if (step > best_step) best_step = step, best = entry.path();
+  }
+  return best;
+}
+
+}  // namespace sbp

@@ -1,0 +1,75 @@
+// Training (DESIGN §11): optimizer steps of any BP method. One step = the micro-batches of one global batch, each
+// back-propagated by the method into the same gradients, normalised by the whole step's totals (so K micro-batches
+// of B equal one batch of K*B), then torch's clip_grad_norm_, the schedule's learning rate and the optimizer update.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/objectives/batch.h"
+#include "core/training/lr_schedule.h"
+#include "core/methods/method.h"
+#include "core/training/optimizer.h"
+
+namespace sbp {
+
+class Model;
+
+struct TrainOptions {
+  OptimizerOptions optimizer;
+  LrSchedule schedule;
+  std::int64_t total_steps = 1;  // of the whole run (the schedule's horizon), resumed or not
+  std::int64_t grad_accum = 1;   // micro-batches per step
+  double clip_grad_norm = 0;     // 0: no clipping (the norm is still reported)
+};
+
+struct TrainStepResult {
+  std::int64_t step = 0;  // 1-based: the number of optimizer steps taken after this one
+  double loss = 0;        // the step's objective (the sum of its micro-batches' terms)
+  double grad_norm = 0;   // global 2-norm of the gradients before clipping (clip_grad_norm_'s return value)
+  double lr = 0;          // the learning rate this step used
+  std::int64_t tokens = 0;  // scored target tokens of the step
+  double bp_seconds = 0, optimizer_seconds = 0;  // forward + backward of all micro-batches; clipping + update
+};
+
+class Trainer {
+ public:
+  // The model's trainable tensors (Model::trainable: all weights, or the LoRA adapters) are what the optimizer
+  // updates. References are kept: model, method and objective outlive the trainer.
+  Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options);
+
+  // One optimizer step on a global batch (prepared log-probs included, see complete_batch): split into
+  // options.grad_accum micro-batches (Objective::split), each back-propagated with the step's totals.
+  TrainStepResult step(const Batch& batch, const std::string& source = "batch");
+
+  std::int64_t steps_taken() const { return optimizer_.steps_taken(); }
+  const TrainOptions& options() const { return options_; }
+  const Optimizer& optimizer() const { return optimizer_; }
+
+  // The workload of a training step: the optimizer's states and the update's temporaries of this model's
+  // trainable tensors (optimizer_memory), for training_memory.
+  void add_optimizer_memory(Workload& workload) const;
+
+  // Resumable checkpoints: DIR/checkpoint-NNNNNN/ holding the trainable tensors (trainable.safetensors, their own
+  // dtypes), the optimizer state (optimizer.safetensors: states, per-tensor and global step counts) and
+  // trainer.json (step, specs, `run`: what the caller needs to check and continue, e.g. its arguments and data
+  // position). Written into a temporary directory and renamed: a reader sees a whole checkpoint or none.
+  std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& run) const;
+  // Loads a checkpoint written by save_checkpoint for the same model, method-independent; returns its `run`.
+  // Throws std::invalid_argument naming the file and tensor on any mismatch.
+  nlohmann::json load_checkpoint(const std::filesystem::path& checkpoint);
+  // The complete checkpoint of DIR with the most steps, or empty when there is none.
+  static std::filesystem::path latest_checkpoint(const std::filesystem::path& dir);
+
+ private:
+  Model& model_;
+  BackpropMethod& method_;
+  Objective& objective_;
+  TrainOptions options_;
+  Optimizer optimizer_;
+};
+
+}  // namespace sbp

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""A training step (BP + AdamW) of StreamBP against what users run today, HF Transformers with gradient checkpointing
+and torch.optim.AdamW, on the same weights and batch, in fp32 and bf16: time ratio and whole-process peak RSS.
+
+Once: a random-weight HF checkpoint and a random SFT batch written by our binary (`streambp run --save-model
+--save-batch` with a 1-byte memory budget, so that its step stops at once with status oom after writing them; exit 3).
+Then per round the configurations alternate (a shared machine's speed drifts over minutes; alternating spreads the
+drift over all of them alike; odd rounds run them in reverse order), each one a fresh process:
+
+    streambp train --load M --data D --method streambp --dtype fp32|bf16 --optimizer adamw:... --steps N --metrics CSV
+    python hf_train_step.py --model M --batch D/batch.safetensors --dtype fp32|bf16 --steps N ...
+
+Each process's whole-process peak RSS is its rusage ru_maxrss (os.wait4). The step time is BP + optimizer seconds of
+steps 2..N (the first step is warm-up; their median), from our metrics CSV and from the HF script's JSON; the summary
+takes the median over the rounds. Once per configuration a baseline process loads the model and batch and runs no step
+(ours: `streambp run --model-only`; HF: hf_train_step.py --load-only), so that the peaks can be read both with and
+without what the process holds before any step (interpreter and libraries for HF, the binary for ours).
+
+The summary prints and writes OUT/summary.json (with provenance: commit, date, CPU model and flags, torch and
+transformers versions, threads); every process's command, log and outputs stay under OUT/.
+
+    python experiments/hf_side_by_side/paired_runs.py build/streambp --preset qwen3-small --seq 4096 --rounds 3 --out DIR
+
+Run it with the venv's python (torch + transformers); --python chooses the HF side's interpreter (default: this one).
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HF_SCRIPT = os.path.join(HERE, "hf_train_step.py")
+DTYPES = ("fp32", "bf16")
+SIDES = ("streambp", "hf")
+
+
+def run_measured(cmd, log_path, ok_codes=(0,)):
+    """Run cmd as a fresh process; returns (exit code, peak RSS bytes of that process, wall seconds)."""
+    start = datetime.datetime.now()
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = (datetime.datetime.now() - start).total_seconds()
+    if proc.returncode not in ok_codes:
+        sys.exit(f"error: exit {proc.returncode}: {shlex.join(cmd)} (log: {log_path})")
+    return proc.returncode, usage.ru_maxrss * 1024, wall  # Linux: KiB
+
+
+def lscpu():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return {k: fields[k].strip() for k in ("Model name", "Flags", "CPU(s)", "Thread(s) per core") if k in fields}
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", HERE, *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def provenance(a, python):
+    versions = subprocess.run([python, "-c", "import json, torch, transformers, safetensors; print(json.dumps({"
+                               "'torch': torch.__version__, 'transformers': transformers.__version__, "
+                               "'safetensors': safetensors.__version__, 'torch_default_threads': torch.get_num_threads()}))"],
+                              capture_output=True, text=True, check=True).stdout
+    cpu = lscpu()
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu_model": cpu.get("Model name"),
+        "cpu_flags": cpu.get("Flags"),
+        "cpus": cpu.get("CPU(s)"),
+        "load_average_at_start": os.getloadavg(),
+        "python": python,
+        "hf_side": json.loads(versions),
+        "binary": os.path.abspath(a.binary),
+        "threads": a.threads,
+    }
+
+
+def metrics_steps(path):
+    with open(path) as f:
+        return [{"step": int(r["step"]), "loss": float(r["loss"]), "bp_seconds": float(r["bp_seconds"]),
+                 "optimizer_seconds": float(r["optimizer_seconds"])} for r in csv.DictReader(f)]
+
+
+def step_record(steps):
+    """One process's numbers: the first step's loss, and the median of steps 2..N (step 1 alone if N = 1)."""
+    timed = steps[1:] or steps
+    med = lambda key: statistics.median(s[key] for s in timed)
+    return {"first_loss": steps[0]["loss"], "losses": [s["loss"] for s in steps],
+            "bp_seconds": med("bp_seconds"), "optimizer_seconds": med("optimizer_seconds"),
+            "step_seconds": statistics.median(s["bp_seconds"] + s["optimizer_seconds"] for s in timed),
+            "first_step_seconds": steps[0]["bp_seconds"] + steps[0]["optimizer_seconds"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("binary")
+    p.add_argument("--preset", default="qwen3-small")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-fraction", type=float, default=0.0, help="leading labels set to -100 (prompt masking)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2, help="steps per process; the first is warm-up")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads of both sides")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--method", default="streambp", help="our BP method spec")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--no-baseline", action="store_true", help="skip the load-only baseline processes")
+    p.add_argument("--python", default=sys.executable, help="interpreter of the HF side (torch + transformers)")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    dtypes = a.dtypes.split(",")
+    if any(d not in DTYPES for d in dtypes):
+        sys.exit(f"error: --dtypes must be from {DTYPES}")
+    if a.steps < 1 or a.rounds < 1:
+        sys.exit("error: --steps and --rounds must be >= 1")
+    if os.path.exists(a.out):
+        sys.exit(f"error: --out {a.out} exists; results are never overwritten")
+    os.makedirs(a.out)
+    if os.getloadavg()[0] > 0.5:
+        print(f"warning: load average {os.getloadavg()[0]:.2f}: the machine is not idle, the times will not mean much",
+              file=sys.stderr)
+    binary = os.path.abspath(a.binary)
+    summary = {"command": shlex.join(sys.argv), "provenance": provenance(a, a.python),
+               "settings": {"preset": a.preset, "seq": a.seq, "batch": a.batch, "prompt_fraction": a.prompt_fraction,
+                            "seed": a.seed, "rounds": a.rounds, "steps_per_process": a.steps, "threads": a.threads,
+                            "method": a.method, "lr": a.lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                            "weight_decay": a.weight_decay, "hf_attn_implementation": "sdpa",
+                            "hf_gradient_checkpointing": {"use_reentrant": False}}}
+
+    # The shared inputs, written once by our binary: its step is stopped at once by a tiny budget (status oom, exit 3).
+    model_dir, data_dir = os.path.join(a.out, "model"), os.path.join(a.out, "data")
+    os.makedirs(data_dir)
+    batch_file = os.path.join(data_dir, "batch.safetensors")
+    print(f"[setup] {a.preset} random weights and SFT batch B={a.batch} T={a.seq}", file=sys.stderr, flush=True)
+    run_measured([binary, "run", "--preset", a.preset, "--seq", str(a.seq), "--batch", str(a.batch),
+                  "--prompt-fraction", str(a.prompt_fraction), "--seed", str(a.seed), "--method", "standard",
+                  "--save-model", model_dir, "--save-batch", batch_file, "--budget-bytes", "1"],
+                 os.path.join(a.out, "setup.log"), ok_codes=(0, 3))
+    if not (os.path.exists(os.path.join(model_dir, "config.json")) and os.path.exists(batch_file)):
+        sys.exit(f"error: the setup wrote no model or batch (log: {os.path.join(a.out, 'setup.log')})")
+
+    optimizer = f"adamw:lr={a.lr},beta1=0.9,beta2=0.999,eps=1e-8,weight_decay={a.weight_decay}"
+    hf_common = [a.python, HF_SCRIPT, "--model", model_dir, "--batch", batch_file, "--threads", str(a.threads),
+                 "--lr", str(a.lr), "--weight-decay", str(a.weight_decay), "--eps", "1e-8"]
+
+    def command(side, dtype, stem):
+        if side == "streambp":
+            return [binary, "train", "--load", model_dir, "--data", data_dir, "--method", a.method, "--dtype", dtype,
+                    "--optimizer", optimizer, "--steps", str(a.steps), "--threads", str(a.threads),
+                    "--metrics", stem + ".csv"]
+        return [*hf_common, "--dtype", dtype, "--steps", str(a.steps), "--out", stem + ".json"]
+
+    def baseline_command(side, dtype, stem):
+        if side == "streambp":
+            return [binary, "run", "--load", model_dir, "--batch-file", batch_file, "--method", a.method, "--dtype",
+                    dtype, "--threads", str(a.threads), "--model-only", "--json", stem + ".json"]
+        return [*hf_common, "--dtype", dtype, "--load-only", "--out", stem + ".json"]
+
+    configs = [(side, dtype) for dtype in dtypes for side in SIDES]
+    baselines = {}
+    if not a.no_baseline:
+        for side, dtype in configs:
+            name = f"{side}-{dtype}"
+            print(f"[baseline] {name}", file=sys.stderr, flush=True)
+            stem = os.path.join(a.out, f"baseline-{name}")
+            _, rss, wall = run_measured(baseline_command(side, dtype, stem), stem + ".log")
+            baselines[name] = {"peak_rss_bytes": rss, "wall_seconds": wall}
+
+    runs = {f"{side}-{dtype}": [] for side, dtype in configs}
+    for r in range(a.rounds):
+        for side, dtype in (configs if r % 2 == 0 else configs[::-1]):
+            name = f"{side}-{dtype}"
+            print(f"[round {r + 1}/{a.rounds}] {name}", file=sys.stderr, flush=True)
+            stem = os.path.join(a.out, f"{name}-{r}")
+            _, rss, wall = run_measured(command(side, dtype, stem), stem + ".log")
+            if side == "streambp":
+                steps = metrics_steps(stem + ".csv")
+            else:
+                with open(stem + ".json") as f:
+                    steps = json.load(f)["steps"]
+            rec = step_record(steps)
+            rec.update({"round": r, "peak_rss_bytes": rss, "wall_seconds": wall})
+            runs[name].append(rec)
+
+    with open(os.path.join(a.out, f"streambp-{dtypes[0]}-0.json")) as f:  # the metrics sidecar: the binary's own
+        summary["provenance"]["streambp"] = json.load(f)["provenance"]     # provenance (its build's commit, machine)
+
+    summary["configs"] = {}
+    for name, recs in runs.items():
+        med = lambda key: statistics.median(x[key] for x in recs)
+        summary["configs"][name] = {
+            "step_seconds": med("step_seconds"), "bp_seconds": med("bp_seconds"),
+            "optimizer_seconds": med("optimizer_seconds"), "peak_rss_bytes": med("peak_rss_bytes"),
+            "step_seconds_all": [x["step_seconds"] for x in recs], "peak_rss_bytes_all": [x["peak_rss_bytes"] for x in recs],
+            "first_loss": recs[0]["first_loss"], "losses": recs[0]["losses"],
+            "baseline_peak_rss_bytes": baselines.get(name, {}).get("peak_rss_bytes"), "runs": recs}
+    summary["comparison"] = {}
+    for dtype in dtypes:
+        s, h = summary["configs"][f"streambp-{dtype}"], summary["configs"][f"hf-{dtype}"]
+        cmp = {"time_ratio_hf_over_streambp": h["step_seconds"] / s["step_seconds"],
+               "peak_rss_ratio_streambp_over_hf": s["peak_rss_bytes"] / h["peak_rss_bytes"],
+               "first_loss_streambp": s["first_loss"], "first_loss_hf": h["first_loss"],
+               "first_loss_relative_difference": abs(s["first_loss"] - h["first_loss"]) / abs(h["first_loss"])}
+        if s["baseline_peak_rss_bytes"] and h["baseline_peak_rss_bytes"]:
+            ds = s["peak_rss_bytes"] - s["baseline_peak_rss_bytes"]
+            dh = h["peak_rss_bytes"] - h["baseline_peak_rss_bytes"]
+            cmp["peak_rss_above_baseline_ratio_streambp_over_hf"] = ds / dh if dh > 0 else None
+        cmp["loss_check"] = ("ok" if cmp["first_loss_relative_difference"] <= (1e-5 if dtype == "fp32" else 2e-2)
+                             else "MISMATCH")  # fp32: the same loss to rounding; bf16: loose
+        cmp["goal_time_ratio_ge_1.3"] = cmp["time_ratio_hf_over_streambp"] >= 1.3
+        cmp["goal_rss_ratio_le_0.35"] = cmp["peak_rss_ratio_streambp_over_hf"] <= 0.35
+        summary["comparison"][dtype] = cmp
+    summary["provenance"]["load_average_at_end"] = os.getloadavg()
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+    prov = summary["provenance"]
+    mib = lambda b: f"{b / 2**20:8.0f}" if b else "       -"
+    print(f"machine: {prov['cpu_model']}, threads {a.threads}; torch {prov['hf_side']['torch']}, transformers "
+          f"{prov['hf_side']['transformers']}; commit {prov['commit']}{' (dirty)' if prov['dirty'] else ''}")
+    print(f"{a.preset}, B={a.batch} T={a.seq}, {a.rounds} rounds x {a.steps} steps (median of steps 2..N, then of rounds)")
+    print(f"{'config':<15} {'step s':>8} {'BP s':>8} {'opt s':>7} {'peak MiB':>8} {'base MiB':>8}  first loss")
+    for name, c in summary["configs"].items():
+        print(f"{name:<15} {c['step_seconds']:8.3f} {c['bp_seconds']:8.3f} {c['optimizer_seconds']:7.3f} "
+              f"{mib(c['peak_rss_bytes'])} {mib(c['baseline_peak_rss_bytes'])}  {c['first_loss']:.8g}")
+    for dtype, cmp in summary["comparison"].items():
+        extra = cmp.get("peak_rss_above_baseline_ratio_streambp_over_hf")
+        print(f"{dtype}: time HF-ckpt/StreamBP {cmp['time_ratio_hf_over_streambp']:.3f} (goal >= 1.3: "
+              f"{'met' if cmp['goal_time_ratio_ge_1.3'] else 'not met'}), peak RSS StreamBP/HF "
+              f"{cmp['peak_rss_ratio_streambp_over_hf']:.3f} (goal <= 0.35: "
+              f"{'met' if cmp['goal_rss_ratio_le_0.35'] else 'not met'})"
+              + (f", above baseline {extra:.3f}" if extra is not None else "")
+              + f"; first-step loss relative difference {cmp['first_loss_relative_difference']:.1e} ({cmp['loss_check']})")
+
+
+if __name__ == "__main__":
+    main()

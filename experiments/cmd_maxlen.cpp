@@ -13,42 +13,53 @@
 
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
+#include "core/methods/memory_model.h"
+#include "core/training/trainer.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 
 namespace sbp {
 
 void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
-  app.add_option("--preset", a.source.preset, "model preset (default qwen3-small unless --config)");
-  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  add_setup_options(app, a.setup, {.adapter = false});
   app.add_option("--budget-bytes", a.budget_bytes, "the memory budget (bytes of tensors, as the CPU meter counts them)")
       ->required()->check(CLI::PositiveNumber);
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
-  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...; see run --help)");
-  app.add_option("--lora", a.lora, "LoRA spec for every method (see run --help)");
-  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
-  app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (see run --help)")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
   app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber);
-  app.add_option("--group", a.group, "GRPO: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
   app.add_option("--step", a.step, "resolution: the failing run is at T * (1 + step)")->check(CLI::Range(0.001, 1.0));
   app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(CLI::Range(std::int64_t(16), std::int64_t(1) << 30));
-  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder");
-  add_device_option(app, a.device);
+  app.add_option("--optimizer", a.optimizer, "search training steps (BP + optimizer update, e.g. adamw:lr=1e-5; see "
+                 "train --help): the optimizer's states and the update's temporaries share the budget; each measured "
+                 "probe is two steps of a fresh optimizer (the second holds the states through its BP); default: "
+                 "forward + backward only");
+  app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16 (default: the trainable tensors' "
+                 "dtype)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
-  if (a.threads > 0) at::set_num_threads(a.threads);
-  const ModelSource source = a.source.or_preset("qwen3-small");
-  const auto device = parse_device(a.device);
-  const auto dtype = parse_dtype(a.dtype);
-  const std::uint64_t seed = 0;
-  auto objective = make_objective(a.objective);
-  auto model = build_trained_model(source, dtype, a.lora, a.grad_dtype, seed, device);
+  Setup setup = a.setup;
+  setup.source = setup.source.or_preset("qwen3-small");
+  setup.apply_threads();
+  const auto& source = setup.source;
+  const auto device = setup.parsed_device();
+  const auto seed = setup.seed;
+  auto objective = build_objective(setup);
+  auto model = build_model(setup);
+  model->to(device);
+  const auto optimizer = parse_optimizer_flags(a.optimizer, a.state_dtype);
+  const std::string optimizer_column =
+      optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";
+  // A training step's trainer: the schedule's horizon and accumulation do not change its memory.
+  const auto make_trainer = [&](BackpropMethod& method) {
+    TrainOptions options;
+    options.optimizer = *optimizer;
+    return Trainer(*model, method, *objective, options);
+  };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_at = [&](std::int64_t T) {
-    return prepared_random_batch(*model, *objective, a.batch_size, T, a.group, seed);
+    return prepared_random_batch(*model, *objective, a.batch_size, T, setup.group, seed);
   };
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   const auto workload_at = [&, base = make_workload(*model, *objective, batch_at(16))](std::int64_t T) {
@@ -57,7 +68,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     return w;
   };
 
-  ResultsTable table({"objective", "lora", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
+  ResultsTable table({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
                       "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error"});
   const auto prov = collect_provenance(command_line, describe_device(device));
   if (!a.model_only) std::filesystem::create_directories(a.out_dir);
@@ -67,7 +78,13 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   for (const auto& spec_text : split_list(a.methods, ';')) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
-    const auto model_peak = [&](std::int64_t T) { return method->memory_model(workload_at(T)).total_bytes(); };
+    // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
+    const auto model_peak = [&](std::int64_t T) {
+      auto w = workload_at(T);
+      if (!optimizer) return method->memory_model(w).total_bytes();
+      make_trainer(*method).add_optimizer_memory(w);
+      return training_memory(*method, w).total_bytes();
+    };
     // The model's answer: the largest T in [2, max_seq] whose modelled peak fits (the model grows with T).
     std::int64_t lo = 2, hi = a.max_seq;
     if (model_peak(lo) > a.budget_bytes) lo = 1;  // not even T = 2 fits
@@ -87,7 +104,11 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     std::vector<Probe> probes;
     auto probe = [&](std::int64_t T) {
       const auto batch = batch_at(T);
-      auto m = measure_method(*model, *method, *objective, batch, 0, 1, a.budget_bytes);
+      auto m = [&] {
+        if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.budget_bytes);
+        auto trainer = make_trainer(*method);  // fresh states, freed after the probe
+        return measure_training(trainer, *model, batch, 0, 2, a.budget_bytes);
+      }();
       if (m.status == "error") throw std::runtime_error(spec + " at T = " + std::to_string(T) + ": " + m.error);
       const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       fmt::print(stderr, "  {} T={:<8} {}  (elapsed {:.0f} s)\n", spec, T,
@@ -120,7 +141,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       const bool oom = p.m.status == "oom";
       const std::string role = p.T == fits ? "max" : p.T == fails ? "next" : "probe";
       table.add({source.describe(), spec, precision, oom ? "oom" : "unchecked", seed,
-                 {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", std::to_string(a.batch_size),
+                 {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", optimizer_column, std::to_string(a.batch_size),
                   std::to_string(p.T), std::to_string(a.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
                   std::to_string(model_peak(p.T)), oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()),
                   std::to_string(predicted), measured, error}});
@@ -131,7 +152,8 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                                   error.empty() ? "-" : error));
   }
   if (a.model_only) return 0;
-  fmt::print("\nmaximum T under {} ({}, {}, B = {}):\n", format_bytes(a.budget_bytes), precision, objective->spec(), a.batch_size);
+  fmt::print("\nmaximum T under {} ({}, {}, B = {}, {}):\n", format_bytes(a.budget_bytes), precision, objective->spec(),
+             a.batch_size, optimizer ? "training steps: " + optimizer_column : "forward + backward");
   for (const auto& line : summary) fmt::print("  {}\n", line);
   fmt::print("\nresults: {}\n", csv.string());
   return 0;

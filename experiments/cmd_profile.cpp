@@ -17,16 +17,11 @@
 namespace sbp {
 
 void add_profile_options(CLI::App& app, ProfileArgs& a) {
-  app.add_option("--preset", a.source.preset, "model preset (default qwen3-small unless --config)");
-  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  add_setup_options(app, a.setup, {.adapter = false, .group = false, .device = false});
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
   app.add_option("--seq", a.seq_len, "sequence length T")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--batch", a.batch_size, "rows")->check(CLI::PositiveNumber);
   app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber);
-  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
-  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...)");
-  app.add_option("--lora", a.lora, "LoRA spec (see run --help)");
-  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder");
   app.footer("Categories are attributed by the phase that allocated a block and its lifetime (weights & batch: live "
              "before the first step; gradients: still alive when its step ends; checkpoints / activations: made in the "
@@ -35,12 +30,13 @@ void add_profile_options(CLI::App& app, ProfileArgs& a) {
 }
 
 int profile_command(const ProfileArgs& a, const std::string& command_line) {
-  if (a.threads > 0) at::set_num_threads(a.threads);
-  const ModelSource source = a.source.or_preset("qwen3-small");
-  const auto dtype = parse_dtype(a.dtype);
-  const std::uint64_t seed = 0;
-  auto objective = make_objective(a.objective);
-  auto model = build_trained_model(source, dtype, a.lora, "", seed);
+  Setup setup = a.setup;
+  setup.source = setup.source.or_preset("qwen3-small");
+  setup.apply_threads();
+  const auto& source = setup.source;
+  const auto seed = setup.seed;
+  auto objective = build_objective(setup);
+  auto model = build_model(setup);
   const auto batch = prepared_random_batch(*model, *objective, a.batch_size, a.seq_len, 0, seed);
   const auto workload = make_workload(*model, *objective, batch);
 
@@ -89,7 +85,7 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
       fmt::print("  {} {}", kMemoryCategories[c], format_bytes(peak->live[c]));
     }
     fmt::print("\n");
-    table.add({source.describe(), spec, dtype_name(dtype), "unchecked", seed, values});
+    table.add({source.describe(), spec, dtype_name(model->dtype()), "unchecked", seed, values});
     table.write_to(csv, prov);
   }
   fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json)\n", csv.string(), stem);

@@ -145,13 +145,7 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   auto error_dirs = a.error_dirs;
   if (error_dirs.empty() && std::filesystem::is_directory("results/grid")) error_dirs.push_back("results/grid");
   const auto errors = measured_errors(error_dirs, a.error_presets);
-  std::optional<OptimizerOptions> optimizer;
-  if (!a.optimizer.empty()) {
-    optimizer = parse_optimizer_spec(a.optimizer);
-    if (!a.state_dtype.empty()) optimizer->state_dtype = parse_state_dtype(a.state_dtype);
-  } else if (!a.state_dtype.empty()) {
-    throw std::invalid_argument("--optimizer-state-dtype needs --optimizer");
-  }
+  const auto optimizer = parse_optimizer_flags(a.optimizer, a.state_dtype);
   const std::string optimizer_column =
       optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",

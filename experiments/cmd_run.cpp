@@ -24,33 +24,16 @@ namespace sbp {
 
 // The options `run` and `train` share: model, LoRA, precision, method, objective, random batch, device, outputs.
 void add_model_options(CLI::App& app, RunArgs& a) {
-  app.add_option("--preset", a.source.preset, "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b)");
-  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
-  app.add_option("--load", a.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
+  add_setup_options(app, a.setup);
   app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();
-  app.add_option("--objective", a.objective,
-                 "objective spec: sft | grpo:beta=0,epsilon_low=0.2,epsilon_high=0.2,loss_type=dapo,temperature=1,"
-                 "importance=token,max_completion_length=256 | dpo:beta=0.1,label_smoothing=0 (keys optional; "
-                 "defaults shown: TRL's)");
-  app.add_option("--group", a.group, "GRPO random batch: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
   app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
   app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber);
   app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(CLI::Range(0.0, 0.99));
   app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
-  app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (bf16 compute; the trainable "
-                 "tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, cast to bf16 "
-                 "where used, like torch.autocast); default: the dtype")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
-  app.add_option("--seed", a.seed, "seed of the random weights and batch");
-  app.add_option("--lora", a.lora, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
-                 "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
-  app.add_option("--adapter", a.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")->check(CLI::ExistingDirectory);
   app.add_option("--save-adapter", a.save_adapter, "write the LoRA adapter as a PEFT folder");
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
   app.add_option("--json", a.json, "write the run record (JSON)");
-  add_device_option(app, a.device);
-  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   app.add_flag("--force", a.force, "overwrite existing output files");
 }
 
@@ -78,14 +61,10 @@ void add_run_options(CLI::App& app, RunArgs& a) {
 
 RunParts build_run_parts(const RunArgs& a) {
   RunParts parts;
-  parts.dtype = parse_dtype(!a.dtype.empty() ? a.dtype
-                            : a.source.load_dir.empty() ? "fp32"
-                                                        : read_config_dtype(a.source.load_dir + "/config.json"));
+  parts.dtype = a.setup.model_dtype();
   parts.method = make_method(a.method);
-  parts.objective = make_objective(a.objective);
-  parts.model = build_model(a.source, parts.dtype, a.seed);
-  apply_lora(*parts.model, a.lora, a.adapter_dir, a.seed);
-  if (!a.grad_dtype.empty()) parts.model->set_grad_dtype(parse_dtype(a.grad_dtype));
+  parts.objective = build_objective(a.setup);
+  parts.model = build_model(a.setup);
   return parts;
 }
 
@@ -120,7 +99,7 @@ const char* chunk_attention_name(const Model& model) {
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
                    const MemoryEstimate& est) {
-  fmt::print("model     {} ({:.1f} M parameters, {})\n", a.source.describe(), model.config().num_parameters() / 1e6,
+  fmt::print("model     {} ({:.1f} M parameters, {})\n", a.setup.source.describe(), model.config().num_parameters() / 1e6,
              precision_name(model.dtype(), model.grad_dtype()));
   if (model.lora().enabled()) {
     std::int64_t adapter_elements = 0;
@@ -163,14 +142,14 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
                               {"model_peak_bytes", est.total_bytes()},
                               {"model_peak_moment", est.moment},
                               {"model_terms", terms_json(est)},
-                              {"preset", a.source.describe()},
+                              {"preset", a.setup.source.describe()},
                               {"method", method.spec()},
                               {"dtype", precision_name(workload.dtype, workload.gradient_dtype())},
                               {"batch_size", batch.batch_size()},
                               {"seq_len", batch.seq_len()},
                               {"threads", workload.threads},
                               {"calibration", calibration_json(*workload.workspaces)},
-                              {"provenance", to_json(collect_provenance(command_line, describe_device(parse_device(a.device))))}};
+                              {"provenance", to_json(collect_provenance(command_line, describe_device(a.setup.parsed_device())))}};
     write_file_atomically(a.json, j.dump(2) + "\n");
   }
   return 0;
@@ -179,8 +158,8 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
 }  // namespace
 
 int run_command(const RunArgs& a, const std::string& command_line) {
-  if (a.threads > 0) at::set_num_threads(a.threads);
-  const auto device = parse_device(a.device);
+  a.setup.apply_threads();
+  const auto device = a.setup.parsed_device();
   if (!a.profile.empty() && (!device.is_cuda() || a.timeline.empty()))
     throw std::invalid_argument("--profile cupti needs --device cuda and --timeline PREFIX (CUPTI records GPU activity)");
   if (!a.op_profile.empty() && device.is_cuda())
@@ -198,24 +177,24 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                                       {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"},
                                       {a.timeline, "--timeline"}, {a.op_profile, "--op-profile"}})
       if (!value.empty()) throw std::invalid_argument(std::string(flag) + " needs a step, and --model-only runs none");
-  if (!a.save_adapter.empty() && a.lora.empty() && a.adapter_dir.empty())
+  if (!a.save_adapter.empty() && a.setup.lora.empty() && a.setup.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
   auto [dtype, model, method, objective] = build_run_parts(a);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction,
-                                                                   a.prompt_fraction, a.seed, a.group})
+                                                                   a.prompt_fraction, a.setup.seed, a.setup.group})
                        : read_batch_file(a.batch_file);
   validate_tokens(batch, model->config(), batch_source);
   model->to(device);
   batch = batch.to(device);
-  const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.seed);
+  const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.setup.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
   const auto workload = make_workload(*model, *objective, batch);
   if (a.model_only) return print_model_only(a, *method, workload, batch, command_line);
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
-  if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.source.describe());
+  if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
   if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
   if (!a.timeline.empty()) {
@@ -280,7 +259,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"bp_seconds_all", m.bp_seconds},
                         {"phases", phases},
                         {"process_peak_rss_bytes", process_peak_rss_bytes()},
-                        {"preset", a.source.describe()},
+                        {"preset", a.setup.source.describe()},
                         {"method", method->spec()},
                         {"lora", model->lora().enabled() ? nlohmann::json(model->lora().spec()) : nlohmann::json()},
                         {"objective", objective->spec()},
@@ -290,7 +269,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                                                                           {"model_peak_bytes", reference.model.total_bytes()}}
                                                          : nlohmann::json()},
                         {"dtype", precision},
-                        {"seed", a.seed},
+                        {"seed", a.setup.seed},
                         {"batch_size", batch.batch_size()},
                         {"seq_len", batch.seq_len()},
                         {"budget_bytes", a.budget_bytes},

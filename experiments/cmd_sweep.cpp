@@ -91,9 +91,9 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
-  if (plan.threads > 0) at::set_num_threads(plan.threads);
-  const auto device = parse_device(plan.device);
-  const auto dtype = parse_dtype(plan.dtype);
+  const auto& setup = plan.setup;
+  setup.apply_threads();
+  const auto device = setup.parsed_device();
   const auto lengths = parse_sizes(plan.seq_lens, "--seq");
   const auto batches = parse_sizes(plan.batch_sizes, "--batch");
   std::vector<std::unique_ptr<BackpropMethod>> methods;
@@ -103,14 +103,15 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     specs.push_back(methods.back()->spec());
   }
   if (methods.empty()) throw std::invalid_argument("--methods: no method given");
-  const std::uint64_t seed = 0;
-  auto objective = make_objective(plan.objective);
-  auto model = build_trained_model(plan.source, dtype, plan.lora, plan.grad_dtype, seed, device);
+  const auto seed = setup.seed;
+  auto objective = build_objective(setup);
+  auto model = build_model(setup);
+  model->to(device);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
-  const auto preset = plan.source.describe();
+  const auto preset = setup.source.describe();
   // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
   const auto options = [&](std::int64_t B, std::int64_t T) {
-    return RandomBatchOptions{B, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, plan.group};
+    return RandomBatchOptions{B, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, setup.group};
   };
 
   const std::vector<std::string> columns = {
@@ -144,7 +145,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
 
   std::map<std::string, Check> checks;
   if (plan.check_seq_len > 0)
-    checks = check_methods(plan.source, specs, *objective, options(batches.front(), plan.check_seq_len), plan.lora);
+    checks = check_methods(setup.source, specs, *objective, options(batches.front(), plan.check_seq_len), setup.lora);
 
   // Progress: work is counted in tokens (B * T per method and repeat), a rough proxy for time.
   double total_work = 0, finished_work = 0;
@@ -167,7 +168,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       for (std::size_t i = 0; i < methods.size(); ++i)
         if (!done.count({specs[i], std::to_string(B), std::to_string(T)})) todo.push_back(i);
       if (todo.empty()) continue;
-      const auto batch = prepared_random_batch(*model, *objective, B, T, plan.group, seed);
+      const auto batch = prepared_random_batch(*model, *objective, B, T, setup.group, seed);
       const auto workload = make_workload(*model, *objective, batch);
       std::map<std::size_t, Measurement> results;
       // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, sampled right before
@@ -177,7 +178,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
         for (const auto i : todo) {
           auto& result = results[i];
           if (result.status == "oom") continue;  // over the budget once: over it every time
-          gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3, device));
+          gemm_samples.push_back(gemm_flops_per_second(model->dtype(), 2048, 3, device));
           auto m = measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes);
           finished_work += double(B * T);
           const double eta = finished_work > 0 ? elapsed() / finished_work * (total_work - finished_work) : 0;
@@ -193,7 +194,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
           result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
           result.bp_seconds.push_back(m.bp_seconds.at(0));
         }
-      if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(dtype, 2048, 3, device));  // every method oom
+      if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(model->dtype(), 2048, 3, device));  // every method oom
       std::sort(gemm_samples.begin(), gemm_samples.end());
       const double gemm_rate = gemm_samples[gemm_samples.size() / 2];
       double checkpoint_seconds = 0;
@@ -246,34 +247,26 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
 void add_sweep_options(CLI::App& app, SweepArgs& a) {
   app.add_option("kind", a.kind, "seq (peak and time vs T: Fig. 3, Table 1), batch (per-sample time vs B: Table 2) or "
                  "partition (StreamBP's layer x head chunk sizes: Fig. 5)")->required()->check(CLI::IsMember({"seq", "batch", "partition"}));
-  app.add_option("--preset", a.source.preset, "model preset (default qwen3-small unless --config)");
-  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
-  app.add_option("--dtype", a.dtype, "fp64, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
-  app.add_option("--grad-dtype", a.grad_dtype, "fp32 with --dtype bf16: mixed precision (see run --help)")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
-  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...; see run --help)");
-  app.add_option("--lora", a.lora, "LoRA spec for every method (see run --help)");
+  add_setup_options(app, a.setup, {.adapter = false});
   app.add_option("--methods", a.methods, "semicolon-separated method specs (default by kind; partition: checkpoint and "
                  "StreamBP over --layer-chunks x --head-chunks)");
   app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths (default by kind)");
   app.add_option("--batch", a.batch_sizes, "comma-separated batch sizes (default by kind)");
   app.add_option("--layer-chunks", a.layer_chunks, "partition: comma-separated StreamBP layer chunk sizes");
   app.add_option("--head-chunks", a.head_chunks, "partition: comma-separated StreamBP head chunk sizes");
-  app.add_option("--group", a.group, "GRPO: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
   app.add_option("--repeats", a.repeats, "measured steps per method and point (median)")->check(CLI::PositiveNumber);
   app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check of every method (0 = skip)")->check(CLI::NonNegativeNumber);
   app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: a run above it is an `oom` row")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
-  add_device_option(app, a.device);
   app.add_option("--out", a.out_dir, "results folder (default results/<kind>)");
   app.add_option("--resume", a.resume, "continue the sweep that wrote this CSV: rows it has are not measured again")->check(CLI::ExistingFile);
 }
 
 int sweep_command(const SweepArgs& a, const std::string& command_line) {
   SweepPlan plan;
-  plan.source = a.source.or_preset("qwen3-small");
-  plan.dtype = a.dtype, plan.grad_dtype = a.grad_dtype, plan.objective = a.objective, plan.lora = a.lora;
-  plan.group = a.group, plan.repeats = a.repeats, plan.threads = a.threads, plan.check_seq_len = a.check_seq_len;
-  plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind, plan.device = a.device;
+  plan.setup = a.setup;
+  plan.setup.source = a.setup.source.or_preset("qwen3-small");
+  plan.repeats = a.repeats, plan.check_seq_len = a.check_seq_len;
+  plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
   plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
   std::string methods = a.methods;
   if (a.kind == "seq") {

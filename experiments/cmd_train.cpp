@@ -67,15 +67,15 @@ std::vector<fs::path> batch_files(const std::string& dir) {
 nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, const Objective& objective,
                                       const std::string& optimizer) {
   const auto& r = a.run;
-  return {{"model", r.source.describe()},
+  return {{"model", r.setup.source.describe()},
           {"precision", precision_name(model.dtype(), model.grad_dtype())},
-          {"lora", r.lora},
-          {"adapter", r.adapter_dir},
+          {"lora", r.setup.lora},
+          {"adapter", r.setup.adapter_dir},
           {"objective", objective.spec()},
-          {"seed", r.seed},
+          {"seed", r.setup.seed},
           {"data", a.data_dir},
           {"batch", a.data_dir.empty() ? nlohmann::json({{"B", r.batch_size}, {"T", r.seq_len}, {"pad", r.pad_fraction},
-                                                          {"prompt", r.prompt_fraction}, {"group", r.group}})
+                                                          {"prompt", r.prompt_fraction}, {"group", r.setup.group}})
                                        : nlohmann::json()},
           {"ref", r.ref_dir},
           {"optimizer", optimizer},
@@ -109,8 +109,8 @@ std::vector<std::string> metrics_rows_through(const fs::path& file, std::int64_t
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
   const auto& r = a.run;
-  if (r.threads > 0) at::set_num_threads(r.threads);
-  const auto device = parse_device(r.device);
+  r.setup.apply_threads();
+  const auto device = r.setup.parsed_device();
   const bool random = a.data_dir.empty();
   if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
   if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
@@ -120,12 +120,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
                                    {r.save_adapter, "--save-adapter"}})
     if (!file.empty()) check_new_output(file, r.force, flag);
-  if (!r.save_adapter.empty() && r.lora.empty() && r.adapter_dir.empty())
+  if (!r.save_adapter.empty() && r.setup.lora.empty() && r.setup.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
   TrainOptions options;
-  options.optimizer = parse_optimizer_spec(a.optimizer);
-  if (!a.state_dtype.empty()) options.optimizer.state_dtype = parse_state_dtype(a.state_dtype);
+  options.optimizer = *parse_optimizer_flags(a.optimizer.empty() ? "adamw" : a.optimizer, a.state_dtype);
   options.schedule = parse_lr_schedule(a.lr_schedule);
   options.total_steps = a.steps;
   options.grad_accum = a.grad_accum;
@@ -139,11 +138,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   auto batch_for_step = [&](std::int64_t s) {
     const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
     Batch batch = random ? objective->random_batch(model->config(), {r.batch_size, r.seq_len, r.pad_fraction,
-                                                                     r.prompt_fraction, r.seed + std::uint64_t(s), r.group})
+                                                                     r.prompt_fraction, r.setup.seed + std::uint64_t(s), r.setup.group})
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);
     batch = batch.to(device);
-    complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.seed + std::uint64_t(s));
+    complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.setup.seed + std::uint64_t(s));
     return std::pair{batch, source};
   };
 
@@ -193,7 +192,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     write_file_atomically(fs::path(a.metrics).replace_extension(".json"), sidecar.dump(2) + "\n");
   };
 
-  fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}\n", method->spec(), r.source.describe(),
+  fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}\n", method->spec(), r.setup.source.describe(),
              precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
              lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps);
   auto& meter = CpuMemoryMeter::install();
@@ -244,7 +243,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                format_bytes(estimate->total_bytes()), 100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0),
                estimate->moment);
   if (!r.save_model.empty()) save_model_dir(*model, r.save_model);
-  if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.source.describe());
+  if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.setup.source.describe());
   if (!r.json.empty()) {
     const nlohmann::json j = {{"status", "completed"},
                               {"steps", trainer.steps_taken()},

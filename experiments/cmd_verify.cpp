@@ -74,18 +74,12 @@ constexpr double kGateFactor = 2.0;
 }  // namespace
 
 void add_verify_options(CLI::App& app, VerifyArgs& a) {
-  app.add_option("--preset", a.source.preset, "named model preset (default tiny when no --config/--load)");
-  app.add_option("--config", a.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
-  app.add_option("--load", a.source.load_dir, "HF checkpoint folder")->check(CLI::ExistingDirectory);
+  add_setup_options(app, a.setup, {.dtype = false, .grad_dtype = false, .lora = false, .adapter = false, .group = false});
   app.add_option("--batch-file", a.batch_file, "batch (safetensors) instead of a random one")->check(CLI::ExistingFile);
-  app.add_option("--objective", a.objective, "objective spec (sft, grpo:..., dpo:...)");
   app.add_option("--batch", a.batch_size, "rows of a random batch")->check(CLI::PositiveNumber);
   app.add_option("--seq", a.seq_len, "T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--methods", a.methods, "semicolon-separated streamed methods besides standard (e.g. streambp;checkpoint;mst)");
-  app.add_option("--seed", a.seed, "seed of the weights and the batch");
-  app.add_option("--threads", a.threads, "intra-op threads")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder (CSV + JSON)");
-  add_device_option(app, a.device);
   app.add_flag("--mixed", a.mixed, "also run every method in bf16 mixed precision (base16m, stream16m, ...: bf16 compute, "
                "fp32 master weights and gradients, run --grad-dtype fp32), gated against base16m");
   app.add_flag("--gate", a.gate, "exit 1 when a method's l2 error against the fp64 oracle (||g - g_oracle|| / ||g_oracle||) "
@@ -103,22 +97,22 @@ void add_verify_options(CLI::App& app, VerifyArgs& a) {
 }
 
 int verify_command(const VerifyArgs& args, const std::string& command_line) {
-  if (args.threads > 0) at::set_num_threads(args.threads);
+  args.setup.apply_threads();
   VerifyArgs a = args;
-  a.source = a.source.or_preset("tiny");
+  a.setup.source = a.setup.source.or_preset("tiny");
   // The fp32/bf16 runs go to --device; the fp64 oracle stays on the CPU (the CUDA attention kernels have no fp64).
-  const auto device = parse_device(a.device);
+  const auto device = a.setup.parsed_device();
   // The bf16 weights every run shares, widened exactly to fp32 and fp64.
-  const auto bf16 = build_model(a.source, at::kBFloat16, a.seed);
+  const auto bf16 = build_model(a.setup.source, at::kBFloat16, a.setup.seed);
   const auto& config = bf16->config();
-  auto objective = make_objective(a.objective);
+  auto objective = build_objective(a.setup);
   Model oracle_model(config, at::kDouble, bf16->parameters(), "bf16 weights");
   const auto source = a.batch_file.empty() ? std::string("random batch") : a.batch_file;
   Batch batch = a.batch_file.empty()
-                    ? objective->random_batch(config, {a.batch_size, a.seq_len, 0.0, objective->name() == "sft" ? 0.1 : 0.0, a.seed, 0})
+                    ? objective->random_batch(config, {a.batch_size, a.seq_len, 0.0, objective->name() == "sft" ? 0.1 : 0.0, a.setup.seed, 0})
                     : read_batch_file(a.batch_file);
   validate_tokens(batch, config, source);
-  complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.seed);
+  complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.setup.seed);
   objective->prepare(batch, config, source);
 
   const Batch device_batch = batch.to(device);
@@ -130,7 +124,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
     model.zero_grad();
     return grads;
   };
-  fmt::print(stderr, "verify: {} ({}), {}, B={} T={}; fp64 oracle...\n", a.source.describe(), config.name,
+  fmt::print(stderr, "verify: {} ({}), {}, B={} T={}; fp64 oracle...\n", a.setup.source.describe(), config.name,
              objective->spec(), batch.batch_size(), batch.seq_len());
   const auto oracle = step(oracle_model, "standard");
   Model fp32(config, at::kFloat, bf16->parameters(), "bf16 weights");
@@ -200,7 +194,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
     md_oracle += "\n";
     for (const auto& [reference, errors] : {std::pair{std::string("base32"), by_base}, std::pair{std::string("fp64"), by_oracle}})
       for (const auto& [group, e] : errors)
-        table.add({a.source.describe(), run.spec, precision_name(run.dtype, run.mixed ? at::kFloat : run.dtype), status, a.seed,
+        table.add({a.setup.source.describe(), run.spec, precision_name(run.dtype, run.mixed ? at::kFloat : run.dtype), status, a.setup.seed,
                    {objective->spec(), std::to_string(batch.batch_size()), std::to_string(batch.seq_len()), run.label,
                     reference, group, std::to_string(e.tensors), fmt::format("{:.6e}", e.er_abs),
                     fmt::format("{:.6e}", e.er_rel), fmt::format("{:.6e}", e.max_normwise), fmt::format("{:.6e}", e.max_l2),

@@ -14,19 +14,15 @@ class App;
 namespace sbp {
 
 struct RunArgs {
-  ModelSource source;
-  std::string method = "standard", objective = "sft", dtype;  // dtype "": the checkpoint's, else fp32
-  std::string grad_dtype;                                      // "": the dtype
+  Setup setup;  // model, precision, LoRA, objective, device, threads, seed
+  std::string method = "standard";
   std::int64_t batch_size = 1, seq_len = 0;
   double pad_fraction = 0, prompt_fraction = 0;
-  std::int64_t group = 0;  // GRPO random batch: completions per prompt (0: the whole batch)
-  std::string batch_file, ref_dir;
-  std::string lora, adapter_dir, save_adapter;  // --lora SPEC, --adapter DIR, --save-adapter DIR
-  std::uint64_t seed = 0;
+  std::string batch_file, ref_dir, save_adapter;
   std::string save_grads, save_model, save_batch, json, timeline, op_profile;
-  std::string device = "cpu", profile;  // --device cpu|cuda[:N]; --profile cupti
+  std::string profile;  // --profile cupti
   std::int64_t budget_bytes = 0;
-  int threads = 0, warmup = 0, repeats = 1;
+  int warmup = 0, repeats = 1;
   bool force = false, model_only = false;
 };
 void add_run_options(CLI::App& app, RunArgs& args);
@@ -62,51 +58,45 @@ void add_compare_options(CLI::App& app, CompareArgs& args);
 int compare_command(const CompareArgs& args, const std::string& command_line);
 
 struct DemoArgs {
-  std::string preset = "qwen3-small", dtype = "fp32", grad_dtype, out_dir = "results/demo";
-  std::string seq_lens = "2048,4096";
-  std::string methods = "standard;checkpoint;streambp";
-  std::string objective = "sft", lora;
-  std::int64_t batch_size = 1, group = 0;
-  int repeats = 2, threads = 0;
-  std::int64_t check_seq_len = 700;
-  std::string device = "cpu";
+  Setup setup;  // default model: qwen3-small
+  std::string out_dir = "results/demo", seq_lens = "2048,4096", methods = "standard;checkpoint;streambp";
+  std::int64_t batch_size = 1, check_seq_len = 700;
+  int repeats = 2;
 };
 void add_demo_options(CLI::App& app, DemoArgs& args);
 int demo_command(const DemoArgs& args, const std::string& command_line);
 
 // One measurement sweep (cmd_sweep.cpp): every method at every (B, T), methods interleaved; `demo` and `sweep` fill it.
 struct SweepPlan {
-  ModelSource source;
-  std::string dtype = "fp32", grad_dtype, objective = "sft", lora;
+  Setup setup;
   std::vector<std::string> methods;
   std::string seq_lens, batch_sizes;  // comma-separated
-  std::string device = "cpu";
-  std::int64_t group = 0, check_seq_len = 300, budget_bytes = 0;
-  int repeats = 2, threads = 0;
+  std::int64_t check_seq_len = 300, budget_bytes = 0;
+  int repeats = 2;
   std::string out_dir, stem, resume;  // resume: a CSV of the same sweep to continue
 };
 int run_sweep(const SweepPlan& plan, const std::string& command_line);
 
 struct SweepArgs {
   std::string kind;  // seq, batch, partition
-  ModelSource source;
-  std::string dtype = "fp32", grad_dtype, objective = "sft", lora, methods, seq_lens, batch_sizes;
+  Setup setup;       // default model: qwen3-small
+  std::string methods, seq_lens, batch_sizes;
   std::string layer_chunks = "256,512,1024,1365", head_chunks = "256,1024";
-  std::string device = "cpu";
-  std::int64_t group = 0, check_seq_len = 300, budget_bytes = 0;
-  int repeats = 2, threads = 0;
+  std::int64_t check_seq_len = 300, budget_bytes = 0;
+  int repeats = 2;
   std::string out_dir, resume;
 };
 void add_sweep_options(CLI::App& app, SweepArgs& args);
 int sweep_command(const SweepArgs& args, const std::string& command_line);
 
 struct MaxlenArgs {
-  ModelSource source;
-  std::string methods = "checkpoint;mst;streambp", objective = "sft", lora, dtype = "fp32", grad_dtype;
-  std::string out_dir = "results/maxlen", device = "cpu";
-  std::int64_t budget_bytes = 0, batch_size = 1, group = 0, max_seq = std::int64_t(1) << 20;
+  Setup setup;  // default model: qwen3-small
+  std::string methods = "checkpoint;mst;streambp", out_dir = "results/maxlen";
+  std::int64_t budget_bytes = 0, batch_size = 1, max_seq = std::int64_t(1) << 20;
   double step = 0.02;
-  int threads = 0;
+  // Training: the optimizer whose states and update share the budget (empty: forward + backward only), and its
+  // state dtype (empty: the trainable tensors').
+  std::string optimizer, state_dtype;
   bool model_only = false;
 };
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
@@ -126,10 +116,10 @@ void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);
 
 struct ProfileArgs {
-  ModelSource source;
-  std::string methods = "checkpoint;streambp", dtype = "fp32", objective = "sft", lora, out_dir = "results/profile";
+  Setup setup;  // default model: qwen3-small; CPU only
+  std::string methods = "checkpoint;streambp", out_dir = "results/profile";
   std::int64_t seq_len = 4096, batch_size = 1;
-  int steps = 2, threads = 0;
+  int steps = 2;
 };
 void add_profile_options(CLI::App& app, ProfileArgs& args);
 int profile_command(const ProfileArgs& args, const std::string& command_line);
@@ -143,12 +133,10 @@ void add_reproduce_options(CLI::App& app, ReproduceArgs& args);
 int reproduce_command(const ReproduceArgs& args, const std::string& command_line);
 
 struct VerifyArgs {
-  ModelSource source;
-  std::string batch_file, objective = "sft", methods = "streambp", out_dir = "results/verify";
-  std::string device = "cpu";  // where the fp32/bf16 runs go; the fp64 oracle always runs on the CPU
+  Setup setup;  // default model: tiny; the dtypes are the verification's own; the device takes the fp32/bf16 runs,
+                // the fp64 oracle always runs on the CPU
+  std::string batch_file, methods = "streambp", out_dir = "results/verify";
   std::int64_t batch_size = 1, seq_len = 512;
-  std::uint64_t seed = 0;
-  int threads = 0;
   bool gate = false, mixed = false;
 };
 void add_verify_options(CLI::App& app, VerifyArgs& args);

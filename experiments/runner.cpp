@@ -14,22 +14,11 @@
 #include "core/methods/memory_model.h"
 #include "core/io/safetensors.h"
 #include "core/methods/streaming.h"
+#include "core/training/trainer.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_meter.h"
 
 namespace sbp {
-
-ModelSource ModelSource::or_preset(const std::string& name) const {
-  ModelSource out = *this;
-  if (preset.empty() && config_file.empty() && load_dir.empty()) out.preset = name;
-  return out;
-}
-
-std::string ModelSource::describe() const {
-  if (!preset.empty()) return preset;
-  if (!config_file.empty()) return "config:" + config_file;
-  return "load:" + load_dir;
-}
 
 std::unique_ptr<Model> build_model(const ModelSource& s, c10::ScalarType dtype, std::uint64_t seed) {
   const int given = !s.preset.empty() + !s.config_file.empty() + !s.load_dir.empty();
@@ -157,15 +146,6 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   return pass;
 }
 
-std::unique_ptr<Model> build_trained_model(const ModelSource& source, c10::ScalarType dtype, const std::string& lora,
-                                           const std::string& grad_dtype, std::uint64_t seed, c10::Device device) {
-  auto model = build_model(source, dtype, seed);
-  apply_lora(*model, lora, "", seed);
-  if (!grad_dtype.empty()) model->set_grad_dtype(parse_dtype(grad_dtype));
-  model->to(device);
-  return model;
-}
-
 Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
                             std::int64_t group, std::uint64_t seed) {
   auto batch = objective.random_batch(model.config(),
@@ -201,20 +181,28 @@ double Measurement::median_seconds() const {
 
 namespace {
 
-// measure_method on either meter: CpuMemoryMeter and CudaMemoryMeter answer the same calls.
-template <typename Meter>
-Measurement measure_with(Meter& meter, Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
-                         int warmup, int repeats, std::int64_t budget_bytes) {
+// One step as the measurement sees it: its loss, BP seconds and phases.
+struct MeasuredStep {
+  double loss = 0, bp_seconds = 0;
+  std::vector<PhaseTime> phases;
+};
+
+// The measuring loop of measure_method and measure_training on either meter (CpuMemoryMeter and CudaMemoryMeter answer
+// the same calls). `owned_bytes` is what the step's peak counts besides what it allocates: the model's weights and,
+// in training, the optimizer's states as they are before the step.
+template <typename Meter, typename Step, typename Owned>
+Measurement measure_with(Meter& meter, Model& model, const Step& step, const Owned& owned_bytes, int warmup, int repeats,
+                         std::int64_t budget_bytes) {
   Measurement m;
   // The model's weights: the base and, under LoRA, the adapters (trainable weights the step also needs).
   m.weight_bytes = model_weight_bytes(model);
   for (int i = 0; i < warmup + repeats; ++i) {
     model.zero_grad();  // the previous step's gradients are not part of this step's memory
     meter.reset_peak();
-    const auto held = meter.current_bytes() - m.weight_bytes;  // live before the step, not the model's
+    const auto held = meter.current_bytes() - owned_bytes();  // live before the step, not the model's
     if (budget_bytes > 0) meter.set_budget_bytes(budget_bytes + held);
     try {
-      const auto r = method.step(model, objective, batch);
+      const MeasuredStep r = step();
       meter.set_budget_bytes(0);
       m.loss = r.loss;
       m.phases = r.phases;
@@ -233,19 +221,44 @@ Measurement measure_with(Meter& meter, Model& model, BackpropMethod& method, Obj
   return m;
 }
 
-}  // namespace
-
-Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
-                           int warmup, int repeats, std::int64_t budget_bytes) {
+template <typename Step, typename Owned>
+Measurement measure_on_device(Model& model, const Step& step, const Owned& owned_bytes, int warmup, int repeats,
+                              std::int64_t budget_bytes) {
   if (model.device().is_cuda()) {
     auto& meter = CudaMemoryMeter::for_device(model.device().index());
     if (!meter.available()) throw std::runtime_error("CUDA memory meter: " + meter.reason());
     const PhaseListenerScope listening(meter);  // per-phase peaks from the CUDA meter for this step
-    auto m = measure_with(meter, model, method, objective, batch, warmup, repeats, budget_bytes);
+    auto m = measure_with(meter, model, step, owned_bytes, warmup, repeats, budget_bytes);
     m.reserved_peak_bytes = meter.reserved_peak_bytes();
     return m;
   }
-  return measure_with(CpuMemoryMeter::install(), model, method, objective, batch, warmup, repeats, budget_bytes);
+  return measure_with(CpuMemoryMeter::install(), model, step, owned_bytes, warmup, repeats, budget_bytes);
+}
+
+}  // namespace
+
+Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+                           int warmup, int repeats, std::int64_t budget_bytes) {
+  const auto weights = model_weight_bytes(model);
+  return measure_on_device(
+      model,
+      [&] {
+        const auto r = method.step(model, objective, batch);
+        return MeasuredStep{r.loss, r.bp_seconds, r.phases};
+      },
+      [&] { return weights; }, warmup, repeats, budget_bytes);
+}
+
+Measurement measure_training(Trainer& trainer, Model& model, const Batch& batch, int warmup, int repeats,
+                             std::int64_t budget_bytes) {
+  const auto weights = model_weight_bytes(model);
+  return measure_on_device(
+      model,
+      [&] {
+        const auto r = trainer.step(batch);
+        return MeasuredStep{r.loss, r.bp_seconds, {}};
+      },
+      [&] { return weights + trainer.optimizer().state_bytes(); }, warmup, repeats, budget_bytes);
 }
 
 std::vector<std::string> split_list(const std::string& text, char sep) {

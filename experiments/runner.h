@@ -15,18 +15,12 @@
 #include "core/objectives/objective.h"
 #include "core/model/model.h"
 #include "experiments/device.h"
+#include "experiments/setup.h"
 #include "profiler/cpu_meter.h"
 
 namespace sbp {
 
-struct ModelSource {
-  std::string preset;        // --preset NAME
-  std::string config_file;   // --config config.json (random weights)
-  std::string load_dir;      // --load DIR (HF checkpoint)
-  std::string describe() const;  // what goes into the results' "preset" column
-  // This source, or the named preset when no model was given (no --preset, --config or --load).
-  ModelSource or_preset(const std::string& name) const;
-};
+class Trainer;
 
 std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);
 
@@ -47,12 +41,6 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
 
 // --lora SPEC and/or --adapter DIR on a freshly built model (nothing when both are empty).
 void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed);
-
-// The model a measuring driver trains: built from `source` in `dtype`, with --lora (empty: none) and --grad-dtype
-// (empty: the dtype) applied.
-std::unique_ptr<Model> build_trained_model(const ModelSource& source, c10::ScalarType dtype, const std::string& lora,
-                                           const std::string& grad_dtype, std::uint64_t seed,
-                                           c10::Device device = c10::Device(c10::kCPU));
 
 struct ReferencePass {
   bool ran = false;
@@ -91,6 +79,12 @@ Batch prepared_random_batch(const Model& model, Objective& objective, std::int64
 // (the step then ends with status "oom"); on CUDA it caps the allocator's reserved bytes, as a GPU of that size would.
 Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
                            int warmup, int repeats, std::int64_t budget_bytes);
+
+// measure_method for training steps (BP + optimizer update) of `trainer` on `model`: the peak counts the optimizer's
+// states too (bp_seconds: the BP of each step, without the update). Its first step creates the states after the BP, so a peak with the
+// states present during the BP needs repeats + warmup >= 2 (the peak is the largest of all steps).
+Measurement measure_training(Trainer& trainer, Model& model, const Batch& batch, int warmup, int repeats,
+                             std::int64_t budget_bytes);
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
 // The model's own bytes: base weights and LoRA adapters (fp32 masters in mixed precision), what a step's peak counts.

@@ -56,24 +56,34 @@ PY
 echo "ok: toy"
 expect_failure "toy exactness bound" "2\^24" "$STREAMBP" toy --rows 100000 --dim 1024 --repeats 1
 
-# Table 3's search: per method, the model's T* confirmed by a run that fits and one a step (2%) above that does not.
-"$STREAMBP" maxlen --preset tiny --budget-bytes 6000000 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
-  --out maxlen >maxlen.txt 2>&1 || fail "maxlen failed:\n$(cat maxlen.txt)"
-python3 - maxlen/maxlen-*.csv <<'PY' || fail "maxlen CSV:\n$(cat maxlen.txt)"
+# Table 3's search: per method, the model's T* confirmed by a run that fits and one a step (2%) above that does not;
+# with --optimizer the same for training steps (the optimizer's states and update in the budget and the model).
+check_maxlen() {  # CSV budget optimizer-column-prefix
+  python3 - "$@" <<'PY'
 import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
+file, budget, optimizer = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = list(csv.DictReader(open(file)))
 for method in ("checkpoint", "streambp:layer_chunk=64,head_chunk=64"):
     mine = [r for r in rows if r["method"] == method]
+    assert all(r["optimizer"].startswith(optimizer) and bool(r["optimizer"]) == bool(optimizer) for r in mine), mine
     best = [r for r in mine if r["role"] == "max"]
     over = [r for r in mine if r["role"] == "next"]
     assert len(best) == 1 and len(over) == 1, mine
     best, over = best[0], over[0]
-    assert best["status"] != "oom" and int(best["peak_bytes"]) <= 6000000, best
+    assert best["status"] != "oom" and int(best["peak_bytes"]) <= budget, best
     assert over["status"] == "oom" and over["peak_bytes"] == "", over
     T, T_over = int(best["seq_len"]), int(over["seq_len"])
     assert T < T_over <= max(T + 1, T * 1.02 + 1), (T, T_over)
     assert best["measured_max_seq"] == str(T) and abs(float(best["model_error"])) < 0.05, best
 PY
+}
+"$STREAMBP" maxlen --preset tiny --budget-bytes 6000000 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
+  --out maxlen >maxlen.txt 2>&1 || fail "maxlen failed:\n$(cat maxlen.txt)"
+check_maxlen maxlen/maxlen-*.csv 6000000 "" || fail "maxlen CSV:\n$(cat maxlen.txt)"
+"$STREAMBP" maxlen --preset tiny --budget-bytes 4000000 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
+  --optimizer adamw:lr=1e-3 --optimizer-state-dtype fp32 --out maxlen-train >maxlen-train.txt 2>&1 \
+  || fail "maxlen --optimizer failed:\n$(cat maxlen-train.txt)"
+check_maxlen maxlen-train/maxlen-*.csv 4000000 "adamw:lr=0.001" || fail "maxlen --optimizer CSV:\n$(cat maxlen-train.txt)"
 echo "ok: maxlen"
 
 # Every checked-in reproduction lists its setting and commands.

@@ -114,6 +114,16 @@ c10::ScalarType parse_state_dtype(const std::string& name) {
   throw std::invalid_argument("unknown optimizer state dtype '" + name + "' (fp64, fp32, bf16)");
 }
 
+std::optional<OptimizerOptions> parse_optimizer_flags(const std::string& spec, const std::string& state_dtype) {
+  if (spec.empty()) {
+    if (!state_dtype.empty()) throw std::invalid_argument("--optimizer-state-dtype needs --optimizer");
+    return std::nullopt;
+  }
+  auto options = parse_optimizer_spec(spec);
+  if (!state_dtype.empty()) options.state_dtype = parse_state_dtype(state_dtype);
+  return options;
+}
+
 bool decays_weight(const OptimizerOptions& options, const std::string& name) {
   if (options.weight_decay == 0) return false;
   if (options.decay_norms_and_biases) return true;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ OptimizerOptions parse_optimizer_spec(const std::string& spec);
 std::string optimizer_spec(const OptimizerOptions& options);
 // "fp64", "fp32" or "bf16" (--optimizer-state-dtype); throws std::invalid_argument naming the value otherwise.
 c10::ScalarType parse_state_dtype(const std::string& name);
+// What a command's --optimizer SPEC and --optimizer-state-dtype D ask for: nothing when both are empty (forward +
+// backward only); throws std::invalid_argument when only D is given, or either is malformed.
+std::optional<OptimizerOptions> parse_optimizer_flags(const std::string& spec, const std::string& state_dtype);
 
 // Whether the tensor `name` (HF/PEFT name) gets the weight decay of `options`. With decay_norms_and_biases=false,
 // HF Trainer's get_decay_parameter_names patterns (transformers 5.23) on the lower-cased name exclude it: "bias"

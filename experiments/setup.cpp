@@ -1,0 +1,77 @@
+#include "experiments/setup.h"
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+
+#include "core/io/dtype.h"
+#include "core/model/config.h"
+#include "core/model/model.h"
+#include "core/objectives/objective.h"
+#include "experiments/device.h"
+#include "experiments/runner.h"
+
+namespace sbp {
+
+ModelSource ModelSource::or_preset(const std::string& name) const {
+  ModelSource out = *this;
+  if (preset.empty() && config_file.empty() && load_dir.empty()) out.preset = name;
+  return out;
+}
+
+std::string ModelSource::describe() const {
+  if (!preset.empty()) return preset;
+  if (!config_file.empty()) return "config:" + config_file;
+  return "load:" + load_dir;
+}
+
+c10::ScalarType Setup::model_dtype() const {
+  if (!dtype.empty()) return parse_dtype(dtype);
+  return source.load_dir.empty() ? c10::kFloat : parse_dtype(read_config_dtype(source.load_dir + "/config.json"));
+}
+
+c10::Device Setup::parsed_device() const { return parse_device(device); }
+
+void Setup::apply_threads() const {
+  if (threads > 0) at::set_num_threads(threads);
+}
+
+void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
+  const auto dtypes = CLI::IsMember({"fp64", "fp32", "bf16"});
+  app.add_option("--preset", s.source.preset, "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, "
+                 "qwen3-0.6b ... qwen3-32b; the command's default when no --config/--load)");
+  app.add_option("--config", s.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
+  if (flags.load)
+    app.add_option("--load", s.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
+  if (flags.dtype)
+    app.add_option("--dtype", s.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(dtypes);
+  if (flags.grad_dtype)
+    app.add_option("--grad-dtype", s.grad_dtype, "fp32 with --dtype bf16: mixed precision (bf16 compute; the trainable "
+                   "tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, cast to bf16 "
+                   "where used, like torch.autocast); default: the dtype")->check(dtypes);
+  if (flags.lora)
+    app.add_option("--lora", s.lora, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
+                   "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
+  if (flags.adapter)
+    app.add_option("--adapter", s.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + "
+                   "adapter_model.safetensors)")->check(CLI::ExistingDirectory);
+  app.add_option("--objective", s.objective,
+                 "objective spec: sft | grpo:beta=0,epsilon_low=0.2,epsilon_high=0.2,loss_type=dapo,temperature=1,"
+                 "importance=token,max_completion_length=256 | dpo:beta=0.1,label_smoothing=0 (keys optional; "
+                 "defaults shown: TRL's)");
+  if (flags.group)
+    app.add_option("--group", s.group, "GRPO random batch: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
+  if (flags.device) add_device_option(app, s.device);
+  app.add_option("--threads", s.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
+  if (flags.seed) app.add_option("--seed", s.seed, "seed of the random weights, adapters and batch");
+}
+
+std::unique_ptr<Model> build_model(const Setup& s) {
+  auto model = build_model(s.source, s.model_dtype(), s.seed);
+  apply_lora(*model, s.lora, s.adapter_dir, s.seed);
+  if (!s.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(s.grad_dtype));
+  return model;
+}
+
+std::unique_ptr<Objective> build_objective(const Setup& s) { return make_objective(s.objective); }
+
+}  // namespace sbp

@@ -1,0 +1,61 @@
+// What a command runs on: the model (its source, precision and LoRA), the objective, the device, the threads and the
+// seed. One typed struct that every command building a model fills from its flags through add_setup_options and turns
+// into a model and an objective through the functions below, so a flag is defined once and means the same in
+// `run`, `train`, `sweep`, `demo`, `maxlen`, `profile` and `verify`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+namespace CLI {
+class App;
+}
+
+namespace sbp {
+
+class Model;
+class Objective;
+
+struct ModelSource {
+  std::string preset;        // --preset NAME
+  std::string config_file;   // --config config.json (random weights)
+  std::string load_dir;      // --load DIR (HF checkpoint)
+  std::string describe() const;  // what goes into the results' "preset" column
+  // This source, or the named preset when no model was given (no --preset, --config or --load).
+  ModelSource or_preset(const std::string& name) const;
+};
+
+struct Setup {
+  ModelSource source;
+  std::string dtype;        // fp64 | fp32 | bf16; "": the --load checkpoint's torch_dtype, else fp32
+  std::string grad_dtype;   // fp32 with --dtype bf16: mixed precision; "": the dtype
+  std::string lora;         // LoRA spec (core/model/lora.h); "": none
+  std::string adapter_dir;  // a PEFT adapter folder to load
+  std::string objective = "sft";
+  std::int64_t group = 0;   // GRPO random batches: completions per prompt (0: the whole batch)
+  std::string device = "cpu";
+  int threads = 0;          // intra-op threads; 0: torch's default
+  std::uint64_t seed = 0;   // random weights, adapters and batches
+
+  c10::ScalarType model_dtype() const;
+  c10::Device parsed_device() const;  // throws std::invalid_argument naming --device (see parse_device)
+  // Sets the intra-op threads when asked for; every command calls it first.
+  void apply_threads() const;
+};
+
+// Which of Setup's flags a command offers; the ones it does not keep the command's own value.
+struct SetupFlags {
+  bool load = true, dtype = true, grad_dtype = true, lora = true, adapter = true, group = true, device = true,
+       seed = true;
+};
+void add_setup_options(CLI::App& app, Setup& setup, SetupFlags flags = {});
+
+// The model the setup describes, on the CPU: source in model_dtype(), --lora/--adapter, then --grad-dtype.
+std::unique_ptr<Model> build_model(const Setup& setup);
+std::unique_ptr<Objective> build_objective(const Setup& setup);
+
+}  // namespace sbp

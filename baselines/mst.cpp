@@ -36,14 +36,8 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
     }
   }
 
-  std::int64_t head_chunk = chunk, T_used = T;
-  if (faults_.drop_tail) {  // bug B: M slices of floor((T-1)/M) shifted targets each
-    head_chunk = std::max<std::int64_t>(1, (T - 1) / options_.mini_seq);
-    T_used = std::min(T, head_chunk * options_.mini_seq);
-  }
-  auto [loss, G] = streamed_head(model, objective, H[L], head_chunk, clock, T_used);
+  auto [loss, G] = head_and_loss(model, objective, H[L], chunk, clock);
   H[L].reset();
-  if (faults_.double_head_grad) model.lm_head_weight().mutable_grad().mul_(2.0);
   head_ready(model);
 
   for (int l = L - 1; l >= 0; --l) {
@@ -57,6 +51,11 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
   }
   embedding_ready(model);
   return loss;
+}
+
+HeadResult MsT::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t chunk,
+                              PhaseClock& clock) const {
+  return streamed_head(model, objective, h_last, chunk, clock);
 }
 
 at::Tensor MsT::layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,

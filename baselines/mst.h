@@ -15,22 +15,25 @@
 
 namespace sbp {
 
-class MsT final : public BackpropMethod {
+struct HeadResult;
+// Not final: the negative controls' faulty subclass (tests/faulty_methods.h) overrides head_and_loss.
+class MsT : public BackpropMethod {
  public:
   struct Options {
     std::int64_t mini_seq = 64;  // M: mini-sequences per sequence (the public code's default for the head)
-  };
-  // The public code's two bugs, for the negative controls (tests only).
-  struct Faults {
-    bool double_head_grad = false;  // bug A: the custom backward hands back the weight's own .grad: lm_head grad x2
-    bool drop_tail = false;         // bug B: slices of floor((T-1)/M) positions: the last (T-1) mod M get no gradient
   };
 
   explicit MsT(Options options) : options_(options) {}
   std::string spec() const override { return "mst:mini_seq=" + std::to_string(options_.mini_seq); }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return mst_flops(workload); }
-  void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
+
+ protected:
+  const Options& options() const { return options_; }
+  // The LM head + loss in mini-sequences of `chunk` positions (streamed_head): the loss and dLoss/dH[L]; commits the
+  // head's gradients.
+  virtual HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+                                   std::int64_t chunk, PhaseClock& clock) const;
 
  private:
   double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
@@ -39,7 +42,6 @@ class MsT final : public BackpropMethod {
                             std::int64_t chunk, PhaseClock& clock) const;
 
   Options options_;
-  Faults faults_;
 };
 
 }  // namespace sbp

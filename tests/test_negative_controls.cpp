@@ -12,32 +12,32 @@
 #include "core/objectives/sft.h"
 #include "core/methods/streambp.h"
 #include "baselines/mst.h"
+#include "faulty_methods.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
 
-using sbp::StreamBP;
 using sbp::TensorList;
+using sbp::test::MsTFault;
+using sbp::test::StreamBPFault;
 using sbp::test::run_step;
 
 namespace {
 
 constexpr double kFp64Rtol = 1e-10;  // the exactness gate of test_exactness.cpp
 
-// Standard BP against StreamBP with `faults`, in fp64 on the tiny preset (untied, so that the lm_head and the
-// embedding gradients are checked separately). No padding: padded tail positions carry no loss, and a fault that
-// only touches them (drop_tail) would be invisible.
-sbp::GradComparison faulty_streambp_error(const StreamBP::Faults& faults, std::int64_t seq_len,
-                                          std::int64_t layer_chunk) {
+// Standard BP against StreamBP with `fault` (tests/faulty_methods.h), in fp64 on the tiny preset (untied, so that
+// the lm_head and the embedding gradients are checked separately). No padding: padded tail positions carry no loss,
+// and a fault that only touches them (drop_tail) would be invisible.
+sbp::GradComparison faulty_streambp_error(StreamBPFault fault, std::int64_t seq_len, std::int64_t layer_chunk) {
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, at::kDouble, 41);
   const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 42});
   const auto standard = run_step(model, "standard", batch);
 
-  StreamBP stream({layer_chunk, /*head_chunk=*/5});
-  stream.inject_faults_for_testing(faults);
+  const auto stream = sbp::test::make_streambp(fault, {layer_chunk, /*head_chunk=*/5});
   sbp::SftObjective objective;
-  stream.step(model, objective, batch);
+  stream->step(model, objective, batch);
   return sbp::compare_gradients(standard.gradients, model.gradients());
 }
 
@@ -58,30 +58,30 @@ TensorList clone(const TensorList& tensors) {
 
 TEST_CASE("the exactness gate fails when chunks use top-left causal alignment", "[negative-control]") {
   // Needs a chunk with s > 0: T = 16 in chunks of 4.
-  require_gate_fails(faulty_streambp_error({.top_left_causal = true}, 16, 4));
+  require_gate_fails(faulty_streambp_error(StreamBPFault::top_left_causal, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails when the dK/dV path is dropped", "[negative-control]") {
-  require_gate_fails(faulty_streambp_error({.drop_kv_path = true}, 16, 4));
+  require_gate_fails(faulty_streambp_error(StreamBPFault::drop_kv_path, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails on a doubled head gradient", "[negative-control]") {
-  require_gate_fails(faulty_streambp_error({.double_head_grad = true}, 16, 4));
+  require_gate_fails(faulty_streambp_error(StreamBPFault::double_head_grad, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails when the tail tokens are dropped", "[negative-control]") {
   // Needs T mod c >= 2: T = 14 in chunks of 4 leaves two tokens out. A single dropped token would go unnoticed by
   // any gate: the last position predicts nothing (its shifted label is -100) and no earlier query attends to it,
   // so its exact gradient is zero in every layer (measured: 6e-16 with T = 13).
-  require_gate_fails(faulty_streambp_error({.drop_tail = true}, 14, 4));
+  require_gate_fails(faulty_streambp_error(StreamBPFault::drop_tail, 14, 4));
 }
 
 namespace {
 
-// verify --gate's rule on one fault: StreamBP (with `faults`) and standard BP in `dtype`, both against the fp64 oracle
+// verify --gate's rule on one fault: StreamBP (with `fault`) and standard BP in `dtype`, both against the fp64 oracle
 // on the same weights (tiny, untied, no padding, chunks of 4 as above).
 // mixed: bf16 compute with fp32 masters and gradients (--grad-dtype fp32).
-sbp::RuleVerdict low_precision_verdict(const StreamBP::Faults& faults, c10::ScalarType dtype, std::int64_t seq_len,
+sbp::RuleVerdict low_precision_verdict(StreamBPFault fault, c10::ScalarType dtype, std::int64_t seq_len,
                                        bool mixed = false) {
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
@@ -91,10 +91,9 @@ sbp::RuleVerdict low_precision_verdict(const StreamBP::Faults& faults, c10::Scal
   const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 44});
   const auto oracle = run_step(oracle_model, "standard", batch);
   const auto standard = run_step(model, "standard", batch);
-  StreamBP stream({/*layer_chunk=*/4, /*head_chunk=*/5});
-  stream.inject_faults_for_testing(faults);
+  const auto stream = sbp::test::make_streambp(fault, {/*layer_chunk=*/4, /*head_chunk=*/5});
   sbp::SftObjective objective;
-  stream.step(model, objective, batch);
+  stream->step(model, objective, batch);
   return sbp::low_precision_rule(sbp::compare_gradients(oracle.gradients, standard.gradients),
                                  sbp::compare_gradients(oracle.gradients, model.gradients()), 2.0, dtype);
 }
@@ -107,20 +106,20 @@ TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, 
   // hide it behind rounding. The unfaulted twin passes on the same model and batch.
   struct Fault {
     const char* name;
-    StreamBP::Faults faults;
+    StreamBPFault fault;
     std::int64_t seq_len;
   };
   for (const auto& [dtype, mixed] : {std::pair{at::kFloat, false}, {at::kBFloat16, false}, {at::kBFloat16, true}}) {
-    for (const auto& f : {Fault{"top-left causal", {.top_left_causal = true}, 16},
-                          Fault{"dropped dK/dV path", {.drop_kv_path = true}, 16},
-                          Fault{"doubled head gradient", {.double_head_grad = true}, 16},
-                          Fault{"dropped tail", {.drop_tail = true}, 14}}) {
-      const auto verdict = low_precision_verdict(f.faults, dtype, f.seq_len, mixed);
+    for (const auto& f : {Fault{"top-left causal", StreamBPFault::top_left_causal, 16},
+                          Fault{"dropped dK/dV path", StreamBPFault::drop_kv_path, 16},
+                          Fault{"doubled head gradient", StreamBPFault::double_head_grad, 16},
+                          Fault{"dropped tail", StreamBPFault::drop_tail, 14}}) {
+      const auto verdict = low_precision_verdict(f.fault, dtype, f.seq_len, mixed);
       INFO(c10::toString(dtype) << (mixed ? "-mixed " : " ") << f.name << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
       CHECK_FALSE(verdict.passed());
     }
     for (const std::int64_t T : {14, 16}) {
-      const auto verdict = low_precision_verdict({}, dtype, T, mixed);
+      const auto verdict = low_precision_verdict(StreamBPFault::none, dtype, T, mixed);
       INFO(c10::toString(dtype) << (mixed ? "-mixed" : "") << " no fault, T = " << T << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
       CHECK(verdict.passed());
     }
@@ -131,40 +130,40 @@ TEST_CASE("the exactness gate passes the same StreamBP without faults", "[negati
   // The positive twin of the controls above: same model, batch and chunks, so their failures are the faults' doing.
   for (const std::int64_t T : {14, 16}) {
     INFO("T=" << T);
-    CHECK(faulty_streambp_error({}, T, 4).passed(kFp64Rtol));
+    CHECK(faulty_streambp_error(StreamBPFault::none, T, 4).passed(kFp64Rtol));
   }
 }
 
 namespace {
 
-// Standard BP against MsT with `faults`, fp64, untied tiny preset, no padding (every target carries loss).
-sbp::GradComparison faulty_mst_error(const sbp::MsT::Faults& faults, std::int64_t seq_len, std::int64_t mini_seq) {
+// Standard BP against MsT with `fault` (tests/faulty_methods.h), fp64, untied tiny preset, no padding (every target
+// carries loss).
+sbp::GradComparison faulty_mst_error(MsTFault fault, std::int64_t seq_len, std::int64_t mini_seq) {
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
   sbp::Model model(config, at::kDouble, 43);
   const sbp::Batch batch = sbp::random_sft_batch(config, {2, seq_len, 0.0, 0.0, 44});
   const auto standard = run_step(model, "standard", batch);
-  sbp::MsT mst({mini_seq});
-  mst.inject_faults_for_testing(faults);
+  const auto mst = sbp::test::make_mst(fault, {mini_seq});
   sbp::SftObjective objective;
-  mst.step(model, objective, batch);
+  mst->step(model, objective, batch);
   return sbp::compare_gradients(standard.gradients, model.gradients());
 }
 
 }  // namespace
 
 TEST_CASE("the exactness gate fails on MsT's doubled LM-head gradient (the public code's bug A)", "[negative-control][mst]") {
-  require_gate_fails(faulty_mst_error({.double_head_grad = true}, 16, 4));
+  require_gate_fails(faulty_mst_error(MsTFault::double_head_grad, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails when MsT drops the last (T-1) mod M targets (the public code's bug B)",
           "[negative-control][mst]") {
   // T = 16, M = 4: slices of floor(15/4) = 3 positions cover 12 targets; 3 carry loss but get no gradient.
-  require_gate_fails(faulty_mst_error({.drop_tail = true}, 16, 4));
+  require_gate_fails(faulty_mst_error(MsTFault::drop_tail, 16, 4));
 }
 
 TEST_CASE("the same MsT without faults passes the gate", "[negative-control][mst]") {
-  CHECK(faulty_mst_error({}, 16, 4).passed(kFp64Rtol));
+  CHECK(faulty_mst_error(MsTFault::none, 16, 4).passed(kFp64Rtol));
 }
 
 namespace {

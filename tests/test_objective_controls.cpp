@@ -12,6 +12,7 @@
 #include "core/model/model.h"
 #include "core/io/spec.h"
 #include "core/methods/streaming.h"
+#include "faulty_objectives.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
 
@@ -29,7 +30,8 @@ sbp::ModelConfig untied_tiny() {
   return config;
 }
 
-// Standard BP with the correct objective against StreamBP with `faulty` (same spec, a fault injected).
+// Standard BP with the correct objective against StreamBP with `faulty` (same spec, a faulty subclass of
+// tests/faulty_objectives.h).
 sbp::GradComparison streamed_against_standard(sbp::Objective& correct, sbp::Objective& faulty) {
   const auto config = untied_tiny();
   sbp::Model model(config, at::kDouble, 61);
@@ -49,15 +51,15 @@ sbp::Spec spec_of(const std::string& text) { return sbp::parse_spec(text, "objec
 }  // namespace
 
 TEST_CASE("the exactness gate fails when DPO skips the first completion token", "[negative-control][objective]") {
-  sbp::DpoObjective correct(spec_of("dpo")), faulty(spec_of("dpo"));
-  faulty.inject_faults_for_testing({.skip_first_completion_token = true});
+  sbp::DpoObjective correct(spec_of("dpo"));
+  sbp::test::FirstTokenSkippingDpo faulty(spec_of("dpo"));
   require_gate_fails(streamed_against_standard(correct, faulty));
 }
 
 TEST_CASE("the exactness gate fails when DPO's coefficients come from per-chunk partial sums",
           "[negative-control][objective]") {
-  sbp::DpoObjective correct(spec_of("dpo:beta=0.5")), faulty(spec_of("dpo:beta=0.5"));
-  faulty.inject_faults_for_testing({.partial_statistics = true});
+  sbp::DpoObjective correct(spec_of("dpo:beta=0.5"));
+  sbp::test::PartialStatisticsDpo faulty(spec_of("dpo:beta=0.5"));
   require_gate_fails(streamed_against_standard(correct, faulty));
 }
 
@@ -65,8 +67,8 @@ TEST_CASE("the exactness gate fails when GRPO is normalised per chunk instead of
           "[negative-control][objective]") {
   for (const std::string text : {"grpo:loss_type=bnpo,beta=0.04", "grpo:loss_type=grpo"}) {
     INFO(text);
-    sbp::GrpoObjective correct(spec_of(text)), faulty(spec_of(text));
-    faulty.inject_faults_for_testing({.per_chunk_normalisation = true});
+    sbp::GrpoObjective correct(spec_of(text));
+    sbp::test::PerChunkNormalisedGrpo faulty(spec_of(text));
     require_gate_fails(streamed_against_standard(correct, faulty));
   }
 }

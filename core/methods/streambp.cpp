@@ -26,10 +26,17 @@ std::string StreamBP::spec() const {
 
 at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
                             std::int64_t q_start, const KVGradSums& sums) const {
-  const auto c = q.size(2);
-  if (!faults_.top_left_causal) return model.attend(q, K.slice(2, 0, q_start + c), V.slice(2, 0, q_start + c), q_start, &sums);
-  // SDPA's is_causal on [s, s+c) x [0, s+c) aligns top-left: query i sees keys 0..i, as if the chunk started at 0.
-  return model.attend(q, K.slice(2, 0, c), V.slice(2, 0, c), 0, &sums);
+  const auto e = q_start + q.size(2);
+  return model.attend(q, K.slice(2, 0, e), V.slice(2, 0, e), q_start, &sums);
+}
+
+HeadResult StreamBP::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+                                   PhaseClock& clock) const {
+  return streamed_head(model, objective, h_last, options_.head_chunk, clock);
+}
+
+c10::ScalarType StreamBP::accumulation_dtype(c10::ScalarType dtype) const {
+  return ChunkGradients::accumulation_dtype(dtype);
 }
 
 double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
@@ -46,8 +53,7 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
     for (int l = 0; l < L; ++l) H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
   }
   // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
-  auto [loss, G] = streamed_head(model, objective, H[L], options_.head_chunk, clock, T,
-                                 faults_.double_head_grad ? 2.0 : 1.0);
+  auto [loss, G] = head_and_loss(model, objective, H[L], clock);
   H[L].reset();
   head_ready(model);
 
@@ -75,16 +81,12 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
     std::tie(K, V) = kv_chunked(model, layer, h_in, c);
   }
   // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
-  const auto sum_options = K.options().dtype(faults_.accumulate_in_model_dtype
-                                                ? K.scalar_type()
-                                                : ChunkGradients::accumulation_dtype(K.scalar_type()));
+  const auto sum_options = K.options().dtype(accumulation_dtype(K.scalar_type()));
   auto dK = at::zeros(K.sizes(), sum_options), dV = at::zeros(V.sizes(), sum_options);  // [B, n_kv, T, hd]
   const KVGradSums sums{dK, dV};
-  // The drop_tail fault forgets the last T mod c tokens, like a loop over T / c full chunks would.
-  const auto T_used = faults_.drop_tail && T % c != 0 ? T - T % c : T;
-  if (T_used < T) g.slice(1, T_used).zero_();
   // The layer's weight (or adapter) gradients, summed over the chunks of steps 2 and 3 and written once.
-  ChunkGradients weights(model.layer_trainable(layer), faults_.accumulate_in_model_dtype);
+  ChunkGradients weights(model.layer_trainable(layer),
+                         [this](c10::ScalarType dtype) { return accumulation_dtype(dtype); });
   const auto& params = weights.params();
   auto grads_of = [&](const at::Tensor& out, std::vector<at::Tensor> inputs, const at::Tensor& grad_out) {
     inputs.insert(inputs.end(), params.begin(), params.end());
@@ -96,7 +98,7 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
   {
     Phase phase(clock, "layer");
-    for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
+    for_each_chunk(T, c, [&](std::int64_t s, std::int64_t e) {
       auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
       const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
       const auto grads = grads_of(out, {h}, g.slice(1, s, e));  // the prefix's dK/dV went into `sums`
@@ -107,24 +109,29 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   K.reset();
   V.reset();
 
-  // Step 3: the K/V path is position-wise, so it streams too: recompute k, v of a chunk with grad and push
-  // dK/dV of that chunk through it (W_k, W_v, k-norm, input norm, and the layer input). Each dK/dV entry is read
-  // once, so rounding it to the model dtype here is its only rounding.
-  if (!faults_.drop_kv_path) {
-    Phase phase(clock, "kv_path");
-    for_each_chunk(T_used, c, [&](std::int64_t s, std::int64_t e) {
-      auto h = leaf(h_in.slice(1, s, e));
-      const auto [k, v] = model.kv(layer, h, s);
-      std::vector<at::Tensor> inputs = {h};
-      inputs.insert(inputs.end(), params.begin(), params.end());
-      const auto grads = torch::autograd::grad(
-          {k, v}, inputs, {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
-          /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-      g.slice(1, s, e).add_(grads[0]);
-      weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
-    });
-  }
+  // Step 3: dK/dV through the K/V path.
+  kv_path_backward(model, layer, h_in, dK, dV, g, weights, clock);
   weights.commit();
+}
+
+void StreamBP::kv_path_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& dK,
+                                const at::Tensor& dV, at::Tensor& g, ChunkGradients& weights, PhaseClock& clock) const {
+  // The K/V path is position-wise, so it streams too: recompute k, v of a chunk with grad and push dK/dV of that
+  // chunk through it (W_k, W_v, k-norm, input norm, and the layer input). Each dK/dV entry is read once, so rounding
+  // it to the model dtype here is its only rounding.
+  Phase phase(clock, "kv_path");
+  const auto& params = weights.params();
+  for_each_chunk(h_in.size(1), options_.layer_chunk, [&](std::int64_t s, std::int64_t e) {
+    auto h = leaf(h_in.slice(1, s, e));
+    const auto [k, v] = model.kv(layer, h, s);
+    std::vector<at::Tensor> inputs = {h};
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    const auto grads = torch::autograd::grad(
+        {k, v}, inputs, {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
+        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    g.slice(1, s, e).add_(grads[0]);
+    weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+  });
 }
 
 MemoryEstimate StreamBP::memory_model(const Workload& w) const {

@@ -12,44 +12,48 @@
 
 namespace sbp {
 
+class ChunkGradients;
+struct HeadResult;
 struct KVGradSums;
-class StreamBP final : public BackpropMethod {
+// Not final: its protected virtual steps (attend, head_and_loss, stream_layer_backward, kv_path_backward,
+// accumulation_dtype) are where the negative controls' faulty subclasses (tests/faulty_methods.h) put their bugs.
+class StreamBP : public BackpropMethod {
  public:
   struct Options {
     std::int64_t layer_chunk = 512;  // tokens per chunk inside a decoder layer (c)
     std::int64_t head_chunk = 1024;  // tokens per chunk of the LM head + loss (c_h)
-  };
-  // Deliberate bugs for the negative controls of the exactness gate (tests only; all off in every other use).
-  struct Faults {
-    bool top_left_causal = false;  // SDPA's is_causal on [s, e) x [0, e): the classic chunking bug
-    bool drop_kv_path = false;     // skip step 3: dK/dV never reach W_k, W_v and the layer input
-    bool double_head_grad = false; // back-propagate 2x the head gradient
-    // Forget the last T mod c tokens of every layer's backward. Under SFT it only shows when T mod c >= 2: the
-    // last token predicts nothing and no query attends to it, so its own gradient is exactly zero anyway.
-    bool drop_tail = false;
-    // Sum dK/dV and the layer's weight gradients over chunks in the model dtype (bf16): one rounding per chunk.
-    bool accumulate_in_model_dtype = false;
   };
 
   explicit StreamBP(Options options) : options_(options) {}
   std::string spec() const override;
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return streambp_flops(workload, options_.layer_chunk); }
-  void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
- private:
-  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
+ protected:
+  const Options& options() const { return options_; }
+  // The LM head + loss per head chunk (streamed_head): the loss and dLoss/dH[L]; commits the head's gradients.
+  virtual HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+                                   PhaseClock& clock) const;
   // One layer's exact backward, streamed: g holds dLoss/dH_out [B, T, d] on entry and dLoss/dH_in on return. Each
   // chunk reads its own rows of dLoss/dH_out once (the layer is position-wise outside attention, whose K/V
   // gradients go to the sums), so its input gradient overwrites them: no second [B, T, d] buffer.
-  void stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
-                             PhaseClock& clock) const;
+  virtual void stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
+                                     PhaseClock& clock) const;
   // The chunk's attention over K/V[..., :q_start + c, :], its K/V gradients added into `sums`.
-  at::Tensor attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
-                    std::int64_t q_start, const KVGradSums& sums) const;
+  virtual at::Tensor attend(const Model& model, const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
+                            std::int64_t q_start, const KVGradSums& sums) const;
+  // Step 3 of a layer's backward: dK/dV [B, n_kv, T, hd] (every chunk's share summed) pushed through the K/V path of
+  // each chunk into g (dLoss/dH_in) and the layer's weight gradients.
+  virtual void kv_path_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& dK,
+                                const at::Tensor& dV, at::Tensor& g, ChunkGradients& weights, PhaseClock& clock) const;
+  // The dtype dK/dV and the layer's weight gradients are summed over chunks in, for gradients in `dtype`: fp32 for
+  // bf16 (ChunkGradients::accumulation_dtype).
+  virtual c10::ScalarType accumulation_dtype(c10::ScalarType dtype) const;
+
+ private:
+  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
 
   Options options_;
-  Faults faults_;
 };
 
 }  // namespace sbp

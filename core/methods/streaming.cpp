@@ -39,8 +39,8 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
   return out;
 }
 
-ChunkGradients::ChunkGradients(std::vector<at::Tensor> params, bool keep_model_dtype)
-    : params_(std::move(params)), sums_(params_.size()), keep_model_dtype_(keep_model_dtype) {}
+ChunkGradients::ChunkGradients(std::vector<at::Tensor> params, SumDtype sum_dtype)
+    : params_(std::move(params)), sums_(params_.size()), sum_dtype_(std::move(sum_dtype)) {}
 
 c10::ScalarType ChunkGradients::accumulation_dtype(c10::ScalarType dtype) {
   return dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
@@ -52,7 +52,7 @@ void ChunkGradients::add(at::ArrayRef<at::Tensor> grads) {
   for (std::size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) continue;
     if (!sums_[i].defined())
-      sums_[i] = keep_model_dtype_ ? grads[i] : grads[i].to(accumulation_dtype(grads[i].scalar_type()));
+      sums_[i] = grads[i].to(sum_dtype_(grads[i].scalar_type()));
     else
       sums_[i].add_(grads[i]);
   }
@@ -81,9 +81,8 @@ void statistics_pass(const Model& model, Objective& objective, const at::Tensor&
 }
 
 HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
-                         PhaseClock& clock, std::int64_t T_used, double grad_scale) {
+                         PhaseClock& clock) {
   const auto T = h_last.size(1);
-  if (T_used < 0) T_used = T;
   // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
   // not the whole sequence.
   if (objective.needs_statistics() && head_chunk < T) {
@@ -100,7 +99,7 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
   ChunkGradients norm_grads(norm);
   at::Tensor lm_sum;  // [V, d]
   Model::HeadBuffers buffers;  // the [B, c_h, V] blocks every chunk reuses (see Model::HeadBuffers)
-  for_each_chunk(T_used, head_chunk, [&](std::int64_t s, std::int64_t e) {
+  for_each_chunk(T, head_chunk, [&](std::int64_t s, std::int64_t e) {
     auto h = h_last.slice(1, s, e).detach().requires_grad_(true);  // [B, c_h, d]
     const auto hn = model.final_norm(h);                              // with a graph: final norm weight and h
     at::Tensor logits;  // [B, c_h, V], compute dtype; becomes dLoss/dlogits
@@ -109,7 +108,6 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
       logits = model.logits(hn, &buffers);
     }
     out.loss += objective.chunk_loss_and_grad(logits, s);
-    if (grad_scale != 1.0) logits.mul_(grad_scale);
     const auto grad_hn = model.logits_backward(logits, hn, lm_sum, &buffers);  // [B, c_h, d]
     logits.reset();  // a view: the block stays for the next chunk, through the final norm's backward
     std::vector<at::Tensor> inputs = {h};

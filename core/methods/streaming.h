@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -42,8 +43,9 @@ void statistics_pass(const Model& model, Objective& objective, const at::Tensor&
 // For fp32/fp64 parameters the sum is kept in their own dtype: no buffer beyond the gradient itself.
 class ChunkGradients {
  public:
-  // keep_model_dtype: sum in the parameters' own dtype even for bf16 (a negative control's fault only).
-  explicit ChunkGradients(std::vector<at::Tensor> params, bool keep_model_dtype = false);
+  // The dtype a parameter's chunk contributions are summed in, given theirs (by default accumulation_dtype).
+  using SumDtype = std::function<c10::ScalarType(c10::ScalarType)>;
+  explicit ChunkGradients(std::vector<at::Tensor> params, SumDtype sum_dtype = &ChunkGradients::accumulation_dtype);
   const std::vector<at::Tensor>& params() const { return params_; }
   // One contribution per parameter, aligned with params() (undefined: none from this chunk).
   void add(at::ArrayRef<at::Tensor> grads);
@@ -54,7 +56,7 @@ class ChunkGradients {
 
  private:
   std::vector<at::Tensor> params_, sums_;
-  bool keep_model_dtype_;
+  SumDtype sum_dtype_;
 };
 
 struct HeadResult {
@@ -64,10 +66,9 @@ struct HeadResult {
 // The LM head + loss streamed over head chunks of c_h positions (StreamBP and MsT share it): the statistics pass
 // first when the objective needs one (phase "statistics"), then per chunk final norm + logits (one [B, c_h, V]
 // buffer), the objective's in-place gradient, and the head backward by hand — the lm_head gradient accumulates
-// inside the GEMM. Positions in [T_used, T) are skipped and get no gradient (T_used < T only for the negative
-// controls that reproduce a dropped tail); grad_scale multiplies the head gradient (1 but in a negative control).
+// inside the GEMM.
 HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
-                         PhaseClock& clock, std::int64_t T_used = -1, double grad_scale = 1.0);
+                         PhaseClock& clock);
 
 // logp[b, t] = log_softmax(logits[b, t - 1] / temperature)[input_ids[b, t]] for t >= 1, column 0 = 0: [B, T] fp64.
 // A chunked no-grad pass of `model` on its own hidden states; never holds more than [B, head_chunk, V] logits.

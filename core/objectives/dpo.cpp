@@ -18,11 +18,6 @@ std::string DpoObjective::spec() const {
   return fmt::format("dpo:beta={},label_smoothing={}", options_.beta, options_.label_smoothing);
 }
 
-void DpoObjective::inject_faults_for_testing(const Faults& faults) {
-  faults_ = faults;
-  fault_partial_statistics_ = faults.partial_statistics;
-}
-
 Batch DpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
   if (o.batch_size % 2 != 0)
     throw std::invalid_argument("dpo: --batch counts rows (P chosen, then P rejected) and must be even, got " +
@@ -69,12 +64,10 @@ void DpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std:
   if (rows % 2 != 0)
     throw std::invalid_argument(source + ": dpo needs an even number of rows (P chosen, then P rejected), input_ids has " +
                                 std::to_string(rows));
-  auto completion = checked_completion_mask(b, source);
+  const auto completion = checked_completion_mask(b, source);
   if (!b.has("ref_logps"))
     throw std::invalid_argument(source + ": dpo needs ref_logps in the batch or --ref (a reference model)");
   ref_ = checked_float_field(b, "ref_logps", {rows}, {}, source);
-  if (faults_.skip_first_completion_token)  // the first completion token of every row goes unscored
-    completion = completion * (completion.cumsum(1) != 1);
   targets_ = at::where(shift_left(completion, 0) == 1, shift_left(b.input_ids, 0), -1);
   temperature_ = 1.0;
 }

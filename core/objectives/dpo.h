@@ -10,19 +10,16 @@
 
 namespace sbp {
 
-class DpoObjective final : public Objective {
+// Not final: the negative controls' faulty subclasses (tests/faulty_objectives.h) override prepare_fields and
+// statistics_rest.
+class DpoObjective : public Objective {
  public:
   struct Options {
     double beta = 0.1, label_smoothing = 0.0;  // TRL's defaults
   };
-  struct Faults {  // negative controls (tests only)
-    bool skip_first_completion_token = false;  // the public StreamBP code's bug
-    bool partial_statistics = false;           // each head chunk's coefficient from its own partial sums
-  };
 
   explicit DpoObjective(const Spec& spec);
   std::string spec() const override;
-  void inject_faults_for_testing(const Faults& faults);
 
   // --batch counts rows (P chosen + P rejected, even); pair p's rows share a prompt.
   Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const override;
@@ -35,15 +32,16 @@ class DpoObjective final : public Objective {
   std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const override;
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
 
- private:
+ protected:
   void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
+
+ private:
   at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
   bool has_row_term() const override { return true; }
   at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const override;
   at::Tensor row_loss(const at::Tensor& S) const override;
 
   Options options_;
-  Faults faults_;
   at::Tensor ref_;  // [2P] fp64
 };
 

@@ -107,13 +107,13 @@ at::Tensor GrpoObjective::clipped_surrogate(const at::Tensor& w, const at::Tenso
   return -at::minimum(w * advantages, at::clamp(w, 1.0 - options_.epsilon_low, 1.0 + options_.epsilon_high) * advantages);
 }
 
+at::Tensor GrpoObjective::token_weights(const at::Tensor& mask) const {
+  return weights_.to(mask.scalar_type()).unsqueeze(1);
+}
+
 at::Tensor GrpoObjective::token_loss(const at::Tensor& logp, std::int64_t start) const {
   const auto mask = chunk_of(scored_, start, logp);  // [B, c]
-  auto weights = weights_.to(logp.scalar_type()).unsqueeze(1);  // [B, 1]
-  if (faults_.per_chunk_normalisation) {
-    const auto in_chunk = mask.sum(1, /*keepdim=*/true).clamp_min(1.0);
-    weights = options_.loss_type == "grpo" ? 1.0 / (double(logp.size(0)) * in_chunk) : 1.0 / in_chunk.sum().clamp_min(1.0);
-  }
+  const auto weights = token_weights(mask);            // [B, 1]
   auto per_token = at::zeros_like(logp);
   if (options_.importance == "token") {
     const auto w = at::exp(logp - old_chunk(logp, start));

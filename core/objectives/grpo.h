@@ -12,7 +12,8 @@
 
 namespace sbp {
 
-class GrpoObjective final : public Objective {
+// Not final: the negative control's faulty subclass (tests/faulty_objectives.h) overrides token_weights.
+class GrpoObjective : public Objective {
  public:
   // Defaults are TRL's current GRPOConfig (beta 0, epsilon 0.2 both sides, loss_type dapo, temperature 1, token
   // importance, max_completion_length 256). The paper's code pinned TRL 0.17: beta=0.04,loss_type=bnpo,temperature=0.9.
@@ -21,14 +22,10 @@ class GrpoObjective final : public Objective {
     std::string loss_type = "dapo", importance = "token";
     std::int64_t max_completion_length = 256;
   };
-  struct Faults {  // negative controls (tests only)
-    bool per_chunk_normalisation = false;  // count completion tokens per head chunk instead of over the batch
-  };
 
   explicit GrpoObjective(const Spec& spec);
   std::string spec() const override;
   const Options& options() const { return options_; }
-  void inject_faults_for_testing(const Faults& faults) { faults_ = faults; }
 
   // --batch B rows in groups of --group G completions per prompt; advantages = group-normalised N(0, 1) rewards
   // ((r - mean) / (std + 1e-4), TRL's scale_rewards=group); no old_logps/ref_logps yet (add_synthetic_logps).
@@ -44,6 +41,11 @@ class GrpoObjective final : public Objective {
   }
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
 
+ protected:
+  // The loss_type's normaliser of each scored token of a head chunk whose scored mask is `mask` ([B, c], in the
+  // log-probs' dtype): weights_ per row, [B, 1], fixed over the batch (or the step) by prepare_fields.
+  virtual at::Tensor token_weights(const at::Tensor& mask) const;
+
  private:
   void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
   at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
@@ -54,7 +56,6 @@ class GrpoObjective final : public Objective {
   at::Tensor clipped_surrogate(const at::Tensor& w, const at::Tensor& advantages) const;  // -min(w·A, clip(w)·A)
 
   Options options_;
-  Faults faults_;
   at::Tensor advantages_;  // [B] fp64
   at::Tensor old_, ref_;   // [B, T] fp64 per position (t scores token t + 1); old_ undefined: the current policy
   at::Tensor counts_;      // [B] fp64: completion tokens of each row (n_b)

@@ -142,11 +142,14 @@ at::Tensor Objective::chunk_term(const at::Tensor& logp, std::int64_t start) con
   if (!statistics_ready_)
     throw std::logic_error(name() + ": a head chunk that is not the whole sequence needs the statistics pass first");
   const auto total = statistics_.to(logp.scalar_type());
-  const auto rest = fault_partial_statistics_ ? at::zeros_like(total) : total - s_chunk.detach();
-  auto row = row_loss(rest + s_chunk);
+  auto row = row_loss(statistics_rest(total, s_chunk) + s_chunk);
   // R's value is counted once, in the first chunk; later chunks add only their share of its gradient.
   if (start > 0) row = row - row_loss(total);
   return term + row;
+}
+
+at::Tensor Objective::statistics_rest(const at::Tensor& total, const at::Tensor& s_chunk) const {
+  return total - s_chunk.detach();
 }
 
 void Objective::accumulate_statistics(at::Tensor& logits, std::int64_t start) {

@@ -104,6 +104,8 @@ class Objective {
 
   // The chunk's terms as a function of its log-probs: token terms + R(S_rest + S_chunk) (see the top of this file).
   at::Tensor chunk_term(const at::Tensor& logp, std::int64_t start) const;
+  // S_rest of that chunk term, held fixed: the other chunks' share of the statistics, total - S_chunk (both [B]).
+  virtual at::Tensor statistics_rest(const at::Tensor& total, const at::Tensor& s_chunk) const;
   // Log-probs of the chunk's targets, [B, c], 0 where unscored; differentiable (log_softmax) or, in place, leaving
   // exp(logits / temperature - row max) in `logits` and, when asked, its row sums ([B*c, 1]) in `row_sum`.
   at::Tensor logps(const at::Tensor& logits, std::int64_t start) const;
@@ -120,8 +122,6 @@ class Objective {
   at::Tensor statistics_;  // [B] fp64: S summed over the chunks seen by the statistics pass
   bool statistics_ready_ = false;
   std::optional<StepTotals> step_totals_;
-  // Negative control (tests only): each chunk differentiates R at its own partial sums, as if S_rest were 0.
-  bool fault_partial_statistics_ = false;
 };
 
 // Checks shared by the objectives' prepare_fields; each throws std::invalid_argument naming `source` and the tensor.

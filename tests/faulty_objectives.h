@@ -1,0 +1,43 @@
+// Faulty objectives for the negative controls of the objectives' gates (DESIGN §8): each subclass overrides one
+// protected step of DPO or GRPO with a known way of getting it wrong — the public StreamBP code's bugs among them
+// (REFERENCES §2). The production classes carry no switch for any of them: fault injection lives in tests.
+#pragma once
+
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/objectives/dpo.h"
+#include "core/objectives/grpo.h"
+
+namespace sbp::test {
+
+// The public StreamBP code's bug: the first completion token of every row goes unscored (the last prompt position,
+// which predicts it, is left out of S).
+class FirstTokenSkippingDpo : public DpoObjective {
+ public:
+  using DpoObjective::DpoObjective;
+
+ protected:
+  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
+};
+
+// Each head chunk takes its coefficient dR/dS from its own partial sums, as if S_rest were 0.
+class PartialStatisticsDpo : public DpoObjective {
+ public:
+  using DpoObjective::DpoObjective;
+
+ protected:
+  at::Tensor statistics_rest(const at::Tensor& total, const at::Tensor& s_chunk) const override;
+};
+
+// Normalised per head chunk: completion tokens counted per chunk instead of over the batch.
+class PerChunkNormalisedGrpo : public GrpoObjective {
+ public:
+  using GrpoObjective::GrpoObjective;
+
+ protected:
+  at::Tensor token_weights(const at::Tensor& mask) const override;
+};
+
+}  // namespace sbp::test

@@ -10,9 +10,11 @@ JOBS ?= 2
 NVCC ?= /usr/local/cuda/bin/nvcc
 export CCACHE_DIR ?= $(CACHE)/ccache
 
-APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils
+APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils \
+  libgloo-dev
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
-DEPS_STAMP := $(CACHE)/apt-packages.stamp
+# Bump the stamp name when APT_PACKAGES changes, so existing machines install the new packages.
+DEPS_STAMP := $(CACHE)/apt-packages-2.stamp
 # Bump the stamp name when the venv's package list changes, so existing venvs get the new packages.
 VENV_STAMP := $(VENV)/.streambp-venv-3.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)

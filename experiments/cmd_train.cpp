@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -17,8 +18,11 @@
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
 #include "core/io/safetensors.h"
+#include "core/training/c10d_communicator.h"
+#include "core/training/data_parallel.h"
 #include "core/training/trainer.h"
 #include "experiments/commands.h"
+#include "experiments/launch.h"
 #include "experiments/provenance.h"
 
 namespace sbp {
@@ -48,6 +52,13 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "folder of the resumable checkpoints (checkpoint-NNNNNN)");
   app.add_option("--resume", a.resume_dir, "continue from the latest complete checkpoint in DIR (from step 0 when it "
                  "has none); checkpoints then also go there unless --checkpoint-dir says otherwise");
+  app.add_option("--nproc", a.nproc, "data-parallel ranks on this machine (DDP, Gloo on the CPU): N fresh processes of "
+                 "this command, each back-propagating its rows of every global batch, gradients summed over ranks once "
+                 "per layer at its gradient-ready event, the loss normalised by the global batch's totals; rank 0 "
+                 "writes every output; one intra-op thread per rank unless --threads. Under torchrun (RANK, "
+                 "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each process is one rank")->check(CLI::Range(1, 1024));
+  app.add_option("--dist-timeout", a.dist_timeout, "seconds a rank waits for the others (rendezvous and every "
+                 "collective) before it fails")->check(CLI::PositiveNumber);
   app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
                  "bytes) and its JSON sidecar with provenance; a resumed run keeps the rows up to its checkpoint");
 }
@@ -91,7 +102,8 @@ std::string eta_text(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
 
-const char* kMetricsHeader = "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes";
+const char* kMetricsHeader =
+    "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes,world_size,all_reduce_calls,all_reduce_bytes";
 
 // The data rows of an earlier metrics file with step <= `through` (a resumed run continues it).
 std::vector<std::string> metrics_rows_through(const fs::path& file, std::int64_t through) {
@@ -105,10 +117,28 @@ std::vector<std::string> metrics_rows_through(const fs::path& file, std::int64_t
   return rows;
 }
 
+// The ranks must run the same thing: every fingerprint entry (and the method) hashed and gathered; the first that
+// differs is named with the ranks that disagree.
+void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, const std::string& method) {
+  std::vector<std::pair<std::string, std::string>> items = {{"method", method}};
+  for (const auto& [key, value] : fingerprint.items()) items.push_back({key, value.dump()});
+  std::vector<std::int64_t> hashes;
+  for (const auto& [key, text] : items) hashes.push_back(std::int64_t(std::hash<std::string>{}(text) >> 1));
+  const auto all = comm.all_gather(at::tensor(hashes, at::kLong));
+  for (std::size_t i = 0; i < items.size(); ++i)
+    for (int other = 1; other < comm.world_size(); ++other)
+      if (all[other][std::int64_t(i)].item<std::int64_t>() != all[0][std::int64_t(i)].item<std::int64_t>())
+        throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on {} (this rank's: {})", other,
+                                                items[i].first, items[i].second));
+}
+
 }  // namespace
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
+  const auto ranks = rank_from_environment();
+  if (a.nproc > 1 && !ranks) return launch_ranks(a.nproc);
   const auto& r = a.run;
+  if (ranks && ranks->world_size > 1 && r.setup.threads == 0) at::set_num_threads(1);
   r.setup.apply_threads();
   const auto device = r.setup.parsed_device();
   const bool random = a.data_dir.empty();
@@ -117,9 +147,12 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
-  for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
-                                   {r.save_adapter, "--save-adapter"}})
-    if (!file.empty()) check_new_output(file, r.force, flag);
+  const int world = ranks ? ranks->world_size : 1, rank = ranks ? ranks->rank : 0;
+  const bool writer = rank == 0;  // rank 0 writes every output; the ranks hold the same model after every step
+  if (writer)
+    for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
+                                     {r.save_adapter, "--save-adapter"}})
+      if (!file.empty()) check_new_output(file, r.force, flag);
   if (!r.save_adapter.empty() && r.setup.lora.empty() && r.setup.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
@@ -135,19 +168,35 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
   // batch of the same seed), its log-probs completed by the current policy.
+  // Data-parallel: this rank's rows of it (Objective::split: DPO keeps pairs), the same on every rank count.
   auto batch_for_step = [&](std::int64_t s) {
     const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
     Batch batch = random ? objective->random_batch(model->config(), {r.batch_size, r.seq_len, r.pad_fraction,
                                                                      r.prompt_fraction, r.setup.seed + std::uint64_t(s), r.setup.group})
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);
+    if (world > 1) {
+      if (batch.batch_size() % world != 0)
+        throw std::invalid_argument(fmt::format("--nproc {}: the global batch of {} has {} rows, which do not split "
+                                                "evenly over the ranks", world, source, batch.batch_size()));
+      batch = objective->split(batch, world, source).at(std::size_t(rank));
+    }
     batch = batch.to(device);
     complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.setup.seed + std::uint64_t(s));
     return std::pair{batch, source};
   };
 
-  Trainer trainer(*model, *method, *objective, options);
   const auto fingerprint = trajectory_fingerprint(a, *model, *objective, optimizer_spec(options.optimizer));
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<DataParallel> parallel;
+  if (world > 1) {
+    comm = make_gloo_communicator({.rank = rank, .world_size = world, .file_store = ranks->file_store,
+                                   .master_addr = ranks->master_addr, .master_port = ranks->master_port,
+                                   .timeout = std::chrono::seconds(a.dist_timeout)});
+    check_ranks_agree(*comm, fingerprint, method->spec());
+    parallel = std::make_unique<DataParallel>(*comm);
+  }
+  Trainer trainer(*model, *method, *objective, options, parallel.get());
   std::int64_t start_step = 0;
   if (!a.resume_dir.empty()) {
     const auto latest = Trainer::latest_checkpoint(a.resume_dir);
@@ -169,7 +218,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     fmt::print(stderr, "train     nothing to do: {} of --steps {} already taken\n", start_step, a.steps);
 
   std::vector<std::string> metric_rows;
-  if (!a.metrics.empty()) {
+  if (!a.metrics.empty() && writer) {
     if (fs::exists(a.metrics) && start_step > 0 && !r.force)
       metric_rows = metrics_rows_through(a.metrics, start_step);
     else
@@ -177,7 +226,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   }
   const auto prov = collect_provenance(command_line, describe_device(device));
   auto write_metrics = [&] {
-    if (a.metrics.empty()) return;
+    if (a.metrics.empty() || !writer) return;
     std::ostringstream csv;
     csv << kMetricsHeader << "\n";
     for (const auto& row : metric_rows) csv << row << "\n";
@@ -192,9 +241,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     write_file_atomically(fs::path(a.metrics).replace_extension(".json"), sidecar.dump(2) + "\n");
   };
 
-  fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}\n", method->spec(), r.setup.source.describe(),
-             precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
-             lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps);
+  if (writer)
+    fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}{}\n", method->spec(), r.setup.source.describe(),
+               precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
+               lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
+               world > 1 ? fmt::format(", {} ranks (DDP, Gloo)", world) : "");
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
   const auto weight_bytes = model_weight_bytes(*model);
@@ -217,31 +268,36 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     // As `run` counts: the step's peak with the model's weights and the optimizer's states, not what else the
     // process holds (the batch, the data's files).
     const auto held = meter.current_bytes() - weight_bytes - trainer.optimizer().state_bytes();
+    if (comm) comm->reset_stats();
     const auto t = trainer.step(batch, source);
+    const auto reduced = comm && comm->stats().count("all_reduce") ? comm->stats().at("all_reduce") : CollectiveStats{};
     const auto step_peak = meter.peak_bytes() - held;
     peak = std::max(peak, step_peak);
     last_loss = t.loss;
     total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     const double per_step = total_seconds / double(s + 1 - start_step);
-    fmt::print(stderr, "step {}/{}  loss {:.6g}  grad_norm {:.4g}  lr {:.4g}  {:.0f} tok/s  peak {}  ETA {}\n", t.step,
+    if (writer)
+      fmt::print(stderr, "step {}/{}  loss {:.6g}  grad_norm {:.4g}  lr {:.4g}  {:.0f} tok/s  peak {}  ETA {}\n", t.step,
                a.steps, t.loss, t.grad_norm, t.lr, double(t.tokens) / (t.bp_seconds + t.optimizer_seconds),
                metered ? format_bytes(step_peak) : "-", eta_text(per_step * double(a.steps - t.step)));
-    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{}", t.step, t.loss, t.grad_norm,
-                                      t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
-                                      metered ? std::to_string(step_peak) : ""));
+    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{}", t.step, t.loss,
+                                      t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
+                                      metered ? std::to_string(step_peak) : "", world, reduced.calls, reduced.bytes));
     write_metrics();
     const bool last = t.step == a.steps;
-    if (!checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
+    if (writer && !checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
       const auto dir = trainer.save_checkpoint(checkpoint_dir, {{"trajectory", fingerprint},
                                                                 {"method", method->spec()},
                                                                 {"provenance", to_json(prov)}});
       fmt::print(stderr, "checkpoint {}\n", dir.string());
     }
   }
-  if (estimate && metered && trainer.steps_taken() > start_step)
+  if (writer && estimate && metered && trainer.steps_taken() > start_step)
     fmt::print(stderr, "peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(peak),
                format_bytes(estimate->total_bytes()), 100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0),
                estimate->moment);
+  if (comm) comm->barrier();  // every rank finished its steps before rank 0 reports
+  if (!writer) return 0;
   if (!r.save_model.empty()) save_model_dir(*model, r.save_model);
   if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.setup.source.describe());
   if (!r.json.empty()) {
@@ -255,6 +311,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"model_peak_moment", estimate ? nlohmann::json(estimate->moment) : nlohmann::json()},
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"method", method->spec()},
+                              {"world_size", world},
                               {"trajectory", fingerprint},
                               {"metrics", a.metrics},
                               {"device", describe_device(device)},

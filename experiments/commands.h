@@ -45,6 +45,8 @@ struct TrainArgs {
   std::string optimizer = "adamw", state_dtype, lr_schedule = "constant";
   double clip_grad_norm = 0;
   std::string data_dir, checkpoint_dir, resume_dir, metrics;
+  int nproc = 1;             // ranks on this machine (--nproc); under torchrun, the environment's
+  int dist_timeout = 300;    // seconds a collective or the rendezvous may take before the rank gives up
 };
 void add_train_options(CLI::App& app, TrainArgs& args);
 int train_command(const TrainArgs& args, const std::string& command_line);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/model.h"
+#include "core/training/data_parallel.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
 
@@ -48,9 +49,10 @@ std::string checkpoint_name(std::int64_t step) {
 
 }  // namespace
 
-Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options)
+Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
+                 DataParallel* parallel)
     : model_(model), method_(method), objective_(objective), options_(std::move(options)),
-      optimizer_(model.trainable(), options_.optimizer) {
+      optimizer_(model.trainable(), options_.optimizer), parallel_(parallel) {
   if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
   if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
   if (!(options_.clip_grad_norm >= 0)) throw std::invalid_argument("--clip-grad-norm must be >= 0");
@@ -67,15 +69,27 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
     totals.rows += t.rows;
     totals.tokens += t.tokens;
   }
+  if (parallel_) totals = parallel_->global_totals(totals);
   out.tokens = totals.tokens;
   {
     const StepTotalsScope scope(objective_, totals);
     for (std::size_t k = 0; k < micro.size(); ++k) {
-      const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
-      out.loss += r.loss;
-      out.bp_seconds += r.bp_seconds;
+      // Data-parallel: each group is reduced over ranks when its gradient is final for the step, i.e. at its event
+      // of the last micro-batch.
+      const bool reduce = parallel_ && k + 1 == micro.size();
+      if (reduce) method_.on_gradient_ready([this](const GradientGroup& group) { parallel_->reduce(group); });
+      try {
+        const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
+        out.loss += r.loss;
+        out.bp_seconds += r.bp_seconds;
+      } catch (...) {
+        if (reduce) method_.on_gradient_ready(nullptr);
+        throw;
+      }
+      if (reduce) method_.on_gradient_ready(nullptr);
     }
   }
+  if (parallel_) out.loss = parallel_->global_loss(out.loss);
   const auto start = std::chrono::steady_clock::now();
   std::vector<at::Tensor> params;
   for (const auto& p : model_.trainable()) params.push_back(p.tensor);

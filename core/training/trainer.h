@@ -17,6 +17,7 @@
 namespace sbp {
 
 class Model;
+class DataParallel;
 
 struct TrainOptions {
   OptimizerOptions optimizer;
@@ -28,10 +29,10 @@ struct TrainOptions {
 
 struct TrainStepResult {
   std::int64_t step = 0;  // 1-based: the number of optimizer steps taken after this one
-  double loss = 0;        // the step's objective (the sum of its micro-batches' terms)
+  double loss = 0;        // the step's objective (the sum of its micro-batches' terms, over every rank)
   double grad_norm = 0;   // global 2-norm of the gradients before clipping (clip_grad_norm_'s return value)
   double lr = 0;          // the learning rate this step used
-  std::int64_t tokens = 0;  // scored target tokens of the step
+  std::int64_t tokens = 0;  // scored target tokens of the step (of the global batch)
   double bp_seconds = 0, optimizer_seconds = 0;  // forward + backward of all micro-batches; clipping + update
 };
 
@@ -39,7 +40,10 @@ class Trainer {
  public:
   // The model's trainable tensors (Model::trainable: all weights, or the LoRA adapters) are what the optimizer
   // updates. References are kept: model, method and objective outlive the trainer.
-  Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options);
+  // With `parallel`, this rank's batches are its rows of the global batch and every step is data-parallel (the
+  // gradients summed over ranks at their gradient-ready events, the objective normalised by the global totals).
+  Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
+          DataParallel* parallel = nullptr);
 
   // One optimizer step on a global batch (prepared log-probs included, see complete_batch): split into
   // options.grad_accum micro-batches (Objective::split), each back-propagated with the step's totals.
@@ -70,6 +74,7 @@ class Trainer {
   Objective& objective_;
   TrainOptions options_;
   Optimizer optimizer_;
+  DataParallel* parallel_;
 };
 
 }  // namespace sbp

@@ -1,0 +1,45 @@
+// What data-parallel training needs from a process group (DESIGN §12), without c10d's headers: sums across ranks
+// in place, a gather, a barrier, and the bytes and calls each collective moved (the run's communication accounting).
+// The implementation over torch's c10d (Gloo on CPU) is core/training/c10d_communicator.h; world size 1 needs none.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace sbp {
+
+struct CollectiveStats {
+  std::int64_t calls = 0, bytes = 0;  // bytes: of the tensors handed to the collective on this rank
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Element-wise SUM over ranks, in place, as one collective (never AVG: DESIGN §12).
+  virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
+  // Every rank's `tensor` (same shape on all), stacked along a new first dimension in rank order.
+  virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
+  virtual void barrier() = 0;
+
+  // Per collective kind ("all_reduce", "all_gather"), since construction or the last reset.
+  const std::map<std::string, CollectiveStats>& stats() const { return stats_; }
+  void reset_stats() { stats_.clear(); }
+
+ protected:
+  void count(const std::string& kind, std::int64_t bytes) {
+    auto& s = stats_[kind];
+    ++s.calls;
+    s.bytes += bytes;
+  }
+
+ private:
+  std::map<std::string, CollectiveStats> stats_;
+};
+
+}  // namespace sbp

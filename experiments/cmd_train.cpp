@@ -57,6 +57,10 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
                  "per layer at its gradient-ready event, the loss normalised by the global batch's totals; rank 0 "
                  "writes every output; one intra-op thread per rank unless --threads. Under torchrun (RANK, "
                  "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each process is one rank")->check(CLI::Range(1, 1024));
+  app.add_option("--zero", a.zero, "ZeRO stage of a data-parallel run: 0 = DDP (every rank all-reduces each group's "
+                 "gradients and updates everything), 1 = + optimizer states sharded (each rank updates its slice of "
+                 "every tensor, then the slices are all-gathered), 2 = + gradients reduce-scattered into the slices "
+                 "at each group's gradient-ready event (full gradients freed)")->check(CLI::Range(0, 2));
   app.add_option("--dist-timeout", a.dist_timeout, "seconds a rank waits for the others (rendezvous and every "
                  "collective) before it fails")->check(CLI::PositiveNumber);
   app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
@@ -103,7 +107,8 @@ std::string eta_text(double seconds) {
 }
 
 const char* kMetricsHeader =
-    "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes,world_size,all_reduce_calls,all_reduce_bytes";
+    "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes,world_size,zero,all_reduce_calls,"
+    "all_reduce_bytes,reduce_scatter_calls,reduce_scatter_bytes,all_gather_calls,all_gather_bytes";
 
 // The data rows of an earlier metrics file with step <= `through` (a resumed run continues it).
 std::vector<std::string> metrics_rows_through(const fs::path& file, std::int64_t through) {
@@ -144,6 +149,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const bool random = a.data_dir.empty();
   if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
   if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
+  if (a.zero > 0 && (a.save_every > 0 || !a.resume_dir.empty()))
+    throw std::invalid_argument("--zero " + std::to_string(a.zero) + " with --save-every/--resume: checkpoints of "
+                                "sharded optimizer states are not built yet (issue #20); use --zero 0");
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
@@ -194,7 +202,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                    .master_addr = ranks->master_addr, .master_port = ranks->master_port,
                                    .timeout = std::chrono::seconds(a.dist_timeout)});
     check_ranks_agree(*comm, fingerprint, method->spec());
-    parallel = std::make_unique<DataParallel>(*comm);
+    parallel = std::make_unique<DataParallel>(*comm, a.zero);
   }
   Trainer trainer(*model, *method, *objective, options, parallel.get());
   std::int64_t start_step = 0;
@@ -245,7 +253,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}{}\n", method->spec(), r.setup.source.describe(),
                precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
                lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
-               world > 1 ? fmt::format(", {} ranks (DDP, Gloo)", world) : "");
+               world > 1 ? fmt::format(", {} ranks ({}, Gloo)", world, a.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", a.zero)) : "");
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
   const auto weight_bytes = model_weight_bytes(*model);
@@ -270,7 +278,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     const auto held = meter.current_bytes() - weight_bytes - trainer.optimizer().state_bytes();
     if (comm) comm->reset_stats();
     const auto t = trainer.step(batch, source);
-    const auto reduced = comm && comm->stats().count("all_reduce") ? comm->stats().at("all_reduce") : CollectiveStats{};
+    const auto stats_of = [&](const char* kind) {
+      return comm && comm->stats().count(kind) ? comm->stats().at(kind) : CollectiveStats{};
+    };
+    const auto reduced = stats_of("all_reduce"), scattered = stats_of("reduce_scatter"), gathered = stats_of("all_gather");
     const auto step_peak = meter.peak_bytes() - held;
     peak = std::max(peak, step_peak);
     last_loss = t.loss;
@@ -280,9 +291,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       fmt::print(stderr, "step {}/{}  loss {:.6g}  grad_norm {:.4g}  lr {:.4g}  {:.0f} tok/s  peak {}  ETA {}\n", t.step,
                a.steps, t.loss, t.grad_norm, t.lr, double(t.tokens) / (t.bp_seconds + t.optimizer_seconds),
                metered ? format_bytes(step_peak) : "-", eta_text(per_step * double(a.steps - t.step)));
-    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{}", t.step, t.loss,
-                                      t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
-                                      metered ? std::to_string(step_peak) : "", world, reduced.calls, reduced.bytes));
+    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{},{},{},{},{},{}", t.step,
+                                      t.loss, t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
+                                      metered ? std::to_string(step_peak) : "", world, world > 1 ? a.zero : 0,
+                                      reduced.calls, reduced.bytes, scattered.calls, scattered.bytes, gathered.calls,
+                                      gathered.bytes));
     write_metrics();
     const bool last = t.step == a.steps;
     if (writer && !checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {

@@ -46,6 +46,7 @@ struct TrainArgs {
   double clip_grad_norm = 0;
   std::string data_dir, checkpoint_dir, resume_dir, metrics;
   int nproc = 1;             // ranks on this machine (--nproc); under torchrun, the environment's
+  int zero = 0;              // ZeRO stage (--zero): 0 = DDP, 1 = + optimizer states sharded, 2 = + gradients
   int dist_timeout = 300;    // seconds a collective or the rendezvous may take before the rank gives up
 };
 void add_train_options(CLI::App& app, TrainArgs& args);

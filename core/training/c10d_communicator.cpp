@@ -46,6 +46,17 @@ class GlooCommunicator final : public Communicator {
     wait("all_reduce", group_->allreduce(tensors, options));
   }
 
+  at::Tensor reduce_scatter_sum(const at::Tensor& input) override {
+    auto in = input.contiguous().reshape({-1});
+    TORCH_CHECK(in.numel() % world_ == 0, "reduce_scatter_sum: ", in.numel(), " elements in ", world_, " blocks");
+    auto out = at::empty({in.numel() / world_}, in.options());
+    count("reduce_scatter", std::int64_t(in.nbytes()));
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    wait("reduce_scatter", group_->_reduce_scatter_base(out, in, options));
+    return out;
+  }
+
   at::Tensor all_gather(const at::Tensor& tensor) override {
     // Gloo gathers flat buffers: world x numel elements out, in rank order.
     auto in = tensor.contiguous().reshape({-1});

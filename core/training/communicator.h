@@ -23,11 +23,13 @@ class Communicator {
   virtual int world_size() const = 0;
   // Element-wise SUM over ranks, in place, as one collective (never AVG: DESIGN §12).
   virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
+  // `input` is N equal consecutive blocks (N = world size); returns the SUM over ranks of block `rank()`.
+  virtual at::Tensor reduce_scatter_sum(const at::Tensor& input) = 0;
   // Every rank's `tensor` (same shape on all), stacked along a new first dimension in rank order.
   virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
 
-  // Per collective kind ("all_reduce", "all_gather"), since construction or the last reset.
+  // Per collective kind ("all_reduce", "reduce_scatter", "all_gather"), since construction or the last reset.
   const std::map<std::string, CollectiveStats>& stats() const { return stats_; }
   void reset_stats() { stats_.clear(); }
 

@@ -1,8 +1,54 @@
 #include "core/training/data_parallel.h"
 
+#include <cmath>
+#include <stdexcept>
+
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "core/training/optimizer.h"
 
 namespace sbp {
+namespace {
+
+const void* key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+// A group's gradients, defined (zeros where a rank has none).
+std::vector<at::Tensor> group_gradients(const GradientGroup& group) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : group.tensors) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(Communicator& communicator, int zero_stage)
+    : communicator_(communicator), stage_(zero_stage) {
+  if (zero_stage < 0 || zero_stage > 2)
+    throw std::invalid_argument("--zero " + std::to_string(zero_stage) + ": stages 0 (DDP), 1 and 2 are built (3 is not yet)");
+}
+
+DataParallel::Slice DataParallel::slice_of(std::int64_t numel, int rank) const {
+  const std::int64_t n = communicator_.world_size();
+  const auto chunk = (numel + n - 1) / n;
+  const auto start = std::min(numel, rank * chunk);
+  return {start, std::min(numel, start + chunk), chunk};
+}
+
+TensorList DataParallel::optimizer_params(const TensorList& trainable) {
+  if (stage_ == 0) return trainable;
+  TensorList out;
+  for (const auto& [name, p] : trainable) {
+    const auto s = slice_of(p.numel(), communicator_.rank());
+    auto shard = p.detach().view({-1}).slice(0, s.start, s.end);  // writes land in the model's tensor
+    shards_[key(p)] = shard;
+    out.push_back({name, shard});
+  }
+  return out;
+}
 
 StepTotals DataParallel::global_totals(const StepTotals& local) {
   std::vector<at::Tensor> t = {at::tensor(std::vector<std::int64_t>{local.rows, local.tokens}, at::kLong)};
@@ -11,21 +57,47 @@ StepTotals DataParallel::global_totals(const StepTotals& local) {
 }
 
 void DataParallel::reduce(const GradientGroup& group) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : group.tensors) {
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    grads.push_back(p.grad());
-  }
+  at::NoGradGuard no_grad;
+  auto grads = group_gradients(group);
   if (grads.empty()) return;
-  // One collective per group: the gradients flattened into one buffer (a group's tensors share one dtype).
-  std::vector<at::Tensor> views;
-  for (const auto& g : grads) views.push_back(g.reshape({-1}));
-  std::vector<at::Tensor> flat = {at::cat(views)};
-  communicator_.all_reduce_sum(flat);
+  groups_.push_back({group.name, group.tensors});
+  if (stage_ < 2) {
+    // One collective per group: the gradients flattened into one buffer (a group's tensors share one dtype).
+    std::vector<at::Tensor> views;
+    for (const auto& g : grads) views.push_back(g.reshape({-1}));
+    std::vector<at::Tensor> flat = {at::cat(views)};
+    communicator_.all_reduce_sum(flat);
+    std::int64_t offset = 0;
+    for (auto& g : grads) {
+      g.copy_(flat[0].slice(0, offset, offset + g.numel()).view(g.sizes()));
+      offset += g.numel();
+    }
+    return;
+  }
+  // Stage 2: block q of the buffer holds every tensor's slice q (each padded to its slice length), so that the
+  // reduce-scatter hands each rank the sums of its own slices.
+  const int n = communicator_.world_size(), rank = communicator_.rank();
+  std::int64_t length = 0;
+  for (const auto& g : grads) length += slice_of(g.numel(), 0).padded;
+  auto buffer = at::zeros({n, length}, grads.front().options());
   std::int64_t offset = 0;
-  for (auto& g : grads) {
-    g.copy_(flat[0].slice(0, offset, offset + g.numel()).view(g.sizes()));
-    offset += g.numel();
+  for (const auto& g : grads) {
+    const auto flat = g.reshape({-1});
+    for (int q = 0; q < n; ++q) {
+      const auto s = slice_of(g.numel(), q);
+      buffer[q].slice(0, offset, offset + (s.end - s.start)).copy_(flat.slice(0, s.start, s.end));
+    }
+    offset += slice_of(g.numel(), 0).padded;
+  }
+  const auto mine = communicator_.reduce_scatter_sum(buffer);
+  buffer.reset();
+  offset = 0;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const auto& p = group.tensors[i];
+    const auto s = slice_of(p.numel(), rank);
+    shard_grads_[key(p)] = mine.slice(0, offset, offset + (s.end - s.start));
+    offset += s.padded;
+    p.mutable_grad().reset();  // the full-size gradient is not kept (the bucket is one group)
   }
 }
 
@@ -33,6 +105,70 @@ double DataParallel::global_loss(double local) {
   std::vector<at::Tensor> t = {at::tensor(std::vector<double>{local}, at::kDouble)};
   communicator_.all_reduce_sum(t);
   return t[0].item<double>();
+}
+
+double DataParallel::clip_grad_norm(const TensorList& optimizer_params, double max_norm) {
+  at::NoGradGuard no_grad;
+  if (stage_ == 0) {
+    std::vector<at::Tensor> params;
+    for (const auto& p : optimizer_params) params.push_back(p.tensor);
+    return sbp::clip_grad_norm(params, max_norm);  // every rank holds the same full gradients
+  }
+  // The slices' gradients: views of the reduced full gradients (stage 1) or the reduce-scattered slices (stage 2).
+  for (const auto& [group_name, tensors] : groups_)
+    for (const auto& p : tensors) {
+      auto& shard = shards_.at(key(p));
+      if (stage_ == 1) {
+        const auto s = slice_of(p.numel(), communicator_.rank());
+        shard.mutable_grad() = p.grad().reshape({-1}).slice(0, s.start, s.end);
+      } else {
+        shard.mutable_grad() = shard_grads_.at(key(p));
+      }
+    }
+  shard_grads_.clear();
+  // torch's clip_grad_norm_ over the whole model's gradients: the 2-norm of all of them (summed over the ranks'
+  // slices here, in fp64), each gradient multiplied by min(max_norm / (norm + 1e-6), 1).
+  std::vector<at::Tensor> sum = {at::zeros({1}, at::kDouble)};
+  for (const auto& p : optimizer_params)
+    if (p.tensor.grad().defined()) sum[0] += p.tensor.grad().to(at::kDouble).square().sum();
+  communicator_.all_reduce_sum(sum);
+  const double norm = std::sqrt(sum[0].item<double>());
+  const double coefficient = std::min(max_norm / (norm + 1e-6), 1.0);
+  for (const auto& p : optimizer_params)
+    if (p.tensor.grad().defined()) p.tensor.grad().mul_(coefficient);
+  return norm;
+}
+
+void DataParallel::gather_updated() {
+  at::NoGradGuard no_grad;
+  if (stage_ == 0) {
+    groups_.clear();
+    return;
+  }
+  const int n = communicator_.world_size();
+  for (const auto& [group_name, tensors] : groups_) {
+    std::int64_t length = 0;
+    for (const auto& p : tensors) length += slice_of(p.numel(), 0).padded;
+    auto mine = at::zeros({length}, tensors.front().options());
+    std::int64_t offset = 0;
+    for (const auto& p : tensors) {
+      const auto& shard = shards_.at(key(p));
+      mine.slice(0, offset, offset + shard.numel()).copy_(shard);
+      offset += slice_of(p.numel(), 0).padded;
+    }
+    const auto all = communicator_.all_gather(mine);  // [N, length]
+    offset = 0;
+    for (const auto& p : tensors) {
+      auto flat = p.detach().view({-1});
+      for (int q = 0; q < n; ++q) {
+        const auto s = slice_of(p.numel(), q);
+        flat.slice(0, s.start, s.end).copy_(all[q].slice(0, offset, offset + (s.end - s.start)));
+      }
+      offset += slice_of(p.numel(), 0).padded;
+    }
+  }
+  for (auto& [k, shard] : shards_) shard.mutable_grad().reset();
+  groups_.clear();
 }
 
 }  // namespace sbp

@@ -1,11 +1,20 @@
-// Data parallelism, ZeRO stage 0 (DDP), over a Communicator (DESIGN §12). Each rank back-propagates its rows of the
-// global batch; the paper's rule: a gradient group (the head, a layer, the embedding) is summed over ranks once, at
+// Data parallelism over a Communicator (DESIGN §12), ZeRO stages 0-2. Each rank back-propagates its rows of the
+// global batch; the paper's rule: a gradient group (the head, a layer, the embedding) is reduced over ranks once, at
 // its gradient-ready event of the step's last micro-batch (StreamBP: after the layer's chunk loop has committed its
 // sums), never per chunk, so StreamBP communicates exactly what standard BP does. The objective is normalised by the
-// global batch's totals (summed over ranks), so the SUM over ranks is the whole batch's gradient: never an average of
-// per-rank means, which is wrong whenever ranks hold different numbers of target tokens.
+// global batch's totals (summed over ranks), so the SUM over ranks is the whole batch's gradient: never an average
+// of per-rank means, which is wrong whenever ranks hold different numbers of target tokens.
+//
+// Stages (ZeRO paper): 0 = DDP, every rank all-reduces every group and updates every tensor; 1 = the optimizer's
+// states are sharded: rank r owns the r-th of N contiguous slices of every trainable tensor's elements (so shard
+// boundaries fall inside tensors), updates only those and all-gathers each group's updated slices afterwards;
+// 2 = + the gradients: at the event a group is reduce-scattered straight into its owners' slices and the full-size
+// gradients are freed. The gradient-norm for clipping is then summed over ranks.
 #pragma once
 
+#include <map>
+
+#include "core/io/safetensors.h"
 #include "core/methods/method.h"
 #include "core/objectives/objective.h"
 #include "core/training/communicator.h"
@@ -14,20 +23,43 @@ namespace sbp {
 
 class DataParallel {
  public:
-  explicit DataParallel(Communicator& communicator) : communicator_(communicator) {}
+  DataParallel(Communicator& communicator, int zero_stage = 0);
   virtual ~DataParallel() = default;
   Communicator& communicator() const { return communicator_; }
+  int zero_stage() const { return stage_; }
+
+  // What the optimizer updates: the trainable tensors (stage 0), or this rank's slice of each, under the tensor's
+  // name: a flat view into the tensor, so that an update lands in the model (stages 1-2).
+  TensorList optimizer_params(const TensorList& trainable);
 
   // The step's totals over every rank's micro-batches (one all-reduce).
   virtual StepTotals global_totals(const StepTotals& local);
-  // Sums one group's gradients over the ranks, in place, as one flat all-reduce (a gradient a rank lacks counts as
-  // zeros).
+  // At a group's gradient-ready event: stages 0-1 sum its gradients over the ranks in place, as one flat all-reduce;
+  // stage 2 reduce-scatters them into the owners' slices and frees the full gradients. A gradient a rank lacks
+  // counts as zeros.
   virtual void reduce(const GradientGroup& group);
   // The step's loss over ranks (each rank's share is already normalised by the global totals).
   double global_loss(double local);
 
+  // Between the BP and the update: the slices' gradients in place (stage 1: views of the reduced full gradients),
+  // then torch's clip_grad_norm_ over the gradients of every rank's optimizer params (the norm summed over ranks
+  // when they are sharded); returns the norm before clipping.
+  double clip_grad_norm(const TensorList& optimizer_params, double max_norm);
+  // After the update (stages 1-2): every group's updated slices all-gathered into the full tensors.
+  void gather_updated();
+
  private:
+  struct Slice {
+    std::int64_t start = 0, end = 0, padded = 0;  // this rank's [start, end) of the flat tensor; every rank's length
+  };
+  Slice slice_of(std::int64_t numel, int rank) const;
+  // Per group: its tensors, in event order (the layout of its flat buffers).
+  std::vector<std::pair<std::string, std::vector<at::Tensor>>> groups_;
+
   Communicator& communicator_;
+  int stage_;
+  std::map<const void*, at::Tensor> shard_grads_;  // stage 2: by the tensor's impl, this rank's reduced slice
+  std::map<const void*, at::Tensor> shards_;       // stages 1-2: the optimizer's view of each tensor's slice
 };
 
 }  // namespace sbp

@@ -51,8 +51,9 @@ std::string checkpoint_name(std::int64_t step) {
 
 Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
                  DataParallel* parallel)
-    : model_(model), method_(method), objective_(objective), options_(std::move(options)),
-      optimizer_(model.trainable(), options_.optimizer), parallel_(parallel) {
+    : model_(model), method_(method), objective_(objective), options_(std::move(options)), parallel_(parallel),
+      optimizer_params_(parallel ? parallel->optimizer_params(model.trainable()) : model.trainable()),
+      optimizer_(optimizer_params_, options_.optimizer) {
   if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
   if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
   if (!(options_.clip_grad_norm >= 0)) throw std::invalid_argument("--clip-grad-norm must be >= 0");
@@ -91,13 +92,19 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   }
   if (parallel_) out.loss = parallel_->global_loss(out.loss);
   const auto start = std::chrono::steady_clock::now();
-  std::vector<at::Tensor> params;
-  for (const auto& p : model_.trainable()) params.push_back(p.tensor);
   // Without clipping the norm is still reported: a coefficient of exactly 1 leaves every gradient bit as it was.
-  out.grad_norm = clip_grad_norm(params, options_.clip_grad_norm > 0 ? options_.clip_grad_norm
-                                                                     : std::numeric_limits<double>::infinity());
+  const double max_norm =
+      options_.clip_grad_norm > 0 ? options_.clip_grad_norm : std::numeric_limits<double>::infinity();
+  if (parallel_) {
+    out.grad_norm = parallel_->clip_grad_norm(optimizer_params_, max_norm);
+  } else {
+    std::vector<at::Tensor> params;
+    for (const auto& p : optimizer_params_) params.push_back(p.tensor);
+    out.grad_norm = clip_grad_norm(params, max_norm);
+  }
   out.lr = lr_at(options_.schedule, options_.optimizer.lr, optimizer_.steps_taken(), options_.total_steps);
   optimizer_.step(out.lr);
+  if (parallel_) parallel_->gather_updated();  // ZeRO 1-2: every rank's updated slices into the full tensors
   synchronize(model_.device());
   out.optimizer_seconds = seconds_since(start);
   out.step = optimizer_.steps_taken();
@@ -114,6 +121,8 @@ void Trainer::add_optimizer_memory(Workload& workload) const {
 }
 
 fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run) const {
+  if (parallel_ && parallel_->zero_stage() > 0)
+    throw std::invalid_argument("checkpoints of a ZeRO-sharded optimizer are not built yet (issue #20)");
   fs::create_directories(dir);
   const auto final_dir = dir / checkpoint_name(steps_taken());
   // Same file system as the final name, so the rename is atomic; the pid keeps two writers apart.
@@ -141,6 +150,8 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
 }
 
 nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
+  if (parallel_ && parallel_->zero_stage() > 0)
+    throw std::invalid_argument("checkpoints of a ZeRO-sharded optimizer are not built yet (issue #20)");
   const auto meta_file = checkpoint / "trainer.json";
   if (!fs::exists(meta_file)) throw std::invalid_argument(checkpoint.string() + ": not a training checkpoint (no trainer.json)");
   nlohmann::json meta;

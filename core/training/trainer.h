@@ -73,8 +73,9 @@ class Trainer {
   BackpropMethod& method_;
   Objective& objective_;
   TrainOptions options_;
-  Optimizer optimizer_;
   DataParallel* parallel_;
+  TensorList optimizer_params_;  // the trainable tensors, or (ZeRO 1-2) this rank's slices of them
+  Optimizer optimizer_;
 };
 
 }  // namespace sbp

@@ -309,8 +309,18 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     fmt::print(stderr, "peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(peak),
                format_bytes(estimate->total_bytes()), 100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0),
                estimate->moment);
-  if (comm) comm->barrier();  // every rank finished its steps before rank 0 reports
+  // Every rank's peak (also a barrier: every rank finished its steps before rank 0 reports).
+  std::vector<std::int64_t> rank_peaks = {peak};
+  if (comm) {
+    const auto all = comm->all_gather(at::tensor(std::vector<std::int64_t>{peak}, at::kLong));
+    rank_peaks.assign(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel());
+  }
   if (!writer) return 0;
+  if (world > 1 && metered && trainer.steps_taken() > start_step) {
+    std::string list;
+    for (std::size_t q = 0; q < rank_peaks.size(); ++q) list += (q ? ", " : "") + format_bytes(rank_peaks[q]);
+    fmt::print(stderr, "peak      per rank: {}\n", list);
+  }
   if (!r.save_model.empty()) save_model_dir(*model, r.save_model);
   if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.setup.source.describe());
   if (!r.json.empty()) {
@@ -325,6 +335,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"method", method->spec()},
                               {"world_size", world},
+                              {"zero", world > 1 ? a.zero : 0},
+                              {"rank_peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(rank_peaks)
+                                                                                                 : nlohmann::json()},
                               {"trajectory", fingerprint},
                               {"metrics", a.metrics},
                               {"device", describe_device(device)},

@@ -3,7 +3,7 @@
 #     standard BP over the same global batches (right padding: unequal target counts per rank); the metrics say the
 #     world size and one all-reduce per gradient group plus the step's totals and loss;
 # (b) a rank killed with SIGKILL mid-run: the launcher exits non-zero within the timeout naming the rank and the
-#     signal, and no rank is left running;
+#     signal, and no rank is left running; a rank stopped with SIGSTOP: the same within --dist-timeout + grace;
 # (c) bad input exits 2 naming it: ranks started by hand (the launcher's environment) with different --seed, and a
 #     global batch whose rows do not split over --nproc.
 source "$(dirname "$0")/cli_common.sh"
@@ -14,7 +14,9 @@ common=(--preset tiny --dtype fp64 --batch 6 --seq 40 --pad-fraction 0.4 --promp
   fail "single process:\n$(cat single.log)"
 for n in 2 3; do
   "$STREAMBP" train "${common[@]}" --method streambp:layer_chunk=16,head_chunk=8 --nproc $n --metrics m$n.csv \
-    --save-model ranks$n 2>ranks$n.log || fail "--nproc $n:\n$(cat ranks$n.log)"
+    --json j$n.json --save-model ranks$n 2>ranks$n.log || fail "--nproc $n:\n$(cat ranks$n.log)"
+  python3 -c "import json,sys; j=json.load(open('j$n.json')); p=j['rank_peak_bytes']; \
+assert j['world_size'] == $n and len(p) == $n and all(x > 0 for x in p), j" || fail "j$n.json:\n$(cat j$n.json)"
   "$STREAMBP" compare single/model.safetensors ranks$n/model.safetensors --rtol 1e-12 >cmp$n.txt ||
     fail "--nproc $n differs from one process:\n$(cat cmp$n.txt)"
   echo "ok: --nproc $n equals one process: $(tail -1 cmp$n.txt)"
@@ -64,6 +66,28 @@ grep -qE "streambp: rank [0-9] of 3 was killed by signal 9" kill.log || fail "th
 [[ $elapsed -le 40 ]] || fail "the survivors took ${elapsed} s to stop"
 [[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
 echo "ok: a killed rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' kill.log)"
+
+# A stalled rank (SIGSTOP): the others give up after --dist-timeout and the launcher kills it (SIGKILL after the
+# grace period); the run fails, naming a rank, within the timeout plus the grace.
+"$STREAMBP" train "${long[@]}" --nproc 2 --dist-timeout 5 2>stop.log &
+launcher=$!
+victim=""
+for _ in $(seq 1 100); do
+  mapfile -t kids < <(pgrep -P $launcher || true)
+  [[ ${#kids[@]} -eq 2 ]] && grep -q "^step 1/" stop.log && { victim=${kids[1]}; break; }
+  sleep 0.2
+done
+[[ -n $victim ]] || { kill -9 $launcher 2>/dev/null; fail "the ranks never started:\n$(cat stop.log)"; }
+kill -STOP "$victim"
+start=$(date +%s)
+status=0
+wait $launcher || status=$?
+elapsed=$(($(date +%s) - start))
+[[ $status -ne 0 && $status -lt 128 ]] || fail "launcher exit $status after a rank stalled:\n$(cat stop.log)"
+grep -qE "streambp: rank [0-9] of 2 " stop.log || fail "no rank named:\n$(cat stop.log)"
+[[ $elapsed -le 60 ]] || fail "a stalled rank held the run for ${elapsed} s"
+[[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
+echo "ok: a stalled rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' stop.log)"
 
 # (c) Ranks that disagree, started by hand as the launcher starts them.
 mkdir store

@@ -137,13 +137,7 @@ Result train_parallel(const Case& k, const std::vector<Batch>& batches, int worl
 }
 
 double difference(const Result& ref, const Result& other) {
-  REQUIRE(ref.losses.size() == other.losses.size());
-  double worst = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    worst = std::max(worst, std::abs(ref.losses[s] - other.losses[s]) / std::abs(ref.losses[s]));
-  const auto cmp = sbp::compare_gradients(ref.params, other.params);
-  REQUIRE(cmp.problems.empty());
-  return std::max(worst, cmp.max_normwise_rel());
+  return sbp::test::trajectory_difference(ref.losses, ref.params, other.losses, other.params);
 }
 
 // The intra-op threads of the process for the test's duration: one per rank-thread.

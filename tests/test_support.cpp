@@ -1,14 +1,17 @@
 #include "test_support.h"
 
+#include <cmath>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 
 #include "baselines/methods.h"
 #include "core/objectives/sft.h"
 #include "core/methods/streaming.h"
+#include "verify/grad_compare.h"
 
 namespace sbp::test {
 
@@ -72,6 +75,17 @@ const PhasePeak* find_phase(const std::vector<PhasePeak>& peaks, const std::stri
   for (const auto& p : peaks)
     if (p.name == name) return &p;
   return nullptr;
+}
+
+double trajectory_difference(const std::vector<double>& losses_a, const TensorList& params_a,
+                             const std::vector<double>& losses_b, const TensorList& params_b) {
+  if (losses_a.size() != losses_b.size()) throw std::runtime_error("trajectory_difference: step counts differ");
+  double worst = 0;
+  for (std::size_t s = 0; s < losses_a.size(); ++s)
+    worst = std::max(worst, std::abs(losses_a[s] - losses_b[s]) / std::abs(losses_a[s]));
+  const auto cmp = compare_gradients(params_a, params_b);
+  if (!cmp.problems.empty()) throw std::runtime_error("trajectory_difference: " + cmp.problems.front());
+  return std::max(worst, cmp.max_normwise_rel());
 }
 
 }  // namespace sbp::test

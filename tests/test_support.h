@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/objectives/batch.h"
 #include "core/model/config.h"
@@ -50,6 +51,11 @@ ModelConfig tiny_config();
 
 // "d=64,L=2,heads=4x16,kv=2,V=512,I=128,tied=1,qk_norm=1,bias=0,o_bias=0": the parameters a failing case needs.
 std::string describe(const ModelConfig& config);
+
+// Two training runs apart: the largest relative difference of their per-step losses and (normwise, every tensor) of
+// their final trainable tensors. Throws std::runtime_error when the runs have different step counts or tensors.
+double trajectory_difference(const std::vector<double>& losses_a, const TensorList& params_a,
+                             const std::vector<double>& losses_b, const TensorList& params_b);
 
 // The named phase's peak in a meter's list (CPU or CUDA), or null.
 const PhasePeak* find_phase(const std::vector<PhasePeak>& peaks, const std::string& name);

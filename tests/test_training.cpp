@@ -76,15 +76,8 @@ Trajectory train(const Case& k, const std::string& method_spec, const std::vecto
   return t;
 }
 
-// The largest relative difference of the per-step losses and (normwise) of the final trainable tensors.
 double trajectory_error(const Trajectory& ref, const Trajectory& other) {
-  REQUIRE(ref.losses.size() == other.losses.size());
-  double worst = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    worst = std::max(worst, std::abs(ref.losses[s] - other.losses[s]) / std::abs(ref.losses[s]));
-  const auto cmp = sbp::compare_gradients(ref.params, other.params);
-  REQUIRE(cmp.problems.empty());
-  return std::max(worst, cmp.max_normwise_rel());
+  return sbp::test::trajectory_difference(ref.losses, ref.params, other.losses, other.params);
 }
 
 const std::vector<Case>& cases() {

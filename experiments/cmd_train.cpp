@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
@@ -24,6 +25,7 @@
 #include "experiments/commands.h"
 #include "experiments/launch.h"
 #include "experiments/provenance.h"
+#include "profiler/cuda_memory.h"
 
 namespace sbp {
 
@@ -31,6 +33,9 @@ namespace fs = std::filesystem;
 
 void add_train_options(CLI::App& app, TrainArgs& a) {
   add_model_options(app, a.run);
+  if (auto* device = app.get_option_no_throw("--device"))
+    device->description(device->get_description() + "; data-parallel (--nproc, torchrun): rank r on cuda:(its local "
+                        "rank mod the GPU count), N ignored, NCCL between them");
   app.add_option("--steps", a.steps, "optimizer steps of the whole run (a resumed run counts the steps already taken)")
       ->check(CLI::PositiveNumber);
   app.add_option("--optimizer", a.optimizer, "adamw:lr=1e-5,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0"
@@ -52,11 +57,13 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "folder of the resumable checkpoints (checkpoint-NNNNNN)");
   app.add_option("--resume", a.resume_dir, "continue from the latest complete checkpoint in DIR (from step 0 when it "
                  "has none); checkpoints then also go there unless --checkpoint-dir says otherwise");
-  app.add_option("--nproc", a.nproc, "data-parallel ranks on this machine (DDP, Gloo on the CPU): N fresh processes of "
-                 "this command, each back-propagating its rows of every global batch, gradients summed over ranks once "
-                 "per layer at its gradient-ready event, the loss normalised by the global batch's totals; rank 0 "
-                 "writes every output; one intra-op thread per rank unless --threads. Under torchrun (RANK, "
-                 "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each process is one rank")->check(CLI::Range(1, 1024));
+  app.add_option("--nproc", a.nproc, "data-parallel ranks on this machine (DDP; Gloo on the CPU, NCCL with --device "
+                 "cuda, one GPU per rank: cuda:(local rank mod GPU count), an index given in --device then ignored): "
+                 "N fresh processes of this command, each back-propagating its rows of every global batch, gradients "
+                 "summed over ranks once per layer at its gradient-ready event, the loss normalised by the global "
+                 "batch's totals; rank 0 writes every output; one intra-op thread per rank unless --threads. Under "
+                 "torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) each process is one rank")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--zero", a.zero, "ZeRO stage of a data-parallel run: 0 = DDP (every rank all-reduces each group's "
                  "gradients and updates everything), 1 = + optimizer states sharded (each rank updates its slice of "
                  "every tensor, then the slices are all-gathered), 2 = + gradients reduce-scattered into the slices "
@@ -129,7 +136,7 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
   for (const auto& [key, value] : fingerprint.items()) items.push_back({key, value.dump()});
   std::vector<std::int64_t> hashes;
   for (const auto& [key, text] : items) hashes.push_back(std::int64_t(std::hash<std::string>{}(text) >> 1));
-  const auto all = comm.all_gather(at::tensor(hashes, at::kLong));
+  const auto all = comm.all_gather(at::tensor(hashes, at::TensorOptions(at::kLong).device(comm.device())));
   for (std::size_t i = 0; i < items.size(); ++i)
     for (int other = 1; other < comm.world_size(); ++other)
       if (all[other][std::int64_t(i)].item<std::int64_t>() != all[0][std::int64_t(i)].item<std::int64_t>())
@@ -145,7 +152,19 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const auto& r = a.run;
   if (ranks && ranks->world_size > 1 && r.setup.threads == 0) at::set_num_threads(1);
   r.setup.apply_threads();
-  const auto device = r.setup.parsed_device();
+  const int world = ranks ? ranks->world_size : 1, rank = ranks ? ranks->rank : 0;
+  // A data-parallel CUDA run has one GPU per rank, by its local rank (as torchrun's LOCAL_RANK); --device cuda:N
+  // names the GPU of a single process only.
+  auto device = r.setup.parsed_device();
+  if (world > 1 && device.is_cuda()) {
+    // The launcher's ranks (STREAMBP_STORE) all run here; NCCL refuses two ranks on one GPU.
+    if (!ranks->file_store.empty() && world > cuda_device_count())
+      throw std::invalid_argument(fmt::format("--nproc {} --device cuda: NCCL takes one GPU per rank and this machine "
+                                              "has {}", world, cuda_device_count()));
+    device = c10::Device(c10::kCUDA, c10::DeviceIndex(ranks->local_rank % cuda_device_count()));
+    // The rank's GPU is this process's current device before any CUDA work (no context on another GPU).
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
+  }
   const bool random = a.data_dir.empty();
   if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
   if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
@@ -155,7 +174,6 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
-  const int world = ranks ? ranks->world_size : 1, rank = ranks ? ranks->rank : 0;
   const bool writer = rank == 0;  // rank 0 writes every output; the ranks hold the same model after every step
   if (writer)
     for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
@@ -198,9 +216,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<DataParallel> parallel;
   if (world > 1) {
-    comm = make_gloo_communicator({.rank = rank, .world_size = world, .file_store = ranks->file_store,
-                                   .master_addr = ranks->master_addr, .master_port = ranks->master_port,
-                                   .timeout = std::chrono::seconds(a.dist_timeout)});
+    const RendezvousOptions rendezvous{.rank = rank, .world_size = world, .file_store = ranks->file_store,
+                                       .master_addr = ranks->master_addr, .master_port = ranks->master_port,
+                                       .timeout = std::chrono::seconds(a.dist_timeout)};
+    comm = device.is_cuda() ? make_nccl_communicator(rendezvous, device.index()) : make_gloo_communicator(rendezvous);
     check_ranks_agree(*comm, fingerprint, method->spec());
     parallel = std::make_unique<DataParallel>(*comm, a.zero);
   }
@@ -253,7 +272,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}{}\n", method->spec(), r.setup.source.describe(),
                precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
                lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
-               world > 1 ? fmt::format(", {} ranks ({}, Gloo)", world, a.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", a.zero)) : "");
+               world > 1 ? fmt::format(", {} ranks ({}, {})", world, a.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", a.zero),
+                                      device.is_cuda() ? "NCCL" : "Gloo") : "");
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
   const auto weight_bytes = model_weight_bytes(*model);

@@ -1,11 +1,14 @@
 #include "core/training/c10d_communicator.h"
 
+#include <exception>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "core/training/c10d_backend.h"
 
 namespace sbp {
 namespace {
@@ -16,28 +19,33 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   return n;
 }
 
-class GlooCommunicator final : public Communicator {
+std::string first_line(std::string message) {
+  if (const auto nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
+  return message;
+}
+
+// Any c10d backend (ProcessGroupGloo, ProcessGroupNCCL): the collectives as the Communicator states them.
+class BackendCommunicator final : public Communicator {
  public:
-  explicit GlooCommunicator(const RendezvousOptions& o) : rank_(o.rank), world_(o.world_size) {
-    c10::intrusive_ptr<c10d::Store> store;
-    if (!o.file_store.empty()) {
-      store = c10::make_intrusive<c10d::FileStore>(o.file_store, o.world_size);
-    } else {
-      c10d::TCPStoreOptions tcp;
-      tcp.port = std::uint16_t(o.master_port);
-      tcp.isServer = o.rank == 0;
-      tcp.numWorkers = o.world_size;
-      tcp.timeout = o.timeout;
-      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, tcp);
+  BackendCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const RendezvousOptions& o, c10::Device device)
+      : rank_(o.rank), world_(o.world_size), device_(device), group_(std::move(backend)) {}
+  // NCCL wants its group ended explicitly (its destructor otherwise warns and aborts): shut down cleanly after normal
+  // use, as destroy_process_group does; aborted while an exception unwinds, when a collective may be stuck on a dead
+  // peer. Both are no-ops for Gloo.
+  ~BackendCommunicator() override {
+    try {
+      if (std::uncaught_exceptions() > 0)
+        group_->abort();
+      else
+        group_->shutdown();
+    } catch (const std::exception&) {
+      // nothing left to report to: the group is going away either way
     }
-    store->setTimeout(o.timeout);
-    auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, options);
   }
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
+  c10::Device device() const override { return device_; }
 
   void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
     count("all_reduce", bytes_of(tensors));
@@ -58,7 +66,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   at::Tensor all_gather(const at::Tensor& tensor) override {
-    // Gloo gathers flat buffers: world x numel elements out, in rank order.
+    // Flat buffers: world x numel elements out, in rank order.
     auto in = tensor.contiguous().reshape({-1});
     auto out = at::empty({world_ * in.numel()}, in.options());
     count("all_gather", std::int64_t(in.nbytes()));
@@ -71,35 +79,66 @@ class GlooCommunicator final : public Communicator {
   void barrier() override { wait("barrier", group_->barrier()); }
 
  private:
-  // Gloo reports a dead or stalled peer from wait() (its own exception types, std::runtime_error underneath).
+  // Gloo reports a dead or stalled peer from wait() (its own exception types, std::runtime_error underneath); NCCL's
+  // wait() only orders the current stream after the collective and throws when the work already failed (its watchdog
+  // aborts the process when a collective outlives the timeout).
   void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) const {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      std::string message = e.what();
-      if (const auto nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
       throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " failed (a peer died or stalled?): " +
-                               message);
+                               first_line(e.what()));
     }
   }
 
   int rank_, world_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::Device device_;
+  c10::intrusive_ptr<c10d::Backend> group_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousOptions& options) {
+namespace detail {
+
+c10::intrusive_ptr<c10d::Store> make_store(const RendezvousOptions& o) {
+  c10::intrusive_ptr<c10d::Store> store;
+  if (!o.file_store.empty()) {
+    store = c10::make_intrusive<c10d::FileStore>(o.file_store, o.world_size);
+  } else {
+    c10d::TCPStoreOptions tcp;
+    tcp.port = std::uint16_t(o.master_port);
+    tcp.isServer = o.rank == 0;
+    tcp.numWorkers = o.world_size;
+    tcp.timeout = o.timeout;
+    store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, tcp);
+  }
+  store->setTimeout(o.timeout);
+  return store;
+}
+
+std::unique_ptr<Communicator> make_backend_communicator(c10::intrusive_ptr<c10d::Backend> backend,
+                                                        const RendezvousOptions& options, c10::Device device) {
+  return std::make_unique<BackendCommunicator>(std::move(backend), options, device);
+}
+
+std::string rendezvous_failure(const RendezvousOptions& options, const std::string& what) {
+  return "rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size) +
+         ": no process group through " +
+         (options.file_store.empty() ? options.master_addr + ":" + std::to_string(options.master_port)
+                                     : options.file_store) +
+         " within the timeout: " + first_line(what);
+}
+
+}  // namespace detail
+
+std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousOptions& o) {
   try {
-    return std::make_unique<GlooCommunicator>(options);
+    auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(detail::make_store(o), o.rank, o.world_size, options);
+    return detail::make_backend_communicator(std::move(group), o, c10::Device(c10::kCPU));
   } catch (const std::exception& e) {
-    std::string message = e.what();
-    if (const auto nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
-    throw std::runtime_error("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size) +
-                             ": no process group through " +
-                             (options.file_store.empty() ? options.master_addr + ":" + std::to_string(options.master_port)
-                                                         : options.file_store) +
-                             " within the timeout: " + message);
+    throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
   }
 }
 

@@ -31,6 +31,10 @@ DataParallel::DataParallel(Communicator& communicator, int zero_stage)
     throw std::invalid_argument("--zero " + std::to_string(zero_stage) + ": stages 0 (DDP), 1 and 2 are built (3 is not yet)");
 }
 
+at::TensorOptions DataParallel::on_device(at::ScalarType dtype) const {
+  return at::TensorOptions().dtype(dtype).device(communicator_.device());
+}
+
 DataParallel::Slice DataParallel::slice_of(std::int64_t numel, int rank) const {
   const std::int64_t n = communicator_.world_size();
   const auto chunk = (numel + n - 1) / n;
@@ -51,7 +55,7 @@ TensorList DataParallel::optimizer_params(const TensorList& trainable) {
 }
 
 StepTotals DataParallel::global_totals(const StepTotals& local) {
-  std::vector<at::Tensor> t = {at::tensor(std::vector<std::int64_t>{local.rows, local.tokens}, at::kLong)};
+  std::vector<at::Tensor> t = {at::tensor(std::vector<std::int64_t>{local.rows, local.tokens}, on_device(at::kLong))};
   communicator_.all_reduce_sum(t);
   return {t[0][0].item<std::int64_t>(), t[0][1].item<std::int64_t>()};
 }
@@ -102,7 +106,7 @@ void DataParallel::reduce(const GradientGroup& group) {
 }
 
 double DataParallel::global_loss(double local) {
-  std::vector<at::Tensor> t = {at::tensor(std::vector<double>{local}, at::kDouble)};
+  std::vector<at::Tensor> t = {at::tensor(std::vector<double>{local}, on_device(at::kDouble))};
   communicator_.all_reduce_sum(t);
   return t[0].item<double>();
 }
@@ -128,7 +132,7 @@ double DataParallel::clip_grad_norm(const TensorList& optimizer_params, double m
   shard_grads_.clear();
   // torch's clip_grad_norm_ over the whole model's gradients: the 2-norm of all of them (summed over the ranks'
   // slices here, in fp64), each gradient multiplied by min(max_norm / (norm + 1e-6), 1).
-  std::vector<at::Tensor> sum = {at::zeros({1}, at::kDouble)};
+  std::vector<at::Tensor> sum = {at::zeros({1}, on_device(at::kDouble))};
   for (const auto& p : optimizer_params)
     if (p.tensor.grad().defined()) sum[0] += p.tensor.grad().to(at::kDouble).square().sum();
   communicator_.all_reduce_sum(sum);

@@ -53,6 +53,9 @@ class DataParallel {
     std::int64_t start = 0, end = 0, padded = 0;  // this rank's [start, end) of the flat tensor; every rank's length
   };
   Slice slice_of(std::int64_t numel, int rank) const;
+  // The totals', loss's and norm's small tensors live where the communicator's collectives take them (the CPU for
+  // Gloo, the rank's GPU for NCCL); the gradients already do, as the model does.
+  at::TensorOptions on_device(at::ScalarType dtype) const;
   // Per group: its tensors, in event order (the layout of its flat buffers).
   std::vector<std::pair<std::string, std::vector<at::Tensor>>> groups_;
 

@@ -9,8 +9,9 @@
 #
 # Expected outcomes, step by step:
 #  1. The CUDA-only Catch2 tests, which return early without a GPU, run for real: the caching-allocator meter's
-#     per-phase and overall peaks on 4 MiB tensors are exact, its budget raises OutOfMemoryError, and CUPTI starts and
-#     records. Expected: all pass.
+#     per-phase and overall peaks on 4 MiB tensors are exact, its budget raises OutOfMemoryError, CUPTI starts and
+#     records, and an NCCL group of one rank runs every collective on cuda:0 (test_nccl_communicator). Expected: all
+#     pass.
 #  2. Exactness on the GPU against the CPU's fp64 oracle (`verify --device cuda --gate --mixed`, Table 7's metrics):
 #     every method (StreamBP, checkpointing, MsT) in fp32, bf16 and bf16-mixed, on `tiny` (GQA) and `tiny-mha`, with
 #     T = 1100 so StreamBP's fp32 chunks have multi-tile prefixes (bf16 runs one flash call per chunk, step 7).
@@ -38,6 +39,13 @@
 #     dK/dV come rounded to bf16 per chunk (the kernel writes no fp32 gradients); on the CPU, through the CPU
 #     reference of this path, that stays within 1.5x standard's error at 1 to 512 chunks (test_exactness,
 #     [whole-chunk]). The gate ratios printed here are the GPU's numbers for that claim.
+#  8. Data-parallel training over NCCL (`train --device cuda --nproc 2`, one GPU per rank: needs 2 GPUs, skipped with
+#     a note on fewer): 4 fp32 SGD steps of StreamBP on `tiny`, ZeRO 0 (gradients all-reduced) and ZeRO 2
+#     (reduce-scattered into slices, parameters all-gathered), each saved model against one process on the script's device over
+#     the same global batches. Expected: `compare --rtol 1e-5` passes for both (the CPU's Gloo runs of the same
+#     command end 1.7e-7 apart; SGD, because AdamW's first steps turn fp32 rounding of near-zero gradients into
+#     +-lr steps), and the progress line says "2 ranks (DDP, NCCL)" / "(ZeRO-2, NCCL)". Never run yet: the first
+#     run is the first test of make_nccl_communicator and of DataParallel's tensors on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${1:-cuda}
@@ -138,5 +146,22 @@ for preset in tiny tiny-mha; do
     --methods "streambp:layer_chunk=1100,head_chunk=1100;streambp:layer_chunk=64,head_chunk=64;streambp:layer_chunk=8,head_chunk=64;streambp:layer_chunk=1,head_chunk=64" \
     | tee "$OUT/verify-chunks-$preset.txt"
 done
+
+log "8. data-parallel training over NCCL, 2 ranks, ZeRO 0 and 2, fp32 (expected: each equals one process within rtol 1e-5)"
+gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
+if (( gpus < 2 )); then
+  echo "skipped: NCCL takes one GPU per rank and this machine has $gpus"
+else
+  ddp=(--preset tiny --dtype fp32 --batch 4 --seq 64 --pad-fraction 0.3 --prompt-fraction 0.2 --steps 4 --seed 7
+       --optimizer sgd:lr=0.2,momentum=0.9 --clip-grad-norm 1 --method streambp:layer_chunk=16,head_chunk=16)
+  "$STREAMBP" train "${ddp[@]}" --device "$DEVICE" --save-model "$OUT/ddp-single" 2>&1 | tee "$OUT/ddp-single.txt"
+  for zero in 0 2; do
+    "$STREAMBP" train "${ddp[@]}" --device cuda --nproc 2 --zero $zero --metrics "$OUT/ddp-nccl-zero$zero.csv" \
+      --save-model "$OUT/ddp-nccl-zero$zero" 2>&1 | tee "$OUT/ddp-nccl-zero$zero.txt"
+    grep -q "2 ranks (.*, NCCL)" "$OUT/ddp-nccl-zero$zero.txt" || fail "--zero $zero did not run over NCCL"
+    "$STREAMBP" compare "$OUT/ddp-single/model.safetensors" "$OUT/ddp-nccl-zero$zero/model.safetensors" --rtol 1e-5 \
+      | tee "$OUT/ddp-compare-zero$zero.txt"
+  done
+fi
 
 log "all GPU checks passed; results in $OUT"

@@ -1,0 +1,28 @@
+// Private to the two translation units that include c10d's headers (c10d_communicator.cpp: Gloo, the store and the
+// shared Communicator; nccl_communicator.cpp: NCCL). What both backends share: the rendezvous store, the Communicator
+// over any c10d::Backend (accounting, and every wait() wrapped into a std::runtime_error naming the rank and the
+// collective), and the message of a group that could not be formed. Nothing else may include this header.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "core/training/c10d_communicator.h"
+
+namespace sbp::detail {
+
+// A FileStore at options.file_store, else a TCPStore at master_addr:master_port (rank 0 serves it), with the timeout.
+c10::intrusive_ptr<c10d::Store> make_store(const RendezvousOptions& options);
+
+// The Communicator over `backend` (of options.rank in options.world_size), its collectives' tensors on `device`.
+std::unique_ptr<Communicator> make_backend_communicator(c10::intrusive_ptr<c10d::Backend> backend,
+                                                        const RendezvousOptions& options, c10::Device device);
+
+// "rank r of n: no process group through <store> within the timeout: <first line of what>".
+std::string rendezvous_failure(const RendezvousOptions& options, const std::string& what);
+
+}  // namespace sbp::detail

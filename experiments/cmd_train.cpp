@@ -332,7 +332,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   // Every rank's peak (also a barrier: every rank finished its steps before rank 0 reports).
   std::vector<std::int64_t> rank_peaks = {peak};
   if (comm) {
-    const auto all = comm->all_gather(at::tensor(std::vector<std::int64_t>{peak}, at::kLong));
+    const auto all = comm->all_gather(at::tensor(std::vector<std::int64_t>{peak},
+                                                 at::TensorOptions(at::kLong).device(comm->device()))).cpu();
     rank_peaks.assign(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel());
   }
   if (!writer) return 0;

@@ -45,48 +45,37 @@ echo "ok: --nproc 3 --zero 2 equals one process: $(tail -1 cmpz.txt)"
 expect_exit_2 "ZeRO checkpoints" "not built yet" "$STREAMBP" train "${common[@]}" --method standard --nproc 2 --zero 1 \
   --save-every 1 --checkpoint-dir c
 
-# (b) SIGKILL one rank of three during the run.
+# (b) One rank disturbed mid-run: `disturb NPROC SIGNAL LOG [train flags]` starts NPROC ranks of a long run, waits
+# for the first step, sends SIGNAL to rank 1 and waits for the launcher; it must exit non-zero (not by a signal),
+# naming a rank, with no rank left running. Sets $elapsed (seconds from the signal to the launcher's exit).
 long=(--preset tiny --dtype fp32 --batch 6 --seq 1024 --steps 1000 --method streambp:layer_chunk=128,head_chunk=128)
-"$STREAMBP" train "${long[@]}" --nproc 3 --dist-timeout 30 2>kill.log &
-launcher=$!
-victim=""
-for _ in $(seq 1 100); do  # the ranks are up once each printed... wait until three children exist
-  mapfile -t kids < <(pgrep -P $launcher || true)
-  [[ ${#kids[@]} -eq 3 ]] && grep -q "^step 1/" kill.log && { victim=${kids[1]}; break; }
-  sleep 0.2
-done
-[[ -n $victim ]] || { kill -9 $launcher 2>/dev/null; fail "the ranks never started:\n$(cat kill.log)"; }
-kill -9 "$victim"
-start=$(date +%s)
-status=0
-wait $launcher || status=$?
-elapsed=$(($(date +%s) - start))
-[[ $status -ne 0 && $status -lt 128 ]] || fail "launcher exit $status after a rank was killed:\n$(cat kill.log)"
+disturb() {
+  local nproc=$1 signal=$2 log=$3 launcher victim="" status=0 start
+  shift 3
+  "$STREAMBP" train "${long[@]}" --nproc "$nproc" "$@" 2>"$log" &
+  launcher=$!
+  for _ in $(seq 1 100); do
+    mapfile -t kids < <(pgrep -P $launcher || true)
+    [[ ${#kids[@]} -eq $nproc ]] && grep -q "^step 1/" "$log" && { victim=${kids[1]}; break; }
+    sleep 0.2
+  done
+  [[ -n $victim ]] || { kill -9 $launcher 2>/dev/null; fail "the ranks never started:\n$(cat "$log")"; }
+  kill -"$signal" "$victim"
+  start=$(date +%s)
+  wait $launcher || status=$?
+  elapsed=$(($(date +%s) - start))
+  [[ $status -ne 0 && $status -lt 128 ]] || fail "launcher exit $status after SIG$signal to a rank:\n$(cat "$log")"
+  grep -qE "streambp: rank [0-9] of $nproc " "$log" || fail "no rank named:\n$(cat "$log")"
+  [[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
+}
+# SIGKILL: the survivors' collectives fail at once.
+disturb 3 KILL kill.log --dist-timeout 30
 grep -qE "streambp: rank [0-9] of 3 was killed by signal 9" kill.log || fail "the dead rank is not named:\n$(cat kill.log)"
 [[ $elapsed -le 40 ]] || fail "the survivors took ${elapsed} s to stop"
-[[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
 echo "ok: a killed rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' kill.log)"
-
-# A stalled rank (SIGSTOP): the others give up after --dist-timeout and the launcher kills it (SIGKILL after the
-# grace period); the run fails, naming a rank, within the timeout plus the grace.
-"$STREAMBP" train "${long[@]}" --nproc 2 --dist-timeout 5 2>stop.log &
-launcher=$!
-victim=""
-for _ in $(seq 1 100); do
-  mapfile -t kids < <(pgrep -P $launcher || true)
-  [[ ${#kids[@]} -eq 2 ]] && grep -q "^step 1/" stop.log && { victim=${kids[1]}; break; }
-  sleep 0.2
-done
-[[ -n $victim ]] || { kill -9 $launcher 2>/dev/null; fail "the ranks never started:\n$(cat stop.log)"; }
-kill -STOP "$victim"
-start=$(date +%s)
-status=0
-wait $launcher || status=$?
-elapsed=$(($(date +%s) - start))
-[[ $status -ne 0 && $status -lt 128 ]] || fail "launcher exit $status after a rank stalled:\n$(cat stop.log)"
-grep -qE "streambp: rank [0-9] of 2 " stop.log || fail "no rank named:\n$(cat stop.log)"
+# SIGSTOP: the others give up after --dist-timeout, the launcher SIGKILLs the stalled one after its grace period.
+disturb 2 STOP stop.log --dist-timeout 5
 [[ $elapsed -le 60 ]] || fail "a stalled rank held the run for ${elapsed} s"
-[[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
 echo "ok: a stalled rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' stop.log)"
 
 # (c) Ranks that disagree, started by hand as the launcher starts them.

@@ -62,7 +62,10 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     return prepared_random_batch(*model, *objective, a.batch_size, T, setup.group, seed);
   };
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
-  const auto workload_at = [&, base = make_workload(*model, *objective, batch_at(16))](std::int64_t T) {
+  // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
+  auto base_workload = make_workload(*model, *objective, batch_at(16));
+  if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
+  const auto workload_at = [&, base = base_workload](std::int64_t T) {
     auto w = base;
     w.seq_len = T;
     return w;
@@ -78,12 +81,9 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   for (const auto& spec_text : split_list(a.methods, ';')) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
-    // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
     const auto model_peak = [&](std::int64_t T) {
-      auto w = workload_at(T);
-      if (!optimizer) return method->memory_model(w).total_bytes();
-      make_trainer(*method).add_optimizer_memory(w);
-      return training_memory(*method, w).total_bytes();
+      const auto w = workload_at(T);
+      return (optimizer ? training_memory(*method, w) : method->memory_model(w)).total_bytes();
     };
     // The model's answer: the largest T in [2, max_seq] whose modelled peak fits (the model grows with T).
     std::int64_t lo = 2, hi = a.max_seq;
@@ -107,7 +107,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       auto m = [&] {
         if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.budget_bytes);
         auto trainer = make_trainer(*method);  // fresh states, freed after the probe
-        return measure_training(trainer, *model, batch, 0, 2, a.budget_bytes);
+        return measure_training(trainer, batch, 0, 2, a.budget_bytes);
       }();
       if (m.status == "error") throw std::runtime_error(spec + " at T = " + std::to_string(T) + ": " + m.error);
       const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

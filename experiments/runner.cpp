@@ -249,11 +249,10 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
       [&] { return weights; }, warmup, repeats, budget_bytes);
 }
 
-Measurement measure_training(Trainer& trainer, Model& model, const Batch& batch, int warmup, int repeats,
-                             std::int64_t budget_bytes) {
-  const auto weights = model_weight_bytes(model);
+Measurement measure_training(Trainer& trainer, const Batch& batch, int warmup, int repeats, std::int64_t budget_bytes) {
+  const auto weights = model_weight_bytes(trainer.model());
   return measure_on_device(
-      model,
+      trainer.model(),
       [&] {
         const auto r = trainer.step(batch);
         return MeasuredStep{r.loss, r.bp_seconds, {}};

@@ -80,11 +80,10 @@ Batch prepared_random_batch(const Model& model, Objective& objective, std::int64
 Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
                            int warmup, int repeats, std::int64_t budget_bytes);
 
-// measure_method for training steps (BP + optimizer update) of `trainer` on `model`: the peak counts the optimizer's
+// measure_method for training steps (BP + optimizer update) of `trainer` on its model: the peak counts the optimizer's
 // states too (bp_seconds: the BP of each step, without the update). Its first step creates the states after the BP, so a peak with the
 // states present during the BP needs repeats + warmup >= 2 (the peak is the largest of all steps).
-Measurement measure_training(Trainer& trainer, Model& model, const Batch& batch, int warmup, int repeats,
-                             std::int64_t budget_bytes);
+Measurement measure_training(Trainer& trainer, const Batch& batch, int warmup, int repeats, std::int64_t budget_bytes);
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
 // The model's own bytes: base weights and LoRA adapters (fp32 masters in mixed precision), what a step's peak counts.

@@ -111,11 +111,10 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   return out;
 }
 
-void Trainer::add_optimizer_memory(Workload& workload) const {
+void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {
   std::vector<ParamShape> shapes;
-  for (const auto& p : model_.trainable())
-    shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
-  const auto m = optimizer_memory(options_.optimizer, shapes);
+  for (const auto& p : model.trainable()) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
+  const auto m = optimizer_memory(options, shapes);
   workload.optimizer_state_bytes = m.state_bytes;
   workload.optimizer_update_bytes = m.step_temporary_bytes;
 }

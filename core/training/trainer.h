@@ -36,6 +36,10 @@ struct TrainStepResult {
   double bp_seconds = 0, optimizer_seconds = 0;  // forward + backward of all micro-batches; clipping + update
 };
 
+// The optimizer's states and its update's temporaries for this model's trainable tensors (optimizer_memory), into
+// the workload of a training step, for training_memory.
+void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options);
+
 class Trainer {
  public:
   // The model's trainable tensors (Model::trainable: all weights, or the LoRA adapters) are what the optimizer
@@ -53,9 +57,9 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
-  // The workload of a training step: the optimizer's states and the update's temporaries of this model's
-  // trainable tensors (optimizer_memory), for training_memory.
-  void add_optimizer_memory(Workload& workload) const;
+  // add_optimizer_memory of this trainer's model and optimizer.
+  void add_optimizer_memory(Workload& workload) const { sbp::add_optimizer_memory(workload, model_, options_.optimizer); }
+  Model& model() const { return model_; }
 
   // Resumable checkpoints: DIR/checkpoint-NNNNNN/ holding the trainable tensors (trainable.safetensors, their own
   // dtypes), the optimizer state (optimizer.safetensors: states, per-tensor and global step counts) and

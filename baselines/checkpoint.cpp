@@ -15,7 +15,10 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
     Phase phase(clock, "forward");
     at::NoGradGuard no_grad;
     inputs[0] = model.embed(batch.input_ids);
-    for (int l = 0; l < L; ++l) inputs[l + 1] = model.layer_forward(l, inputs[l]);
+    for (int l = 0; l < L; ++l) {
+      const LayerInUse use(*this, model, l);
+      inputs[l + 1] = model.layer_forward(l, inputs[l]);
+    }
   }
   at::Tensor grad;  // dLoss/d(output of the current layer): [B, T, d]
   double loss = 0;
@@ -32,6 +35,7 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
   for (int l = L - 1; l >= 0; --l) {
     {
       Phase phase(clock, "layer");
+      const LayerInUse use(*this, model, l);
       auto h = inputs[l].detach().requires_grad_(true);
       inputs[l].reset();  // the checkpoint is consumed by its own re-forward
       model.layer_forward(l, h).backward(grad);

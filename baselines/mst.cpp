@@ -28,6 +28,7 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
     at::NoGradGuard no_grad;
     H[0] = model.embed(batch.input_ids);
     for (int l = 0; l < L; ++l) {
+      const LayerInUse use(*this, model, l);
       const auto h_mid = model.attention_block(l, H[l]);  // [B, T, d]
       H[l + 1] = at::empty_like(h_mid);
       for_each_chunk(T, chunk, [&](std::int64_t s, std::int64_t e) {
@@ -41,7 +42,10 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
   head_ready(model);
 
   for (int l = L - 1; l >= 0; --l) {
-    G = layer_backward(model, l, H[l], G, chunk, clock);
+    {
+      const LayerInUse use(*this, model, l);
+      G = layer_backward(model, l, H[l], G, chunk, clock);
+    }
     H[l].reset();
     layer_ready(model, l);
   }

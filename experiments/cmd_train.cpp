@@ -67,7 +67,9 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--zero", a.zero, "ZeRO stage of a data-parallel run: 0 = DDP (every rank all-reduces each group's "
                  "gradients and updates everything), 1 = + optimizer states sharded (each rank updates its slice of "
                  "every tensor, then the slices are all-gathered), 2 = + gradients reduce-scattered into the slices "
-                 "at each group's gradient-ready event (full gradients freed)")->check(CLI::Range(0, 2));
+                 "at each group's gradient-ready event (full gradients freed), 3 = + parameters sharded (a layer "
+                 "gathered for its forward and again for its backward chunk loop, freed after each; the embedding "
+                 "and head gathered for the whole step)")->check(CLI::Range(0, 3));
   app.add_option("--dist-timeout", a.dist_timeout, "seconds a rank waits for the others (rendezvous and every "
                  "collective) before it fails")->check(CLI::PositiveNumber);
   app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
@@ -195,26 +197,33 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
   // batch of the same seed), its log-probs completed by the current policy.
   // Data-parallel: this rank's rows of it (Objective::split: DPO keeps pairs), the same on every rank count.
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<DataParallel> parallel;
   auto batch_for_step = [&](std::int64_t s) {
     const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
     Batch batch = random ? objective->random_batch(model->config(), {r.batch_size, r.seq_len, r.pad_fraction,
                                                                      r.prompt_fraction, r.setup.seed + std::uint64_t(s), r.setup.group})
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);
-    if (world > 1) {
-      if (batch.batch_size() % world != 0)
-        throw std::invalid_argument(fmt::format("--nproc {}: the global batch of {} has {} rows, which do not split "
-                                                "evenly over the ranks", world, source, batch.batch_size()));
-      batch = objective->split(batch, world, source).at(std::size_t(rank));
-    }
+    if (world > 1 && batch.batch_size() % world != 0)
+      throw std::invalid_argument(fmt::format("--nproc {}: the global batch of {} has {} rows, which do not split "
+                                              "evenly over the ranks", world, source, batch.batch_size()));
+    // A random batch's synthetic log-probs are drawn for the whole global batch (then split), so that every rank
+    // count trains on the same numbers; a file's reference pass runs on this rank's rows only.
+    const auto complete = [&] {
+      // ZeRO-3: the log-probs need the whole model (every rank takes part in gathering it).
+      std::optional<DataParallel::WholeModel> whole;
+      if (parallel) whole.emplace(*parallel, model->trainable());
+      complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.setup.seed + std::uint64_t(s));
+    };
     batch = batch.to(device);
-    complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.setup.seed + std::uint64_t(s));
+    if (random) complete();
+    if (world > 1) batch = objective->split(batch, world, source).at(std::size_t(rank));
+    if (!random) complete();
     return std::pair{batch, source};
   };
 
   const auto fingerprint = trajectory_fingerprint(a, *model, *objective, optimizer_spec(options.optimizer));
-  std::unique_ptr<Communicator> comm;
-  std::unique_ptr<DataParallel> parallel;
   if (world > 1) {
     const RendezvousOptions rendezvous{.rank = rank, .world_size = world, .file_store = ranks->file_store,
                                        .master_addr = ranks->master_addr, .master_port = ranks->master_port,
@@ -336,6 +345,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                                  at::TensorOptions(at::kLong).device(comm->device()))).cpu();
     rank_peaks.assign(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel());
   }
+  // ZeRO-3: the final model is whole on every rank before rank 0 writes it.
+  std::optional<DataParallel::WholeModel> whole;
+  if (parallel) whole.emplace(*parallel, model->trainable());
   if (!writer) return 0;
   if (world > 1 && metered && trainer.steps_taken() > start_step) {
     std::string list;

@@ -4,6 +4,7 @@
 #     world size and one all-reduce per gradient group plus the step's totals and loss;
 # (b) a rank killed with SIGKILL mid-run: the launcher exits non-zero within the timeout naming the rank and the
 #     signal, and no rank is left running; a rank stopped with SIGSTOP: the same within --dist-timeout + grace;
+#     ZeRO-2 over 3 ranks and ZeRO-3 (GRPO) over 2 the same;
 # (c) bad input exits 2 naming it: ranks started by hand (the launcher's environment) with different --seed, and a
 #     global batch whose rows do not split over --nproc.
 source "$(dirname "$0")/cli_common.sh"
@@ -42,6 +43,22 @@ for r in csv.DictReader(open(sys.argv[1])):
     assert (r["zero"], r["reduce_scatter_calls"], r["all_gather_calls"], r["all_reduce_calls"]) == ("2", "4", "4", "3"), r
 PY
 echo "ok: --nproc 3 --zero 2 equals one process: $(tail -1 cmpz.txt)"
+# ZeRO-3 over 2 ranks on GRPO (the random batch's log-probs computed by the whole, gathered model): each layer
+# gathered for its forward and again for its backward chunk loop, the embedding and head once per step.
+grpo=(--objective grpo:beta=0.04 --group 3)
+"$STREAMBP" train "${common[@]}" "${grpo[@]}" --method standard --save-model grpo1 2>grpo1.log ||
+  fail "GRPO, single process:\n$(cat grpo1.log)"
+"$STREAMBP" train "${common[@]}" "${grpo[@]}" --method streambp:layer_chunk=16,head_chunk=8 --nproc 2 --zero 3 \
+  --metrics z3.csv --save-model zero3 2>zero3.log || fail "--zero 3:\n$(cat zero3.log)"
+"$STREAMBP" compare grpo1/model.safetensors zero3/model.safetensors --rtol 1e-12 >cmpz3.txt ||
+  fail "GRPO --zero 3 differs from one process:\n$(cat cmpz3.txt)"
+python3 - z3.csv <<'PY' || fail "metrics of --zero 3:\n$(cat z3.csv)"
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    # 2 layers x (forward + backward) + the embedding and head: 5 all-gathers; 4 groups reduce-scattered
+    assert (r["zero"], r["reduce_scatter_calls"], r["all_gather_calls"], r["all_reduce_calls"]) == ("3", "4", "5", "3"), r
+PY
+echo "ok: GRPO --nproc 2 --zero 3 equals one process: $(tail -1 cmpz3.txt)"
 expect_exit_2 "ZeRO checkpoints" "not built yet" "$STREAMBP" train "${common[@]}" --method standard --nproc 2 --zero 1 \
   --save-every 1 --checkpoint-dir c
 

@@ -1,6 +1,7 @@
 // Data-parallel training is exact (issue #20, DESIGN §12): N ranks over Gloo, each back-propagating its rows of
 // every global batch with the gradients reduced once per group at its gradient-ready event (ZeRO 0: all-reduced;
-// 1: + optimizer states sharded, slices inside tensors; 2: + gradients reduce-scattered), end 5 AdamW steps where
+// 1: + optimizer states sharded, slices inside tensors; 2: + gradients reduce-scattered; 3: + parameters sharded,
+// gathered at each use), end 5 AdamW steps where
 // one process over the global batch ends, in fp64, with unequal target-token counts across ranks (right padding and
 // prompt masks differ by row). The ranks are threads of this process, each with its own model, method, objective,
 // Trainer and Gloo process group over a FileStore in a fresh temporary directory. The negative controls (the public
@@ -40,7 +41,8 @@ struct Case {
 struct Result {
   std::vector<double> losses;
   sbp::TensorList params;
-  sbp::CollectiveStats all_reduce;  // of the last step, rank 0
+  sbp::CollectiveStats all_reduce, all_gather;  // of the last step, rank 0
+  std::int64_t resident = 0;  // trainable elements present after the steps (ZeRO-3: none, until gathered)
 };
 
 constexpr int kSteps = 5;
@@ -119,6 +121,9 @@ Result train_parallel(const Case& k, const std::vector<Batch>& batches, int worl
           r.losses.push_back(trainer.step(objective->split(b, world, "global batch").at(rank)).loss);
         }
         r.all_reduce = comm->stats().at("all_reduce");
+        if (comm->stats().count("all_gather")) r.all_gather = comm->stats().at("all_gather");
+        for (const auto& p : model->trainable()) r.resident += p.tensor.numel();
+        const sbp::DataParallel::WholeModel whole(*parallel, model->trainable());  // ZeRO-3: gathered
         for (const auto& p : model->trainable()) r.params.push_back({p.name, p.tensor.detach().clone()});
       } catch (...) {
         errors[rank] = std::current_exception();
@@ -196,7 +201,7 @@ const std::string kStreamBP = "streambp:layer_chunk=5,head_chunk=7";
 
 }  // namespace
 
-TEST_CASE("data-parallel StreamBP and checkpointing over 1-4 ranks, ZeRO 0-2, end where one process over the global "
+TEST_CASE("data-parallel StreamBP and checkpointing over 1-4 ranks, ZeRO 0-3, end where one process over the global "
           "batch ends (fp64, 5 AdamW steps, SFT/GRPO/DPO, full and LoRA)", "[distributed][exactness]") {
   const OneThreadPerRank threads;
   double worst = 0;
@@ -204,39 +209,42 @@ TEST_CASE("data-parallel StreamBP and checkpointing over 1-4 ranks, ZeRO 0-2, en
     const auto batches = case_batches(k);
     const auto reference = train_single(k, batches);
     for (const int world : {1, 2, 3, 4})
-      for (const int stage : {0, 1, 2})
+      for (const int stage : {0, 1, 2, 3})
         for (const std::string spec : {kStreamBP, std::string("checkpoint")}) {
           if (world == 1 && stage > 0) continue;  // one rank owns everything
-          if (spec == "checkpoint" && (world == 3 || stage == 1)) continue;  // keeps the test short
+          if (spec == "checkpoint" && (world == 3 || stage == 1 || stage == 2)) continue;  // keeps the test short
           const double err = difference(reference, train_parallel(k, batches, world, method(spec), ddp(stage)));
           INFO(k.objective << " lora=" << k.lora << " " << spec << " world " << world << " ZeRO " << stage << ": " << err);
           CHECK(err <= 1e-12);
           worst = std::max(worst, err);
         }
   }
-  WARN("largest relative difference of losses and final tensors (6 cases x 1-4 ranks x ZeRO 0-2 x 2 methods x 5 "
+  WARN("largest relative difference of losses and final tensors (6 cases x 1-4 ranks x ZeRO 0-3 x 2 methods x 5 "
        "steps): " << worst);
 }
 
 TEST_CASE("data-parallel negative controls fail the same check: per-rank normalisation, an unreduced head, a layer "
-          "reduced before its last chunk", "[distributed][negative-control]") {
+          "reduced before its last chunk (DDP and ZeRO-3)", "[distributed][negative-control]") {
   const OneThreadPerRank threads;
   const Case sft{"sft", ""};
   const auto batches = case_batches(sft);
   const auto reference = train_single(sft, batches);
-  const auto per_rank = difference(reference, train_parallel(sft, batches, 2, method(kStreamBP), [](sbp::Communicator& c) {
-    return std::make_unique<PerRankNormalisation>(c);
-  }, true));
-  const auto head = difference(reference, train_parallel(sft, batches, 2, method(kStreamBP), [](sbp::Communicator& c) {
-    return std::make_unique<HeadLeftUnreduced>(c);
-  }, true));
-  const auto early = difference(reference, train_parallel(sft, batches, 2, [] {
-    return std::make_unique<EarlyReducedStreamBP>(sbp::StreamBP::Options{5, 7});
-  }, ddp(), true));
-  INFO("per-rank normalisation " << per_rank << ", head unreduced " << head << ", early reduction " << early);
-  CHECK(per_rank > 1e-6);
-  CHECK(head > 1e-6);
-  CHECK(early > 1e-6);
+  for (const int stage : {0, 3}) {
+    const auto per_rank = difference(reference, train_parallel(sft, batches, 2, method(kStreamBP), [stage](sbp::Communicator& c) {
+      return std::make_unique<PerRankNormalisation>(c, stage);
+    }, true));
+    const auto head = difference(reference, train_parallel(sft, batches, 2, method(kStreamBP), [stage](sbp::Communicator& c) {
+      return std::make_unique<HeadLeftUnreduced>(c, stage);
+    }, true));
+    const auto early = difference(reference, train_parallel(sft, batches, 2, [] {
+      return std::make_unique<EarlyReducedStreamBP>(sbp::StreamBP::Options{5, 7});
+    }, ddp(stage), true));
+    INFO("ZeRO " << stage << ": per-rank normalisation " << per_rank << ", head unreduced " << head << ", early reduction "
+                 << early);
+    CHECK(per_rank > 1e-6);
+    CHECK(head > 1e-6);
+    CHECK(early > 1e-6);
+  }
 }
 
 TEST_CASE("StreamBP's gradient all-reduce moves standard BP's bytes in as many calls (one per group)",
@@ -254,5 +262,28 @@ TEST_CASE("StreamBP's gradient all-reduce moves standard BP's bytes in as many c
     CHECK(streamed.calls == standard.calls);
     CHECK(checkpoint.bytes == standard.bytes);
     CHECK(standard.calls == (k.lora.empty() ? 4 : 2) + 2);
+  }
+}
+
+TEST_CASE("ZeRO-3: StreamBP gathers each layer once for its forward and once for its whole chunk loop, as standard BP "
+          "and checkpointing do (all-gather calls and bytes per step equal)", "[distributed]") {
+  const OneThreadPerRank threads;
+  for (const auto& k : {Case{"sft", ""}, Case{"sft", "rank=4,alpha=8"}}) {
+    const auto batches = case_batches(k);
+    const auto standard = train_parallel(k, batches, 2, method("standard"), ddp(3)).all_gather;
+    const auto streamed = train_parallel(k, batches, 2, method(kStreamBP), ddp(3)).all_gather;
+    const auto checkpoint = train_parallel(k, batches, 2, method("checkpoint"), ddp(3)).all_gather;
+    const auto mst = train_parallel(k, batches, 2, method("mst:mini_seq=3"), ddp(3)).all_gather;
+    INFO("lora=" << k.lora << ": standard " << standard.calls << " calls " << standard.bytes << " bytes, StreamBP "
+                 << streamed.calls << " / " << streamed.bytes << ", checkpointing " << checkpoint.calls << " / "
+                 << checkpoint.bytes << ", MsT " << mst.calls << " / " << mst.bytes);
+    CHECK(streamed.bytes == standard.bytes);
+    CHECK(streamed.calls == standard.calls);
+    CHECK(checkpoint.bytes == standard.bytes);
+    CHECK(mst.bytes == standard.bytes);
+    // tiny: 2 layers x (forward + backward) + the embedding and head once; LoRA trains no embedding or head.
+    CHECK(standard.calls == (k.lora.empty() ? 5 : 4));
+    CHECK(train_parallel(k, batches, 2, method(kStreamBP), ddp(3)).resident == 0);  // freed between uses
+    CHECK(train_parallel(k, batches, 2, method(kStreamBP), ddp(2)).resident > 0);
   }
 }

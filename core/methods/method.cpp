@@ -9,8 +9,40 @@ StepResult BackpropMethod::step(Model& model, Objective& objective, const Batch&
   objective.prepare(batch, model.config());
   PhaseClock clock;
   const auto start = std::chrono::steady_clock::now();
-  const double loss = backprop(model, objective, batch, clock);
+  // The embedding and the head (final norm, lm_head) are used at both ends of the step: in use throughout.
+  auto outer = model.embedding_trainable();
+  for (const auto& t : model.head_trainable()) outer.push_back(t);
+  parameter_use({"embedding+head", outer, true});
+  double loss = 0;
+  try {
+    loss = backprop(model, objective, batch, clock);
+  } catch (...) {
+    parameter_use({"embedding+head", outer, false});
+    throw;
+  }
+  parameter_use({"embedding+head", outer, false});
   return StepResult::finish(loss, start, clock, model.device());
+}
+
+void BackpropMethod::parameter_use(ParameterUse use) const {
+  if (parameter_use_ && !use.tensors.empty()) parameter_use_(use);
+}
+
+void BackpropMethod::layer_use(const Model& model, int layer, bool begin) const {
+  if (parameter_use_) parameter_use({"layer." + std::to_string(layer), model.layer_trainable(layer), begin});
+}
+
+BackpropMethod::LayerInUse::LayerInUse(const BackpropMethod& method, const Model& model, int layer)
+    : method_(method) {
+  if (!method.parameter_use_) return;
+  use_ = {"layer." + std::to_string(layer), model.layer_trainable(layer), true};
+  method_.parameter_use(use_);
+}
+
+BackpropMethod::LayerInUse::~LayerInUse() {
+  if (!method_.parameter_use_ || use_.tensors.empty()) return;
+  use_.begin = false;
+  method_.parameter_use(use_);
 }
 
 void BackpropMethod::gradient_ready(std::string name, std::vector<at::Tensor> tensors) const {

@@ -89,6 +89,17 @@ struct GradientGroup {
 };
 using GradientReadyFn = std::function<void(const GradientGroup&)>;
 
+// A group's trainable tensors are about to be used (`begin`) or no longer needed (!begin): where ZeRO-3 gathers the
+// sharded parameters and frees them again (DESIGN §12). The embedding and head groups span a whole step (they are
+// used at both of its ends); a decoder layer's uses are its forward and, separately, its backward (for StreamBP the
+// whole chunk loop: gathered once, kept to the last chunk). Begins and ends pair up, possibly nested.
+struct ParameterUse {
+  std::string name;
+  std::vector<at::Tensor> tensors;
+  bool begin = true;
+};
+using ParameterUseFn = std::function<void(const ParameterUse&)>;
+
 struct StepOptions {
   // Add into the gradients already there (the micro-batches of one optimizer step) instead of freeing them first.
   bool accumulate = false;
@@ -105,6 +116,8 @@ class BackpropMethod {
   StepResult step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options = {});
   // Called at every group's gradient-ready moment of the following steps (empty: none).
   void on_gradient_ready(GradientReadyFn fn) { gradient_ready_ = std::move(fn); }
+  // Called where the following steps start and stop using each group's parameters (empty: none).
+  void on_parameter_use(ParameterUseFn fn) { parameter_use_ = std::move(fn); }
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/flop_model.h).
@@ -118,10 +131,28 @@ class BackpropMethod {
   void layer_ready(const Model& model, int layer) const;
   void head_ready(const Model& model) const;
   void embedding_ready(const Model& model) const;
+  // While alive, decoder layer `layer`'s trainable tensors are in use (the parameter-use events' begin and end).
+  class LayerInUse {
+   public:
+    LayerInUse(const BackpropMethod& method, const Model& model, int layer);
+    ~LayerInUse();
+    LayerInUse(const LayerInUse&) = delete;
+    LayerInUse& operator=(const LayerInUse&) = delete;
+
+   private:
+    const BackpropMethod& method_;
+    ParameterUse use_;
+  };
+  bool tracks_parameter_use() const { return bool(parameter_use_); }
+  // The begin and end events of a layer, for a method whose uses are not one scope (standard BP: its backward runs
+  // inside autograd).
+  void layer_use(const Model& model, int layer, bool begin) const;
 
  private:
   void gradient_ready(std::string name, std::vector<at::Tensor> tensors) const;
+  void parameter_use(ParameterUse use) const;
   GradientReadyFn gradient_ready_;
+  ParameterUseFn parameter_use_;
 };
 
 }  // namespace sbp

@@ -50,7 +50,10 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
     Phase phase(clock, "forward");
     at::NoGradGuard no_grad;
     H[0] = model.embed(batch.input_ids);
-    for (int l = 0; l < L; ++l) H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
+    for (int l = 0; l < L; ++l) {
+      const LayerInUse use(*this, model, l);
+      H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
+    }
   }
   // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
   auto [loss, G] = head_and_loss(model, objective, H[L], clock);
@@ -58,7 +61,10 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
   head_ready(model);
 
   for (int l = L - 1; l >= 0; --l) {
-    stream_layer_backward(model, l, H[l], G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
+    {
+      const LayerInUse use(*this, model, l);  // gathered once for the whole chunk loop (ZeRO-3)
+      stream_layer_backward(model, l, H[l], G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
+    }
     H[l].reset();  // a checkpoint is dead once its layer is done
     layer_ready(model, l);  // its chunk loop has committed the layer's sums
   }

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/accumulate.h>
 
 #include "core/training/optimizer.h"
 
@@ -13,22 +14,30 @@ namespace {
 
 const void* key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
-// A group's gradients, defined (zeros where a rank has none).
-std::vector<at::Tensor> group_gradients(const GradientGroup& group) {
+// Stage 3 frees a tensor by giving it empty data: the tensor object (the model's, autograd's saved reference) stays.
+void free_data(const at::Tensor& p) { p.set_data(at::empty({0}, p.options())); }
+
+}  // namespace
+
+std::vector<std::int64_t> DataParallel::full_sizes(const at::Tensor& p) const {
+  const auto it = residence_.find(key(p));
+  return it == residence_.end() ? p.sizes().vec() : it->second.sizes;
+}
+
+// A group's gradients, defined (zeros where a rank has none; full-size even when stage 3 has freed the tensor).
+std::vector<at::Tensor> DataParallel::group_gradients(const GradientGroup& group) const {
   std::vector<at::Tensor> grads;
   for (const auto& p : group.tensors) {
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros(full_sizes(p), p.options());
     grads.push_back(p.grad());
   }
   return grads;
 }
 
-}  // namespace
-
 DataParallel::DataParallel(Communicator& communicator, int zero_stage)
     : communicator_(communicator), stage_(zero_stage) {
-  if (zero_stage < 0 || zero_stage > 2)
-    throw std::invalid_argument("--zero " + std::to_string(zero_stage) + ": stages 0 (DDP), 1 and 2 are built (3 is not yet)");
+  if (zero_stage < 0 || zero_stage > 3)
+    throw std::invalid_argument("--zero " + std::to_string(zero_stage) + ": the stages are 0 (DDP), 1, 2 and 3");
 }
 
 at::TensorOptions DataParallel::on_device(at::ScalarType dtype) const {
@@ -47,11 +56,74 @@ TensorList DataParallel::optimizer_params(const TensorList& trainable) {
   TensorList out;
   for (const auto& [name, p] : trainable) {
     const auto s = slice_of(p.numel(), communicator_.rank());
-    auto shard = p.detach().view({-1}).slice(0, s.start, s.end);  // writes land in the model's tensor
+    auto shard = p.detach().view({-1}).slice(0, s.start, s.end);  // stages 1-2: writes land in the model's tensor
+    if (stage_ == 3) {
+      shard = shard.clone();  // the rank's part of the parameter, the only one it keeps
+      residence_[key(p)] = {p.sizes().vec(), 0};
+      free_data(p);
+    }
     shards_[key(p)] = shard;
     out.push_back({name, shard});
   }
   return out;
+}
+
+void DataParallel::use(const ParameterUse& use) {
+  if (stage_ < 3) return;
+  at::NoGradGuard no_grad;
+  if (!use.begin) {
+    for (const auto& p : use.tensors) {
+      const auto it = residence_.find(key(p));
+      if (it != residence_.end() && it->second.users > 0 && --it->second.users == 0) free_data(p);
+    }
+    return;
+  }
+  std::vector<at::Tensor> missing;  // tensors of this use that are not present yet
+  for (const auto& p : use.tensors) {
+    const auto it = residence_.find(key(p));
+    if (it != residence_.end() && it->second.users++ == 0) missing.push_back(p);
+  }
+  if (missing.empty()) return;
+  // One all-gather: every rank's block holds its slice of each missing tensor, each padded to the slice length.
+  const auto options = shards_.at(key(missing.front())).options();
+  std::int64_t length = 0;
+  for (const auto& p : missing) {
+    if (p.scalar_type() != options.dtype())
+      throw std::logic_error("ZeRO-3: the tensors of '" + use.name + "' do not share one dtype");
+    length += slice_of(c10::multiply_integers(residence_.at(key(p)).sizes), 0).padded;
+  }
+  auto mine = at::zeros({length}, options);
+  std::int64_t offset = 0;
+  for (const auto& p : missing) {
+    const auto& shard = shards_.at(key(p));
+    mine.slice(0, offset, offset + shard.numel()).copy_(shard);
+    offset += slice_of(c10::multiply_integers(residence_.at(key(p)).sizes), 0).padded;
+  }
+  const auto all = communicator_.all_gather(mine);  // [N, length]
+  mine.reset();
+  offset = 0;
+  for (const auto& p : missing) {
+    const auto& sizes = residence_.at(key(p)).sizes;
+    const auto numel = c10::multiply_integers(sizes);
+    auto full = at::empty({numel}, options);
+    for (int q = 0; q < communicator_.world_size(); ++q) {
+      const auto s = slice_of(numel, q);
+      full.slice(0, s.start, s.end).copy_(all[q].slice(0, offset, offset + (s.end - s.start)));
+    }
+    offset += slice_of(numel, 0).padded;
+    p.set_data(full.view(sizes));
+  }
+}
+
+DataParallel::WholeModel::WholeModel(DataParallel& parallel, const TensorList& trainable)
+    : parallel_(parallel), use_{"model", {}, true} {
+  for (const auto& p : trainable) use_.tensors.push_back(p.tensor);
+  parallel_.use(use_);
+}
+
+DataParallel::WholeModel::~WholeModel() {
+  use_.begin = false;
+  parallel_.use(use_);
 }
 
 StepTotals DataParallel::global_totals(const StepTotals& local) {
@@ -98,7 +170,7 @@ void DataParallel::reduce(const GradientGroup& group) {
   offset = 0;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const auto& p = group.tensors[i];
-    const auto s = slice_of(p.numel(), rank);
+    const auto s = slice_of(grads[i].numel(), rank);
     shard_grads_[key(p)] = mine.slice(0, offset, offset + (s.end - s.start));
     offset += s.padded;
     p.mutable_grad().reset();  // the full-size gradient is not kept (the bucket is one group)
@@ -145,7 +217,8 @@ double DataParallel::clip_grad_norm(const TensorList& optimizer_params, double m
 
 void DataParallel::gather_updated() {
   at::NoGradGuard no_grad;
-  if (stage_ == 0) {
+  if (stage_ == 0 || stage_ == 3) {
+    for (auto& [k, shard] : shards_) shard.mutable_grad().reset();
     groups_.clear();
     return;
   }

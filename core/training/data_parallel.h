@@ -9,10 +9,16 @@
 // states are sharded: rank r owns the r-th of N contiguous slices of every trainable tensor's elements (so shard
 // boundaries fall inside tensors), updates only those and all-gathers each group's updated slices afterwards;
 // 2 = + the gradients: at the event a group is reduce-scattered straight into its owners' slices and the full-size
-// gradients are freed. The gradient-norm for clipping is then summed over ranks.
+// gradients are freed. The gradient-norm for clipping is then summed over ranks. 3 = + the parameters: a rank keeps
+// only its slices (what the optimizer updates); a group's full tensors exist only while a method uses them (the
+// parameter-use events: a layer's forward, its backward chunk loop; the embedding and head for a whole step),
+// all-gathered at the first begin and freed at the last end. Freeing swaps the tensor's data for an empty one
+// (set_data, as DeepSpeed does): the same tensor objects, so the model and autograd's saved references see the
+// gathered data again when it returns.
 #pragma once
 
 #include <map>
+#include <vector>
 
 #include "core/io/safetensors.h"
 #include "core/methods/method.h"
@@ -32,6 +38,23 @@ class DataParallel {
   // name: a flat view into the tensor, so that an update lands in the model (stages 1-2).
   TensorList optimizer_params(const TensorList& trainable);
 
+  // Stage 3: a parameter-use event (BackpropMethod::on_parameter_use): the first begin of a tensor gathers it (one
+  // all-gather for the event's tensors that are not present), the matching last end frees it. Other stages: nothing.
+  void use(const ParameterUse& use);
+  // Stage 3: while alive, every trainable tensor is present in full (a pass outside a step: the log-probs of the
+  // current policy, saving the model).
+  class WholeModel {
+   public:
+    WholeModel(DataParallel& parallel, const TensorList& trainable);
+    ~WholeModel();
+    WholeModel(const WholeModel&) = delete;
+    WholeModel& operator=(const WholeModel&) = delete;
+
+   private:
+    DataParallel& parallel_;
+    ParameterUse use_;
+  };
+
   // The step's totals over every rank's micro-batches (one all-reduce).
   virtual StepTotals global_totals(const StepTotals& local);
   // At a group's gradient-ready event: stages 0-1 sum its gradients over the ranks in place, as one flat all-reduce;
@@ -45,7 +68,8 @@ class DataParallel {
   // then torch's clip_grad_norm_ over the gradients of every rank's optimizer params (the norm summed over ranks
   // when they are sharded); returns the norm before clipping.
   double clip_grad_norm(const TensorList& optimizer_params, double max_norm);
-  // After the update (stages 1-2): every group's updated slices all-gathered into the full tensors.
+  // After the update (stages 1-2): every group's updated slices all-gathered into the full tensors (stage 3: the
+  // slices are the parameters; the next use gathers them).
   void gather_updated();
 
  private:
@@ -53,6 +77,8 @@ class DataParallel {
     std::int64_t start = 0, end = 0, padded = 0;  // this rank's [start, end) of the flat tensor; every rank's length
   };
   Slice slice_of(std::int64_t numel, int rank) const;
+  std::vector<std::int64_t> full_sizes(const at::Tensor& p) const;  // stage 3: also while its data is freed
+  std::vector<at::Tensor> group_gradients(const GradientGroup& group) const;
   // The totals', loss's and norm's small tensors live where the communicator's collectives take them (the CPU for
   // Gloo, the rank's GPU for NCCL); the gradients already do, as the model does.
   at::TensorOptions on_device(at::ScalarType dtype) const;
@@ -63,6 +89,12 @@ class DataParallel {
   int stage_;
   std::map<const void*, at::Tensor> shard_grads_;  // stage 2: by the tensor's impl, this rank's reduced slice
   std::map<const void*, at::Tensor> shards_;       // stages 1-2: the optimizer's view of each tensor's slice
+                                                   // stage 3: the slice itself (the tensor's data is empty when unused)
+  struct Residence {
+    std::vector<std::int64_t> sizes;  // the full tensor's
+    int users = 0;                    // open uses (nested begins)
+  };
+  std::map<const void*, Residence> residence_;  // stage 3
 };
 
 }  // namespace sbp

@@ -40,6 +40,21 @@ class StepTotalsScope {
   Objective& objective_;
 };
 
+// The method calls back into the trainer for the duration of a scope only (also when its step throws).
+class MethodEvents {
+ public:
+  explicit MethodEvents(BackpropMethod& method) : method_(method) {}
+  ~MethodEvents() {
+    method_.on_gradient_ready(nullptr);
+    method_.on_parameter_use(nullptr);
+  }
+  MethodEvents(const MethodEvents&) = delete;
+  MethodEvents& operator=(const MethodEvents&) = delete;
+
+ private:
+  BackpropMethod& method_;
+};
+
 constexpr const char* kCheckpointPrefix = "checkpoint-";
 
 std::string checkpoint_name(std::int64_t step) {
@@ -74,20 +89,17 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   out.tokens = totals.tokens;
   {
     const StepTotalsScope scope(objective_, totals);
+    const MethodEvents events(method_);
+    // ZeRO-3: the method's parameter uses gather and free the sharded parameters.
+    if (parallel_) method_.on_parameter_use([this](const ParameterUse& use) { parallel_->use(use); });
     for (std::size_t k = 0; k < micro.size(); ++k) {
       // Data-parallel: each group is reduced over ranks when its gradient is final for the step, i.e. at its event
       // of the last micro-batch.
-      const bool reduce = parallel_ && k + 1 == micro.size();
-      if (reduce) method_.on_gradient_ready([this](const GradientGroup& group) { parallel_->reduce(group); });
-      try {
-        const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
-        out.loss += r.loss;
-        out.bp_seconds += r.bp_seconds;
-      } catch (...) {
-        if (reduce) method_.on_gradient_ready(nullptr);
-        throw;
-      }
-      if (reduce) method_.on_gradient_ready(nullptr);
+      if (parallel_ && k + 1 == micro.size())
+        method_.on_gradient_ready([this](const GradientGroup& group) { parallel_->reduce(group); });
+      const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
+      out.loss += r.loss;
+      out.bp_seconds += r.bp_seconds;
     }
   }
   if (parallel_) out.loss = parallel_->global_loss(out.loss);

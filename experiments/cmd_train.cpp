@@ -170,9 +170,6 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const bool random = a.data_dir.empty();
   if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
   if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
-  if (a.zero > 0 && (a.save_every > 0 || !a.resume_dir.empty()))
-    throw std::invalid_argument("--zero " + std::to_string(a.zero) + " with --save-every/--resume: checkpoints of "
-                                "sharded optimizer states are not built yet (issue #20); use --zero 0");
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
@@ -327,11 +324,12 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                       gathered.bytes));
     write_metrics();
     const bool last = t.step == a.steps;
-    if (writer && !checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
+    // Every rank takes part (ZeRO gathers its slices into whole tensors); rank 0 writes.
+    if (!checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
       const auto dir = trainer.save_checkpoint(checkpoint_dir, {{"trajectory", fingerprint},
                                                                 {"method", method->spec()},
                                                                 {"provenance", to_json(prov)}});
-      fmt::print(stderr, "checkpoint {}\n", dir.string());
+      if (writer) fmt::print(stderr, "checkpoint {}\n", dir.string());
     }
   }
   if (writer && estimate && metered && trainer.steps_taken() > start_step)

@@ -4,7 +4,8 @@
 #     world size and one all-reduce per gradient group plus the step's totals and loss;
 # (b) a rank killed with SIGKILL mid-run: the launcher exits non-zero within the timeout naming the rank and the
 #     signal, and no rank is left running; a rank stopped with SIGSTOP: the same within --dist-timeout + grace;
-#     ZeRO-2 over 3 ranks and ZeRO-3 (GRPO) over 2 the same;
+#     ZeRO-2 over 3 ranks and ZeRO-3 (GRPO) over 2 the same; ZeRO checkpoints equal one process's, and resume on
+#     another world size and stage;
 # (c) bad input exits 2 naming it: ranks started by hand (the launcher's environment) with different --seed, and a
 #     global batch whose rows do not split over --nproc.
 source "$(dirname "$0")/cli_common.sh"
@@ -59,8 +60,23 @@ for r in csv.DictReader(open(sys.argv[1])):
     assert (r["zero"], r["reduce_scatter_calls"], r["all_gather_calls"], r["all_reduce_calls"]) == ("3", "4", "5", "3"), r
 PY
 echo "ok: GRPO --nproc 2 --zero 3 equals one process: $(tail -1 cmpz3.txt)"
-expect_exit_2 "ZeRO checkpoints" "not built yet" "$STREAMBP" train "${common[@]}" --method standard --nproc 2 --zero 1 \
-  --save-every 1 --checkpoint-dir c
+# Checkpoints do not depend on the world size or stage: ZeRO-2 over 3 ranks writes what one process writes (the
+# optimizer's slices gathered into whole tensors), and one process's checkpoint resumes on 2 ranks under ZeRO-3.
+"$STREAMBP" train "${common[@]}" --method standard --save-every 2 --checkpoint-dir ckpt1 2>ckpt1.log ||
+  fail "single process with checkpoints:\n$(cat ckpt1.log)"
+"$STREAMBP" train "${common[@]}" --method streambp --nproc 3 --zero 2 --save-every 2 --checkpoint-dir ckptz \
+  2>ckptz.log || fail "--zero 2 with checkpoints:\n$(cat ckptz.log)"
+for f in trainable optimizer; do
+  "$STREAMBP" compare ckpt1/checkpoint-000002/$f.safetensors ckptz/checkpoint-000002/$f.safetensors --rtol 1e-12 \
+    >cmpc.txt || fail "the ZeRO-2 checkpoint's $f.safetensors differs:\n$(cat cmpc.txt)"
+done
+mkdir resumed && cp -r ckpt1/checkpoint-000002 resumed/
+"$STREAMBP" train "${common[@]}" --method streambp --nproc 2 --zero 3 --resume resumed --save-model resumed3 \
+  2>resumed3.log || fail "--zero 3 --resume:\n$(cat resumed3.log)"
+grep -q "resume    resumed/checkpoint-000002 (step 2)" resumed3.log || fail "not resumed:\n$(cat resumed3.log)"
+"$STREAMBP" compare single/model.safetensors resumed3/model.safetensors --rtol 1e-12 >cmpr.txt ||
+  fail "one process's checkpoint resumed under ZeRO-3 differs:\n$(cat cmpr.txt)"
+echo "ok: ZeRO checkpoints equal one process's and resume on another world size: $(tail -1 cmpr.txt)"
 
 # (b) One rank disturbed mid-run: `disturb NPROC SIGNAL LOG [train flags]` starts NPROC ranks of a long run, waits
 # for the first step, sends SIGNAL to rank 1 and waits for the launcher; it must exit non-zero (not by a signal),

@@ -55,6 +55,15 @@ class DataParallel {
     ParameterUse use_;
   };
 
+  // Checkpoints that do not depend on the world size (stages 1-3; every rank takes part): the optimizer's state
+  // (Optimizer::state of this rank's slices) as whole tensors, each all-gathered; and back, this rank's slices of a
+  // whole state (views). Entries that are not a tensor's slice (the step counts) pass through.
+  TensorList whole_state(const TensorList& state);
+  TensorList sliced_state(const TensorList& whole);
+  // Stage 3, after whole tensors were written into the trainable tensors (inside a WholeModel): this rank's slices
+  // take their values (stages 1-2: the slices are views already).
+  void keep_slices();
+
   // The step's totals over every rank's micro-batches (one all-reduce).
   virtual StepTotals global_totals(const StepTotals& local);
   // At a group's gradient-ready event: stages 0-1 sum its gradients over the ranks in place, as one flat all-reduce;
@@ -95,6 +104,8 @@ class DataParallel {
     int users = 0;                    // open uses (nested begins)
   };
   std::map<const void*, Residence> residence_;  // stage 3
+  std::map<std::string, at::Tensor> by_name_;   // stages 1-3: the sliced tensors by name
+  const at::Tensor* sliced_tensor_of(const std::string& state_name) const;  // "<tensor name>.<state>"
 };
 
 }  // namespace sbp

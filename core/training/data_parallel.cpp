@@ -114,6 +114,16 @@ TensorList DataParallel::sliced_state(const TensorList& whole) {
   return out;
 }
 
+void DataParallel::unshard() {
+  if (stage_ < 3 || residence_.empty()) return;
+  ParameterUse all{"model", {}, true};
+  for (const auto& [name, p] : by_name_) all.tensors.push_back(p);
+  use(all);
+  residence_.clear();
+  shards_.clear();
+  by_name_.clear();
+}
+
 void DataParallel::keep_slices() {
   if (stage_ < 3) return;
   at::NoGradGuard no_grad;

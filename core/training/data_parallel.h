@@ -63,6 +63,9 @@ class DataParallel {
   // Stage 3, after whole tensors were written into the trainable tensors (inside a WholeModel): this rank's slices
   // take their values (stages 1-2: the slices are views already).
   void keep_slices();
+  // Stage 3: every tensor whole again and no longer sharded (every rank takes part); for a driver that measures
+  // with a fresh DataParallel per probe on one model. Other stages: nothing.
+  void unshard();
 
   // The step's totals over every rank's micro-batches (one all-reduce).
   virtual StepTotals global_totals(const StepTotals& local);

@@ -271,7 +271,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     meter.reset_peak();
     // As `run` counts: the step's peak with the model's weights and the optimizer's states, not what else the
     // process holds (the batch, the data's files).
-    const auto held = meter.current_bytes() - weight_bytes - trainer.optimizer().state_bytes();
+    const auto held = meter.current_bytes() - weight_bytes - trainer.held_bytes();
     if (comm) comm->reset_stats();
     const auto t = trainer.step(batch, source);
     const auto stats_of = [&](const char* kind) {

@@ -114,6 +114,13 @@ TensorList DataParallel::sliced_state(const TensorList& whole) {
   return out;
 }
 
+std::int64_t DataParallel::sliced_parameter_bytes() const {
+  std::int64_t bytes = 0;
+  if (stage_ == 3)
+    for (const auto& [k, shard] : shards_) bytes += std::int64_t(shard.nbytes());
+  return bytes;
+}
+
 void DataParallel::unshard() {
   if (stage_ < 3 || residence_.empty()) return;
   ParameterUse all{"model", {}, true};

@@ -66,6 +66,8 @@ class DataParallel {
   // Stage 3: every tensor whole again and no longer sharded (every rank takes part); for a driver that measures
   // with a fresh DataParallel per probe on one model. Other stages: nothing.
   void unshard();
+  // Stage 3: the bytes of this rank's parameter slices, held between steps (the model's tensors then hold none).
+  std::int64_t sliced_parameter_bytes() const;
 
   // The step's totals over every rank's micro-batches (one all-reduce).
   virtual StepTotals global_totals(const StepTotals& local);

@@ -124,6 +124,10 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   return out;
 }
 
+std::int64_t Trainer::held_bytes() const {
+  return optimizer_.state_bytes() + (parallel_ ? parallel_->sliced_parameter_bytes() : 0);
+}
+
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {
   std::vector<ParamShape> shapes;
   for (const auto& p : model.trainable()) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});

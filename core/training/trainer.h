@@ -60,6 +60,9 @@ class Trainer {
   // add_optimizer_memory of this trainer's model and optimizer.
   void add_optimizer_memory(Workload& workload) const { sbp::add_optimizer_memory(workload, model_, options_.optimizer); }
   Model& model() const { return model_; }
+  // What the trainer holds between steps beside the model's tensors: the optimizer's states and, under ZeRO-3, this
+  // rank's parameter slices (a measured peak counts them as it counts the weights).
+  std::int64_t held_bytes() const;
 
   // Resumable checkpoints: DIR/checkpoint-NNNNNN/ holding the trainable tensors (trainable.safetensors, their own
   // dtypes), the optimizer state (optimizer.safetensors: states, per-tensor and global step counts) and

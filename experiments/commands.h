@@ -107,6 +107,14 @@ struct MaxlenArgs {
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
 
+struct ConformArgs {
+  std::string impl, baseline = "hf", cases = "quick", objectives, dtypes, out_dir = "results/conform", work_dir;
+  bool lora_only = false;
+  double timeout = 300;  // seconds per case
+};
+void add_conform_options(CLI::App& app, ConformArgs& args);
+int conform_command(const ConformArgs& args, const std::string& command_line);
+
 struct ProjectArgs {
   std::int64_t budget_bytes = 80'000'000'000, lora_rank = 32;
   std::string out_dir = "results/projection";

@@ -2,7 +2,7 @@
 // file protocol (README "Conformance"), judges its gradients against the harness's fp64 standard BP (fp64 cases) or
 // by the low-precision rule against a baseline in the same dtype, and exits 1 when any case fails. Every case runs
 // in its own directory; the implementation is a child process in its own process group, killed after --timeout;
-// its wall time, CPU time and peak RSS (rusage) are recorded, so a conformance run is also a side-by-side.
+// its wall time, CPU time (rusage) and peak RSS are recorded, so a conformance run is also a side-by-side.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <fcntl.h>
@@ -56,10 +57,39 @@ std::string resolve_command(const std::string& impl) {
   return impl;
 }
 
+// The largest VmHWM (peak resident set) among the live processes of process group `group`. Not rusage's ru_maxrss: a forked child starts with this process's resident pages (libtorch), and
+// the kernel keeps that high-water mark across exec.
+std::int64_t group_peak_rss(pid_t group) {
+  std::error_code ec;
+  const auto self = fs::read_symlink("/proc/self/exe", ec);
+  std::int64_t peak = 0;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0;
+    rest >> state >> ppid >> pgrp;
+    if (pgrp != group) continue;
+    std::error_code exe_error;
+    // The group's leader before its exec is a fork of this process (the implementation may run this binary too).
+    if (std::stol(name) == group && fs::read_symlink(entry.path() / "exe", exe_error) == self) continue;
+    std::ifstream status(entry.path() / "status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmHWM:", 0) == 0) peak = std::max(peak, std::int64_t(std::stoll(line.substr(6))) * 1024);
+  }
+  return peak;
+}
+
 struct ChildRun {
   std::string outcome;  // "" when it exited 0; else how it ended
   double wall_seconds = 0, cpu_seconds = 0;
-  std::int64_t peak_rss_bytes = 0;
+  std::int64_t peak_rss_bytes = 0;  // the largest process's, sampled every 20 ms
 };
 
 // `command case_dir` through /bin/sh in its own process group, output to case_dir/impl.log; SIGKILL to the group
@@ -87,6 +117,7 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   rusage usage{};
   bool timed_out = false;
   while (true) {
+    r.peak_rss_bytes = std::max(r.peak_rss_bytes, group_peak_rss(pid));
     const pid_t done = wait4(pid, &status, WNOHANG, &usage);
     if (done == pid) break;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -100,7 +131,6 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                   1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-  r.peak_rss_bytes = std::int64_t(usage.ru_maxrss) * 1024;
   if (timed_out) r.outcome = fmt::format("timed out after {:.0f} s (--timeout)", timeout);
   else if (WIFSIGNALED(status)) r.outcome = fmt::format("killed by signal {}", WTERMSIG(status));
   else if (WEXITSTATUS(status) != 0) r.outcome = fmt::format("exited with status {}", WEXITSTATUS(status));

@@ -59,9 +59,10 @@ def dpo(**o):
 
 
 # name, model (preset or config dict), dtype, objective, LoRA spec or None, random-batch args, adapters, in default set
-#   adapters: "hf", "hf-ckpt" (judged: must pass), "wrong" (judged: must fail), "cli:..." through the command line
+#   adapters: "hf", "hf-ckpt", "example" (judged: must pass), "wrong" (judged: must fail); "cli:..." through the
+#   command line (example: CLI only, it is a script without an entry point)
 CASES = [
-    ("sft-tied", "tiny", "fp64", {"name": "sft"}, None, SFT_BATCH, ["cli:hf-ckpt", "hf", "wrong"], True),
+    ("sft-tied", "tiny", "fp64", {"name": "sft"}, None, SFT_BATCH, ["cli:hf-ckpt", "cli:example", "hf", "wrong"], True),
     ("sft-lora-untied-bias-mha", UNTIED_BIAS_MHA, "fp64", {"name": "sft"}, "rank=4,alpha=8,init=random", SFT_BATCH,
      ["hf", "hf-ckpt", "wrong"], True),
     ("grpo-bnpo-beta-lora", "tiny", "fp64", grpo(beta=0.04, loss_type="bnpo", temperature=0.9),
@@ -153,17 +154,41 @@ def run_adapter(d, adapter):
     adapter = adapter.removeprefix("cli:")
     argv = (["--gradient-checkpointing"] if adapter == "hf-ckpt" else []) + [str(d)]
     start = time.perf_counter()
+    MLP_FORWARDS.clear()
     if via_cli:
-        script = CONFORM / ("wrong_per_chunk.py" if adapter == "wrong" else "hf_adapter.py")
+        script = CONFORM / {"wrong": "wrong_per_chunk.py", "example": "example_adapter.py"}.get(adapter, "hf_adapter.py")
         p = subprocess.run(["nice", "-n", "10", sys.executable, str(script), *argv], capture_output=True, text=True)
         rc, err = p.returncode, p.stderr
     else:
         rc, err = protocol.main(argv, wrong_per_chunk.loss if adapter == "wrong" else losses.loss, "usage"), ""
     wall = time.perf_counter() - start
+    if not via_cli and len(MLP_FORWARDS) != (2 if adapter == "hf-ckpt" else 1):
+        return None, None, None, wall, f"layer 0's MLP ran {len(MLP_FORWARDS)} times (checkpointing recomputes it once)"
     if rc != 0 or not (d / "result.json").exists():
         return None, None, None, wall, f"exit {rc}: {err.strip()[-500:]}"
     result = json.loads((d / "result.json").read_text())
     return result["loss"], load_file(str(d / "grads.safetensors")), result.get("seconds"), wall, ""
+
+
+MLP_FORWARDS = []  # calls of layer 0's MLP in the last in-process run: 2 with checkpointing (the recompute), else 1
+load_model = protocol.load_model
+
+
+def counting_load_model(case, gradient_checkpointing=False):
+    """protocol.load_model, with layer 0's MLP counting its forwards (module hooks do not see HF's recompute)."""
+    model, trainable = load_model(case, gradient_checkpointing)
+    mlp = next(m for n, m in model.named_modules() if n.endswith("layers.0.mlp"))
+    forward = mlp.forward
+
+    def counted(*args, **kwargs):
+        MLP_FORWARDS.append(1)
+        return forward(*args, **kwargs)
+
+    mlp.forward = counted
+    return model, trainable
+
+
+protocol.load_model = counting_load_model
 
 
 def largest_error(ref, ours):

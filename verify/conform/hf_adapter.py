@@ -15,4 +15,4 @@ import losses  # noqa: E402
 import protocol  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(protocol.main(sys.argv[1:], losses.loss, __doc__.strip().splitlines()[3]))
+    sys.exit(protocol.main(sys.argv[1:], losses.loss, "Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR"))

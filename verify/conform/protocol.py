@@ -105,8 +105,11 @@ def load_model(case, gradient_checkpointing=False):
     if case.dtype == torch.float64:
         patch_rms_norms_for_fp64()
     config = json.loads((case.dir / "model" / "config.json").read_text())
-    if config.get("model_type") == "qwen3" and config.get("qk_norm") is False:
-        raise CaseError("config.json: qwen3 without qk-norm has no HF class (HF's Qwen3 always has q_norm/k_norm)")
+    # The harness's own keys beside HF's (core/model/config.cpp): HF's Qwen3 always has q/k norms and puts
+    # attention_bias on o_proj too; a config that says otherwise describes a model HF cannot build.
+    if config.get("model_type") == "qwen3" and (config.get("qk_norm") is False or
+                                                config.get("o_proj_bias", config.get("attention_bias")) != config.get("attention_bias")):
+        raise CaseError("config.json: qwen3 without qk-norm, or with o_proj_bias != attention_bias, has no HF class")
     model = transformers.AutoModelForCausalLM.from_pretrained(case.dir / "model", dtype=case.dtype,
                                                               attn_implementation="sdpa")
     if getattr(model.config, "attention_dropout", 0.0) != 0.0:

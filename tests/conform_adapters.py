@@ -45,6 +45,8 @@ UNTIED_BIAS_MHA = {"model_type": "qwen3", "vocab_size": 128, "hidden_size": 32, 
                    "tie_word_embeddings": False, "attention_bias": True, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
 # No qk-norm: the harness writes it as HF's llama (core/model/config.cpp config_to_json).
 LLAMA_UNTIED = {**UNTIED_BIAS_MHA, "model_type": "llama", "attention_bias": False, "num_key_value_heads": 2}
+# No qk-norm, q/k/v bias but none on o_proj: written as HF's qwen2.
+QWEN2_BIAS = {**UNTIED_BIAS_MHA, "model_type": "qwen2", "num_key_value_heads": 2, "tie_word_embeddings": True}
 
 SFT_BATCH = ["--batch", "3", "--seq", "37", "--pad-fraction", "0.3", "--prompt-fraction", "0.2"]
 GRPO_BATCH = ["--batch", "4", "--group", "2", "--seq", "26", "--pad-fraction", "0.3"]
@@ -77,6 +79,8 @@ CASES = [
     # --all only
     ("sft-mha", "tiny-mha", "fp64", {"name": "sft"}, None, SFT_BATCH, ["hf", "hf-ckpt", "wrong"], False),
     ("sft-llama-untied", LLAMA_UNTIED, "fp64", {"name": "sft"}, None, SFT_BATCH, ["hf", "hf-ckpt"], False),
+    ("dpo-lora-qwen2-bias", QWEN2_BIAS, "fp64", dpo(beta=0.3), "rank=2,alpha=4,init=random", DPO_BATCH,
+     ["hf", "hf-ckpt", "wrong"], False),
     ("grpo-grpo-beta0", "tiny", "fp64", grpo(loss_type="grpo"), None, GRPO_BATCH, ["hf", "hf-ckpt", "wrong"], False),
     ("grpo-bnpo-beta", "tiny", "fp64", grpo(beta=0.04, loss_type="bnpo", temperature=0.9), None, GRPO_BATCH,
      ["hf", "wrong"], False),

@@ -42,7 +42,8 @@ def sft_loss(model, case):
 
 
 def grpo_loss(model, case):
-    per_token, mask, o = losses.grpo_per_token(model, case)  # [B, T-1] each
+    per_token, mask, o = losses.grpo_per_token(model, case)  # [B, T-1] each ([B, 1] under sequence importance)
+    per_token = per_token.expand_as(mask)
 
     def chunk(lo, hi):
         l, m = per_token[:, lo:hi], mask[:, lo:hi]

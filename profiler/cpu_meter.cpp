@@ -86,19 +86,19 @@ void tracked_free(void* ptr) {
 class TrackingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
+    if (n == 0) return {nullptr, nullptr, &tracked_free, c10::Device(c10::DeviceType::CPU)};
     auto& s = state();
+    const auto thread = thread_index();
+    State::Block block{n, 0, thread, 0};
     {
+      // The budget check and the count in one critical section: two threads can never both pass the check with
+      // room for one of them (the bytes are counted before the memory exists, and uncounted if malloc fails).
       std::lock_guard<std::mutex> lock(s.mutex);
       if (s.budget > 0 && s.current + std::int64_t(n) > s.budget)
         TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: ", s.current, " bytes live + ", n,
                          " requested > budget of ", s.budget, " bytes");
-    }
-    void* ptr = n ? c10::alloc_cpu(n) : nullptr;
-    if (ptr) {
-      const auto thread = thread_index();
-      std::lock_guard<std::mutex> lock(s.mutex);
-      const auto id = s.next_id++;
-      s.sizes.emplace(ptr, State::Block{n, id, thread, s.window});
+      block.id = s.next_id++;
+      block.window = s.window;
       s.current += std::int64_t(n);
       if (std::size_t(thread) >= s.thread_current.size()) {
         s.thread_current.resize(thread + 1, 0);
@@ -109,7 +109,21 @@ class TrackingAllocator final : public c10::Allocator {
       s.peak = std::max(s.peak, s.current);
       s.largest = std::max(s.largest, std::int64_t(n));
       for (const auto& p : s.open) s.peaks[p.slot].peak_bytes = std::max(s.peaks[p.slot].peak_bytes, s.current);
-      s.record_event(id, std::int64_t(n));
+      s.record_event(block.id, std::int64_t(n));
+    }
+    void* ptr = nullptr;
+    try {
+      ptr = c10::alloc_cpu(n);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.current -= std::int64_t(n);
+      if (block.window == s.window) s.thread_current[thread] -= std::int64_t(n);
+      s.record_event(block.id, -std::int64_t(n));
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.sizes.emplace(ptr, block);
     }
     return {ptr, ptr, &tracked_free, c10::Device(c10::DeviceType::CPU)};
   }

@@ -2,7 +2,9 @@
 // budget, agreement with the kernel's RSS, StreamBP's O(T) memory, and the analytic memory models.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -104,6 +106,36 @@ TEST_CASE("the budget throws c10::OutOfMemoryError and leaves nothing counted", 
   CHECK(meter.current_bytes() == base);
   const auto after = million_doubles();  // no budget: allowed again
   CHECK(meter.current_bytes() - base == kMillionDoubles);
+}
+
+TEST_CASE("threads allocating at the budget's edge never take the count past it", "[meter][budget]") {
+  // Eight threads race for room for three blocks, many times over: the check and the count are one critical
+  // section, so the peak never exceeds the budget (checked and counted under separate locks, two threads could both
+  // see room for one block and both take it).
+  auto& meter = sbp::CpuMemoryMeter::install();
+  constexpr std::int64_t kBlock = 1 << 16;
+  const auto held = meter.current_bytes();
+  meter.reset_peak();
+  meter.set_budget_bytes(held + 3 * kBlock + kBlock / 2);
+  std::atomic<int> granted{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        try {
+          auto block = at::empty({kBlock}, at::kByte);
+          ++granted;
+        } catch (const c10::OutOfMemoryError&) {
+          ++refused;
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  meter.set_budget_bytes(0);
+  INFO(granted << " blocks granted, " << refused << " refused");
+  CHECK(granted > 0);
+  CHECK(meter.peak_bytes() - held <= 3 * kBlock + kBlock / 2);
+  CHECK(meter.current_bytes() == held);
 }
 
 TEST_CASE("a BP step over the budget ends with status oom and leaves nothing counted", "[meter][budget]") {

@@ -19,7 +19,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
     print(f"FAIL: missing oracle dependency: {e} (make installs transformers into the venv)")
     sys.exit(1)
 
-from parity_metrics import finite, normwise_error  # noqa: E402
+from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
 
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8}  # eps / 2, as unit_roundoff (verify/grad_compare.cpp)
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -79,7 +79,7 @@ def main():
                 grads = work / f"{dtype}-{method.split(':')[0]}.safetensors"
                 run(binary, "--load", model, "--batch-file", batch_file, "--method", method, "--dtype", dtype,
                     "--save-grads", grads)
-                ours = l2_error(oracle, load_file(str(grads)))
+                ours = l2_error(oracle, with_fault(load_file(str(grads))))
                 floor = rounding_floor(oracle, dtype)
                 worst = max(ours, key=lambda n: ours[n] / (2 * hf_error[n] + floor[n]))
                 ratio = ours[worst] / (2 * hf_error[worst] + floor[worst])

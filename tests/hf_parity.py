@@ -21,7 +21,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
     print(f"FAIL: missing oracle dependency: {e} (make installs transformers into the venv)")
     sys.exit(1)
 
-from parity_metrics import finite, normwise_error  # noqa: E402
+from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
 
 RTOL = 1e-10
 
@@ -53,7 +53,7 @@ def check(binary, work, name, source_args):
     shifted = torch.nn.functional.pad(b["labels"], (0, 1), value=-100)[:, 1:]
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), shifted.flatten(), ignore_index=-100)
     loss.backward()
-    ours = load_file(str(grads))
+    ours = with_fault(load_file(str(grads)))
     worst, failures = 0.0, []
     hf_grads = {n: p.grad for n, p in model.named_parameters()}
     if set(hf_grads) != set(ours):

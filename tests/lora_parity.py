@@ -36,7 +36,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_parity import patch_rms_norms  # noqa: E402  (the one RMSNorm patch, shared)
-from parity_metrics import finite, normwise_error  # noqa: E402
+from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
 
 GRAD_RTOL = 1e-10
 LOSS_RTOL = 1e-12
@@ -197,7 +197,7 @@ def compare(what, ours_json, ours_grads, hf_loss, hf_grads):
     if not (Path(ours_json).exists() and Path(ours_grads).exists()):
         return  # the run already failed
     ours_loss = json.loads(Path(ours_json).read_text())["loss"]
-    ours = load_file(str(ours_grads))
+    ours = with_fault(load_file(str(ours_grads)))
     problems = []
     if set(ours) != set(hf_grads):
         problems.append(f"gradient names differ: {sorted(set(ours) ^ set(hf_grads))[:6]}")

@@ -24,7 +24,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_parity import patch_rms_norms  # noqa: E402
-from parity_metrics import finite, normwise_error  # noqa: E402
+from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
 from lora_parity import dpo_loss, grpo_loss, parse_objective, token_logps, completion_sums  # noqa: E402
 
 GRAD_RTOL, LOSS_RTOL, REF_RTOL = 1e-10, 1e-12, 1e-12
@@ -77,7 +77,7 @@ def oracle(model_dir, batch, objective, ref_dir):
 
 def compare(what, record, grads_file, hf_loss, hf_grads):
     ours_loss = json.loads(Path(record).read_text())["loss"]
-    ours = load_file(str(grads_file))
+    ours = with_fault(load_file(str(grads_file)))
     if set(ours) != set(hf_grads):
         fail(f"{what}: parameter names differ: {sorted(set(ours) ^ set(hf_grads))[:4]}")
     worst, worst_name = 0.0, "-"

@@ -5,6 +5,7 @@ normwise_error(ours, ref): max|ours - ref| / max|ref| (DESIGN §8's exactness me
 non-finite entry. finite(x): x, or +inf when x is NaN or infinite (for ratios and loss errors).
 """
 import math
+import os
 
 import torch
 
@@ -21,6 +22,20 @@ def normwise_error(ours, ref):
     scale = ref.abs().max().item()
     diff = (ours - ref).abs().max().item()
     return diff / scale if scale > 0 else (math.inf if diff > 0 else 0.0)
+
+
+def with_fault(grads):
+    """The scripts' negative control (CTest <script>_fault): with STREAMBP_PARITY_FAULT=EPS in the environment, the
+    gradients read from our binary come back with the last tensor (by name) scaled by 1 + EPS, and the script must
+    fail its gate. Without it, `grads` unchanged."""
+    eps = os.environ.get("STREAMBP_PARITY_FAULT")
+    if not eps:
+        return grads
+    name = sorted(grads)[-1]
+    grads = dict(grads)
+    grads[name] = grads[name] * (1 + float(eps))
+    print(f"fault injected: {name} x (1 + {eps})")
+    return grads
 
 
 def check():

@@ -1,5 +1,6 @@
 #include "baselines/methods.h"
 
+#include <map>
 #include <stdexcept>
 
 #include "baselines/checkpoint.h"
@@ -10,7 +11,26 @@
 
 namespace sbp {
 
-std::vector<std::string> method_names() { return {"standard", "checkpoint", "mst", "streambp"}; }
+namespace {
+
+std::map<std::string, MethodFactory>& registered() {
+  static std::map<std::string, MethodFactory> methods;
+  return methods;
+}
+
+}  // namespace
+
+std::vector<std::string> method_names() {
+  std::vector<std::string> names = {"standard", "checkpoint", "mst", "streambp"};
+  for (const auto& [name, factory] : registered()) names.push_back(name);
+  return names;
+}
+
+void register_method(const std::string& name, MethodFactory factory) {
+  for (const std::string builtin : {"standard", "checkpoint", "mst", "streambp"})
+    if (name == builtin) throw std::invalid_argument("register_method: '" + name + "' is a built-in method");
+  registered()[name] = std::move(factory);
+}
 
 std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
   const Spec spec = parse_spec(text);
@@ -35,6 +55,7 @@ std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
     o.head_chunk = spec.get_int("head_chunk", o.head_chunk, 1);
     return std::make_unique<StreamBP>(o);
   }
+  if (const auto it = registered().find(spec.name); it != registered().end()) return it->second(spec);
   std::string known;
   for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown method '" + spec.name + "' (known: " + known + ")");

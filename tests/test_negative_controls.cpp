@@ -3,7 +3,10 @@
 // fails proves nothing.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <limits>
+
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
@@ -11,7 +14,9 @@
 #include "core/model/model.h"
 #include "core/objectives/sft.h"
 #include "core/methods/streambp.h"
+#include "baselines/methods.h"
 #include "baselines/mst.h"
+#include "experiments/commands.h"
 #include "faulty_methods.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
@@ -253,3 +258,28 @@ TEST_CASE("the checker passes an exact method on tensors whose true gradient is 
   CHECK_FALSE(bad.passed(kFp64Rtol));
 }
 
+
+TEST_CASE("verify --gate as a command exits 1 on a faulty method and 0 on its correct twin", "[negative-control][verify]") {
+  // The command end to end (verify_command: oracle, runs, rule, exit code), with the faulty StreamBP registered as a
+  // method the way a user registers a new one.
+  // Its spec names it, so that a command rebuilding methods from their specs builds it again.
+  struct Registered : sbp::test::DoubledHeadGradStreamBP {
+    using sbp::test::DoubledHeadGradStreamBP::DoubledHeadGradStreamBP;
+    std::string spec() const override { return "faulty-doubled-head"; }
+  };
+  sbp::register_method("faulty-doubled-head", [](const sbp::Spec& spec) -> std::unique_ptr<sbp::BackpropMethod> {
+    spec.check_keys({});
+    return std::make_unique<Registered>(sbp::StreamBP::Options{8, 8});
+  });
+  const auto out = std::filesystem::temp_directory_path() / ("streambp-verify-gate-" + std::to_string(::getpid()));
+  sbp::VerifyArgs args;
+  args.setup.source = args.setup.source.or_preset("tiny");
+  args.seq_len = 16;
+  args.gate = true;
+  args.out_dir = out.string();
+  args.methods = "faulty-doubled-head";
+  CHECK(sbp::verify_command(args, "test") == 1);
+  args.methods = "streambp:layer_chunk=8,head_chunk=8";
+  CHECK(sbp::verify_command(args, "test") == 0);
+  std::filesystem::remove_all(out);
+}

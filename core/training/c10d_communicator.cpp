@@ -27,8 +27,10 @@ std::string first_line(std::string message) {
 // Any c10d backend (ProcessGroupGloo, ProcessGroupNCCL): the collectives as the Communicator states them.
 class BackendCommunicator final : public Communicator {
  public:
-  BackendCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const RendezvousOptions& o, c10::Device device)
-      : rank_(o.rank), world_(o.world_size), device_(device), group_(std::move(backend)) {}
+  BackendCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const RendezvousOptions& o, c10::Device device,
+                      bool copies_buffers)
+      : rank_(o.rank), world_(o.world_size), device_(device), copies_buffers_(copies_buffers),
+        group_(std::move(backend)) {}
   // NCCL wants its group ended explicitly (its destructor otherwise warns and aborts): shut down cleanly after normal
   // use, as destroy_process_group does; aborted while an exception unwinds, when a collective may be stuck on a dead
   // peer. Both are no-ops for Gloo.
@@ -46,6 +48,7 @@ class BackendCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   c10::Device device() const override { return device_; }
+  bool copies_collective_buffers() const override { return copies_buffers_; }
 
   void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
     count("all_reduce", bytes_of(tensors));
@@ -93,6 +96,7 @@ class BackendCommunicator final : public Communicator {
 
   int rank_, world_;
   c10::Device device_;
+  bool copies_buffers_;
   c10::intrusive_ptr<c10d::Backend> group_;
 };
 
@@ -117,8 +121,9 @@ c10::intrusive_ptr<c10d::Store> make_store(const RendezvousOptions& o) {
 }
 
 std::unique_ptr<Communicator> make_backend_communicator(c10::intrusive_ptr<c10d::Backend> backend,
-                                                        const RendezvousOptions& options, c10::Device device) {
-  return std::make_unique<BackendCommunicator>(std::move(backend), options, device);
+                                                        const RendezvousOptions& options, c10::Device device,
+                                                        bool copies_buffers) {
+  return std::make_unique<BackendCommunicator>(std::move(backend), options, device, copies_buffers);
 }
 
 std::string rendezvous_failure(const RendezvousOptions& options, const std::string& what) {
@@ -136,7 +141,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousOptions& o)
     auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(detail::make_store(o), o.rank, o.world_size, options);
-    return detail::make_backend_communicator(std::move(group), o, c10::Device(c10::kCPU));
+    return detail::make_backend_communicator(std::move(group), o, c10::Device(c10::kCPU), /*copies_buffers=*/true);
   } catch (const std::exception& e) {
     throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
   }

@@ -115,6 +115,13 @@ void DataParallel::use(const ParameterUse& use) {
   }
 }
 
+std::int64_t DataParallel::kept_parameter_bytes() const {
+  std::int64_t bytes = 0;
+  if (stage_ == 3)
+    for (const auto& [k, shard] : shards_) bytes += std::int64_t(shard.nbytes());
+  return bytes;
+}
+
 DataParallel::WholeModel::WholeModel(DataParallel& parallel, const TensorList& trainable)
     : parallel_(parallel), use_{"model", {}, true} {
   for (const auto& p : trainable) use_.tensors.push_back(p.tensor);

@@ -71,6 +71,9 @@ class DataParallel {
   // After the update (stages 1-2): every group's updated slices all-gathered into the full tensors (stage 3: the
   // slices are the parameters; the next use gathers them).
   void gather_updated();
+  // Stage 3: bytes of the parameter slices this rank keeps beside the model (whose trainable tensors are empty between
+  // uses): what a meter counts as weights next to the model's own. 0 at the other stages.
+  std::int64_t kept_parameter_bytes() const;
 
  private:
   struct Slice {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/model.h"
+#include "core/methods/memory_model.h"
 #include "core/training/data_parallel.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
@@ -123,10 +124,17 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   return out;
 }
 
+void Trainer::add_optimizer_memory(Workload& workload) const {
+  workload.world_size = parallel_ ? parallel_->communicator().world_size() : 1;
+  workload.zero_stage = parallel_ ? parallel_->zero_stage() : 0;
+  workload.collective_copies = parallel_ && parallel_->communicator().copies_collective_buffers();
+  sbp::add_optimizer_memory(workload, model_, options_.optimizer);
+}
+
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {
   std::vector<ParamShape> shapes;
   for (const auto& p : model.trainable()) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
-  const auto m = optimizer_memory(options, shapes);
+  const auto m = optimizer_memory(options, optimizer_shard(shapes, workload));
   workload.optimizer_state_bytes = m.state_bytes;
   workload.optimizer_update_bytes = m.step_temporary_bytes;
 }

@@ -125,10 +125,17 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
 }
 
 void Trainer::add_optimizer_memory(Workload& workload) const {
-  workload.world_size = parallel_ ? parallel_->communicator().world_size() : 1;
-  workload.zero_stage = parallel_ ? parallel_->zero_stage() : 0;
-  workload.collective_copies = parallel_ && parallel_->communicator().copies_collective_buffers();
-  sbp::add_optimizer_memory(workload, model_, options_.optimizer);
+  if (!parallel_) return sbp::add_optimizer_memory(workload, model_, options_.optimizer);
+  workload.world_size = parallel_->communicator().world_size();
+  workload.zero_stage = parallel_->zero_stage();
+  workload.collective_copies = parallel_->communicator().copies_collective_buffers();
+  // What this rank's optimizer updates, exactly: the tensors (stage 0) or this rank's slices of them (ZeRO 1-3; at
+  // stage 3 the model's own tensors are empty between uses).
+  std::vector<ParamShape> shapes;
+  for (const auto& p : optimizer_params_) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
+  const auto m = optimizer_memory(options_.optimizer, shapes);
+  workload.optimizer_state_bytes = m.state_bytes;
+  workload.optimizer_update_bytes = m.step_temporary_bytes;
 }
 
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {

@@ -125,6 +125,7 @@ TEST_CASE("per-rank memory models of data-parallel training steps (ZeRO 0-3, 2 a
     std::int64_t vocab, T;
   };
   int negative_controls = 0;
+  double worst = 0, closest_control = 1e9;  // the largest |measured / model - 1|; the smallest of the controls'
   for (const auto& shape : {Shape{512, 16}, Shape{4096, 16}, Shape{512, 256}})
     for (const int world : {2, 3})
       for (const int stage : {0, 1, 2, 3})
@@ -138,13 +139,17 @@ TEST_CASE("per-rank memory models of data-parallel training steps (ZeRO 0-3, 2 a
                       << " (ratio " << ratio << ") at " << describe(m.model) << " one process's model: ratio "
                       << single_ratio);
             CHECK(std::abs(ratio - 1.0) <= 0.03);
+            worst = std::max(worst, std::abs(ratio - 1.0));
             // Negative control: the model of one process (the world size ignored) misses the sharding by far more
             // than the tolerance wherever the optimizer's states are sharded and dominate (full fine-tuning; LoRA's
             // adapters and their states are a few KiB beside the frozen base).
             if (world == 3 && stage >= 1 && lora.empty()) {
               CHECK(std::abs(single_ratio - 1.0) > 0.03);
+              closest_control = std::min(closest_control, std::abs(single_ratio - 1.0));
               ++negative_controls;
             }
           }
   CHECK(negative_controls == 3 * 3 * 2);
+  WARN("largest |measured / model - 1| over 96 runs: " << worst << "; the one-process model's smallest miss at "
+       "ZeRO 1-3 over 3 ranks: " << closest_control);
 }

@@ -81,7 +81,9 @@ struct Sizes {
   // What a group's gradients occupy once reduced: all of them (stages 0-1), or this rank's slice (stage 2).
   std::int64_t reduced(std::int64_t bytes) const { return sharded_gradients() ? slice_elements(bytes) * g : bytes; }
   // Gradients alive after the head's event (the head_gradients of one process).
-  std::int64_t head_after() const { return sharded_gradients() ? reduced(head_group) + (tied ? lm_grad : 0) : head_gradients; }
+  std::int64_t head_after() const {
+    return sharded_gradients() ? reduced(head_group) + (tied ? lm_grad : 0) : head_gradients;
+  }
   // Gradients alive while layer l is back-propagated: the head's and the layers' after l (reduced) and layer l's own.
   std::int64_t layer_gradients_at(std::int64_t l) const {
     return sharded_gradients() ? head_after() + (L - 1 - l) * reduced(layer_grad) + layer_grad
@@ -93,7 +95,8 @@ struct Sizes {
   }
   // Gradients the optimizer step sees: every group's reduced.
   std::int64_t step_gradients() const {
-    return sharded_gradients() ? reduced(head_group) + L * reduced(layer_grad) + reduced(embedding_group) : all_gradients;
+    return sharded_gradients() ? reduced(head_group) + L * reduced(layer_grad) + reduced(embedding_group)
+                               : all_gradients;
   }
   // What a group's collective allocates at its event: stages 0-1 all-reduce a flat copy of its gradients (at::cat);
   // stage 2 packs them into a zeroed [N, slice] buffer and reduce-scatters it into the [slice] it keeps, the backend
@@ -305,8 +308,8 @@ std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool strea
   event("head", z.head_group, z.L * btd, streamed ? z.head_gradients : z.all_gradients);
   for (const auto l : {z.L - 1, std::int64_t(0)}) {
     const auto gradients = streamed ? z.layer_gradients_at(l)
-                                    : z.head_after() + (z.L - 1 - l) * z.reduced(z.layer_grad) + (l + 1) * z.layer_grad +
-                                          untied_embedding;
+                                    : z.head_after() + (z.L - 1 - l) * z.reduced(z.layer_grad) +
+                                          (l + 1) * z.layer_grad + untied_embedding;
     event("layer " + std::to_string(l), z.layer_grad, l * btd, gradients);
     if (z.L == 1) break;
   }
@@ -380,7 +383,8 @@ MemoryEstimate standard_memory(const Workload& w) {
   MemoryEstimate end{"embedding backward",
                      {{"weights", z.weights},
                       {"gradients", z.all_gradients},
-                      {"the layers' gathered parameters (ZeRO-3: in use to the end of the backward)", z.L * z.gathered_layer()},
+                      {"the layers' gathered parameters (ZeRO-3: in use to the end of the backward)",
+                       z.L * z.gathered_layer()},
                       {"dense embedding gradient", w.config.tie_word_embeddings ? (z.cast ? 1 : 2) * z.V * z.d * z.g : 0},
                       {"dL/dH", z.B * z.T * z.d * z.s},
                       {"objective buffers", objective_bytes(w)}}};
@@ -815,21 +819,23 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) 
   if (!w.data_parallel() || w.zero_stage == 0) return largest({bp, update});
   // ZeRO 1-3, around the update (DataParallel): the gradient norm summed over the ranks' slices in fp64 (each slice's
   // gradient converted, unless fp64 already, and squared: two [slice] fp64 temporaries of the longest slice); after
-  // it (stages 1-2), each group's updated slices all-gathered: this rank's [slice] packed, the [N, slice] result and the backend's
-  // copy of it (collective_copies). Both with every gradient and state still alive.
+  // it (stages 1-2), each group's updated slices all-gathered: this rank's [slice] packed, the [N, slice] result and
+  // the backend's copy of it (collective_copies). Both with every gradient and state still alive.
   const auto longest_slice = (z.largest_tensor + z.N - 1) / z.N;
   MemoryEstimate norm{"gradient norm (fp64, over the slices)",
                       {{"weights", z.rest_weights},
                        {"gradients", z.step_gradients()},
                        {"optimizer states", w.optimizer_state_bytes},
-                       {"fp64 copy and square of the longest slice's gradient", (z.g == 8 ? 1 : 2) * 8 * longest_slice}}};
+                       {"fp64 copy and square of the longest slice's gradient",
+                        (z.g == 8 ? 1 : 2) * 8 * longest_slice}}};
   if (z.sharded_parameters()) return largest({bp, update, norm});  // the slices are the parameters: no gather
   const auto largest_group = std::max({z.head_group, z.layer_grad, z.embedding_group});
   MemoryEstimate gather{"all-gather of the updated slices",
                         {{"weights", z.rest_weights},
                          {"gradients", z.step_gradients()},
                          {"optimizer states", w.optimizer_state_bytes},
-                         {std::string("the largest group's slice, gathered [N, slice]") + (w.collective_copies ? " and the backend's copy" : ""),
+                         {std::string("the largest group's slice, gathered [N, slice]") +
+                              (w.collective_copies ? " and the backend's copy" : ""),
                           (z.N + 1 + (w.collective_copies ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}};
   return largest({bp, update, norm, gather});
 }

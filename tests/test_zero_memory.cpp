@@ -69,21 +69,23 @@ struct Measured {
   sbp::MemoryEstimate model, single_process_model;
 };
 
-// Rank 0 of `world` ranks at ZeRO `stage` (rank 0's slices are the longest: the model is of it), three AdamW steps of
-// the method on this rank's rows; the peak of the later two (the first allocates nothing more, but is not counted).
+// Rank 0 of `world` ranks at ZeRO `stage` (rank 0's slices are the longest: the model is of it), AdamW steps of the
+// method on this rank's rows; the peak of all but the first (which allocates nothing more, but is not counted).
 Measured measure_rank(const std::string& spec, const std::string& lora, std::int64_t vocab, std::int64_t T, int world,
-                      int stage) {
+                      int stage, c10::ScalarType dtype = at::kFloat) {
   auto& meter = sbp::CpuMemoryMeter::install();
   auto config = sbp::test::tiny_config();
   config.vocab_size = vocab;
-  sbp::Model model(config, at::kFloat, 91);
+  sbp::Model model(config, dtype, 91);
   if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 93);
   const auto batch = sbp::random_sft_batch(config, {2, T, 0.0, 0.1, 92});
   auto method = sbp::make_method(spec);
   sbp::SftObjective objective;
   sbp::TrainOptions options;
   options.optimizer = sbp::parse_optimizer_spec("adamw:lr=1e-3,weight_decay=0.1");
-  options.total_steps = 3;
+  // bf16: the peak of several steps (the attention backward's per-worker scratch, see test_meter.cpp).
+  const int steps = dtype == at::kBFloat16 ? 4 : 3;
+  options.total_steps = steps;
   options.clip_grad_norm = 0.5;
   IdenticalRanks ranks(world, 0);
   sbp::DataParallel parallel(ranks, stage);
@@ -96,7 +98,7 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
   Measured out{0, sbp::training_memory(*method, workload), sbp::training_memory(*method, single)};
   // ZeRO-3: the model's trainable tensors are empty between steps; the rank's parameters are its slices.
   const auto weights = sbp::model_weight_bytes(model) + parallel.kept_parameter_bytes();
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < steps; ++s) {
     model.zero_grad();
     meter.reset_peak();
     // Held before the step but not the model's: the batch and what else the test keeps.
@@ -152,4 +154,33 @@ TEST_CASE("per-rank memory models of data-parallel training steps (ZeRO 0-3, 2 a
   CHECK(negative_controls == 3 * 3 * 2);
   WARN("largest |measured / model - 1| over 96 runs: " << worst << "; the one-process model's smallest miss at "
        "ZeRO 1-3 over 3 ranks: " << closest_control);
+}
+
+TEST_CASE("per-rank memory models of data-parallel training steps in pure bf16 (the paper's full training: bf16 "
+          "weights, gradients and AdamW states) match the measured peaks within 3 percent",
+          "[training][meter][memory-model]") {
+  struct Shape {
+    std::int64_t vocab, T;
+  };
+  double worst = 0;
+  int runs = 0;
+  // Three ranks only (two are in the fp32 case): bf16 steps are slow on a CPU without native bf16.
+  for (const auto& shape : {Shape{512, 16}, Shape{512, 256}})
+    for (const int world : {3})
+      for (const int stage : {0, 1, 2, 3})
+        for (const std::string spec : {"streambp:layer_chunk=64,head_chunk=64", "checkpoint"}) {
+          // Not checkpointing at T = 16: its own (one-process) model is 2.6% under there, at the down_proj weight
+          // gradient GEMM (948,672 modelled, 973,504 measured at ZeRO 0 on an AVX512-BF16 CPU; test_training.cpp skips
+          // T = 16 for it in bf16 too, issue #19's note).
+          if (spec == "checkpoint" && shape.T == 16) continue;
+          ++runs;
+          const auto m = measure_rank(spec, "", shape.vocab, shape.T, world, stage, at::kBFloat16);
+          const double ratio = double(m.peak) / double(m.model.total_bytes());
+          INFO("bf16 V=" << shape.vocab << " T=" << shape.T << " world " << world << " ZeRO " << stage << " " << spec
+                         << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio
+                         << ") at " << describe(m.model));
+          CHECK(std::abs(ratio - 1.0) <= 0.03);
+          worst = std::max(worst, std::abs(ratio - 1.0));
+        }
+  WARN("bf16: largest |measured / model - 1| over " << runs << " runs: " << worst);
 }

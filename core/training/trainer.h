@@ -59,8 +59,8 @@ class Trainer {
   const Optimizer& optimizer() const { return optimizer_; }
 
   // The one place a training step's workload learns how it is distributed: world size, ZeRO stage and the backend's
-  // collective copies of this trainer's DataParallel (one process without one), then add_optimizer_memory of this
-  // trainer's model and optimizer.
+  // collective copies of this trainer's DataParallel, and the optimizer's bytes of what it updates (this rank's
+  // slices under ZeRO 1-3). Without a DataParallel: add_optimizer_memory of this trainer's model and optimizer.
   void add_optimizer_memory(Workload& workload) const;
   Model& model() const { return model_; }
 

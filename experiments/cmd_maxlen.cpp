@@ -3,6 +3,9 @@
 // run at T that completes under the budget and one at the next step up (T · (1 + step)) that exceeds it, both
 // recorded, starting from the prediction and walking up or down by the step. The CPU meter enforces the budget like a
 // full GPU would (c10::OutOfMemoryError), so an over-budget run costs at most its time up to that allocation.
+// Data-parallel (--nproc N, Table 4): every probe is a training step of N ranks, each on its --batch rows of the
+// global batch, under a per-rank budget; the ranks run each step to its end and the probe fits when every rank's
+// peak does (ranks.h: a rank stopped mid-step would leave the others waiting).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
+#include "core/training/data_parallel.h"
 #include "core/training/trainer.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
@@ -36,14 +40,21 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16 (default: the trainable tensors' "
                  "dtype)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
+  add_rank_options(app, a.ranks, "each measuring its --batch rows of every probe's global batch under the per-rank "
+                   "budget (needs --optimizer)");
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
+  if (a.ranks.nproc > 1 && a.optimizer.empty())
+    throw std::invalid_argument("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
+  const auto env = rank_from_environment();
+  if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
   Setup setup = a.setup;
   setup.source = setup.source.or_preset("qwen3-small");
-  setup.apply_threads();
+  const auto ranks = join_ranks(a.ranks, env, setup);
+  const bool writer = ranks.writer();
   const auto& source = setup.source;
-  const auto device = setup.parsed_device();
+  const auto device = ranks.device;
   const auto seed = setup.seed;
   auto objective = build_objective(setup);
   auto model = build_model(setup);
@@ -52,18 +63,24 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const std::string optimizer_column =
       optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";
   // A training step's trainer: the schedule's horizon and accumulation do not change its memory.
-  const auto make_trainer = [&](BackpropMethod& method) {
+  const auto make_trainer = [&](BackpropMethod& method, DataParallel* parallel) {
     TrainOptions options;
     options.optimizer = *optimizer;
-    return Trainer(*model, method, *objective, options);
+    return Trainer(*model, method, *objective, options, parallel);
   };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
+  // This rank's --batch rows of a global batch of --batch x world rows.
   const auto batch_at = [&](std::int64_t T) {
-    return prepared_random_batch(*model, *objective, a.batch_size, T, setup.group, seed);
+    auto global = prepared_random_batch(*model, *objective, a.batch_size * ranks.world, T, setup.group, seed);
+    return ranks.world == 1 ? global : objective->split(global, ranks.world, "random batch").at(std::size_t(ranks.rank));
   };
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   auto base_workload = make_workload(*model, *objective, batch_at(16));
+  // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
+  base_workload.world_size = ranks.comm ? ranks.world : a.ranks.nproc;
+  base_workload.zero_stage = base_workload.world_size > 1 ? a.ranks.zero : 0;
+  base_workload.collective_copies = !device.is_cuda();  // Gloo on the CPU, NCCL on GPUs
   if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
   const auto workload_at = [&, base = base_workload](std::int64_t T) {
     auto w = base;
@@ -72,9 +89,10 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   };
 
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
-                      "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error"});
+                      "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error",
+                      "world_size", "zero"});
   const auto prov = collect_provenance(command_line, describe_device(device));
-  if (!a.model_only) std::filesystem::create_directories(a.out_dir);
+  if (!a.model_only && writer) std::filesystem::create_directories(a.out_dir);
   const auto csv = ResultsTable::new_path(a.out_dir, "maxlen", prov);
   std::vector<std::string> summary;
   const auto started = std::chrono::steady_clock::now();
@@ -95,7 +113,9 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
         (model_peak(mid) <= a.budget_bytes ? lo : hi) = mid;
       }
     const auto predicted = lo;
-    fmt::print(stderr, "{}: the model predicts T* = {} under {}\n", spec, predicted, format_bytes(a.budget_bytes));
+    if (writer)
+      fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a.budget_bytes),
+                 ranks.world > 1 ? " per rank" + ranks.describe() : "");
     if (a.model_only) continue;
     struct Probe {
       std::int64_t T;
@@ -106,12 +126,18 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       const auto batch = batch_at(T);
       auto m = [&] {
         if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.budget_bytes);
-        auto trainer = make_trainer(*method);  // fresh states, freed after the probe
-        return measure_training(trainer, batch, 0, 2, a.budget_bytes);
+        // Fresh states (and, data-parallel, fresh shards), freed after the probe.
+        std::unique_ptr<DataParallel> parallel;
+        if (ranks.comm) parallel = std::make_unique<DataParallel>(*ranks.comm, ranks.zero);
+        auto trainer = make_trainer(*method, parallel.get());
+        auto measured = measure_training_on_ranks(trainer, ranks, batch, 0, 2, a.budget_bytes);
+        if (parallel) parallel->unshard();  // ZeRO-3: the next probe starts from the whole model
+        return measured;
       }();
       if (m.status == "error") throw std::runtime_error(spec + " at T = " + std::to_string(T) + ": " + m.error);
       const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      fmt::print(stderr, "  {} T={:<8} {}  (elapsed {:.0f} s)\n", spec, T,
+      if (writer)
+        fmt::print(stderr, "  {} T={:<8} {}  (elapsed {:.0f} s)\n", spec, T,
                  m.status == "oom" ? std::string("over the budget")
                                    : fmt::format("fits: peak {} in {:.2f} s", format_bytes(m.peak_bytes), m.bp_seconds.at(0)),
                  elapsed);
@@ -144,16 +170,18 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                  {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", optimizer_column, std::to_string(a.batch_size),
                   std::to_string(p.T), std::to_string(a.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
                   std::to_string(model_peak(p.T)), oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()),
-                  std::to_string(predicted), measured, error}});
+                  std::to_string(predicted), measured, error, std::to_string(ranks.world), std::to_string(ranks.zero)}});
     }
-    table.write_to(csv, prov);  // after every method: a killed search keeps the methods it finished
+    if (writer) table.write_to(csv, prov);  // after every method: a killed search keeps the methods it finished
     summary.push_back(fmt::format("{:<44} model T* = {:>8}   measured T* = {:>8} (T = {} over the budget)   model error {}",
                                   spec, predicted, measured.empty() ? "-" : measured, fails > 0 ? std::to_string(fails) : "-",
                                   error.empty() ? "-" : error));
   }
-  if (a.model_only) return 0;
-  fmt::print("\nmaximum T under {} ({}, {}, B = {}, {}):\n", format_bytes(a.budget_bytes), precision, objective->spec(),
-             a.batch_size, optimizer ? "training steps: " + optimizer_column : "forward + backward");
+  if (a.model_only || !writer) return 0;
+  fmt::print("\nmaximum T under {}{} ({}, {}, B = {}{}, {}):\n", format_bytes(a.budget_bytes),
+             ranks.world > 1 ? " per rank" : "", precision, objective->spec(), a.batch_size,
+             ranks.world > 1 ? " per rank" + ranks.describe() : "",
+             optimizer ? "training steps: " + optimizer_column : "forward + backward");
   for (const auto& line : summary) fmt::print("  {}\n", line);
   fmt::print("\nresults: {}\n", csv.string());
   return 0;

@@ -246,17 +246,21 @@ int run_command(const RunArgs& a, const std::string& command_line) {
       const double seconds = phase_seconds(m, p.name);
       phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", seconds}, {"count", p.count}});
     }
-    nlohmann::json j = {{"status", m.status},
+    // A status claims only what ran: a finished step is `unchecked` (run compares no gradient; `compare` does); an
+    // oom step has no time and no peak (what it measured is a partial step).
+    const bool finished = m.status == "passed";
+    const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
+    nlohmann::json j = {{"status", finished ? std::string("unchecked") : m.status},
                         {"error", m.error},
-                        {"loss", m.status == "passed" ? nlohmann::json(m.loss) : nlohmann::json()},
-                        {"peak_bytes", m.peak_bytes},
+                        {"loss", unless_oom(m.loss)},
+                        {"peak_bytes", unless_oom(m.peak_bytes)},
                         {"model_peak_bytes", est.total_bytes()},
                         {"model_peak_moment", est.moment},
                         {"model_terms", terms_json(est)},
                         {"calibration", calibration_json(*workload.workspaces)},
                         {"weight_bytes", m.weight_bytes},
-                        {"bp_seconds", m.median_seconds()},
-                        {"bp_seconds_all", m.bp_seconds},
+                        {"bp_seconds", unless_oom(m.median_seconds())},
+                        {"bp_seconds_all", unless_oom(m.bp_seconds)},
                         {"phases", phases},
                         {"process_peak_rss_bytes", process_peak_rss_bytes()},
                         {"preset", a.setup.source.describe()},
@@ -273,7 +277,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"batch_size", batch.batch_size()},
                         {"seq_len", batch.seq_len()},
                         {"budget_bytes", a.budget_bytes},
-                        {"largest_allocation_bytes", m.largest_allocation_bytes},
+                        {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
                         {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
                                                                            : nlohmann::json()},
                         {"device", describe_device(device)},

@@ -5,6 +5,10 @@
 // the byte budget are rows with status `oom`. Each method's gradient is checked once, in fp64 against standard BP at
 // --check-seq, and the row says so (check_seq, check_batch, check_dtype). The CSV is rewritten atomically after every
 // (B, T) point, so a killed sweep keeps what it finished; --resume FILE continues it, skipping the rows it has.
+// Data-parallel (--nproc N, Table 5): every point's global batch has B rows per rank, and a measured step is a
+// data-parallel BP (forward, backward and the gradient reduction at each group's event) through the Trainer with a
+// no-op update (SGD, lr 0, no states); time is the slowest rank's, the peak the largest rank's (ranks.h), per-sample
+// time is per row of the global batch. The fp64 check runs on rank 0 alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +23,9 @@
 
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
+#include "core/training/data_parallel.h"
+#include "core/training/optimizer.h"
+#include "core/training/trainer.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 #include "verify/grad_compare.h"
@@ -91,9 +98,12 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
+  const auto env = rank_from_environment();
+  if (plan.ranks.nproc > 1 && !env) return launch_ranks(plan.ranks.nproc);
   const auto& setup = plan.setup;
-  setup.apply_threads();
-  const auto device = setup.parsed_device();
+  const auto ranks = join_ranks(plan.ranks, env, setup);
+  const bool writer = ranks.writer();
+  const auto device = ranks.device;
   const auto lengths = parse_sizes(plan.seq_lens, "--seq");
   const auto batches = parse_sizes(plan.batch_sizes, "--batch");
   std::vector<std::unique_ptr<BackpropMethod>> methods;
@@ -118,7 +128,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       "objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
       "bp_seconds_all", "seconds_per_sample", "time_vs_checkpoint", "budget_bytes", "check_max_normwise_rel",
       "check_seq", "check_batch", "check_dtype", "flops", "flops_per_second", "gemm_flops_per_second",
-      "gemm_efficiency"};
+      "gemm_efficiency", "world_size", "zero"};
   ResultsTable table(columns);
   std::filesystem::path csv;
   nlohmann::json earlier = nlohmann::json::array();
@@ -137,14 +147,14 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                                                 table.value(r, "objective"), table.value(r, "lora")));
       done.insert({r.method, table.value(r, "batch_size"), table.value(r, "seq_len")});
     }
-    fmt::print(stderr, "resuming {}: {} rows already measured\n", csv.string(), table.rows().size());
+    if (writer) fmt::print(stderr, "resuming {}: {} rows already measured\n", csv.string(), table.rows().size());
   } else {
-    std::filesystem::create_directories(plan.out_dir);
+    if (writer) std::filesystem::create_directories(plan.out_dir);
     csv = ResultsTable::new_path(plan.out_dir, plan.stem, prov);
   }
 
   std::map<std::string, Check> checks;
-  if (plan.check_seq_len > 0)
+  if (plan.check_seq_len > 0 && writer)
     checks = check_methods(setup.source, specs, *objective, options(batches.front(), plan.check_seq_len), setup.lora);
 
   // Progress: work is counted in tokens (B * T per method and repeat), a rough proxy for time.
@@ -153,10 +163,22 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     for (const auto T : lengths)
       for (const auto& spec : specs)
         if (!done.count({spec, std::to_string(B), std::to_string(T)})) total_work += double(B * T) * plan.repeats;
-  fmt::print(stderr, "sweep: {} method(s) x {} batch size(s) x {} length(s) x {} repeat(s), interleaved; results in {}\n",
-             methods.size(), batches.size(), lengths.size(), plan.repeats, csv.string());
+  if (writer)
+    fmt::print(stderr, "sweep: {} method(s) x {} batch size(s) x {} length(s) x {} repeat(s), interleaved{}; results in "
+               "{}\n", methods.size(), batches.size(), lengths.size(), plan.repeats, ranks.describe(), csv.string());
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+  // A data-parallel measurement: a fresh DataParallel and no-op Trainer per step (no optimizer states to hold).
+  const auto noop_update = parse_optimizer_spec("sgd:lr=0");
+  const auto measure_on_ranks = [&](BackpropMethod& method, const Batch& batch) {
+    DataParallel parallel(*ranks.comm, ranks.zero);
+    TrainOptions options;
+    options.optimizer = noop_update;
+    Trainer trainer(*model, method, *objective, options, &parallel);
+    auto m = measure_training_on_ranks(trainer, ranks, batch, 0, 1, plan.budget_bytes);
+    parallel.unshard();  // ZeRO-3: the next measurement starts from the whole model
+    return m;
+  };
 
   std::vector<std::string> lines;
   lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", "B", "T", "method",
@@ -168,7 +190,9 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       for (std::size_t i = 0; i < methods.size(); ++i)
         if (!done.count({specs[i], std::to_string(B), std::to_string(T)})) todo.push_back(i);
       if (todo.empty()) continue;
-      const auto batch = prepared_random_batch(*model, *objective, B, T, setup.group, seed);
+      // This rank's B rows of a global batch of B x world rows.
+      auto batch = prepared_random_batch(*model, *objective, B * ranks.world, T, setup.group, seed);
+      if (ranks.world > 1) batch = objective->split(batch, ranks.world, "random batch").at(std::size_t(ranks.rank));
       const auto workload = make_workload(*model, *objective, batch);
       std::map<std::size_t, Measurement> results;
       // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, sampled right before
@@ -179,11 +203,13 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
           auto& result = results[i];
           if (result.status == "oom") continue;  // over the budget once: over it every time
           gemm_samples.push_back(gemm_flops_per_second(model->dtype(), 2048, 3, device));
-          auto m = measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes);
+          auto m = ranks.world == 1 ? measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes)
+                                    : measure_on_ranks(*methods[i], batch);
           finished_work += double(B * T);
           const double eta = finished_work > 0 ? elapsed() / finished_work * (total_work - finished_work) : 0;
           if (m.status == "error") throw std::runtime_error(specs[i] + " failed: " + m.error);
-          fmt::print(stderr, "  [B={} T={} repeat {}/{}] {:<40} {}  (elapsed {}, ETA {})\n", B, T, r + 1, plan.repeats,
+          if (writer)
+            fmt::print(stderr, "  [B={} T={} repeat {}/{}] {:<40} {}  (elapsed {}, ETA {})\n", B, T, r + 1, plan.repeats,
                      specs[i], m.status == "oom" ? "oom (over the budget)" : fmt::format("{:7.2f} s  peak {}",
                      m.bp_seconds.at(0), format_bytes(m.peak_bytes)), format_duration(elapsed()), format_duration(eta));
           if (m.status == "oom") {
@@ -218,14 +244,15 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                     std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
                     oom ? "" : fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
                     oom ? "" : fmt::format("{:.4f}", m.median_seconds()), all,
-                    oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B)), ratio,
+                    oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B * ranks.world)), ratio,
                     plan.budget_bytes > 0 ? std::to_string(plan.budget_bytes) : "",
                     checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
                     // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
                     checked ? std::to_string(plan.check_seq_len) : "", checked ? std::to_string(batches.front()) : "",
                     // fp64 runs on the CPU: a GPU row's check covers the method, not its CUDA attention kernel.
                     checked ? (device.is_cuda() ? "fp64 cpu" : "fp64") : "", fmt::format("{:.6g}", flops), oom ? "" : fmt::format("{:.6g}", rate),
-                    fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate)}});
+                    fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate),
+                    std::to_string(ranks.world), std::to_string(ranks.zero)}});
         lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", B, T, specs[i],
                                     oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
                                     oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
@@ -233,9 +260,10 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                                     ratio.empty() ? "-" : ratio.substr(0, 5),
                                     oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), oom ? "oom" : check.status));
       }
-      table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
+      if (writer) table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
     }
   if (table.rows().empty()) throw std::invalid_argument("the sweep has no points");
+  if (!writer) return 0;
   table.write_to(csv, prov, earlier);
   fmt::print("\n");
   for (const auto& line : lines) fmt::print("{}\n", line);
@@ -259,6 +287,8 @@ void add_sweep_options(CLI::App& app, SweepArgs& a) {
   app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: a run above it is an `oom` row")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder (default results/<kind>)");
   app.add_option("--resume", a.resume, "continue the sweep that wrote this CSV: rows it has are not measured again")->check(CLI::ExistingFile);
+  add_rank_options(app, a.ranks, "each back-propagating its --batch rows of every point's global batch (a "
+                   "data-parallel BP: the gradients reduced at each group's event, a no-op update)");
 }
 
 int sweep_command(const SweepArgs& a, const std::string& command_line) {
@@ -267,6 +297,7 @@ int sweep_command(const SweepArgs& a, const std::string& command_line) {
   plan.setup.source = a.setup.source.or_preset("qwen3-small");
   plan.repeats = a.repeats, plan.check_seq_len = a.check_seq_len;
   plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
+  plan.ranks = a.ranks;
   plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
   std::string methods = a.methods;
   if (a.kind == "seq") {

@@ -24,6 +24,7 @@
 #include "core/training/trainer.h"
 #include "experiments/commands.h"
 #include "experiments/launch.h"
+#include "experiments/ranks.h"
 #include "experiments/provenance.h"
 #include "profiler/cuda_memory.h"
 
@@ -57,21 +58,7 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "folder of the resumable checkpoints (checkpoint-NNNNNN)");
   app.add_option("--resume", a.resume_dir, "continue from the latest complete checkpoint in DIR (from step 0 when it "
                  "has none); checkpoints then also go there unless --checkpoint-dir says otherwise");
-  app.add_option("--nproc", a.nproc, "data-parallel ranks on this machine (DDP; Gloo on the CPU, NCCL with --device "
-                 "cuda, one GPU per rank: cuda:(local rank mod GPU count), an index given in --device then ignored): "
-                 "N fresh processes of this command, each back-propagating its rows of every global batch, gradients "
-                 "summed over ranks once per layer at its gradient-ready event, the loss normalised by the global "
-                 "batch's totals; rank 0 writes every output; one intra-op thread per rank unless --threads. Under "
-                 "torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) each process is one rank")
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--zero", a.zero, "ZeRO stage of a data-parallel run: 0 = DDP (every rank all-reduces each group's "
-                 "gradients and updates everything), 1 = + optimizer states sharded (each rank updates its slice of "
-                 "every tensor, then the slices are all-gathered), 2 = + gradients reduce-scattered into the slices "
-                 "at each group's gradient-ready event (full gradients freed), 3 = + parameters sharded (a layer "
-                 "gathered for its forward and again for its backward chunk loop, freed after each; the embedding "
-                 "and head gathered for the whole step)")->check(CLI::Range(0, 3));
-  app.add_option("--dist-timeout", a.dist_timeout, "seconds a rank waits for the others (rendezvous and every "
-                 "collective) before it fails")->check(CLI::PositiveNumber);
+  add_rank_options(app, a.ranks, "each back-propagating its rows of every global batch");
   app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
                  "bytes) and its JSON sidecar with provenance; a resumed run keeps the rows up to its checkpoint");
 }
@@ -156,30 +143,15 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
 }  // namespace
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
-  const auto ranks = rank_from_environment();
-  if (a.nproc > 1 && !ranks) return launch_ranks(a.nproc);
+  const auto env = rank_from_environment();
+  if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   const auto& r = a.run;
-  if (ranks && ranks->world_size > 1 && r.setup.threads == 0) at::set_num_threads(1);
-  r.setup.apply_threads();
-  const int world = ranks ? ranks->world_size : 1, rank = ranks ? ranks->rank : 0;
-  // A data-parallel CUDA run has one GPU per rank, by its local rank (as torchrun's LOCAL_RANK); --device cuda:N
-  // names the GPU of a single process only.
-  auto device = r.setup.parsed_device();
-  if (world > 1 && device.is_cuda()) {
-    // The launcher's ranks (STREAMBP_STORE) all run here; NCCL refuses two ranks on one GPU.
-    if (!ranks->file_store.empty() && world > cuda_device_count())
-      throw std::invalid_argument(fmt::format("--nproc {} --device cuda: NCCL takes one GPU per rank and this machine "
-                                              "has {}", world, cuda_device_count()));
-    device = c10::Device(c10::kCUDA, c10::DeviceIndex(ranks->local_rank % cuda_device_count()));
-    // The rank's GPU is this process's current device before any CUDA work (no context on another GPU).
-    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
-  }
+  auto ranks = join_ranks(a.ranks, env, r.setup);
+  const int world = ranks.world, rank = ranks.rank;
+  const auto device = ranks.device;
   const bool random = a.data_dir.empty();
   if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
   if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
-  if (a.zero > 0 && (a.save_every > 0 || !a.resume_dir.empty()))
-    throw std::invalid_argument("--zero " + std::to_string(a.zero) + " with --save-every/--resume: checkpoints of "
-                                "sharded optimizer states are not built yet (issue #20); use --zero 0");
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
@@ -204,7 +176,6 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
   // batch of the same seed), its log-probs completed by the current policy.
   // Data-parallel: this rank's rows of it (Objective::split: DPO keeps pairs), the same on every rank count.
-  std::unique_ptr<Communicator> comm;
   std::unique_ptr<DataParallel> parallel;
   auto batch_for_step = [&](std::int64_t s) {
     const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
@@ -231,13 +202,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   };
 
   const auto fingerprint = trajectory_fingerprint(a, *model, *objective, optimizer_spec(options.optimizer));
-  if (world > 1) {
-    const RendezvousOptions rendezvous{.rank = rank, .world_size = world, .file_store = ranks->file_store,
-                                       .master_addr = ranks->master_addr, .master_port = ranks->master_port,
-                                       .timeout = std::chrono::seconds(a.dist_timeout)};
-    comm = device.is_cuda() ? make_nccl_communicator(rendezvous, device.index()) : make_gloo_communicator(rendezvous);
+  Communicator* comm = ranks.comm.get();
+  if (comm) {
     check_ranks_agree(*comm, fingerprint, method->spec());
-    parallel = std::make_unique<DataParallel>(*comm, a.zero);
+    parallel = std::make_unique<DataParallel>(*comm, ranks.zero);
   }
   Trainer trainer(*model, *method, *objective, options, parallel.get());
   std::int64_t start_step = 0;
@@ -288,12 +256,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}{}\n", method->spec(), r.setup.source.describe(),
                precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
                lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
-               world > 1 ? fmt::format(", {} ranks ({}, {})", world, a.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", a.zero),
-                                      device.is_cuda() ? "NCCL" : "Gloo") : "");
+               ranks.describe());
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
-  // ZeRO-3: the trainable tensors are empty between uses; the rank's parameters are the slices DataParallel keeps.
-  const auto weight_bytes = model_weight_bytes(*model) + (parallel ? parallel->kept_parameter_bytes() : 0);
+  const auto weight_bytes = model_weight_bytes(*model);
   std::optional<MemoryEstimate> estimate;  // of the first step's micro-batch shape
   double total_seconds = 0, last_loss = 0;
   std::int64_t peak = 0;
@@ -312,7 +278,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     meter.reset_peak();
     // As `run` counts: the step's peak with the model's weights and the optimizer's states, not what else the
     // process holds (the batch, the data's files).
-    const auto held = meter.current_bytes() - weight_bytes - trainer.optimizer().state_bytes();
+    const auto held = meter.current_bytes() - weight_bytes - trainer.held_bytes();
     if (comm) comm->reset_stats();
     const auto t = trainer.step(batch, source);
     const auto stats_of = [&](const char* kind) {
@@ -330,16 +296,17 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                metered ? format_bytes(step_peak) : "-", eta_text(per_step * double(a.steps - t.step)));
     metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{},{},{},{},{},{}", t.step,
                                       t.loss, t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
-                                      metered ? std::to_string(step_peak) : "", world, world > 1 ? a.zero : 0,
+                                      metered ? std::to_string(step_peak) : "", world, ranks.zero,
                                       reduced.calls, reduced.bytes, scattered.calls, scattered.bytes, gathered.calls,
                                       gathered.bytes));
     write_metrics();
     const bool last = t.step == a.steps;
-    if (writer && !checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
+    // Every rank takes part (ZeRO gathers its slices into whole tensors); rank 0 writes.
+    if (!checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
       const auto dir = trainer.save_checkpoint(checkpoint_dir, {{"trajectory", fingerprint},
                                                                 {"method", method->spec()},
                                                                 {"provenance", to_json(prov)}});
-      fmt::print(stderr, "checkpoint {}\n", dir.string());
+      if (writer) fmt::print(stderr, "checkpoint {}\n", dir.string());
     }
   }
   // Data-parallel: the model is of one rank (rank 0's slices, the longest), printed beside rank 0's peak; every
@@ -347,7 +314,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (writer && estimate && metered && trainer.steps_taken() > start_step)
     fmt::print(stderr, "peak      {}{} measured, {} analytic{} ({:+.1f}%, peak at {})\n", world > 1 ? "rank 0: " : "",
                format_bytes(peak), format_bytes(estimate->total_bytes()),
-               world > 1 ? fmt::format(" per rank of {} ({})", world, a.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", a.zero)) : "",
+               world > 1 ? fmt::format(" per rank of {} ({})", world, ranks.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", ranks.zero)) : "",
                100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0), estimate->moment);
   // Every rank's peak (also a barrier: every rank finished its steps before rank 0 reports).
   std::vector<std::int64_t> rank_peaks = {peak};
@@ -380,7 +347,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"method", method->spec()},
                               {"world_size", world},
-                              {"zero", world > 1 ? a.zero : 0},
+                              {"zero", ranks.zero},
                               {"rank_peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(rank_peaks)
                                                                                                  : nlohmann::json()},
                               {"trajectory", fingerprint},

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "experiments/ranks.h"
 #include "experiments/runner.h"
 
 namespace CLI {
@@ -45,9 +46,7 @@ struct TrainArgs {
   std::string optimizer = "adamw", state_dtype, lr_schedule = "constant";
   double clip_grad_norm = 0;
   std::string data_dir, checkpoint_dir, resume_dir, metrics;
-  int nproc = 1;             // ranks on this machine (--nproc); under torchrun, the environment's
-  int zero = 0;              // ZeRO stage (--zero): 0 = DDP, 1 = + optimizer states sharded, 2 = + gradients
-  int dist_timeout = 300;    // seconds a collective or the rendezvous may take before the rank gives up
+  RankFlags ranks;           // --nproc, --zero, --dist-timeout
 };
 void add_train_options(CLI::App& app, TrainArgs& args);
 int train_command(const TrainArgs& args, const std::string& command_line);
@@ -77,6 +76,7 @@ struct SweepPlan {
   std::int64_t check_seq_len = 300, budget_bytes = 0;
   int repeats = 2;
   std::string out_dir, stem, resume;  // resume: a CSV of the same sweep to continue
+  RankFlags ranks;
 };
 int run_sweep(const SweepPlan& plan, const std::string& command_line);
 
@@ -88,6 +88,7 @@ struct SweepArgs {
   std::int64_t check_seq_len = 300, budget_bytes = 0;
   int repeats = 2;
   std::string out_dir, resume;
+  RankFlags ranks;  // data-parallel points: --batch rows per rank
 };
 void add_sweep_options(CLI::App& app, SweepArgs& args);
 int sweep_command(const SweepArgs& args, const std::string& command_line);
@@ -101,9 +102,18 @@ struct MaxlenArgs {
   // state dtype (empty: the trainable tensors').
   std::string optimizer, state_dtype;
   bool model_only = false;
+  RankFlags ranks;  // data-parallel probes: --batch rows per rank, the budget per rank
 };
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
+
+struct ConformArgs {
+  std::string impl, baseline = "hf", cases = "quick", objectives, dtypes, out_dir = "results/conform", work_dir;
+  bool lora_only = false;
+  double timeout = 300;  // seconds per case
+};
+void add_conform_options(CLI::App& app, ConformArgs& args);
+int conform_command(const ConformArgs& args, const std::string& command_line);
 
 struct ProjectArgs {
   std::int64_t budget_bytes = 80'000'000'000, lora_rank = 32;

@@ -3,7 +3,7 @@
 // two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
 // maxlen (the maximum T under a budget), project (the models at the paper's settings),
 // reproduce (one table or figure, CPU-scaled),
-// profile (the memory timeline of two steps).
+// profile (the memory timeline of two steps), conform (another implementation's gradients against the oracle).
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   sbp::ProjectArgs project_args;
   sbp::ReproduceArgs reproduce_args;
   sbp::ProfileArgs profile_args;
+  sbp::ConformArgs conform_args;
   auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
   sbp::add_run_options(*run, run_args);
   auto* train = app.add_subcommand("train", "optimizer steps of a BP method: AdamW/SGD, schedules, clipping, gradient "
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
   auto* profile = app.add_subcommand("profile", "the memory timeline of consecutive steps per method (Fig. 1/8): "
                                                 "live bytes by category and phase, CSV + Chrome trace");
   sbp::add_profile_options(*profile, profile_args);
+  auto* conform = app.add_subcommand("conform", "check another implementation's gradients against the harness's "
+                                                "oracle over a matrix of cases, through a file protocol (exit 1 on "
+                                                "any failure)");
+  sbp::add_conform_options(*conform, conform_args);
   CLI11_PARSE(app, argc, argv);
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
     if (*project) return sbp::project_command(project_args, command_line);
     if (*reproduce) return sbp::reproduce_command(reproduce_args, command_line);
     if (*profile) return sbp::profile_command(profile_args, command_line);
+    if (*conform) return sbp::conform_command(conform_args, command_line);
     return sbp::demo_command(demo_args, command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());

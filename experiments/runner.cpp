@@ -257,7 +257,7 @@ Measurement measure_training(Trainer& trainer, const Batch& batch, int warmup, i
         const auto r = trainer.step(batch);
         return MeasuredStep{r.loss, r.bp_seconds, {}};
       },
-      [&] { return weights + trainer.optimizer().state_bytes(); }, warmup, repeats, budget_bytes);
+      [&] { return weights + trainer.held_bytes(); }, warmup, repeats, budget_bytes);
 }
 
 std::vector<std::string> split_list(const std::string& text, char sep) {

@@ -4,7 +4,9 @@
 #     world size and one all-reduce per gradient group plus the step's totals and loss;
 # (b) a rank killed with SIGKILL mid-run: the launcher exits non-zero within the timeout naming the rank and the
 #     signal, and no rank is left running; a rank stopped with SIGSTOP: the same within --dist-timeout + grace;
-#     ZeRO-2 over 3 ranks and ZeRO-3 (GRPO) over 2 the same;
+#     ZeRO-2 over 3 ranks and ZeRO-3 (GRPO) over 2 the same; ZeRO checkpoints equal one process's, and resume on
+#     another world size and stage;
+#     maxlen and sweep seq with --nproc 2 --zero 2 (Tables 4-5);
 # (c) bad input exits 2 naming it: ranks started by hand (the launcher's environment) with different --seed, and a
 #     global batch whose rows do not split over --nproc.
 source "$(dirname "$0")/cli_common.sh"
@@ -59,8 +61,56 @@ for r in csv.DictReader(open(sys.argv[1])):
     assert (r["zero"], r["reduce_scatter_calls"], r["all_gather_calls"], r["all_reduce_calls"]) == ("3", "4", "5", "3"), r
 PY
 echo "ok: GRPO --nproc 2 --zero 3 equals one process: $(tail -1 cmpz3.txt)"
-expect_exit_2 "ZeRO checkpoints" "not built yet" "$STREAMBP" train "${common[@]}" --method standard --nproc 2 --zero 1 \
-  --save-every 1 --checkpoint-dir c
+# Checkpoints do not depend on the world size or stage: ZeRO-2 over 3 ranks writes what one process writes (the
+# optimizer's slices gathered into whole tensors), and one process's checkpoint resumes on 2 ranks under ZeRO-3.
+"$STREAMBP" train "${common[@]}" --method standard --save-every 2 --checkpoint-dir ckpt1 2>ckpt1.log ||
+  fail "single process with checkpoints:\n$(cat ckpt1.log)"
+"$STREAMBP" train "${common[@]}" --method streambp --nproc 3 --zero 2 --save-every 2 --checkpoint-dir ckptz \
+  2>ckptz.log || fail "--zero 2 with checkpoints:\n$(cat ckptz.log)"
+for f in trainable optimizer; do
+  "$STREAMBP" compare ckpt1/checkpoint-000002/$f.safetensors ckptz/checkpoint-000002/$f.safetensors --rtol 1e-12 \
+    >cmpc.txt || fail "the ZeRO-2 checkpoint's $f.safetensors differs:\n$(cat cmpc.txt)"
+done
+mkdir resumed && cp -r ckpt1/checkpoint-000002 resumed/
+"$STREAMBP" train "${common[@]}" --method streambp --nproc 2 --zero 3 --resume resumed --save-model resumed3 \
+  2>resumed3.log || fail "--zero 3 --resume:\n$(cat resumed3.log)"
+grep -q "resume    resumed/checkpoint-000002 (step 2)" resumed3.log || fail "not resumed:\n$(cat resumed3.log)"
+"$STREAMBP" compare single/model.safetensors resumed3/model.safetensors --rtol 1e-12 >cmpr.txt ||
+  fail "one process's checkpoint resumed under ZeRO-3 differs:\n$(cat cmpr.txt)"
+echo "ok: ZeRO checkpoints equal one process's and resume on another world size: $(tail -1 cmpr.txt)"
+
+# Drivers (Tables 4-5): `maxlen --nproc 2 --zero 2` searches T per rank under a per-rank budget (every probe a
+# 2-rank training step; the measured T fits, the next step up does not); `sweep seq --nproc 2` times data-parallel
+# BP steps of checkpointing and StreamBP at two lengths, a ratio to checkpointing in the same run.
+"$STREAMBP" maxlen --preset tiny --budget-bytes 4000000 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
+  --optimizer adamw:lr=1e-3 --nproc 2 --zero 2 --out maxlen >maxlen.txt 2>maxlen.log || fail "maxlen --nproc 2:\n$(cat maxlen.log)"
+python3 - maxlen/maxlen-*.csv <<'PY' || fail "maxlen --nproc 2 CSV:\n$(cat maxlen/maxlen-*.csv)"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert rows and all((r["world_size"], r["zero"]) == ("2", "2") for r in rows), rows
+for method in {r["method"] for r in rows}:
+    mine = [r for r in rows if r["method"] == method]
+    best = [r for r in mine if r["role"] == "max"]
+    nxt = [r for r in mine if r["role"] == "next"]
+    assert len(best) == 1 and best[0]["status"] != "oom" and int(best[0]["peak_bytes"]) <= 4000000, mine
+    assert len(nxt) == 1 and nxt[0]["status"] == "oom" and int(nxt[0]["seq_len"]) > int(best[0]["seq_len"]), mine
+PY
+grep -q "per rank, 2 ranks (ZeRO-2, Gloo)" maxlen.txt || fail "maxlen does not say its ranks:\n$(cat maxlen.txt)"
+echo "ok: maxlen --nproc 2 --zero 2: $(grep -c 'measured T\*' maxlen.txt) methods searched"
+"$STREAMBP" sweep seq --preset tiny --seq 128,256 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
+  --nproc 2 --zero 2 --repeats 1 --check-seq 40 --out sweep >sweep.txt 2>sweep.log || fail "sweep --nproc 2:\n$(cat sweep.log)"
+python3 - sweep/seq-*.csv <<'PY' || fail "sweep --nproc 2 CSV:\n$(cat sweep/seq-*.csv)"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 4 and all((r["world_size"], r["zero"], r["status"]) == ("2", "2", "passed") for r in rows), rows
+for r in rows:
+    assert float(r["time_vs_checkpoint"]) > 0 and float(r["bp_seconds"]) > 0, r
+    # per row of the global batch: 1 row per rank x 2 ranks
+    assert abs(float(r["seconds_per_sample"]) - float(r["bp_seconds"]) / 2) < 1e-3, r
+PY
+echo "ok: sweep seq --nproc 2 --zero 2"
+expect_exit_2 "maxlen --nproc without --optimizer" "give --optimizer" "$STREAMBP" maxlen --preset tiny \
+  --budget-bytes 4000000 --nproc 2
 
 # (b) One rank disturbed mid-run: `disturb NPROC SIGNAL LOG [train flags]` starts NPROC ranks of a long run, waits
 # for the first step, sends SIGNAL to rank 1 and waits for the launcher; it must exit non-zero (not by a signal),

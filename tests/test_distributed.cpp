@@ -212,7 +212,8 @@ TEST_CASE("data-parallel StreamBP and checkpointing over 1-4 ranks, ZeRO 0-3, en
       for (const int stage : {0, 1, 2, 3})
         for (const std::string spec : {kStreamBP, std::string("checkpoint")}) {
           if (world == 1 && stage > 0) continue;  // one rank owns everything
-          if (spec == "checkpoint" && (world == 3 || stage == 1 || stage == 2)) continue;  // keeps the test short
+          // Keeps the test short: checkpointing at every stage on 2 ranks, DDP and ZeRO-3 on 4.
+          if (spec == "checkpoint" && (world == 3 || (world == 4 && (stage == 1 || stage == 2)))) continue;
           const double err = difference(reference, train_parallel(k, batches, world, method(spec), ddp(stage)));
           INFO(k.objective << " lora=" << k.lora << " " << spec << " world " << world << " ZeRO " << stage << ": " << err);
           CHECK(err <= 1e-12);

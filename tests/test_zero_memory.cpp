@@ -96,13 +96,14 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
   trainer.add_optimizer_memory(workload);
   sbp::add_optimizer_memory(single, model, options.optimizer);  // the negative control: one process's model
   Measured out{0, sbp::training_memory(*method, workload), sbp::training_memory(*method, single)};
-  // ZeRO-3: the model's trainable tensors are empty between steps; the rank's parameters are its slices.
-  const auto weights = sbp::model_weight_bytes(model) + parallel.kept_parameter_bytes();
+  // ZeRO-3: the model's trainable tensors are empty between steps; the rank's parameters are its slices, which the
+  // trainer holds (held_bytes, with the optimizer's states).
+  const auto weights = sbp::model_weight_bytes(model);
   for (int s = 0; s < steps; ++s) {
     model.zero_grad();
     meter.reset_peak();
     // Held before the step but not the model's: the batch and what else the test keeps.
-    const auto held = meter.current_bytes() - weights - trainer.optimizer().state_bytes();
+    const auto held = meter.current_bytes() - weights - trainer.held_bytes();
     trainer.step(batch);
     if (s > 0) out.peak = std::max(out.peak, meter.peak_bytes() - held);
   }

@@ -63,9 +63,81 @@ TensorList DataParallel::optimizer_params(const TensorList& trainable) {
       free_data(p);
     }
     shards_[key(p)] = shard;
+    by_name_[name] = p;
     out.push_back({name, shard});
   }
   return out;
+}
+
+const at::Tensor* DataParallel::sliced_tensor_of(const std::string& state_name) const {
+  const auto dot = state_name.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  const auto it = by_name_.find(state_name.substr(0, dot));
+  return it == by_name_.end() ? nullptr : &it->second;
+}
+
+TensorList DataParallel::whole_state(const TensorList& state) {
+  at::NoGradGuard no_grad;
+  TensorList out;
+  for (const auto& [name, t] : state) {
+    const auto* p = sliced_tensor_of(name);
+    if (!p || t.dim() == 0) {
+      out.push_back({name, t});
+      continue;
+    }
+    const auto sizes = full_sizes(*p);
+    const auto numel = c10::multiply_integers(sizes);
+    auto mine = at::zeros({slice_of(numel, 0).padded}, t.options());
+    mine.slice(0, 0, t.numel()).copy_(t.reshape({-1}));
+    const auto all = communicator_.all_gather(mine);
+    auto whole = at::empty({numel}, t.options());
+    for (int q = 0; q < communicator_.world_size(); ++q) {
+      const auto s = slice_of(numel, q);
+      whole.slice(0, s.start, s.end).copy_(all[q].slice(0, 0, s.end - s.start));
+    }
+    out.push_back({name, whole.view(sizes)});
+  }
+  return out;
+}
+
+TensorList DataParallel::sliced_state(const TensorList& whole) {
+  TensorList out;
+  for (const auto& [name, t] : whole) {
+    const auto* p = sliced_tensor_of(name);
+    if (!p || t.dim() == 0 || t.numel() != c10::multiply_integers(full_sizes(*p))) {
+      out.push_back({name, t});  // not a slice's; a misshapen one is refused by Optimizer::load_state
+      continue;
+    }
+    const auto s = slice_of(t.numel(), communicator_.rank());
+    out.push_back({name, t.reshape({-1}).slice(0, s.start, s.end)});
+  }
+  return out;
+}
+
+std::int64_t DataParallel::sliced_parameter_bytes() const {
+  std::int64_t bytes = 0;
+  if (stage_ == 3)
+    for (const auto& [k, shard] : shards_) bytes += std::int64_t(shard.nbytes());
+  return bytes;
+}
+
+void DataParallel::unshard() {
+  if (stage_ < 3 || residence_.empty()) return;
+  ParameterUse all{"model", {}, true};
+  for (const auto& [name, p] : by_name_) all.tensors.push_back(p);
+  use(all);
+  residence_.clear();
+  shards_.clear();
+  by_name_.clear();
+}
+
+void DataParallel::keep_slices() {
+  if (stage_ < 3) return;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : by_name_) {
+    const auto s = slice_of(p.numel(), communicator_.rank());
+    shards_.at(key(p)).copy_(p.detach().reshape({-1}).slice(0, s.start, s.end));
+  }
 }
 
 void DataParallel::use(const ParameterUse& use) {
@@ -113,13 +185,6 @@ void DataParallel::use(const ParameterUse& use) {
     offset += slice_of(numel, 0).padded;
     p.set_data(full.view(sizes));
   }
-}
-
-std::int64_t DataParallel::kept_parameter_bytes() const {
-  std::int64_t bytes = 0;
-  if (stage_ == 3)
-    for (const auto& [k, shard] : shards_) bytes += std::int64_t(shard.nbytes());
-  return bytes;
 }
 
 DataParallel::WholeModel::WholeModel(DataParallel& parallel, const TensorList& trainable)

@@ -55,6 +55,20 @@ class DataParallel {
     ParameterUse use_;
   };
 
+  // Checkpoints that do not depend on the world size (stages 1-3; every rank takes part): the optimizer's state
+  // (Optimizer::state of this rank's slices) as whole tensors, each all-gathered; and back, this rank's slices of a
+  // whole state (views). Entries that are not a tensor's slice (the step counts) pass through.
+  TensorList whole_state(const TensorList& state);
+  TensorList sliced_state(const TensorList& whole);
+  // Stage 3, after whole tensors were written into the trainable tensors (inside a WholeModel): this rank's slices
+  // take their values (stages 1-2: the slices are views already).
+  void keep_slices();
+  // Stage 3: every tensor whole again and no longer sharded (every rank takes part); for a driver that measures
+  // with a fresh DataParallel per probe on one model. Other stages: nothing.
+  void unshard();
+  // Stage 3: the bytes of this rank's parameter slices, held between steps (the model's tensors then hold none).
+  std::int64_t sliced_parameter_bytes() const;
+
   // The step's totals over every rank's micro-batches (one all-reduce).
   virtual StepTotals global_totals(const StepTotals& local);
   // At a group's gradient-ready event: stages 0-1 sum its gradients over the ranks in place, as one flat all-reduce;
@@ -71,9 +85,6 @@ class DataParallel {
   // After the update (stages 1-2): every group's updated slices all-gathered into the full tensors (stage 3: the
   // slices are the parameters; the next use gathers them).
   void gather_updated();
-  // Stage 3: bytes of the parameter slices this rank keeps beside the model (whose trainable tensors are empty between
-  // uses): what a meter counts as weights next to the model's own. 0 at the other stages.
-  std::int64_t kept_parameter_bytes() const;
 
  private:
   struct Slice {
@@ -98,6 +109,8 @@ class DataParallel {
     int users = 0;                    // open uses (nested begins)
   };
   std::map<const void*, Residence> residence_;  // stage 3
+  std::map<std::string, at::Tensor> by_name_;   // stages 1-3: the sliced tensors by name
+  const at::Tensor* sliced_tensor_of(const std::string& state_name) const;  // "<tensor name>.<state>"
 };
 
 }  // namespace sbp

@@ -289,10 +289,12 @@ std::int64_t Optimizer::state_bytes() const {
 }
 
 void save_optimizer_state(const Optimizer& optimizer, const std::filesystem::path& file) {
-  const auto& o = optimizer.options();
+  save_optimizer_state(optimizer.options(), optimizer.state(), file);
+}
+
+void save_optimizer_state(const OptimizerOptions& o, const TensorList& state, const std::filesystem::path& file) {
   const auto state_dtype = o.state_dtype == c10::ScalarType::Undefined ? "param" : dtype_name(o.state_dtype);
-  write_safetensors(file, optimizer.state(),
-                    {{"format", "pt"}, {"optimizer", optimizer_spec(o)}, {"state_dtype", state_dtype}});
+  write_safetensors(file, state, {{"format", "pt"}, {"optimizer", optimizer_spec(o)}, {"state_dtype", state_dtype}});
 }
 
 void load_optimizer_state(Optimizer& optimizer, const std::filesystem::path& file) {

@@ -94,6 +94,8 @@ class Optimizer {
 
 // state() into a safetensors file (atomically; metadata: the optimizer spec and state dtype) and back.
 void save_optimizer_state(const Optimizer& optimizer, const std::filesystem::path& file);
+// The same file from a state assembled elsewhere (ZeRO: the ranks' slices gathered into whole tensors).
+void save_optimizer_state(const OptimizerOptions& options, const TensorList& state, const std::filesystem::path& file);
 void load_optimizer_state(Optimizer& optimizer, const std::filesystem::path& file);
 
 struct ParamShape {

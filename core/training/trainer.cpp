@@ -4,6 +4,7 @@
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <unistd.h>
 
@@ -138,6 +139,10 @@ void Trainer::add_optimizer_memory(Workload& workload) const {
   workload.optimizer_update_bytes = m.step_temporary_bytes;
 }
 
+std::int64_t Trainer::held_bytes() const {
+  return optimizer_.state_bytes() + (parallel_ ? parallel_->sliced_parameter_bytes() : 0);
+}
+
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {
   std::vector<ParamShape> shapes;
   for (const auto& p : model.trainable()) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
@@ -147,8 +152,13 @@ void add_optimizer_memory(Workload& workload, const Model& model, const Optimize
 }
 
 fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run) const {
-  if (parallel_ && parallel_->zero_stage() > 0)
-    throw std::invalid_argument("checkpoints of a ZeRO-sharded optimizer are not built yet (issue #20)");
+  // ZeRO: the ranks' slices assembled into whole tensors (every rank takes part), so that a checkpoint is the same
+  // file whatever the world size and stage, and resumes on any.
+  const bool sharded = parallel_ && parallel_->zero_stage() > 0;
+  std::optional<DataParallel::WholeModel> whole;
+  if (sharded) whole.emplace(*parallel_, model_.trainable());
+  const auto state = sharded ? parallel_->whole_state(optimizer_.state()) : optimizer_.state();
+  if (parallel_ && parallel_->communicator().rank() != 0) return {};
   fs::create_directories(dir);
   const auto final_dir = dir / checkpoint_name(steps_taken());
   // Same file system as the final name, so the rename is atomic; the pid keeps two writers apart.
@@ -156,7 +166,7 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   write_safetensors(tmp / "trainable.safetensors", model_.trainable());
-  save_optimizer_state(optimizer_, tmp / "optimizer.safetensors");
+  save_optimizer_state(optimizer_.options(), state, tmp / "optimizer.safetensors");
   const nlohmann::json meta = {{"step", steps_taken()},
                                {"optimizer", optimizer_spec(optimizer_.options())},
                                {"lr_schedule", lr_schedule_spec(options_.schedule)},
@@ -176,8 +186,10 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
 }
 
 nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
-  if (parallel_ && parallel_->zero_stage() > 0)
-    throw std::invalid_argument("checkpoints of a ZeRO-sharded optimizer are not built yet (issue #20)");
+  // ZeRO-3: the tensors whole while their values are checked and written, then kept as this rank's slices.
+  const bool sharded = parallel_ && parallel_->zero_stage() > 0;
+  std::optional<DataParallel::WholeModel> whole;
+  if (sharded) whole.emplace(*parallel_, model_.trainable());
   const auto meta_file = checkpoint / "trainer.json";
   if (!fs::exists(meta_file)) throw std::invalid_argument(checkpoint.string() + ": not a training checkpoint (no trainer.json)");
   nlohmann::json meta;
@@ -204,11 +216,14 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
                                   c10::str(p.tensor.sizes()) + " " + c10::toString(p.tensor.scalar_type()));
     source.push_back(&it->tensor);
   }
-  load_optimizer_state(optimizer_, checkpoint / "optimizer.safetensors");
+  const auto state_file = checkpoint / "optimizer.safetensors";
+  const auto state = read_safetensors(state_file);
+  optimizer_.load_state(sharded ? parallel_->sliced_state(state) : state, state_file.string());
   if (optimizer_.steps_taken() != meta.at("step").get<std::int64_t>())
     throw std::invalid_argument(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < trainable.size(); ++i) trainable[i].tensor.copy_(*source[i]);
+  if (sharded) parallel_->keep_slices();
   return meta.at("run");
 }
 

@@ -63,11 +63,16 @@ class Trainer {
   // slices under ZeRO 1-3). Without a DataParallel: add_optimizer_memory of this trainer's model and optimizer.
   void add_optimizer_memory(Workload& workload) const;
   Model& model() const { return model_; }
+  // What the trainer holds between steps beside the model's tensors: the optimizer's states and, under ZeRO-3, this
+  // rank's parameter slices (a measured peak counts them as it counts the weights).
+  std::int64_t held_bytes() const;
 
   // Resumable checkpoints: DIR/checkpoint-NNNNNN/ holding the trainable tensors (trainable.safetensors, their own
   // dtypes), the optimizer state (optimizer.safetensors: states, per-tensor and global step counts) and
   // trainer.json (step, specs, `run`: what the caller needs to check and continue, e.g. its arguments and data
   // position). Written into a temporary directory and renamed: a reader sees a whole checkpoint or none.
+  // Data-parallel: every rank calls it; ZeRO's slices are gathered into whole tensors (the same files whatever the
+  // world size and stage) and rank 0 writes them (the other ranks return an empty path).
   std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& run) const;
   // Loads a checkpoint written by save_checkpoint for the same model, method-independent; returns its `run`.
   // Throws std::invalid_argument naming the file and tensor on any mismatch.

@@ -40,11 +40,12 @@
 #     reference of this path, that stays within 1.5x standard's error at 1 to 512 chunks (test_exactness,
 #     [whole-chunk]). The gate ratios printed here are the GPU's numbers for that claim.
 #  8. Data-parallel training over NCCL (`train --device cuda --nproc 2`, one GPU per rank: needs 2 GPUs, skipped with
-#     a note on fewer): 4 fp32 SGD steps of StreamBP on `tiny`, ZeRO 0 (gradients all-reduced) and ZeRO 2
-#     (reduce-scattered into slices, parameters all-gathered), each saved model against one process on the script's device over
+#     a note on fewer): 4 fp32 SGD steps of StreamBP on `tiny`, ZeRO 0 (gradients all-reduced), ZeRO 2
+#     (reduce-scattered into slices, parameters all-gathered) and ZeRO 3 (parameters sharded, each layer gathered on
+#     the GPU for its forward and its chunk loop), each saved model against one process on the script's device over
 #     the same global batches. Expected: `compare --rtol 1e-5` passes for both (the CPU's Gloo runs of the same
 #     command end 1.7e-7 apart; SGD, because AdamW's first steps turn fp32 rounding of near-zero gradients into
-#     +-lr steps), and the progress line says "2 ranks (DDP, NCCL)" / "(ZeRO-2, NCCL)". Never run yet: the first
+#     +-lr steps), and the progress line says "2 ranks (DDP, NCCL)" / "(ZeRO-2, NCCL)" / "(ZeRO-3, NCCL)". Never run yet: the first
 #     run is the first test of make_nccl_communicator and of DataParallel's tensors on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -147,7 +148,7 @@ for preset in tiny tiny-mha; do
     | tee "$OUT/verify-chunks-$preset.txt"
 done
 
-log "8. data-parallel training over NCCL, 2 ranks, ZeRO 0 and 2, fp32 (expected: each equals one process within rtol 1e-5)"
+log "8. data-parallel training over NCCL, 2 ranks, ZeRO 0, 2 and 3, fp32 (expected: each equals one process within rtol 1e-5)"
 gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
 if (( gpus < 2 )); then
   echo "skipped: NCCL takes one GPU per rank and this machine has $gpus"
@@ -155,7 +156,7 @@ else
   ddp=(--preset tiny --dtype fp32 --batch 4 --seq 64 --pad-fraction 0.3 --prompt-fraction 0.2 --steps 4 --seed 7
        --optimizer sgd:lr=0.2,momentum=0.9 --clip-grad-norm 1 --method streambp:layer_chunk=16,head_chunk=16)
   "$STREAMBP" train "${ddp[@]}" --device "$DEVICE" --save-model "$OUT/ddp-single" 2>&1 | tee "$OUT/ddp-single.txt"
-  for zero in 0 2; do
+  for zero in 0 2 3; do
     "$STREAMBP" train "${ddp[@]}" --device cuda --nproc 2 --zero $zero --metrics "$OUT/ddp-nccl-zero$zero.csv" \
       --save-model "$OUT/ddp-nccl-zero$zero" 2>&1 | tee "$OUT/ddp-nccl-zero$zero.txt"
     grep -q "2 ranks (.*, NCCL)" "$OUT/ddp-nccl-zero$zero.txt" || fail "--zero $zero did not run over NCCL"

@@ -1,0 +1,342 @@
+// `streambp conform`: runs an external implementation over the conformance matrix (verify/conformance.h) through the
+// file protocol (README "Conformance"), judges its gradients against the harness's fp64 standard BP (fp64 cases) or
+// by the low-precision rule against a baseline in the same dtype, and exits 1 when any case fails. Every case runs
+// in its own directory; the implementation is a child process in its own process group, killed after --timeout;
+// its wall time, CPU time (rusage) and peak RSS are recorded, so a conformance run is also a side-by-side.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "baselines/methods.h"
+#include "core/io/checkpoint_io.h"
+#include "core/io/dtype.h"
+#include "core/io/safetensors.h"
+#include "experiments/commands.h"
+#include "experiments/results_table.h"
+#include "verify/conformance.h"
+
+namespace sbp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kExactRtol = 1e-10, kLowPrecisionFactor = 1.5;
+
+std::string quoted(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The shipped adapters by name, else the user's command as given.
+std::string resolve_command(const std::string& impl) {
+  const char* env = std::getenv("STREAMBP_PYTHON");
+  const std::string python = env && *env ? env : (std::string(STREAMBP_DEFAULT_PYTHON).empty() ? "python3" : STREAMBP_DEFAULT_PYTHON);
+  const auto adapter = fs::path(STREAMBP_SOURCE_DIR) / "verify" / "conform" / "hf_adapter.py";
+  if (impl == "hf") return quoted(python) + " " + quoted(adapter.string());
+  if (impl == "hf-checkpointing") return quoted(python) + " " + quoted(adapter.string()) + " --gradient-checkpointing";
+  return impl;
+}
+
+// The largest VmHWM (peak resident set) among the live processes of process group `group`. Not rusage's ru_maxrss: a forked child starts with this process's resident pages (libtorch), and
+// the kernel keeps that high-water mark across exec.
+std::int64_t group_peak_rss(pid_t group) {
+  std::error_code ec;
+  const auto self = fs::read_symlink("/proc/self/exe", ec);
+  std::int64_t peak = 0;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0;
+    rest >> state >> ppid >> pgrp;
+    if (pgrp != group) continue;
+    std::error_code exe_error;
+    // The group's leader before its exec is a fork of this process (the implementation may run this binary too).
+    if (std::stol(name) == group && fs::read_symlink(entry.path() / "exe", exe_error) == self) continue;
+    std::ifstream status(entry.path() / "status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmHWM:", 0) == 0) peak = std::max(peak, std::int64_t(std::stoll(line.substr(6))) * 1024);
+  }
+  return peak;
+}
+
+struct ChildRun {
+  std::string outcome;  // "" when it exited 0; else how it ended
+  double wall_seconds = 0, cpu_seconds = 0;
+  std::int64_t peak_rss_bytes = 0;  // the largest process's, sampled every 20 ms
+};
+
+// `command case_dir` through /bin/sh in its own process group, output to case_dir/impl.log; SIGKILL to the group
+// after `timeout` seconds.
+ChildRun run_child(const std::string& command, const fs::path& case_dir, double timeout) {
+  const auto log = (case_dir / "impl.log").string();
+  const auto line = command + " " + quoted(case_dir.string());
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  ChildRun r;
+  int status = 0;
+  rusage usage{};
+  bool timed_out = false;
+  while (true) {
+    r.peak_rss_bytes = std::max(r.peak_rss_bytes, group_peak_rss(pid));
+    const pid_t done = wait4(pid, &status, WNOHANG, &usage);
+    if (done == pid) break;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!timed_out && elapsed > timeout) {
+      timed_out = true;
+      kill(-pid, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(-pid, SIGKILL);  // anything the command left running in its group
+  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                  1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  if (timed_out) r.outcome = fmt::format("timed out after {:.0f} s (--timeout)", timeout);
+  else if (WIFSIGNALED(status)) r.outcome = fmt::format("killed by signal {}", WTERMSIG(status));
+  else if (WEXITSTATUS(status) != 0) r.outcome = fmt::format("exited with status {}", WEXITSTATUS(status));
+  return r;
+}
+
+std::string last_line(const fs::path& file) {
+  std::ifstream in(file);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last.size() > 200 ? last.substr(0, 200) + "..." : last;
+}
+
+// What an implementation returned: gradients and loss, or the first reason they cannot be judged.
+struct Returned {
+  TensorList grads;
+  std::optional<double> loss;
+  std::string problem;
+};
+
+Returned read_returned(const fs::path& dir, const ChildRun& run) {
+  Returned r;
+  if (!run.outcome.empty()) {
+    const auto tail = last_line(dir / "impl.log");
+    r.problem = run.outcome + (tail.empty() ? "" : ": " + tail);
+    return r;
+  }
+  const auto grads = dir / "grads.safetensors", result = dir / "result.json";
+  if (!fs::exists(grads)) {
+    r.problem = "wrote no grads.safetensors";
+    return r;
+  }
+  try {
+    r.grads = read_safetensors(grads);
+  } catch (const std::exception& e) {
+    r.problem = std::string("grads.safetensors: ") + e.what();
+    return r;
+  }
+  if (!fs::exists(result)) {
+    r.problem = "wrote no result.json";
+    return r;
+  }
+  try {
+    std::ifstream in(result);
+    const auto j = nlohmann::json::parse(in);
+    r.loss = j.at("loss").get<double>();
+    if (!std::isfinite(*r.loss)) r.problem = "result.json: loss is not finite";
+  } catch (const std::exception& e) {
+    r.problem = std::string("result.json: ") + e.what();
+  }
+  return r;
+}
+
+// The case's files, as the protocol has them.
+void write_case(const ConformCase& c, const fs::path& dir, const Model& model, const Objective& objective,
+                const Batch& batch) {
+  fs::create_directories(dir);
+  save_model_dir(model, dir / "model");
+  if (!c.lora.empty()) save_adapter_dir(model, dir / "adapter", "model");
+  write_batch_file(batch, dir / "batch.safetensors");
+  write_file_atomically(dir / "case.json", case_json(c, objective).dump(2) + "\n");
+}
+
+// The harness's fp64 standard BP on the case's files (the weights as rounded to the case dtype, read back in fp64).
+std::pair<TensorList, double> oracle(const ConformCase& c, const fs::path& dir, const Batch& batch) {
+  auto model = load_model_dir(dir / "model", at::kDouble);
+  if (!c.lora.empty()) apply_lora(*model, "", (dir / "adapter").string(), c.batch.seed);
+  auto objective = make_objective(c.objective);
+  auto standard = make_method("standard");
+  const auto r = standard->step(*model, *objective, batch);
+  TensorList grads;
+  for (const auto& g : model->gradients()) grads.push_back({g.name, g.tensor.detach().clone()});
+  return {grads, r.loss};
+}
+
+void copy_case(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  for (const auto* name : {"model", "adapter", "batch.safetensors", "case.json"})
+    if (fs::exists(from / name)) fs::copy(from / name, to / name, fs::copy_options::recursive);
+}
+
+}  // namespace
+
+void add_conform_options(CLI::App& app, ConformArgs& a) {
+  app.add_option("--impl", a.impl, "the implementation: a shell command (the case directory is appended as its last "
+                 "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
+                 "hf-checkpointing (HF gradient checkpointing)")->required();
+  app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
+  app.add_option("--cases", a.cases, "quick, full, or a JSON file of cases (README: Conformance)");
+  app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)");
+  app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)");
+  app.add_flag("--lora", a.lora_only, "only the LoRA cases");
+  app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
+  app.add_option("--out", a.out_dir, "results folder");
+  app.add_option("--work", a.work_dir, "where the case directories go (default: a fresh temporary folder, removed "
+                 "after a run that passes)");
+}
+
+int conform_command(const ConformArgs& a, const std::string& command_line) {
+  at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
+  std::vector<ConformCase> cases;
+  const auto objectives = split_list(a.objectives, ','), dtypes = split_list(a.dtypes, ',');
+  for (const auto& d : dtypes) parse_dtype(d);  // a bad name is an error, not an empty selection
+  for (auto& c : conform_cases(a.cases)) {
+    const auto name = c.objective.substr(0, c.objective.find(':'));
+    if (!objectives.empty() && std::find(objectives.begin(), objectives.end(), name) == objectives.end()) continue;
+    if (!dtypes.empty() && std::find_if(dtypes.begin(), dtypes.end(), [&](const std::string& d) {
+          return parse_dtype(d) == c.dtype;
+        }) == dtypes.end())
+      continue;
+    if (a.lora_only && c.lora.empty()) continue;
+    cases.push_back(std::move(c));
+  }
+  if (cases.empty()) throw std::invalid_argument("--cases/--objectives/--dtypes/--lora select no case");
+  const auto impl = resolve_command(a.impl), baseline = resolve_command(a.baseline);
+
+  fs::path work = a.work_dir;
+  const bool temporary = work.empty();
+  if (temporary) {
+    auto pattern = (fs::temp_directory_path() / "streambp-conform-XXXXXX").string();
+    if (!mkdtemp(pattern.data())) throw std::runtime_error("cannot create a temporary folder");
+    work = pattern;
+  }
+  fs::create_directories(work);
+  const auto prov = collect_provenance(command_line);
+  fs::create_directories(a.out_dir);
+  const auto csv = ResultsTable::new_path(a.out_dir, "conform", prov);
+  ResultsTable table({"case", "description", "objective", "lora", "rule", "worst_tensor", "worst", "loss",
+                      "oracle_loss", "loss_rel_error", "seconds", "cpu_seconds", "peak_rss_bytes", "baseline_seconds",
+                      "baseline_peak_rss_bytes", "problem", "impl"});
+  fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
+  std::vector<std::string> lines;
+  int failed = 0;
+  for (const auto& c : cases) {
+    const auto dir = work / c.name;
+    fs::remove_all(dir);
+    // The case: a seeded model in the case dtype (LoRA adapters too), a random batch with its log-probs completed.
+    Model model(c.config, c.dtype, c.batch.seed);
+    apply_lora(model, c.lora, "", c.batch.seed + 1);
+    auto objective = make_objective(c.objective);
+    auto batch = objective->random_batch(c.config, c.batch);
+    complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
+    write_case(c, dir, model, *objective, batch);
+    const auto [reference, reference_loss] = oracle(c, dir, batch);
+
+    const auto run = run_child(impl, dir, a.timeout);
+    const auto got = read_returned(dir, run);
+    ConformVerdict verdict;
+    ChildRun base_run;
+    if (!got.problem.empty()) {
+      verdict.problem = got.problem;
+      verdict.rule = c.dtype == c10::kDouble ? "fp64" : dtype_name(c.dtype);
+    } else if (c.dtype == c10::kDouble) {
+      verdict = judge_exact(reference, got.grads, kExactRtol);
+      const double loss_error = std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300);
+      if (verdict.problem.empty() && loss_error > kExactRtol) {
+        verdict.passed = false;
+        verdict.problem = fmt::format("loss {:.17g}, the oracle's {:.17g} (relative error {:.2e})", *got.loss,
+                                      reference_loss, loss_error);
+      }
+    } else {
+      const auto base_dir = work / (c.name + ".baseline");
+      fs::remove_all(base_dir);
+      copy_case(dir, base_dir);
+      base_run = run_child(baseline, base_dir, a.timeout);
+      const auto base = read_returned(base_dir, base_run);
+      if (!base.problem.empty()) {
+        verdict.rule = dtype_name(c.dtype);
+        verdict.problem = "the baseline " + base.problem;
+      } else {
+        verdict = judge_low_precision(reference, base.grads, got.grads, c.dtype, kLowPrecisionFactor);
+      }
+    }
+    const bool pass = verdict.passed && verdict.problem.empty();
+    failed += pass ? 0 : 1;
+    const auto loss_rel = got.loss ? std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300) : 0.0;
+    const bool compared = !verdict.worst_tensor.empty();  // gradients were judged (a loss problem may come on top)
+    table.add({c.config.name, a.impl, dtype_name(c.dtype), pass ? "passed" : "failed", c.batch.seed,
+               {c.name, c.description, objective->spec(), c.lora, verdict.rule, verdict.worst_tensor,
+                compared ? fmt::format("{:.3e}", verdict.worst) : "",
+                got.loss ? fmt::format("{:.17g}", *got.loss) : "", fmt::format("{:.17g}", reference_loss),
+                got.loss ? fmt::format("{:.3e}", loss_rel) : "", fmt::format("{:.3f}", run.wall_seconds),
+                fmt::format("{:.3f}", run.cpu_seconds), std::to_string(run.peak_rss_bytes),
+                c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
+                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl}});
+    const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
+                                  pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
+                                  compared ? verdict.worst_tensor : verdict.problem.substr(0, 44),
+                                  run.wall_seconds, format_bytes(run.peak_rss_bytes), pass ? "" : verdict.problem);
+    fmt::print(stderr, "  {}\n", line);
+    lines.push_back(line);
+    table.write_to(csv, prov);  // after every case: a killed run keeps what it judged
+    if (pass) {
+      fs::remove_all(dir);
+      fs::remove_all(work / (c.name + ".baseline"));
+    }
+  }
+  fmt::print("\n{:<28} {:<5} {:<4} {:>10} {:<44} {:>8} {:>8}\n", "case", "dtype", "", "worst", "tensor (fp64: normwise "
+             "error; else ratio to the bar)", "time", "peak RSS");
+  for (const auto& line : lines) fmt::print("{}\n", line);
+  fmt::print("\n{} of {} case(s) passed; results: {}\n", cases.size() - std::size_t(failed), cases.size(), csv.string());
+  if (failed > 0) fmt::print("the failing cases' directories (inputs, the implementation's output and impl.log): {}\n",
+                             work.string());
+  else if (temporary) fs::remove_all(work);
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace sbp

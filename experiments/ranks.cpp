@@ -1,0 +1,90 @@
+#include "experiments/ranks.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+
+#include "core/training/c10d_communicator.h"
+#include "core/training/trainer.h"
+#include "profiler/cuda_memory.h"
+
+namespace sbp {
+
+void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what) {
+  app.add_option("--nproc", flags.nproc, "data-parallel ranks on this machine (Gloo on the CPU, NCCL with --device "
+                 "cuda, one GPU per rank: cuda:(local rank mod GPU count), an index given in --device then ignored): "
+                 "N fresh processes of this command, " + what + "; gradients summed over ranks once per group at "
+                 "its gradient-ready event, the loss normalised by the global batch's totals; rank 0 writes every "
+                 "output; one intra-op thread per rank unless --threads. Under torchrun (RANK, WORLD_SIZE, "
+                 "LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) each process is one rank")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--zero", flags.zero, "ZeRO stage of a data-parallel run: 0 = DDP (every rank all-reduces each "
+                 "group's gradients and updates everything), 1 = + optimizer states sharded (each rank updates its "
+                 "slice of every tensor, then the slices are all-gathered), 2 = + gradients reduce-scattered into the "
+                 "slices at each group's gradient-ready event (full gradients freed), 3 = + parameters sharded (a "
+                 "layer gathered for its forward and again for its backward chunk loop, freed after each; the "
+                 "embedding and head gathered for the whole step)")->check(CLI::Range(0, 3));
+  app.add_option("--dist-timeout", flags.dist_timeout, "seconds a rank waits for the others (rendezvous and every "
+                 "collective) before it fails")->check(CLI::PositiveNumber);
+}
+
+std::string Ranks::describe() const {
+  if (world == 1) return "";
+  return fmt::format(", {} ranks ({}, {})", world, zero == 0 ? "DDP" : fmt::format("ZeRO-{}", zero),
+                     device.is_cuda() ? "NCCL" : "Gloo");
+}
+
+Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, const Setup& setup) {
+  Ranks ranks;
+  ranks.world = env ? env->world_size : 1;
+  ranks.rank = env ? env->rank : 0;
+  ranks.zero = ranks.world > 1 ? flags.zero : 0;
+  // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
+  if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);
+  setup.apply_threads();
+  ranks.device = setup.parsed_device();
+  if (ranks.world == 1) return ranks;
+  // A data-parallel CUDA run has one GPU per rank, by its local rank (as torchrun's LOCAL_RANK); --device cuda:N
+  // names the GPU of a single process only.
+  if (ranks.device.is_cuda()) {
+    // The launcher's ranks (STREAMBP_STORE) all run here; NCCL refuses two ranks on one GPU.
+    if (!env->file_store.empty() && ranks.world > cuda_device_count())
+      throw std::invalid_argument(fmt::format("--nproc {} --device cuda: NCCL takes one GPU per rank and this machine "
+                                              "has {}", ranks.world, cuda_device_count()));
+    ranks.device = c10::Device(c10::kCUDA, c10::DeviceIndex(env->local_rank % cuda_device_count()));
+    // The rank's GPU is this process's current device before any CUDA work (no context on another GPU).
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(ranks.device);
+  }
+  const RendezvousOptions rendezvous{.rank = ranks.rank, .world_size = ranks.world, .file_store = env->file_store,
+                                     .master_addr = env->master_addr, .master_port = env->master_port,
+                                     .timeout = std::chrono::seconds(flags.dist_timeout)};
+  ranks.comm = ranks.device.is_cuda() ? make_nccl_communicator(rendezvous, ranks.device.index())
+                                      : make_gloo_communicator(rendezvous);
+  return ranks;
+}
+
+Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, const Batch& batch, int warmup, int repeats,
+                                      std::int64_t budget_bytes) {
+  if (!ranks.comm) return measure_training(trainer, batch, warmup, repeats, budget_bytes);
+  auto m = measure_training(trainer, batch, warmup, repeats, 0);
+  if (m.status == "error") throw std::runtime_error(m.error);  // a rank that cannot go on stops the run (the launcher names it)
+  // [peak, seconds of each repeat] of every rank: the worst of each.
+  std::vector<double> mine = {double(m.peak_bytes)};
+  mine.insert(mine.end(), m.bp_seconds.begin(), m.bp_seconds.end());
+  const auto all = ranks.comm->all_gather(at::tensor(mine, at::TensorOptions(at::kDouble).device(ranks.comm->device())))
+                       .amax(0).cpu();
+  m.peak_bytes = std::int64_t(all[0].item<double>());
+  for (std::size_t i = 0; i < m.bp_seconds.size(); ++i) m.bp_seconds[i] = all[std::int64_t(i) + 1].item<double>();
+  if (budget_bytes > 0 && m.peak_bytes > budget_bytes) {
+    m.status = "oom";
+    m.error = fmt::format("a rank's peak {} exceeds the budget of {}", format_bytes(m.peak_bytes), format_bytes(budget_bytes));
+  }
+  return m;
+}
+
+}  // namespace sbp

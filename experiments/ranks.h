@@ -1,0 +1,53 @@
+// What a data-parallel command (train, maxlen, sweep) shares: the flags, this process's place among the ranks (one
+// process, a rank of the --nproc launcher, or a rank under torchrun), its device and communicator, and measurements
+// that the ranks agree on.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "core/training/communicator.h"
+#include "experiments/launch.h"
+#include "experiments/runner.h"
+
+namespace CLI {
+class App;
+}
+
+namespace sbp {
+
+class Trainer;
+
+struct RankFlags {
+  int nproc = 1;           // ranks on this machine (--nproc); under torchrun, the environment's
+  int zero = 0;            // ZeRO stage (--zero): 0 = DDP, 1 = + optimizer states sharded, 2 = + gradients, 3 = + parameters
+  int dist_timeout = 300;  // seconds a collective or the rendezvous may take before the rank gives up
+};
+// --nproc, --zero and --dist-timeout; `what` says what each rank does (for --nproc's help).
+void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what);
+
+struct Ranks {
+  int rank = 0, world = 1;
+  int zero = 0;  // the stage when world > 1, else 0
+  c10::Device device = c10::Device(c10::kCPU);
+  std::unique_ptr<Communicator> comm;  // none for one process
+  bool writer() const { return rank == 0; }  // rank 0 writes every output and prints the progress
+  std::string describe() const;              // ", 2 ranks (ZeRO-2, Gloo)" or ""
+};
+// This process's rank (from `env`, see rank_from_environment) with the setup's device and threads applied: one
+// intra-op thread per rank unless --threads; on CUDA the local rank's GPU (NCCL), else Gloo; connected to the others
+// (a FileStore from the launcher or torchrun's TCPStore). One process when `env` is empty.
+Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, const Setup& setup);
+
+// Training steps of `trainer` on this rank's rows, measured as measure_training does, but with no budget inside the
+// step (a rank stopped at its budget would leave the others waiting in a collective): every rank runs the step to
+// its end, and the result is the ranks' worst: the largest peak (status "oom" when it exceeds budget_bytes > 0, as
+// a GPU of that size would have failed) and, repeat by repeat, the slowest rank's seconds. One process: exactly
+// measure_training. A stage-3 trainer's parameters stay sharded; see DataParallel::unshard.
+Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, const Batch& batch, int warmup, int repeats,
+                                      std::int64_t budget_bytes);
+
+}  // namespace sbp

@@ -1,0 +1,18 @@
+#!/usr/bin/env python3
+"""The harness's reference adapter: HF Transformers (and PEFT under LoRA) with standard backprop, or with HF's
+gradient checkpointing (`--gradient-checkpointing`: activation_checkpointing_enable + train mode; dropout is 0).
+`streambp conform --impl hf|hf-checkpointing` runs it; it must pass every case.
+
+Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR   (protocol: protocol.py; losses: losses.py)
+fp64 cases stay fp64 end to end (RMSNorm patched, SFT loss without HF's fp32 cast of the logits), so they are
+judged at 1e-10 against the harness's fp64 standard BP; fp32 and bf16 cases run HF as shipped.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import losses  # noqa: E402
+import protocol  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(protocol.main(sys.argv[1:], losses.loss, "Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR"))

@@ -1,0 +1,277 @@
+#include "verify/conformance.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/io/dtype.h"
+#include "core/io/spec.h"
+#include "core/objectives/objective.h"
+#include "verify/grad_compare.h"
+
+namespace sbp {
+namespace {
+
+// The architecture knobs implementations get wrong, on tiny's sizes (2 layers, d = 64, V = 512).
+ModelConfig variant(bool mha, bool qk_norm, bool bias, bool tied) {
+  auto c = preset_config(mha ? "tiny-mha" : "tiny");
+  c.qk_norm = qk_norm;
+  c.attention_bias = bias;
+  c.o_proj_bias = bias && qk_norm;  // Qwen3 with attention_bias biases o_proj too; Qwen2 (no qk-norm) never does
+  c.tie_word_embeddings = tied;
+  c.name = fmt::format("tiny-{}-{}{}-{}", mha ? "mha" : "gqa", qk_norm ? "qknorm" : "noqknorm", bias ? "-bias" : "",
+                       tied ? "tied" : "untied");
+  return c;
+}
+
+// B rows of T tokens with ragged right padding and a masked prompt: every row has its own number of targets.
+RandomBatchOptions ragged(std::int64_t B, std::int64_t T, std::uint64_t seed, std::int64_t group = 0) {
+  return {B, T, 0.3, 0.2, seed, group};
+}
+
+ConformCase make_case(std::string name, std::string description, ModelConfig config, c10::ScalarType dtype,
+                      std::string objective, RandomBatchOptions batch, std::string lora = "") {
+  ConformCase c;
+  c.name = std::move(name);
+  c.description = std::move(description);
+  c.config = std::move(config);
+  c.dtype = dtype;
+  c.objective = std::move(objective);
+  c.batch = batch;
+  c.lora = std::move(lora);
+  return c;
+}
+
+const std::string kLora = "rank=4,alpha=8,init=random";  // B != 0: both factors have real gradients
+
+std::vector<ConformCase> quick_cases() {
+  const auto tiny = variant(false, true, false, true);
+  return {
+      make_case("sft-gqa-qknorm-tied", "GQA, qk-norm, tied head; T = 37 (no chunk size divides it), ragged padding, "
+                "masked prompts", tiny, c10::kDouble, "sft", ragged(3, 37, 1)),
+      make_case("sft-mha-bias-untied", "MHA, q/k/v bias, no qk-norm (Qwen2-style), untied lm_head",
+                variant(true, false, true, false), c10::kDouble, "sft", ragged(3, 37, 2)),
+      make_case("sft-T2", "the shortest sequence: one target token", tiny, c10::kDouble, "sft", {1, 2, 0.0, 0.0, 3, 0}),
+      make_case("grpo-beta0.04-grpo-token", "GRPO with a KL term, per-sequence means, token importance", tiny,
+                c10::kDouble, "grpo:beta=0.04,loss_type=grpo", ragged(3, 29, 4, 3)),
+      make_case("grpo-beta0-dapo-sequence", "GRPO without KL, token-level normalisation, sequence importance", tiny,
+                c10::kDouble, "grpo:loss_type=dapo,importance=sequence", ragged(3, 29, 5, 3)),
+      make_case("dpo-3pairs-ls0.1", "DPO, three pairs, label smoothing", variant(false, true, false, false),
+                c10::kDouble, "dpo:beta=0.1,label_smoothing=0.1", ragged(6, 31, 6)),
+      make_case("sft-lora", "LoRA on every linear layer (PEFT names)", tiny, c10::kDouble, "sft", ragged(3, 37, 7), kLora),
+      make_case("sft-fp32", "fp32, judged against the baseline in fp32", tiny, c10::kFloat, "sft", ragged(3, 37, 8)),
+      make_case("sft-bf16", "bf16, judged against the baseline in bf16", tiny, c10::kBFloat16, "sft", ragged(3, 37, 9)),
+  };
+}
+
+std::vector<ConformCase> full_cases() {
+  auto cases = quick_cases();
+  std::uint64_t seed = 100;
+  // Every architecture variant, SFT.
+  for (const bool mha : {false, true})
+    for (const bool qk_norm : {false, true})
+      for (const bool bias : {false, true})
+        for (const bool tied : {false, true}) {
+          const auto c = variant(mha, qk_norm, bias, tied);
+          cases.push_back(make_case("sft-" + c.name.substr(5), "architecture variant", c, c10::kDouble, "sft",
+                                    ragged(2, 41, seed++)));
+        }
+  const auto tiny = variant(false, true, false, true);
+  // GRPO: every loss type x both importance levels x beta = 0 and > 0.
+  for (const std::string loss : {"grpo", "bnpo", "dr_grpo", "dapo"})
+    for (const std::string importance : {"token", "sequence"})
+      for (const std::string beta : {"0", "0.04"})
+        cases.push_back(make_case(fmt::format("grpo-{}-{}-beta{}", loss, importance, beta), "GRPO loss variant", tiny,
+                                  c10::kDouble, fmt::format("grpo:beta={},loss_type={},importance={}", beta, loss, importance),
+                                  ragged(4, 23, seed++, 2)));
+  cases.push_back(make_case("grpo-temperature0.7", "GRPO, sampling temperature != 1", tiny, c10::kDouble,
+                            "grpo:beta=0.04,temperature=0.7", ragged(3, 23, seed++, 3)));
+  for (const std::string ls : {"0", "0.1"})
+    for (const bool tied : {true, false})
+      cases.push_back(make_case(fmt::format("dpo-ls{}-{}", ls, tied ? "tied" : "untied"), "DPO, several pairs",
+                                variant(false, true, false, tied), c10::kDouble,
+                                "dpo:beta=0.1,label_smoothing=" + ls, ragged(4, 27, seed++)));
+  cases.push_back(make_case("grpo-lora", "GRPO on LoRA adapters", tiny, c10::kDouble, "grpo:beta=0.04",
+                            ragged(3, 23, seed++, 3), kLora));
+  cases.push_back(make_case("dpo-lora", "DPO on LoRA adapters", tiny, c10::kDouble, "dpo", ragged(4, 23, seed++), kLora));
+  cases.push_back(make_case("sft-lora-untied-bias", "LoRA on an untied, biased model", variant(true, false, true, false),
+                            c10::kDouble, "sft", ragged(3, 23, seed++), kLora));
+  for (const auto dtype : {c10::kFloat, c10::kBFloat16}) {
+    const std::string d = dtype == c10::kFloat ? "fp32" : "bf16";
+    cases.push_back(make_case("grpo-" + d, "GRPO in " + d, tiny, dtype, "grpo:beta=0.04", ragged(3, 37, seed++, 3)));
+    cases.push_back(make_case("dpo-" + d, "DPO in " + d, tiny, dtype, "dpo", ragged(4, 37, seed++)));
+    cases.push_back(make_case("sft-lora-" + d, "LoRA in " + d, tiny, dtype, "sft", ragged(3, 37, seed++), kLora));
+  }
+  return cases;
+}
+
+std::vector<ConformCase> file_cases(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw std::invalid_argument("--cases " + file + ": cannot read it");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("--cases " + file + ": " + e.what());
+  }
+  if (!j.is_array() || j.empty()) throw std::invalid_argument("--cases " + file + ": expected a non-empty JSON array of cases");
+  const std::set<std::string> known = {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
+                                       "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", "qk_norm",
+                                       "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description"};
+  std::vector<ConformCase> out;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    const auto where = fmt::format("--cases {}: case {}", file, i);
+    if (!e.is_object()) throw std::invalid_argument(where + ": not an object");
+    for (const auto& [key, value] : e.items())
+      if (!known.count(key)) throw std::invalid_argument(where + ": unknown key '" + key + "'");
+    try {
+      ConformCase c;
+      c.name = e.at("name").get<std::string>();
+      c.description = e.value("description", std::string("from ") + file);
+      c.config = preset_config(e.value("preset", std::string("tiny")));
+      c.config.qk_norm = e.value("qk_norm", c.config.qk_norm);
+      c.config.attention_bias = e.value("attention_bias", c.config.attention_bias);
+      c.config.o_proj_bias = c.config.attention_bias && c.config.qk_norm;
+      c.config.tie_word_embeddings = e.value("tie_word_embeddings", c.config.tie_word_embeddings);
+      c.config.num_key_value_heads = e.value("num_key_value_heads", c.config.num_key_value_heads);
+      c.config.validate();
+      c.dtype = parse_dtype(e.value("dtype", std::string("fp64")));
+      c.objective = e.value("objective", std::string("sft"));
+      c.lora = e.value("lora", std::string());
+      c.batch = {e.value("batch", std::int64_t(3)), e.value("seq", std::int64_t(37)), e.value("pad_fraction", 0.3),
+                 e.value("prompt_fraction", 0.2), e.value("seed", std::uint64_t(1)), e.value("group", std::int64_t(0))};
+      c.layer_chunk = e.value("layer_chunk", c.layer_chunk);
+      c.head_chunk = e.value("head_chunk", c.head_chunk);
+      if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1)
+        throw std::invalid_argument("batch >= 1, seq >= 2 and chunks >= 1 are required");
+      out.push_back(std::move(c));
+    } catch (const nlohmann::json::exception& ex) {
+      throw std::invalid_argument(where + ": " + ex.what());
+    } catch (const std::invalid_argument& ex) {
+      throw std::invalid_argument(where + ": " + ex.what());
+    }
+  }
+  return out;
+}
+
+double number(const Spec& spec, const std::string& key) { return std::stod(spec.options.at(key)); }
+
+}  // namespace
+
+std::vector<ConformCase> conform_cases(const std::string& which) {
+  if (which == "quick") return quick_cases();
+  if (which == "full") return full_cases();
+  return file_cases(which);
+}
+
+nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
+  const auto spec = parse_spec(objective.spec(), "objective");
+  nlohmann::json o = {{"name", spec.name}};
+  if (spec.name == "grpo") {
+    // TRL's GRPOConfig names (epsilon is the lower clip).
+    o["beta"] = number(spec, "beta");
+    o["epsilon"] = number(spec, "epsilon_low");
+    o["epsilon_high"] = number(spec, "epsilon_high");
+    o["loss_type"] = spec.options.at("loss_type");
+    o["importance_sampling_level"] = spec.options.at("importance");
+    o["temperature"] = number(spec, "temperature");
+    o["max_completion_length"] = std::stoll(spec.options.at("max_completion_length"));
+  } else if (spec.name == "dpo") {
+    o["beta"] = number(spec, "beta");
+    o["label_smoothing"] = number(spec, "label_smoothing");
+    o["loss_type"] = "sigmoid";
+  }
+  const std::map<c10::ScalarType, std::string> torch_names = {
+      {c10::kDouble, "float64"}, {c10::kFloat, "float32"}, {c10::kBFloat16, "bfloat16"}, {c10::kHalf, "float16"}};
+  return {{"protocol", kConformProtocol},
+          {"case", c.name},
+          {"description", c.description},
+          {"dtype", torch_names.at(c.dtype)},
+          {"objective", o},
+          {"lora", !c.lora.empty()},
+          {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}},
+          {"returns", c.lora.empty()
+                          ? "grads.safetensors: the gradient of every model parameter under its HF name (a tied "
+                            "lm_head only as model.embed_tokens.weight), in the model dtype; result.json: {\"loss\": ...}"
+                          : "grads.safetensors: the gradient of every adapter tensor under its PEFT name (as in "
+                            "adapter/adapter_model.safetensors), in the model dtype; result.json: {\"loss\": ...}"}};
+}
+
+std::vector<std::string> protocol_problems(const TensorList& expected, const TensorList& got) {
+  std::vector<std::string> problems;
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& t : got) {
+    if (by_name.count(t.name)) problems.push_back("tensor '" + t.name + "' appears twice");
+    by_name[t.name] = &t.tensor;
+  }
+  std::set<std::string> wanted;
+  for (const auto& e : expected) {
+    wanted.insert(e.name);
+    const auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      problems.push_back("tensor '" + e.name + "' missing");
+      continue;
+    }
+    const auto& g = *it->second;
+    if (g.sizes() != e.tensor.sizes()) {
+      problems.push_back("tensor '" + e.name + "' has shape " + c10::str(g.sizes()) + ", expected " + c10::str(e.tensor.sizes()));
+      continue;
+    }
+    if (!at::isFloatingType(g.scalar_type())) {
+      problems.push_back("tensor '" + e.name + "' is " + std::string(c10::toString(g.scalar_type())) + ", not floating point");
+      continue;
+    }
+    const auto bad = (~at::isfinite(g)).sum().item<std::int64_t>();
+    if (bad > 0) problems.push_back(fmt::format("tensor '{}' has {} non-finite entries (NaN or Inf)", e.name, bad));
+  }
+  for (const auto& t : got)
+    if (!wanted.count(t.name)) problems.push_back("unexpected tensor '" + t.name + "' (misnamed, or not trainable)");
+  return problems;
+}
+
+namespace {
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& p : items) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+}  // namespace
+
+ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol) {
+  ConformVerdict v;
+  v.rule = fmt::format("fp64: normwise <= {:.0e} vs the oracle", rtol);
+  v.problem = joined(protocol_problems(oracle, got));
+  if (!v.problem.empty()) return v;
+  const auto cmp = compare_gradients(oracle, got);
+  if (const auto* w = cmp.worst()) v.worst_tensor = w->name, v.worst = w->normwise_rel;
+  v.passed = cmp.passed(rtol);
+  return v;
+}
+
+ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& baseline, const TensorList& got,
+                                   c10::ScalarType dtype, double factor) {
+  ConformVerdict v;
+  v.rule = fmt::format("{}: l2 <= {}x the baseline's + floor, vs the fp64 oracle", dtype_name(dtype), factor);
+  v.problem = joined(protocol_problems(oracle, got));
+  if (!v.problem.empty()) return v;
+  if (const auto base = protocol_problems(oracle, baseline); !base.empty()) {
+    v.problem = "the baseline's gradients: " + joined(base);
+    return v;
+  }
+  const auto verdict = low_precision_rule(compare_gradients(oracle, baseline), compare_gradients(oracle, got), factor, dtype);
+  v.worst = verdict.worst_ratio;
+  v.worst_tensor = verdict.worst_tensor;
+  v.passed = verdict.passed();
+  return v;
+}
+
+}  // namespace sbp

@@ -1,0 +1,60 @@
+// Conformance of external implementations (DESIGN §13, issue #21): the case matrix `streambp conform` runs another
+// implementation over, the protocol's case.json, and the judgement of the gradients it returns. Running the
+// implementation (a child process) is the command's job (experiments/cmd_conform.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/io/safetensors.h"
+#include "core/model/config.h"
+#include "core/objectives/batch.h"
+
+namespace sbp {
+
+class Objective;
+
+constexpr const char* kConformProtocol = "streambp-conform/1";
+
+struct ConformCase {
+  std::string name, description;  // what the case exposes
+  ModelConfig config;
+  c10::ScalarType dtype = c10::kDouble;
+  std::string objective = "sft";  // harness spec (case.json carries TRL's names)
+  std::string lora;               // LoRA spec; empty: full fine-tuning
+  RandomBatchOptions batch;
+  std::int64_t layer_chunk = 16, head_chunk = 8;  // suggestions to a chunked implementation
+};
+
+// "quick" (a few seconds of harness work, every kind of case once), "full" (the whole matrix), or a JSON file: an
+// array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction", "prompt_fraction",
+// "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias", "tie_word_embeddings",
+// "num_key_value_heads"} (a missing key takes the quick matrix's default). Throws naming the file and key.
+std::vector<ConformCase> conform_cases(const std::string& which);
+
+// The protocol's case.json for a case and its (canonical) objective: TRL's parameter names and values.
+nlohmann::json case_json(const ConformCase& c, const Objective& objective);
+
+struct ConformVerdict {
+  bool passed = false;
+  std::string rule;          // "fp64 normwise <= 1e-10" or "l2 <= 1.5x baseline + floor"
+  std::string worst_tensor;
+  double worst = 0;          // fp64: the worst normwise relative error; low precision: the worst ratio to the bar
+  std::string problem;       // protocol failures (missing, extra, misshapen or non-finite tensors, unreadable files)
+};
+
+// What an implementation's gradients must be before any number is compared: every expected tensor exactly once
+// under its name, of its shape, every entry finite. Returns the problems, each naming the tensor.
+std::vector<std::string> protocol_problems(const TensorList& expected, const TensorList& got);
+// fp64: every tensor within `rtol` (normwise, DESIGN §8) of the oracle.
+ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol);
+// fp32/bf16: every tensor's l2 error against the fp64 oracle within `factor` x the baseline's (the same dtype) plus
+// the rule's floor (low_precision_rule).
+ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& baseline, const TensorList& got,
+                                   c10::ScalarType dtype, double factor);
+
+}  // namespace sbp

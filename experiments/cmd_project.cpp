@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <stdexcept>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -36,6 +37,10 @@ struct Setting {
 constexpr Setting kSettings[] = {{"qwen3-4b", false, 7.0, 28.5, 200.0},  {"qwen3-4b", true, 7.1, 36.5, 247.0},
                                  {"qwen3-8b", false, 3.4, 15.7, 72.0},   {"qwen3-8b", true, 5.1, 30.6, 142.4},
                                  {"qwen3-14b", true, 2.9, 23.0, 84.6},   {"qwen3-32b", true, 0.4, 5.9, 16.3}};
+// Table 4 (ZeRO-2, Qwen3-8B full training, SFT, one sequence per GPU): maximum T in thousands over 3..8 GPUs.
+constexpr int kPaperTable4Gpus[] = {3, 4, 5, 6, 7, 8};
+constexpr double kPaperTable4Checkpoint[] = {18.6, 20.5, 22.3, 23.1, 23.5, 23.7};
+constexpr double kPaperTable4StreamBP[] = {92.4, 112.0, 121.5, 128.7, 131.4, 131.8};
 constexpr const char* kPaperGrpo = "w/o ckpt 0.9/1.0/0.7/0.4, w/ ckpt 8.5/12.1/9.5/6.9, StreamBP 18.2/27.5/16.5/10.1";
 constexpr const char* kPaperDpo =
     "w/o ckpt 3.1/3.5/2.5/1.4/0.2, w/ ckpt 18.7/32.2/25.5/18.5/4.4, StreamBP 57.2/100.2/60.9/36.9/7.8";
@@ -134,8 +139,83 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
                  "whose states and update share the budget with the step (default: forward + backward only)");
   app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16 (default: the trainable tensors' dtype: "
                  "bf16 states for full bf16 training, fp32 for LoRA's fp32 adapters)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  app.add_option("--world", a.world_sizes, "data-parallel training, the paper's Table 4 (Qwen3-8B full, bf16, SFT, one "
+                 "sequence per GPU): the per-rank memory over N GPUs, for each N given (e.g. --world 3,4,5,6,7,8), at "
+                 "--zero S; training steps (--optimizer, default adamw)")->delimiter(',');
+  app.add_option("--zero", a.zero, "ZeRO stage of --world: 0 = DDP, 1 = optimizer states sharded, 2 = + gradients "
+                 "reduce-scattered (the paper's Table 4), 3 = + parameters sharded (a layer gathered while in use, "
+                 "the embedding and head for the whole step); default 0");
   app.add_option("--out", a.out_dir, "results folder");
 }
+
+namespace {
+
+// The paper's Table 4 as a projection: per rank of N GPUs at ZeRO stage `zero` (the models' data-parallel terms,
+// NCCL's collectives: no backend copies), the largest T of one sequence per GPU under the budget.
+int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
+                          const std::map<std::string, ErrorRange>& errors, const std::vector<std::string>& error_dirs) {
+  const int zero = a.zero;
+  const auto optimizer = *parse_optimizer_flags(a.optimizer.empty() ? "adamw" : a.optimizer, a.state_dtype);
+  const std::string optimizer_column =
+      optimizer_spec(optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype);
+  const std::vector<std::pair<std::string, std::string>> methods = {
+      {"checkpoint", "checkpoint"}, {"streambp", "streambp:layer_chunk=500,head_chunk=100"}};
+  const auto config = preset_config("qwen3-8b");
+  auto objective = make_objective("sft");
+  fmt::print("Table 4, projected by the analytic memory models per rank: Qwen3-8B full training, bf16, SFT, one "
+             "sequence per GPU, {} GPUs of {:.0f} GB, {}\n"
+             "training steps: {} (states and the update's temporaries in the budget{})\n"
+             "collectives: NCCL's (no backend copies of their buffers); kernel workspaces: {}\n",
+             fmt::join(a.world_sizes, "/"), double(a.budget_bytes) / 1e9, zero == 0 ? "DDP" : fmt::format("ZeRO-{}", zero),
+             optimizer_column, zero >= 1 ? ", sharded" : "", no_kernel_workspaces()->source());
+  if (!error_dirs.empty())
+    fmt::print("error bar: T* under budget / max(measured/model) .. budget / min(measured/model), over the CPU runs "
+               "in {} whose preset starts with '{}'\n", fmt::join(error_dirs, ", "), a.error_presets);
+  if (zero != 2) fmt::print("(the paper's Table 4 is ZeRO-2: its numbers are printed only beside --zero 2)\n");
+  fmt::print("\n| GPUs | method | projected T* | error bar | paper T* | projected / paper | per-rank peak at T* |\n"
+             "|---|---|---|---|---|---|---|\n");
+  ResultsTable table({"objective", "optimizer", "world_size", "zero", "batch_size", "budget_bytes", "model_max_seq",
+                      "model_max_seq_low", "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper",
+                      "peak_moment"});
+  for (const int n : a.world_sizes)
+    for (const auto& [label, spec] : methods) {
+      auto w = paper_workload(config, false, a.lora_rank, *objective, 1);
+      w.world_size = n;
+      w.zero_stage = zero;
+      w.collective_copies = false;  // NCCL
+      add_projected_optimizer(w, optimizer);
+      double paper = 0;
+      for (std::size_t i = 0; i < std::size(kPaperTable4Gpus); ++i)
+        if (zero == 2 && kPaperTable4Gpus[i] == n)
+          paper = 1000 * (label == "checkpoint" ? kPaperTable4Checkpoint[i] : kPaperTable4StreamBP[i]);
+      auto method = make_method(spec);
+      const std::int64_t hi = std::int64_t(1) << 24;
+      const auto T = model_max_seq(*method, w, a.budget_bytes, hi);
+      std::string low, high, bar = "-";
+      const auto e = errors.find(label);
+      if (e != errors.end()) {
+        low = std::to_string(model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.high), hi));
+        high = std::to_string(model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.low), hi));
+        bar = fmt::format("{:.1f}k-{:.1f}k ({} runs)", std::stod(low) / 1000.0, std::stod(high) / 1000.0, e->second.runs);
+      }
+      w.seq_len = std::max<std::int64_t>(T, 1);
+      const auto at_max = training_memory(*method, w);
+      fmt::print("| {} | {} | {:.1f}k | {} | {} | {} | {:.1f} GB at {} |\n", n, method->spec(), T / 1000.0, bar,
+                 paper > 0 ? fmt::format("{:.1f}k", paper / 1000.0) : "-",
+                 paper > 0 ? fmt::format("{:.2f}", T / paper) : "-", double(at_max.total_bytes()) / 1e9, at_max.moment);
+      table.add({"qwen3-8b", method->spec(), "bf16", "projection", 0,
+                 {objective->spec(), optimizer_column, std::to_string(n), std::to_string(zero), "1",
+                  std::to_string(a.budget_bytes), std::to_string(T), low, high,
+                  e != errors.end() ? std::to_string(e->second.runs) : "", paper > 0 ? fmt::format("{:.0f}", paper) : "",
+                  paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment}});
+    }
+  fmt::print("\n");
+  const auto csv = table.write(a.out_dir, "project-zero", collect_provenance(command_line));
+  fmt::print("results: {}\n", csv.string());
+  return 0;
+}
+
+}  // namespace
 
 int project_command(const ProjectArgs& a, const std::string& command_line) {
   const std::vector<std::pair<std::string, std::string>> methods = {{"standard", "standard"},
@@ -145,6 +225,14 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   auto error_dirs = a.error_dirs;
   if (error_dirs.empty() && std::filesystem::is_directory("results/grid")) error_dirs.push_back("results/grid");
   const auto errors = measured_errors(error_dirs, a.error_presets);
+  for (const int n : a.world_sizes)
+    if (n < 1) throw std::invalid_argument("--world " + std::to_string(n) + ": a world size is at least 1 GPU");
+  if (a.zero < 0 || a.zero > 3)
+    throw std::invalid_argument("--zero " + std::to_string(a.zero) + ": a ZeRO stage is 0 (DDP), 1, 2 or 3");
+  if (a.zero > 0 && a.world_sizes.empty())
+    throw std::invalid_argument("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
+                                "run, e.g. --world 3,4,5,6,7,8)");
+  if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);
   const auto optimizer = parse_optimizer_flags(a.optimizer, a.state_dtype);
   const std::string optimizer_column =
       optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";

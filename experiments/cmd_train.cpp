@@ -97,6 +97,13 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
           {"grad_accum", a.grad_accum}};
 }
 
+// The model's moment as named terms (bytes), so the JSON explains its number: per rank when data-parallel.
+nlohmann::json terms_json(const MemoryEstimate& estimate) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : estimate.terms) out.push_back({{"name", t.name}, {"bytes", t.bytes}});
+  return out;
+}
+
 std::string eta_text(double seconds) {
   const auto s = std::int64_t(std::llround(seconds));
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
@@ -302,10 +309,13 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       if (writer) fmt::print(stderr, "checkpoint {}\n", dir.string());
     }
   }
+  // Data-parallel: the model is of one rank (rank 0's slices, the longest), printed beside rank 0's peak; every
+  // rank's is in the JSON.
   if (writer && estimate && metered && trainer.steps_taken() > start_step)
-    fmt::print(stderr, "peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(peak),
-               format_bytes(estimate->total_bytes()), 100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0),
-               estimate->moment);
+    fmt::print(stderr, "peak      {}{} measured, {} analytic{} ({:+.1f}%, peak at {})\n", world > 1 ? "rank 0: " : "",
+               format_bytes(peak), format_bytes(estimate->total_bytes()),
+               world > 1 ? fmt::format(" per rank of {} ({})", world, ranks.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", ranks.zero)) : "",
+               100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0), estimate->moment);
   // Every rank's peak (also a barrier: every rank finished its steps before rank 0 reports).
   std::vector<std::int64_t> rank_peaks = {peak};
   if (comm) {
@@ -333,6 +343,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(peak) : nlohmann::json()},
                               {"model_peak_bytes", estimate ? nlohmann::json(estimate->total_bytes()) : nlohmann::json()},
                               {"model_peak_moment", estimate ? nlohmann::json(estimate->moment) : nlohmann::json()},
+                              {"model_peak_terms", estimate ? terms_json(*estimate) : nlohmann::json()},
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"method", method->spec()},
                               {"world_size", world},

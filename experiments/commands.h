@@ -124,6 +124,9 @@ struct ProjectArgs {
   // Training: the optimizer whose states and update share the budget (empty: forward + backward only), and its
   // state dtype (empty: the trainable tensors', bf16 for the paper's pure-bf16 full training).
   std::string optimizer, state_dtype;
+  // Data-parallel training (the paper's Table 4): per-rank memory over each of these world sizes at this ZeRO stage.
+  std::vector<int> world_sizes;  // empty: the single-GPU Table 3
+  int zero = 0;
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);

@@ -84,7 +84,7 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
   const auto& lora = model.lora();
   if (lora.enabled()) {
     w.lora_rank = lora.rank;
-    for (const auto& a : model.adapters()) w.lora_parameters += a.tensor.numel();
+    w.lora_parameters = lora_parameter_count(model.config(), lora);  // ZeRO-3 empties the adapters between uses
     for (const auto& t : lora.targets) (t == "gate" || t == "up" || t == "down" ? w.lora_mlp_targets : w.lora_attention_targets)++;
     w.lora_targets.assign(lora.targets.begin(), lora.targets.end());
   }

@@ -1,6 +1,7 @@
 #include "core/methods/memory_model.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/io/dtype.h"
 #include "core/model/model.h"
@@ -35,11 +36,75 @@ struct Sizes {
         head_gradients(lora ? 0 : (V + 1) * d * g),
         layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
                         : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
-        cast(g > s ? s : 0) {}
+        cast(g > s ? s : 0), N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
+        head_group(lora ? 0 : tied ? d * g : (V + 1) * d * g), embedding_group(lm_grad),
+        largest_tensor(lora ? std::min(w.lora_parameters, w.lora_rank * std::max({w.config.intermediate_size, d,
+                                                                                  w.config.q_width()}))
+                            : V * d) {
+    // ZeRO-3: the trainable tensors are this rank's slices, the embedding and head gathered for the whole step (the
+    // BP's "weights"), a layer's only while it is in use (gathered_layer), none but the slices between steps.
+    rest_weights = weights;
+    if (sharded_parameters()) {
+      rest_weights = weights - all_gradients + slice_elements(all_gradients) * g;  // trainable bytes = gradient bytes
+      weights = rest_weights + embedding_group + head_group;
+    }
+  }
   // Compute-dtype copies of the trainable tensors a graph keeps (0 unless mixed precision).
   std::int64_t layer_copies() const { return layer_grad / g * cast; }
   std::int64_t lm_head_copy() const { return lm_grad / g * cast; }
   std::int64_t all_copies() const { return layer_gradients / g * cast; }  // every layer's and the lm_head's
+
+  // Data parallelism (DESIGN §12), this rank's share. The gradient groups, in event order: the head (final norm; an
+  // untied lm_head), every layer from the last, the embedding (tied: the lm_head's gradient too, which exists from the
+  // head backward on). Under LoRA only the layers' adapters are trainable: the head and embedding have no event.
+  std::int64_t N;
+  int stage;
+  bool tied;
+  std::int64_t head_group, embedding_group;  // gradient bytes of the head's and the embedding's groups
+  std::int64_t largest_tensor;               // elements of the largest trainable tensor (the [V, d] embedding)
+  bool sharded_gradients() const { return N > 1 && stage >= 2; }
+  bool sharded_parameters() const { return N > 1 && stage >= 3; }
+  // The weights held between steps (ZeRO-3: the frozen base and the trainable slices; else `weights`).
+  std::int64_t rest_weights = 0;
+  // ZeRO-3: a decoder layer's trainable tensors gathered in full while it is in use (its forward; its backward, the
+  // whole chunk loop for StreamBP), beside its slices: "one layer of extra memory".
+  std::int64_t gathered_layer() const { return sharded_parameters() ? layer_grad : 0; }
+  // ZeRO-3's gather of a group of `bytes` (DataParallel::use): this rank's [slice] packed and the [N, slice] gathered
+  // (with the backend's copy while it runs), then the full tensors made from it while it is alive.
+  std::int64_t gather_buffers(std::int64_t bytes, bool copies) const {
+    const auto slice = slice_elements(bytes) * g;
+    return std::max((N + 1 + (copies ? N : 0)) * slice, N * slice + bytes);
+  }
+  // Elements of this rank's slices of a group of `bytes` gradient bytes: ceil(numel / N) of every tensor (rank 0's,
+  // the longest). Counted on the group as a whole: each tensor's padding (< N elements) is left out.
+  std::int64_t slice_elements(std::int64_t bytes) const { return (bytes / g + N - 1) / N; }
+  // What a group's gradients occupy once reduced: all of them (stages 0-1), or this rank's slice (stage 2).
+  std::int64_t reduced(std::int64_t bytes) const { return sharded_gradients() ? slice_elements(bytes) * g : bytes; }
+  // Gradients alive after the head's event (the head_gradients of one process).
+  std::int64_t head_after() const {
+    return sharded_gradients() ? reduced(head_group) + (tied ? lm_grad : 0) : head_gradients;
+  }
+  // Gradients alive while layer l is back-propagated: the head's and the layers' after l (reduced) and layer l's own.
+  std::int64_t layer_gradients_at(std::int64_t l) const {
+    return sharded_gradients() ? head_after() + (L - 1 - l) * reduced(layer_grad) + layer_grad
+                               : head_gradients + (L - l) * layer_grad;
+  }
+  // Gradients alive in the embedding backward, before its event: every other group's reduced, the embedding's full.
+  std::int64_t embedding_backward_gradients() const {
+    return sharded_gradients() ? head_after() + L * reduced(layer_grad) + (tied ? 0 : embedding_group) : all_gradients;
+  }
+  // Gradients the optimizer step sees: every group's reduced.
+  std::int64_t step_gradients() const {
+    return sharded_gradients() ? reduced(head_group) + L * reduced(layer_grad) + reduced(embedding_group)
+                               : all_gradients;
+  }
+  // What a group's collective allocates at its event: stages 0-1 all-reduce a flat copy of its gradients (at::cat);
+  // stage 2 packs them into a zeroed [N, slice] buffer and reduce-scatters it into the [slice] it keeps, the backend
+  // holding one more copy of the buffer meanwhile (collective_copies).
+  std::int64_t reduction_buffers(std::int64_t bytes, bool copies) const {
+    if (!sharded_gradients()) return bytes;
+    return (N + 1 + (copies ? N : 0)) * slice_elements(bytes) * g;
+  }
 };
 
 // Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
@@ -90,7 +155,7 @@ std::vector<LayerState> layer_states(const Sizes& z) {
   const auto btd = z.B * z.T * z.d * z.s;
   std::vector<LayerState> out;
   for (const auto l : {z.L - 1, std::int64_t(0)}) {
-    out.push_back({l, (l + 1) * btd, z.head_gradients + (z.L - l) * z.layer_grad});
+    out.push_back({l, (l + 1) * btd, z.layer_gradients_at(l)});
     if (z.L == 1) break;
   }
   return out;
@@ -210,8 +275,79 @@ MemoryEstimate embedding_moment(const Workload& w) {
   const Sizes z(w);
   if (z.lora) return {"embedding backward (none: frozen)", {}};
   return {"embedding backward",
-          {{"weights", z.weights}, {"gradients", z.all_gradients}, {"dL/dH", z.B * z.T * z.d * z.s},
+          {{"weights", z.weights}, {"gradients", z.embedding_backward_gradients()}, {"dL/dH", z.B * z.T * z.d * z.s},
            {"objective buffers", objective_bytes(w)}}};
+}
+
+// Data parallelism (DESIGN §12): each group's collective at its gradient-ready event (DataParallel::reduce), with
+// what is alive then. Streamed methods and checkpointing fire the events between their layers: the checkpoints of
+// the layers below (the layer's own was freed before its event), dL/dH, the gradients of the groups before (reduced)
+// and of this group; standard BP fires them all after its backward, when only gradients are left, every group not
+// yet reduced in full. The first and last layer's events stand for every layer's (the sum is linear in l).
+std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool streamed) {
+  const Sizes z(w);
+  if (!w.data_parallel()) return {};
+  const auto btd = z.B * z.T * z.d * z.s;
+  std::vector<MemoryEstimate> out;
+  const auto event = [&](const std::string& group, std::int64_t group_bytes, std::int64_t checkpoints,
+                         std::int64_t gradients) {
+    if (group_bytes == 0) return;  // no trainable tensor: no event
+    out.push_back({group + " gradient reduction",
+                   {{"weights", z.weights},
+                    {"checkpoints", streamed ? checkpoints : 0},
+                    {"dL/dH", streamed ? btd : 0},
+                    {"gradients (the groups before reduced, this one's full)", gradients},
+                    {z.sharded_gradients() ? std::string("reduce-scatter buffers ([N, slice], its slice") +
+                                                 (w.collective_copies ? ", the backend's copy)" : ")")
+                                           : std::string("all-reduce buffer (the group's gradients flattened)"),
+                     z.reduction_buffers(group_bytes, w.collective_copies)},
+                    {"objective buffers", objective_bytes(w)}}});
+  };
+  // Standard BP: the groups after this one still full (the layers below, an untied embedding).
+  const auto untied_embedding = z.tied ? 0 : z.embedding_group;
+  event("head", z.head_group, z.L * btd, streamed ? z.head_gradients : z.all_gradients);
+  for (const auto l : {z.L - 1, std::int64_t(0)}) {
+    const auto gradients = streamed ? z.layer_gradients_at(l)
+                                    : z.head_after() + (z.L - 1 - l) * z.reduced(z.layer_grad) +
+                                          (l + 1) * z.layer_grad + untied_embedding;
+    event("layer " + std::to_string(l), z.layer_grad, l * btd, gradients);
+    if (z.L == 1) break;
+  }
+  event("embedding", z.embedding_group, 0, z.embedding_backward_gradients());
+  return out;
+}
+
+// ZeRO-3 (DataParallel::use): the embedding and head gathered at the step's start, when only the slices, the states
+// and the batch exist; a layer gathered where its backward starts, beside what its backward moment holds but its
+// gradients and activations (the forward's gathers hold less: no gradients, fewer checkpoints). Standard BP gathers
+// inside autograd's backward; its moments count every layer gathered at the end instead (standard_memory).
+std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool streamed) {
+  const Sizes z(w);
+  if (!z.sharded_parameters()) return {};
+  const auto btd = z.B * z.T * z.d * z.s;
+  std::vector<MemoryEstimate> out;
+  if (z.embedding_group + z.head_group > 0)
+    out.push_back({"embedding and head parameter gather (step start)",
+                   {{"weights (the slices)", z.rest_weights},
+                    {"gather buffers", z.gather_buffers(z.embedding_group + z.head_group, w.collective_copies)},
+                    {"objective buffers", objective_bytes(w)}}});
+  if (!streamed) return out;
+  for (const auto& state : layer_states(z))
+    out.push_back({"layer " + std::to_string(state.layer) + " parameter gather (backward)",
+                   {{"weights", z.weights},
+                    {"checkpoints", state.checkpoints},
+                    {"dL/dH", btd},
+                    {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
+                    {"gather buffers", z.gather_buffers(z.layer_grad, w.collective_copies)},
+                    {"objective buffers", objective_bytes(w)}}});
+  return out;
+}
+
+// Every moment data parallelism adds to a method's (none for one process).
+std::vector<MemoryEstimate> data_parallel_moments(const Workload& w, bool streamed) {
+  auto out = gradient_event_moments(w, streamed);
+  for (auto& m : parameter_gather_moments(w, streamed)) out.push_back(std::move(m));
+  return out;
 }
 
 }  // namespace
@@ -236,7 +372,9 @@ MemoryEstimate standard_memory(const Workload& w) {
                        {"final norm", z.B * z.T * (final_norm_bytes(z.d, z, false) + z.f)},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
-  if (z.lora) return head;  // the frozen embedding has no backward
+  std::vector<MemoryEstimate> moments = data_parallel_moments(w, /*streamed=*/false);
+  moments.push_back(head);
+  if (z.lora) return largest(moments);  // the frozen embedding has no backward
   // Or the end of the backward (short sequences): every gradient exists, and autograd's embedding backward makes a
   // dense [V, d] gradient. Tied, it is added into the lm_head's; measured, that moment holds two [V, d] blocks beyond
   // the gradients (tiny at T = 2: model 963.5 KiB against 1.1 MiB with one), as much as an untied model's peak. In
@@ -245,10 +383,13 @@ MemoryEstimate standard_memory(const Workload& w) {
   MemoryEstimate end{"embedding backward",
                      {{"weights", z.weights},
                       {"gradients", z.all_gradients},
+                      {"the layers' gathered parameters (ZeRO-3: in use to the end of the backward)",
+                       z.L * z.gathered_layer()},
                       {"dense embedding gradient", w.config.tie_word_embeddings ? (z.cast ? 1 : 2) * z.V * z.d * z.g : 0},
                       {"dL/dH", z.B * z.T * z.d * z.s},
                       {"objective buffers", objective_bytes(w)}}};
-  return largest({head, end});
+  moments.push_back(end);
+  return largest(moments);
 }
 
 MemoryEstimate checkpoint_memory(const Workload& w) {
@@ -295,6 +436,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
     const auto layer = "layer " + std::to_string(state.layer) + " backward";
     const auto earlier = state.gradients - z.layer_grad;  // the head's and the layers' after this one
     const std::vector<MemoryTerm> common = {{"weights", z.weights},
+                                            {"the layer's gathered parameters (ZeRO-3)", z.gathered_layer()},
                                             {"weight copies (compute dtype)", z.layer_copies()},
                                             {"checkpoints", state.checkpoints},
                                             {"dL/dH in + out", 2 * btd},
@@ -345,6 +487,7 @@ MemoryEstimate checkpoint_memory(const Workload& w) {
                          z.lm_grad + gemm_workspace_bytes(w, z.V, z.d, z.B * z.T, /*a_transposed=*/true)},
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
+  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
   return largest(moments);
 }
 
@@ -495,6 +638,7 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
   for (const auto& state : layer_states(z))
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
                        {{"weights", z.weights},
+                        {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
                         {"weight copies (compute dtype)", z.layer_copies()},
                         {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
                         {"layer gradient sums (none for one chunk)", layer_sums},
@@ -504,6 +648,7 @@ MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std:
                         {"layer chunk", chunk},
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
+  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
   return largest(moments);
 }
 
@@ -529,6 +674,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     const auto attention_saved = z.B * z.T * attention_activation_bytes_per_token(w, true);
     // Alive at every moment of the layer: the layer input's gradient (dL/dH in) is made only at its end.
     const std::vector<MemoryTerm> common = {{"weights", z.weights},
+                                            {"the layer's gathered parameters (ZeRO-3)", z.gathered_layer()},
                                             {"checkpoints", state.checkpoints},
                                             {"dL/dH out", btd},
                                             {"h_mid + its gradient", 2 * btd},
@@ -615,6 +761,7 @@ MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len) {
     }
   }
   moments.push_back(embedding_moment(w));
+  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
   return largest(moments);
 }
 
@@ -637,6 +784,17 @@ MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk
   return largest({layer, head});
 }
 
+std::vector<ParamShape> optimizer_shard(const std::vector<ParamShape>& params, const Workload& w) {
+  if (!w.data_parallel() || w.zero_stage == 0) return params;
+  std::vector<ParamShape> out;
+  for (const auto& p : params) {
+    std::int64_t numel = 1;
+    for (const auto n : p.shape) numel *= n;
+    out.push_back({p.name, {(numel + w.world_size - 1) / w.world_size}, p.dtype});
+  }
+  return out;
+}
+
 MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) {
   auto bp = method.memory_model(w);
   const Sizes z(w);
@@ -648,14 +806,38 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) 
     bp.terms.push_back({"gradients of the earlier micro-batches", z.all_gradients});
   }
   if (w.optimizer_state_bytes == 0 && w.optimizer_update_bytes == 0) return bp;
+  // Data-parallel (ZeRO 1-3): the states are this rank's slices' (add_optimizer_memory), the update's temporaries
+  // those of its longest slice, the gradients after the events its slices (stages 2-3), the weights between steps
+  // its slices (stage 3).
   bp.terms.push_back({"optimizer states", w.optimizer_state_bytes});
   // After the last micro-batch: every gradient exists (clipped in place), the activations are gone.
   MemoryEstimate update{"optimizer step",
-                        {{"weights", z.weights},
-                         {"gradients", z.all_gradients},
+                        {{"weights", z.rest_weights},
+                         {"gradients", z.step_gradients()},
                          {"optimizer states", w.optimizer_state_bytes},
                          {"the update's temporaries", w.optimizer_update_bytes}}};
-  return largest({bp, update});
+  if (!w.data_parallel() || w.zero_stage == 0) return largest({bp, update});
+  // ZeRO 1-3, around the update (DataParallel): the gradient norm summed over the ranks' slices in fp64 (each slice's
+  // gradient converted, unless fp64 already, and squared: two [slice] fp64 temporaries of the longest slice); after
+  // it (stages 1-2), each group's updated slices all-gathered: this rank's [slice] packed, the [N, slice] result and
+  // the backend's copy of it (collective_copies). Both with every gradient and state still alive.
+  const auto longest_slice = (z.largest_tensor + z.N - 1) / z.N;
+  MemoryEstimate norm{"gradient norm (fp64, over the slices)",
+                      {{"weights", z.rest_weights},
+                       {"gradients", z.step_gradients()},
+                       {"optimizer states", w.optimizer_state_bytes},
+                       {"fp64 copy and square of the longest slice's gradient",
+                        (z.g == 8 ? 1 : 2) * 8 * longest_slice}}};
+  if (z.sharded_parameters()) return largest({bp, update, norm});  // the slices are the parameters: no gather
+  const auto largest_group = std::max({z.head_group, z.layer_grad, z.embedding_group});
+  MemoryEstimate gather{"all-gather of the updated slices",
+                        {{"weights", z.rest_weights},
+                         {"gradients", z.step_gradients()},
+                         {"optimizer states", w.optimizer_state_bytes},
+                         {std::string("the largest group's slice, gathered [N, slice]") +
+                              (w.collective_copies ? " and the backend's copy" : ""),
+                          (z.N + 1 + (w.collective_copies ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}};
+  return largest({bp, update, norm, gather});
 }
 
 void add_projected_optimizer(Workload& w, const OptimizerOptions& options) {
@@ -669,7 +851,7 @@ void add_projected_optimizer(Workload& w, const OptimizerOptions& options) {
   std::vector<ParamShape> shapes;
   for (std::int64_t left = total; left > 0; left -= largest)
     shapes.push_back({"weight", {std::min(left, largest)}, w.gradient_dtype()});
-  const auto m = optimizer_memory(options, shapes);
+  const auto m = optimizer_memory(options, optimizer_shard(shapes, w));
   w.optimizer_state_bytes = m.state_bytes;
   w.optimizer_update_bytes = m.step_temporary_bytes;
 }

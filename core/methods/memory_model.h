@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/methods/method.h"
 
@@ -26,8 +27,13 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w);
 // The optimizer's bytes of a workload that has no model to look at (projections): its trainable elements (every
 // weight, or the LoRA adapters) as tensors no larger than the largest one (the [V, d] embedding, or a rank x I
 // adapter), in the gradient dtype. Exact for the states; the update's temporaries follow the largest tensor.
+// Data-parallel at ZeRO stage >= 1 (w.world_size, w.zero_stage): this rank's slice of each tensor.
 struct OptimizerOptions;
 void add_projected_optimizer(Workload& w, const OptimizerOptions& options);
+// What the optimizer of rank 0 holds under w's ZeRO stage: each tensor's slice of ceil(numel / N) elements
+// (DataParallel::optimizer_params) at stages >= 1, `params` unchanged otherwise.
+struct ParamShape;
+std::vector<ParamShape> optimizer_shard(const std::vector<ParamShape>& params, const Workload& w);
 
 // The reference pass (sequence_logps): the weights of a reference model loaded for it (separate_weights; under LoRA
 // the policy's own base serves), two [B, T, d] hidden states, one layer's K/V and chunk, or one head chunk's logits

@@ -77,6 +77,16 @@ struct Workload {
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
+  // Data parallelism (DESIGN §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at ZeRO
+  // stage zero_stage (0 = DDP, 1 = + optimizer states sharded, 2 = + gradients reduce-scattered, 3 = + parameters
+  // sharded, gathered while in use). 1 and 0: one process, no communication. Trainer::add_optimizer_memory fills them
+  // from its DataParallel (and the optimizer bytes above from the slices it updates); a projection sets them by hand
+  // before add_projected_optimizer.
+  int world_size = 1, zero_stage = 0;
+  // Whether the backend's reduce-scatter and all-gather hold one more [N, length] copy of their buffer while they run
+  // (Communicator::copies_collective_buffers: Gloo yes, NCCL no).
+  bool collective_copies = false;
+  bool data_parallel() const { return world_size > 1; }
 };
 
 // A group of trainable tensors whose gradients the running step has finished (DESIGN §11): a decoder layer's

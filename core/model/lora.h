@@ -31,6 +31,11 @@ struct LoraConfig {
 // all-linear (the seven projections, not the LM head: PEFT's meaning). Throws std::invalid_argument naming the key.
 LoraConfig parse_lora_spec(const std::string& text);
 
+// Elements of every adapter (A: [r, in], B: [out, r]) of `lora` on a model of `config`: from the shapes, not the
+// tensors (which ZeRO-3 empties between uses).
+struct ModelConfig;
+std::int64_t lora_parameter_count(const ModelConfig& config, const LoraConfig& lora);
+
 // PEFT's names: "base_model.model.model.layers.{layer}.self_attn.q_proj.lora_A.weight" etc.; `which` is "A" or "B".
 std::string lora_tensor_name(std::int64_t layer, const std::string& target, const std::string& which);
 // The HF module name of a target ("q" -> "q_proj"), and back (accepts both spellings; throws on others).

@@ -173,6 +173,15 @@ std::pair<std::int64_t, std::int64_t> target_shape(const ModelConfig& c, const s
 
 }  // namespace
 
+std::int64_t lora_parameter_count(const ModelConfig& config, const LoraConfig& lora) {
+  std::int64_t n = 0;
+  for (const auto& t : lora.targets) {
+    const auto [out, in] = target_shape(config, t);
+    n += lora.rank * (in + out);
+  }
+  return n * config.num_hidden_layers;
+}
+
 void Model::add_lora(const LoraConfig& config, std::uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x10a4ULL);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);

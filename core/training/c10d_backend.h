@@ -18,9 +18,11 @@ namespace sbp::detail {
 // A FileStore at options.file_store, else a TCPStore at master_addr:master_port (rank 0 serves it), with the timeout.
 c10::intrusive_ptr<c10d::Store> make_store(const RendezvousOptions& options);
 
-// The Communicator over `backend` (of options.rank in options.world_size), its collectives' tensors on `device`.
+// The Communicator over `backend` (of options.rank in options.world_size), its collectives' tensors on `device`;
+// copies_buffers: Communicator::copies_collective_buffers of the backend.
 std::unique_ptr<Communicator> make_backend_communicator(c10::intrusive_ptr<c10d::Backend> backend,
-                                                        const RendezvousOptions& options, c10::Device device);
+                                                        const RendezvousOptions& options, c10::Device device,
+                                                        bool copies_buffers);
 
 // "rank r of n: no process group through <store> within the timeout: <first line of what>".
 std::string rendezvous_failure(const RendezvousOptions& options, const std::string& what);

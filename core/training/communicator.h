@@ -32,6 +32,11 @@ class Communicator {
   // Every rank's `tensor` (same shape on all), stacked along a new first dimension in rank order.
   virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
+  // Whether reduce_scatter_sum and all_gather allocate one more buffer of their whole [N, length] size while they run
+  // (the memory models count it, Workload::collective_copies): Gloo's reduce-scatter all-reduces a clone of its input
+  // and its all-gather gathers into a flat buffer it then copies out of (ProcessGroupGloo.cpp, torch 2.14); NCCL
+  // reads and writes the tensors it is given. Either way nothing a collective allocates outlives its call.
+  virtual bool copies_collective_buffers() const { return false; }
 
   // Per collective kind ("all_reduce", "reduce_scatter", "all_gather"), since construction or the last reset.
   const std::map<std::string, CollectiveStats>& stats() const { return stats_; }

@@ -50,7 +50,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousOptions& o,
     // communicator formed now, so a rank that never arrives fails here rather than in the first collective.
     group->setBoundDeviceId(device);
     group->eagerConnectSingleDevice(device);
-    return detail::make_backend_communicator(std::move(group), o, device);
+    return detail::make_backend_communicator(std::move(group), o, device, /*copies_buffers=*/false);
   } catch (const std::exception& e) {
     throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
   }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/model.h"
+#include "core/methods/memory_model.h"
 #include "core/training/data_parallel.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
@@ -124,6 +125,20 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   return out;
 }
 
+void Trainer::add_optimizer_memory(Workload& workload) const {
+  if (!parallel_) return sbp::add_optimizer_memory(workload, model_, options_.optimizer);
+  workload.world_size = parallel_->communicator().world_size();
+  workload.zero_stage = parallel_->zero_stage();
+  workload.collective_copies = parallel_->communicator().copies_collective_buffers();
+  // What this rank's optimizer updates, exactly: the tensors (stage 0) or this rank's slices of them (ZeRO 1-3; at
+  // stage 3 the model's own tensors are empty between uses).
+  std::vector<ParamShape> shapes;
+  for (const auto& p : optimizer_params_) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
+  const auto m = optimizer_memory(options_.optimizer, shapes);
+  workload.optimizer_state_bytes = m.state_bytes;
+  workload.optimizer_update_bytes = m.step_temporary_bytes;
+}
+
 std::int64_t Trainer::held_bytes() const {
   return optimizer_.state_bytes() + (parallel_ ? parallel_->sliced_parameter_bytes() : 0);
 }
@@ -131,7 +146,7 @@ std::int64_t Trainer::held_bytes() const {
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {
   std::vector<ParamShape> shapes;
   for (const auto& p : model.trainable()) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
-  const auto m = optimizer_memory(options, shapes);
+  const auto m = optimizer_memory(options, optimizer_shard(shapes, workload));
   workload.optimizer_state_bytes = m.state_bytes;
   workload.optimizer_update_bytes = m.step_temporary_bytes;
 }

@@ -37,7 +37,8 @@ struct TrainStepResult {
 };
 
 // The optimizer's states and its update's temporaries for this model's trainable tensors (optimizer_memory), into
-// the workload of a training step, for training_memory.
+// the workload of a training step, for training_memory: this rank's slices' at ZeRO stage >= 1 (workload.world_size,
+// workload.zero_stage, optimizer_shard).
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options);
 
 class Trainer {
@@ -57,8 +58,10 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
-  // add_optimizer_memory of this trainer's model and optimizer.
-  void add_optimizer_memory(Workload& workload) const { sbp::add_optimizer_memory(workload, model_, options_.optimizer); }
+  // The one place a training step's workload learns how it is distributed: world size, ZeRO stage and the backend's
+  // collective copies of this trainer's DataParallel, and the optimizer's bytes of what it updates (this rank's
+  // slices under ZeRO 1-3). Without a DataParallel: add_optimizer_memory of this trainer's model and optimizer.
+  void add_optimizer_memory(Workload& workload) const;
   Model& model() const { return model_; }
   // What the trainer holds between steps beside the model's tensors: the optimizer's states and, under ZeRO-3, this
   // rank's parameter slices (a measured peak counts them as it counts the weights).

@@ -23,6 +23,7 @@
 
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
+#include "core/methods/memory_model.h"
 #include "core/training/data_parallel.h"
 #include "core/training/optimizer.h"
 #include "core/training/trainer.h"
@@ -229,7 +230,15 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       for (const auto i : todo) {
         const auto& m = results[i];
         const bool oom = m.status == "oom";
-        const auto est = methods[i]->memory_model(workload).total_bytes();
+        // Data-parallel: the per-rank model of the step measured (a training step with the no-op update).
+        auto w = workload;
+        if (ranks.comm) {
+          add_optimizer_memory(w, *model, noop_update);
+          w.world_size = ranks.world;
+          w.zero_stage = ranks.zero;
+          w.collective_copies = ranks.comm->copies_collective_buffers();
+        }
+        const auto est = (ranks.comm ? training_memory(*methods[i], w) : methods[i]->memory_model(w)).total_bytes();
         const bool reference = specs[i] == "standard";
         const auto check = reference ? Check{"reference", 0.0} : checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
         all_passed = all_passed && check.status != "incorrect";

@@ -126,6 +126,28 @@ std::int64_t model_max_seq(const BackpropMethod& method, Workload w, std::int64_
   return lo;
 }
 
+// A projection and its error bar: T* under the budget, and under the budget over the largest and the smallest
+// measured/model ratio of `label`'s runs (empty cells without runs).
+struct Projected {
+  std::int64_t T = 0;
+  std::string low, high, bar = "-", runs;
+};
+Projected project_max_seq(const BackpropMethod& method, const Workload& w, std::int64_t budget,
+                          const std::map<std::string, ErrorRange>& errors, const std::string& label) {
+  const std::int64_t hi = std::int64_t(1) << 24;
+  Projected p;
+  p.T = model_max_seq(method, w, budget, hi);
+  const auto e = errors.find(label);
+  if (e == errors.end()) return p;
+  const auto t_low = model_max_seq(method, w, std::int64_t(double(budget) / e->second.high), hi);
+  const auto t_high = model_max_seq(method, w, std::int64_t(double(budget) / e->second.low), hi);
+  p.low = std::to_string(t_low);
+  p.high = std::to_string(t_high);
+  p.runs = std::to_string(e->second.runs);
+  p.bar = fmt::format("{:.1f}k-{:.1f}k ({} runs)", t_low / 1000.0, t_high / 1000.0, e->second.runs);
+  return p;
+}
+
 }  // namespace
 
 void add_project_options(CLI::App& app, ProjectArgs& a) {
@@ -189,15 +211,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
         if (zero == 2 && kPaperTable4Gpus[i] == n)
           paper = 1000 * (label == "checkpoint" ? kPaperTable4Checkpoint[i] : kPaperTable4StreamBP[i]);
       auto method = make_method(spec);
-      const std::int64_t hi = std::int64_t(1) << 24;
-      const auto T = model_max_seq(*method, w, a.budget_bytes, hi);
-      std::string low, high, bar = "-";
-      const auto e = errors.find(label);
-      if (e != errors.end()) {
-        low = std::to_string(model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.high), hi));
-        high = std::to_string(model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.low), hi));
-        bar = fmt::format("{:.1f}k-{:.1f}k ({} runs)", std::stod(low) / 1000.0, std::stod(high) / 1000.0, e->second.runs);
-      }
+      const auto [T, low, high, bar, runs] = project_max_seq(*method, w, a.budget_bytes, errors, label);
       w.seq_len = std::max<std::int64_t>(T, 1);
       const auto at_max = training_memory(*method, w);
       fmt::print("| {} | {} | {:.1f}k | {} | {} | {} | {:.1f} GB at {} |\n", n, method->spec(), T / 1000.0, bar,
@@ -205,8 +219,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
                  paper > 0 ? fmt::format("{:.2f}", T / paper) : "-", double(at_max.total_bytes()) / 1e9, at_max.moment);
       table.add({"qwen3-8b", method->spec(), "bf16", "projection", 0,
                  {objective->spec(), optimizer_column, std::to_string(n), std::to_string(zero), "1",
-                  std::to_string(a.budget_bytes), std::to_string(T), low, high,
-                  e != errors.end() ? std::to_string(e->second.runs) : "", paper > 0 ? fmt::format("{:.0f}", paper) : "",
+                  std::to_string(a.budget_bytes), std::to_string(T), low, high, runs, paper > 0 ? fmt::format("{:.0f}", paper) : "",
                   paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment}});
     }
   fmt::print("\n");
@@ -265,23 +278,13 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
         const double paper = name != "sft" || label == "mst" ? 0
                              : 1000 * (label == "standard" ? s.standard : label == "checkpoint" ? s.checkpoint : s.streambp);
         auto method = make_method(spec);
-        const std::int64_t hi = std::int64_t(1) << 24;
-        const auto T = model_max_seq(*method, w, a.budget_bytes, hi);
-        std::string low, high, bar = "-";
-        const auto e = errors.find(label);
-        if (e != errors.end()) {
-          const auto t_low = model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.high), hi);
-          const auto t_high = model_max_seq(*method, w, std::int64_t(double(a.budget_bytes) / e->second.low), hi);
-          low = std::to_string(t_low);
-          high = std::to_string(t_high);
-          bar = fmt::format("{:.1f}k-{:.1f}k ({} runs)", t_low / 1000.0, t_high / 1000.0, e->second.runs);
-        }
+        const auto [T, low, high, bar, runs] = project_max_seq(*method, w, a.budget_bytes, errors, label);
         fmt::print("| {} | {} | {:.1f}k | {} | {} | {} |\n", model_name, method->spec(), T / 1000.0, bar,
                    paper > 0 ? fmt::format("{:.1f}k", paper / 1000.0) : "-", paper > 0 ? fmt::format("{:.2f}", T / paper) : "-");
         table.add({s.preset, method->spec(), s.lora ? "bf16-mixed" : "bf16", "projection", 0,
                    {objective->spec(), s.lora ? fmt::format("rank={},targets=all-linear", a.lora_rank) : "",
                     optimizer_column, std::to_string(o.batch), std::to_string(a.budget_bytes), std::to_string(T), low, high,
-                    e != errors.end() ? std::to_string(e->second.runs) : "",
+                    runs,
                     paper > 0 ? fmt::format("{:.0f}", paper) : "", paper > 0 ? fmt::format("{:.4f}", T / paper) : ""}});
       }
     }

@@ -27,17 +27,12 @@ RTOL = 1e-10
 
 
 def patch_rms_norms():
-    import importlib
+    """HF's RMSNorm rounds its statistics to fp32 even in an fp64 model: the one patch, shared with the conformance
+    adapters (verify/conform/protocol.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verify" / "conform"))
+    from protocol import patch_rms_norms_for_fp64  # noqa: E402
 
-    for module, cls_name in (("qwen3", "Qwen3RMSNorm"), ("qwen2", "Qwen2RMSNorm"), ("llama", "LlamaRMSNorm")):
-        cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name)
-
-        def forward(self, x):
-            xc = x.to(torch.promote_types(x.dtype, torch.float32))
-            xc = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-            return self.weight * xc.to(x.dtype)
-
-        cls.forward = forward
+    patch_rms_norms_for_fp64()
 
 
 def check(binary, work, name, source_args):

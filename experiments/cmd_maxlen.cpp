@@ -78,9 +78,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   auto base_workload = make_workload(*model, *objective, batch_at(16));
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
-  base_workload.world_size = ranks.comm ? ranks.world : a.ranks.nproc;
-  base_workload.zero_stage = base_workload.world_size > 1 ? a.ranks.zero : 0;
-  base_workload.collective_copies = !device.is_cuda();  // Gloo on the CPU, NCCL on GPUs
+  set_data_parallel(base_workload, ranks.comm ? ranks.world : a.ranks.nproc, a.ranks.zero, device);
   if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
   const auto workload_at = [&, base = base_workload](std::int64_t T) {
     auto w = base;

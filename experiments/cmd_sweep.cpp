@@ -234,9 +234,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
         auto w = workload;
         if (ranks.comm) {
           add_optimizer_memory(w, *model, noop_update);
-          w.world_size = ranks.world;
-          w.zero_stage = ranks.zero;
-          w.collective_copies = ranks.comm->copies_collective_buffers();
+          set_data_parallel(w, ranks.world, ranks.zero, device);
         }
         const auto est = (ranks.comm ? training_memory(*methods[i], w) : methods[i]->memory_model(w)).total_bytes();
         const bool reference = specs[i] == "standard";

@@ -68,6 +68,12 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   return ranks;
 }
 
+void set_data_parallel(Workload& w, int world, int zero, c10::Device device) {
+  w.world_size = world;
+  w.zero_stage = world > 1 ? zero : 0;
+  w.collective_copies = world > 1 && !device.is_cuda();
+}
+
 Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, const Batch& batch, int warmup, int repeats,
                                       std::int64_t budget_bytes) {
   if (!ranks.comm) return measure_training(trainer, batch, warmup, repeats, budget_bytes);

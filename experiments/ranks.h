@@ -42,6 +42,11 @@ struct Ranks {
 // (a FileStore from the launcher or torchrun's TCPStore). One process when `env` is empty.
 Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, const Setup& setup);
 
+// The per-rank memory models' view of `world` ranks at ZeRO stage `zero` on `device` (Gloo, on the CPU, copies its
+// collectives' buffers; NCCL does not): what Trainer::add_optimizer_memory sets from its DataParallel, for a driver
+// that predicts before (or without) building one. World 1: one process, stage 0.
+void set_data_parallel(Workload& w, int world, int zero, c10::Device device);
+
 // Training steps of `trainer` on this rank's rows, measured as measure_training does, but with no budget inside the
 // step (a rank stopped at its budget would leave the others waiting in a collective): every rank runs the step to
 // its end, and the result is the ranks' worst: the largest peak (status "oom" when it exceeds budget_bytes > 0, as

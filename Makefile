@@ -9,25 +9,37 @@ BUILD ?= build
 JOBS ?= 2
 NVCC ?= /usr/local/cuda/bin/nvcc
 export CCACHE_DIR ?= $(CACHE)/ccache
+# Hits across clones (CI builds a fresh one): paths relative to the clone, and no working directory in the hash of
+# the line tables the sanitized tree compiles with.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
+# The sanitized tree (ASan + UBSan, the fuzz targets): clang, the CPU half only (issue #22).
+SANITIZE_BUILD ?= $(BUILD)-sanitize
+CLANG ?= clang++
+# `make fuzz`: every fuzz target this long (seconds), two at a time.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := safetensors safetensors_dir checkpoint adapter spec batch results_csv
 
 APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils \
-  libgloo-dev
+  libgloo-dev clang libfuzzer-14-dev
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # Bump the stamp name when APT_PACKAGES changes, so existing machines install the new packages.
-DEPS_STAMP := $(CACHE)/apt-packages-2.stamp
+DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
 # Bump the stamp name when the venv's package list changes, so existing venvs get the new packages.
 VENV_STAMP := $(VENV)/.streambp-venv-3.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
-.PHONY: demo test bench build configure deps venv plots clean
+.PHONY: demo test bench build configure sanitize-build fuzz deps venv plots clean
 
 # Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
 DEMO_ARGS ?=
 demo: build
 	$(BUILD)/streambp demo $(DEMO_ARGS)
 
-test: build
+# The main tree's suite, then the sanitized tree's (unit tests under ASan + UBSan, a bounded run of every fuzz target).
+test: build sanitize-build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(SANITIZE_BUILD) --output-on-failure -j $(JOBS)
 
 # The micro-benchmarks of StreamBP's pieces into a new results/bench/bench-<UTC time>.json (never overwritten).
 # Extra flags, e.g. make bench BENCH_ARGS="--preset qwen3-small --benchmark_filter=head" (build/streambp_bench --help).
@@ -51,6 +63,20 @@ $(BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
 	  -DSTREAMBP_PYTHON=$(VENV)/bin/python \
 	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
 
+sanitize-build: $(SANITIZE_BUILD)/CMakeCache.txt
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+
+$(SANITIZE_BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
+	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=$(CLANG) \
+	  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DSTREAMBP_WITH_CUDA=OFF -DSTREAMBP_SANITIZE=ON \
+	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
+
+# Long fuzz runs (the CI's are STREAMBP_FUZZ_SECONDS each): statistics per target on stdout, findings under
+# $(SANITIZE_BUILD)/fuzz/findings, the grown corpus kept for the next run. Extra: make fuzz FUZZ_TARGETS="spec batch".
+fuzz: sanitize-build
+	$(SANITIZE_BUILD)/fuzz_seeds $(SANITIZE_BUILD)/fuzz/seeds
+	printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(JOBS) -I{} bash tests/fuzz/run_fuzz.sh $(SANITIZE_BUILD) {} $(FUZZ_SECONDS)
+
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP):
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -72,4 +98,4 @@ plots: $(VENV_STAMP)
 	$(VENV)/bin/python plots/plot_results.py results
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SANITIZE_BUILD)

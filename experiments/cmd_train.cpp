@@ -170,7 +170,12 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   options.grad_accum = a.grad_accum;
   options.clip_grad_norm = a.clip_grad_norm;
 
-  auto [dtype, model, method, objective] = build_run_parts(r);
+  // Named, not a structured binding: clang before 16 cannot capture bindings in the lambdas below (sanitized build).
+  RunParts parts = build_run_parts(r);
+  const c10::ScalarType dtype = parts.dtype;
+  std::unique_ptr<Model>& model = parts.model;
+  std::unique_ptr<BackpropMethod>& method = parts.method;
+  std::unique_ptr<Objective>& objective = parts.objective;
   model->to(device);
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s

@@ -1,6 +1,7 @@
 #include "experiments/results_table.h"
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -104,7 +105,11 @@ ResultsTable ResultsTable::read(const std::filesystem::path& csv, nlohmann::json
                                   " fields, the header " + std::to_string(header.size()));
     Row r;
     r.provenance.assign(cells.begin(), cells.begin() + 5);
-    r.preset = cells[5], r.method = cells[6], r.dtype = cells[7], r.seed = std::stoull(cells[8]), r.status = cells[9];
+    r.preset = cells[5], r.method = cells[6], r.dtype = cells[7], r.status = cells[9];
+    const auto [end, error] = std::from_chars(cells[8].data(), cells[8].data() + cells[8].size(), r.seed);
+    if (cells[8].empty() || error != std::errc() || end != cells[8].data() + cells[8].size())
+      throw std::invalid_argument(csv.string() + ": line " + std::to_string(n) + ": seed '" + cells[8] +
+                                  "' is not an unsigned 64-bit integer");
     r.values.assign(cells.begin() + std::ptrdiff_t(kCommon.size()), cells.end());
     table.add(std::move(r));
   }
@@ -114,11 +119,17 @@ ResultsTable ResultsTable::read(const std::filesystem::path& csv, nlohmann::json
     std::ifstream js(sidecar);
     *earlier = nlohmann::json::array();
     if (js) {
+      // A sidecar that is there but broken would silently drop the earlier runs' provenance from the resumed file.
       const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object()) {
-        if (j.contains("resumed_runs")) *earlier = j["resumed_runs"];
-        if (j.contains("provenance")) earlier->push_back(j["provenance"]);
+      const auto broken = [&](const std::string& what) {
+        throw std::invalid_argument(csv.string() + ": its sidecar " + sidecar.string() + " " + what);
+      };
+      if (!j.is_object()) broken("is not a JSON object");
+      if (j.contains("resumed_runs")) {
+        if (!j["resumed_runs"].is_array()) broken("has a \"resumed_runs\" that is not a list");
+        *earlier = j["resumed_runs"];
       }
+      if (j.contains("provenance")) earlier->push_back(j["provenance"]);
     }
   }
   return table;

@@ -19,6 +19,9 @@ expect_failure "unknown method option" "unknown option 'chunk'" \
   "$STREAMBP" run --preset tiny --method streambp:chunk=4 --seq 8
 expect_failure "chunk below 1" "layer_chunk=0" \
   "$STREAMBP" run --preset tiny --method streambp:layer_chunk=0 --seq 8
+# Found by fuzz_spec (tests/fuzz/regressions/spec): a rank beyond int64 was converted (undefined behaviour).
+expect_failure "LoRA rank beyond int64" "rank=1e30 must be an integer in \[1, 2\^53\]" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --lora rank=1e30
 expect_failure "unknown preset" "unknown preset 'nosuch'" "$STREAMBP" run --preset nosuch --method standard --seq 8
 expect_failure "no sequence length" "--seq" "$STREAMBP" run --preset tiny --method standard
 expect_failure "missing gradient file" "nosuch.safetensors" "$STREAMBP" compare g.safetensors nosuch.safetensors

@@ -40,6 +40,20 @@ echo "ok: sweep with oom rows and resume"
 
 expect_failure "resume of another model" "another model" \
   "$STREAMBP" sweep seq --preset qwen3-small --seq 64 --methods checkpoint --check-seq 0 --resume "$csv"
+# Found by fuzz_results_csv (tests/fuzz/regressions/results_csv): a seed cell that is not a number ended the resume
+# with a bare "stoull", and a sidecar whose resumed_runs is not a list with nlohmann's type_error.
+mkdir -p bad
+python3 - "$csv" bad/seed.csv <<'PY' || fail "could not write bad/seed.csv"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+rows[1][rows[0].index("seed")] = "seven"
+csv.writer(open(sys.argv[2], "w", newline=""), lineterminator="\n").writerows(rows)
+PY
+expect_failure "resume CSV with a seed that is not a number" "bad/seed.csv: line 2: seed 'seven'" \
+  "$STREAMBP" sweep seq --preset tiny --seq 64 --methods checkpoint --check-seq 0 --resume bad/seed.csv
+cp "$csv" bad/runs.csv && echo '{"resumed_runs": "x"}' >bad/runs.json
+expect_failure "resume with a broken sidecar" "bad/runs.csv: its sidecar .*runs.json has a \"resumed_runs\" that is not a list" \
+  "$STREAMBP" sweep seq --preset tiny --seq 64 --methods checkpoint --check-seq 0 --resume bad/runs.csv
 expect_failure "bad length list" "not a positive integer" "$STREAMBP" sweep seq --preset tiny --seq 64,x --check-seq 0
 
 # Table 6's toy: streamed equals standard bitwise in Eigen and LibTorch (exit 0), intermediates 1/D.

@@ -163,6 +163,28 @@ TEST_CASE("a malformed config.json is rejected naming the file and the field", "
     const auto message = config_error(j, file);
     CHECK_THAT(message, Catch::Contains(file.string()) && Catch::Contains("model_type") && Catch::Contains("gpt2"));
   }
+  // Found by fuzz_checkpoint (tests/fuzz/regressions/checkpoint): a float in an integer field was converted
+  // (undefined behaviour beyond int64), a non-boolean use_sliding_window escaped as nlohmann's type_error without
+  // the file's name, and sizes whose parameter count overflows int64 passed.
+  SECTION("a number where an integer belongs") {
+    for (const double value : {1e300, 64.5}) {
+      auto j = valid_config_json();
+      j["hidden_size"] = value;
+      CHECK_THAT(config_error(j, file), Catch::Contains(file.string()) && Catch::Contains("hidden_size") &&
+                                            Catch::Contains("wrong type"));
+    }
+  }
+  SECTION("use_sliding_window that is not a boolean") {
+    auto j = valid_config_json();
+    j["use_sliding_window"] = "no";
+    CHECK_THAT(config_error(j, file), Catch::Contains(file.string()) && Catch::Contains("use_sliding_window"));
+  }
+  SECTION("sizes beyond 2^62 parameters") {
+    auto j = valid_config_json();
+    j["vocab_size"] = std::int64_t{1} << 62;
+    j["hidden_size"] = std::int64_t{1} << 62;
+    CHECK_THAT(config_error(j, file), Catch::Contains(file.string()) && Catch::Contains("2^62 parameters"));
+  }
   SECTION("not JSON") {
     sbp::test::write_bytes(file, "{\"hidden_size\": 64,");
     CHECK_THAT(error_of([&] { sbp::read_config_json(file); }), Catch::Contains(file.string()));

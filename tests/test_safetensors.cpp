@@ -277,6 +277,10 @@ TEST_CASE("malformed safetensors files are rejected naming the file and the tens
       {"duplicate_name", "{\"w\":" + kValidEntry + ",\"w\":" + kValidEntry + "}", kEightBytes, "w", "twice"},
       {"metadata_not_strings", R"({"__metadata__":{"step":1},"w":)" + kValidEntry + "}", kEightBytes, "",
        "__metadata__"},
+      // Found by fuzz_checkpoint (tests/fuzz/regressions): nlohmann's out_of_range for a number beyond double
+      // escaped the reader without the file's name.
+      {"number_beyond_double", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1e400}})", kEightBytes, "",
+       "not valid JSON"},
   };
   for (const Case& bad : cases) {
     INFO(bad.label);

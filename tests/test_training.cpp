@@ -95,7 +95,7 @@ const std::vector<Case>& cases() {
 }  // namespace
 
 TEST_CASE("every method trains along standard BP's trajectory in fp64 (20 AdamW steps, clipping, cosine schedule)",
-          "[training][exactness]") {
+          "[training][exactness][trajectory]") {
   constexpr int kSteps = 20;
   double worst = 0;
   for (const auto& k : cases()) {

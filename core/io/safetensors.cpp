@@ -132,7 +132,7 @@ Json parse_json_rejecting_duplicates(const fs::path& file, const std::string& te
   };
   try {
     return Json::parse(text, on_event);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number beyond double (1e400)
     fail(file, std::string(source == JsonSource::kHeader ? "header is not valid JSON: " : "not valid JSON: ") +
                    e.what());
   }

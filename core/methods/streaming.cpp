@@ -29,7 +29,10 @@ std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, cons
 
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk) {
   at::NoGradGuard no_grad;
-  const auto [K, V] = kv_chunked(model, layer, h, layer_chunk);  // [B, n_kv, T, hd]
+  // Named tensors, not a structured binding: clang before 16 cannot capture bindings in a lambda (the sanitized build).
+  const auto kv = kv_chunked(model, layer, h, layer_chunk);  // [B, n_kv, T, hd]
+  const at::Tensor& K = kv.first;
+  const at::Tensor& V = kv.second;
   auto out = at::empty_like(h);
   for_each_chunk(h.size(1), layer_chunk, [&](std::int64_t s, std::int64_t e) {
     const auto hc = h.slice(1, s, e);

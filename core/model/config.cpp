@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -101,6 +102,12 @@ void ModelConfig::validate() const {
   require(rms_norm_eps > 0, "rms_norm_eps must be > 0");
   require(rope_theta > 0, "rope_theta must be > 0");
   require(max_position_embeddings > 0, "max_position_embeddings must be > 0");
+  // Counts of a bigger model overflow int64 (num_parameters and every byte count after it); none is near.
+  const long double d = hidden_size, q = static_cast<long double>(num_attention_heads) * head_dim,
+                    kv = static_cast<long double>(num_key_value_heads) * head_dim, per_layer = d * (2 * q + 2 * kv) +
+                        3 * d * intermediate_size + 2 * q + 2 * kv + 2 * head_dim + 3 * d;
+  require(num_hidden_layers * per_layer + 2 * d * vocab_size + d < 0x1p62L,
+          "the sizes describe more than 2^62 parameters");
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -134,11 +141,16 @@ ModelConfig read_config_json(const std::filesystem::path& file) {
       if (required) throw std::runtime_error(file.string() + ": missing required field '" + key + "'");
       return;
     }
-    try {
-      j.at(key).get_to(out);
-    } catch (const nlohmann::json::exception&) {
-      throw std::runtime_error(file.string() + ": field '" + key + "' has the wrong type (" + j[key].dump() + ")");
-    }
+    // The JSON type must be the field's: nlohmann would convert 1e300 to an integer field (undefined behaviour) and
+    // 1.5 to 1 without a word.
+    using T = std::decay_t<decltype(out)>;
+    const auto& v = j.at(key);
+    bool ok = v.is_string();
+    if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
+    else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
+    else if constexpr (std::is_floating_point_v<T>) ok = v.is_number();
+    if (!ok) throw std::runtime_error(file.string() + ": field '" + key + "' has the wrong type (" + v.dump() + ")");
+    v.get_to(out);
   };
   ModelConfig c;
   c.name = file.parent_path().filename().string();
@@ -168,7 +180,9 @@ ModelConfig read_config_json(const std::filesystem::path& file) {
   field("o_proj_bias", c.o_proj_bias, false);
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     throw std::runtime_error(file.string() + ": rope_scaling is not supported (absolute-position RoPE only)");
-  if (j.value("use_sliding_window", false))
+  bool sliding_window = false;
+  field("use_sliding_window", sliding_window, false);
+  if (sliding_window)
     throw std::runtime_error(file.string() + ": use_sliding_window is not supported (full causal attention only)");
   try {
     c.validate();

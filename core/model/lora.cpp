@@ -1,6 +1,7 @@
 #include "core/model/lora.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -71,7 +72,9 @@ LoraConfig parse_lora_spec(const std::string& text) {
     }
     if (key == "rank") {
       const double r = number(key, value);
-      if (r != double(std::int64_t(r))) throw std::invalid_argument(where + ": rank=" + value + " must be an integer > 0");
+      // Range first: converting a double beyond int64 is undefined behaviour (the spec fuzzer's rank=9.2e19).
+      if (r > double(std::int64_t{1} << 53) || r != std::floor(r))
+        throw std::invalid_argument(where + ": rank=" + value + " must be an integer in [1, 2^53]");
       c.rank = std::int64_t(r);
     } else if (key == "alpha") {
       c.alpha = number(key, value);

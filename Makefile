@@ -26,7 +26,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # Bump the stamp name when APT_PACKAGES changes, so existing machines install the new packages.
 DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
 # Bump the stamp name when the venv's package list changes, so existing venvs get the new packages.
-VENV_STAMP := $(VENV)/.streambp-venv-3.stamp
+VENV_STAMP := $(VENV)/.streambp-venv-4.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
 .PHONY: demo test bench build configure sanitize-build fuzz deps venv plots clean
@@ -91,7 +91,7 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (the torch $(TORCH_VERSION) wheel here is for CPython 3.11)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2
+	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2 trl==1.16.0
 	@touch $@
 
 plots: $(VENV_STAMP)

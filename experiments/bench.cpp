@@ -120,11 +120,11 @@ sbp::Batch on_device(sbp::Batch batch, const c10::Device& device) {
 double projection_flops(std::int64_t tokens, std::int64_t in, std::int64_t out) {
   return 3 * 2.0 * double(kBatch * tokens) * double(in) * double(out);
 }
-// QKᵀ and PV of c queries against T keys per head (the diagonal block counted in full, as streambp_flops does),
-// and the flash backward.
+// QKᵀ and PV of the last c queries of T per head: the prefix's c·(T - c) pairs and the causal diagonal block's
+// c(c+1)/2 (the pairs chunk_attention scores, as streambp_flops counts them), and the flash backward.
 double attention_flops(const sbp::ModelConfig& m, std::int64_t c, std::int64_t T) {
-  return (1 + sbp::FlopTerms::kAttentionBackward) * 4.0 * double(kBatch * m.num_attention_heads * m.head_dim) *
-         double(c) * double(T);
+  const double pairs = double(c) * double(T - c) + double(c) * double(c + 1) / 2;
+  return (1 + sbp::FlopTerms::kAttentionBackward) * 4.0 * double(kBatch * m.num_attention_heads * m.head_dim) * pairs;
 }
 
 void set_rates(benchmark::State& state, std::int64_t tokens, double flops) {

@@ -1,13 +1,20 @@
-"""GRPO and DPO against an oracle that is not us: Hugging Face transformers' own Qwen3 on our checkpoint and batch,
-fp64, with the losses written from TRL's formulas (tests/lora_parity.py: GRPOTrainer._compute_loss, DPOTrainer's
-sigmoid loss), must give our loss (1e-12 relative) and every parameter gradient (normwise <= 1e-10), through
-standard BP and StreamBP, for every GRPO loss_type, beta = 0 and beta > 0, token and sequence importance,
-temperature != 1, with and without old_logps, and DPO with and without label smoothing. With --ref, the reference
-log-probs our binary computed from a reference checkpoint are checked against HF's forward of that checkpoint.
+"""GRPO and DPO against oracles that are not us: Hugging Face transformers' own Qwen3 on our checkpoint and batch,
+fp64, with the losses (1) written from TRL's formulas (tests/lora_parity.py: GRPOTrainer._compute_loss, DPOTrainer's
+sigmoid loss) and (2) computed by TRL itself, the pinned release (tests/trl_oracle.py: TRL's trainer methods on the
+same model and batch). Our loss must equal both (1e-12 relative) and every parameter gradient must equal both
+(normwise <= 1e-10), through standard BP and StreamBP, for every GRPO loss_type, beta = 0 and beta > 0, token and
+sequence importance, temperature != 1, with and without old_logps, and DPO with and without label smoothing; TRL's
+own loss and gradients must equal the formulas' at the same bounds. TRL's released fused LM head (fp32 inside) is run
+too and must agree to fp32 rounding (FUSED_RTOL). With --ref, the reference log-probs our binary computed from a
+reference checkpoint are checked against HF's forward of that checkpoint.
+
+Negative controls (CTest): STREAMBP_PARITY_FAULT scales one of our gradients (objective_parity_fault);
+STREAMBP_TRL_FAULT scales TRL's loss (objective_parity_trl_fault): each must make the script fail.
 
 Usage: python tests/objective_parity.py BUILD/streambp
 """
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -18,16 +25,21 @@ try:
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import trl_oracle
 except ImportError as e:  # an oracle that cannot run fails: a CI without its oracles is not green
-    print(f"FAIL: missing oracle dependency: {e} (make installs transformers into the venv)")
+    print(f"FAIL: missing oracle dependency: {e} (make installs transformers and trl into the venv)")
     sys.exit(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_parity import patch_rms_norms  # noqa: E402
 from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
 from lora_parity import dpo_loss, grpo_loss, parse_objective, token_logps, completion_sums  # noqa: E402
 
 GRAD_RTOL, LOSS_RTOL, REF_RTOL = 1e-10, 1e-12, 1e-12
+# TRL's fused LM head rounds every logit tile to fp32: measured against the fp64 formulas over these cases, loss
+# <= 1.9e-6 relative (the smallest losses, 0.018, are differences of advantage terms) and gradients <= 5.2e-7
+# normwise. A misplaced temperature, shift or mask moves them by > 1e-2.
+FUSED_RTOL = 1e-4
 STREAMBP = "streambp:layer_chunk=5,head_chunk=7"
 FAILURES = []
 
@@ -69,30 +81,56 @@ def oracle(model_dir, batch, objective, ref_dir):
         if not err <= REF_RTOL:
             fail(f"{objective}: reference log-probs differ from HF's reference forward ({err:.3e})")
     model = hf_model(model_dir)
+    model.train()  # TRL's training branch of its normalisers (Qwen3's attention dropout is 0: same forward)
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
     loss = grpo_loss(logits, b, opts) if name == "grpo" else dpo_loss(logits, b, opts)
     loss.backward()
-    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+    formula = (loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    trl = {}
+    for head in ("fp64", "fused"):  # tests/trl_oracle.py: the fp64 head is exact, the fused one fp32 inside
+        model.zero_grad(set_to_none=True)
+        trl_loss = (trl_oracle.grpo_loss if name == "grpo" else trl_oracle.dpo_loss)(model, b, opts, head)
+        trl_loss.backward()
+        trl[head] = (trl_loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    for head, rtol in (("fp64", GRAD_RTOL), ("fused", FUSED_RTOL)):
+        loss_err, worst, worst_name = errors(trl[head][0], trl[head][1], *formula)
+        loss_rtol = LOSS_RTOL if head == "fp64" else FUSED_RTOL
+        ok = worst <= rtol and loss_err <= loss_rtol
+        print(f"  {'ok' if ok else 'FAIL'}: TRL {trl_oracle.VERSION} ({head} head) vs the formulas: loss rel "
+              f"{loss_err:.1e}, largest gradient error {worst:.2e} in {worst_name}")
+        if not ok:
+            fail(f"{objective}: TRL ({head} head) differs from the formulas: loss error {loss_err:.3e}, "
+                 f"gradient error {worst:.3e} in {worst_name}")
+    return formula, trl["fp64"]
 
 
-def compare(what, record, grads_file, hf_loss, hf_grads):
-    ours_loss = json.loads(Path(record).read_text())["loss"]
-    ours = with_fault(load_file(str(grads_file)))
-    if set(ours) != set(hf_grads):
-        fail(f"{what}: parameter names differ: {sorted(set(ours) ^ set(hf_grads))[:4]}")
+def errors(loss, grads, ref_loss, ref_grads):
+    """(relative loss error, largest normwise gradient error, its parameter) of (loss, grads) against the ref's."""
     worst, worst_name = 0.0, "-"
-    for n, g in hf_grads.items():
-        if n not in ours:
-            continue
-        err = normwise_error(ours[n], g)
+    for n, g in ref_grads.items():
+        err = normwise_error(grads[n], g) if n in grads else math.inf
         if not err <= worst:
             worst, worst_name = err, n
-    loss_err = finite(abs(ours_loss - hf_loss) / abs(hf_loss))
+    return finite(abs(loss - ref_loss) / abs(ref_loss)), worst, worst_name
+
+
+def compare(what, record, grads_file, formula, trl):
+    """Our loss and gradients against the formulas' and TRL's (each (loss, {name: gradient}) on HF's model)."""
+    ours_loss = json.loads(Path(record).read_text())["loss"]
+    ours = with_fault(load_file(str(grads_file)))
+    if set(ours) != set(formula[1]):
+        fail(f"{what}: parameter names differ: {sorted(set(ours) ^ set(formula[1]))[:4]}")
+    loss_err, worst, worst_name = errors(ours_loss, ours, *formula)
+    trl_loss_err, trl_worst, trl_worst_name = errors(ours_loss, ours, *trl)
     ok = worst <= GRAD_RTOL and loss_err <= LOSS_RTOL
-    print(f"{'ok' if ok else 'FAIL'}: {what}: loss {ours_loss:.15g} (HF {hf_loss:.15g}, rel {loss_err:.1e}), "
-          f"largest gradient error {worst:.2e} in {worst_name}")
+    trl_ok = trl_worst <= GRAD_RTOL and trl_loss_err <= LOSS_RTOL
+    print(f"{'ok' if ok and trl_ok else 'FAIL'}: {what}: loss {ours_loss:.15g} (HF formulas {formula[0]:.15g}, rel "
+          f"{loss_err:.1e}; TRL rel {trl_loss_err:.1e}), largest gradient error {worst:.2e} in {worst_name} "
+          f"(vs TRL {trl_worst:.2e})")
     if not ok:
         fail(f"{what}: loss error {loss_err:.3e}, gradient error {worst:.3e} in {worst_name}")
+    if not trl_ok:
+        fail(f"{what}: against TRL: loss error {trl_loss_err:.3e}, gradient error {trl_worst:.3e} in {trl_worst_name}")
 
 
 def case(binary, work, i, objective, batch_args, ref_dir=None, drop_old=False):
@@ -109,13 +147,13 @@ def case(binary, work, i, objective, batch_args, ref_dir=None, drop_old=False):
         batch.pop("old_logps")
         batch_file = d / "batch-no-old.safetensors"
         save_file(batch, str(batch_file))
-    hf_loss, hf_grads = oracle(d / "model", batch, objective, ref_dir)
+    formula, trl = oracle(d / "model", batch, objective, ref_dir)
     for method in ("standard", STREAMBP):
         tag = method.split(":")[0]
         if run(binary, ["--load", d / "model", "--batch-file", batch_file, "--method", method, *common,
                         "--save-grads", d / f"{tag}.safetensors", "--json", d / f"{tag}.json"]):
             what = f"{objective}{' (no old_logps)' if drop_old else ''}{' (--ref)' if ref_dir else ''} {method}"
-            compare(what, d / f"{tag}.json", d / f"{tag}.safetensors", hf_loss, hf_grads)
+            compare(what, d / f"{tag}.json", d / f"{tag}.safetensors", formula, trl)
 
 
 def main():
@@ -124,6 +162,7 @@ def main():
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    print(f"transformers {transformers.__version__}, trl {trl_oracle.VERSION}, torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         ref = work / "reference"  # another set of weights of the same architecture: the reference policy

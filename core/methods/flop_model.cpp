@@ -1,7 +1,5 @@
 #include "core/methods/flop_model.h"
 
-#include <algorithm>
-
 namespace sbp {
 
 FlopTerms flop_terms(const Workload& w) {
@@ -53,22 +51,21 @@ double mst_flops(const Workload& w) {
   return checkpoint_flops(w) + (w.statistics_pass ? f.head : 0);  // its head is the streamed one
 }
 
-double streambp_attention_flops(const Workload& w, std::int64_t layer_chunk) {
-  const auto f = flop_terms(w);
-  const double T = double(w.seq_len), c = double(std::min(layer_chunk, w.seq_len));
-  const double D = double((w.seq_len + layer_chunk - 1) / layer_chunk);
-  // Σ_i c·(s_i + c) over the D chunks (a shorter last chunk is counted as full: an upper bound by < c·T).
-  const double chunked = std::min(T * T, c * c * D * (D + 1) / 2) / (T * (T + 1) / 2);
-  return f.attention * chunked * (2 + FlopTerms::kAttentionBackward);
+double streambp_attention_flops(const Workload& w) {
+  // chunk_attention scores a chunk's queries [s, s+c) against the prefix [0, s) in full and the diagonal block
+  // causally (or, CUDA bf16, one bottom-right causal call over [0, s+c)): c·s + c(c+1)/2 pairs, so a pass over the
+  // chunks covers the causal triangle's rows once, T(T+1)/2 pairs per head for any chunk size. Forward, step 2's
+  // re-forward, and the backward (tests/test_flop_model.cpp counts them).
+  return flop_terms(w).attention * (2 + FlopTerms::kAttentionBackward);
 }
 
-double streambp_flops(const Workload& w, std::int64_t layer_chunk) {
+double streambp_flops(const Workload& w) {
   const auto f = flop_terms(w);
   return f.projections(f.layer_base, f.layer_adapters, false)                                    // forward
          + f.projections(f.kv_base, f.kv_adapters, false)                                         // step 1: K, V
          + f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true)        // step 2
          + f.projections(f.kv_base, f.kv_adapters, true)                                          // step 3
-         + streambp_attention_flops(w, layer_chunk)                                               // forward + step 2
+         + streambp_attention_flops(w)                                                            // forward + step 2
          + f.head * (1 + f.head_backward + (w.statistics_pass ? 1 : 0));                          // streamed head
 }
 

@@ -18,7 +18,9 @@ struct FlopTerms {
   double head = 0;        // one forward of the LM head: N·d·V multiply-adds
   double base_backward = 2, head_backward = 2;  // backward / forward: 2 when the weights train, 1 when frozen
   double first_layer_skipped = 0;  // what standard BP under LoRA never computes (flop_terms)
-  static constexpr double kAttentionBackward = 2.5;  // flash backward: S recomputed, dP, dV, dQ, dK: 5 products vs 2
+  // Flash backward: S recomputed, dV, dP, dQ, dK: 5 products of head_dim per pair vs the forward's 2 (ATen's CPU
+  // flash backward runs these five GEMMs per tile; tests/test_flop_model.cpp counts the pairs of every call).
+  static constexpr double kAttentionBackward = 2.5;
   // Forward (and backward) of projections with these base and adapter FLOPs.
   double projections(double base, double adapters, bool with_backward) const;
 };
@@ -27,10 +29,10 @@ FlopTerms flop_terms(const Workload& w);
 double standard_flops(const Workload& w);
 double checkpoint_flops(const Workload& w);  // standard + one re-forward of every layer
 double mst_flops(const Workload& w);         // checkpointing's, plus the streamed head's statistics pass
-// StreamBP: the chunked forward and step 2 compute each chunk's scores against its whole key prefix, diagonal block
-// included: Σ c·e_i = T²(1 + 1/D)/2 per head (D = ceil(T / c) chunks), against T(T+1)/2 for a causal kernel; K/V
-// are projected in the forward, in step 1 and again in step 3.
-double streambp_flops(const Workload& w, std::int64_t layer_chunk);
-double streambp_attention_flops(const Workload& w, std::int64_t layer_chunk);  // its attention share
+// StreamBP: the chunked forward and step 2 score each chunk's queries against its key prefix in full and its
+// diagonal block causally, so each pass is the causal T(T+1)/2 pairs per head whatever the chunk size (as
+// checkpointing's forward + re-forward); K/V are projected in the forward, in step 1 and again in step 3.
+double streambp_flops(const Workload& w);
+double streambp_attention_flops(const Workload& w);  // its attention share
 
 }  // namespace sbp

@@ -27,7 +27,7 @@ class StreamBP : public BackpropMethod {
   explicit StreamBP(Options options) : options_(options) {}
   std::string spec() const override;
   MemoryEstimate memory_model(const Workload& workload) const override;
-  double flops(const Workload& workload) const override { return streambp_flops(workload, options_.layer_chunk); }
+  double flops(const Workload& workload) const override { return streambp_flops(workload); }
 
  protected:
   const Options& options() const { return options_; }

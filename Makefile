@@ -18,7 +18,7 @@ SANITIZE_BUILD ?= $(BUILD)-sanitize
 CLANG ?= clang++
 # `make fuzz`: every fuzz target this long (seconds), two at a time.
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := safetensors safetensors_dir checkpoint adapter spec batch results_csv
+FUZZ_TARGETS := safetensors safetensors_dir checkpoint adapter spec batch results_csv train_resume
 
 APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils \
   libgloo-dev clang libfuzzer-14-dev

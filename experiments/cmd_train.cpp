@@ -26,6 +26,7 @@
 #include "experiments/launch.h"
 #include "experiments/ranks.h"
 #include "experiments/provenance.h"
+#include "experiments/results_table.h"
 #include "profiler/cuda_memory.h"
 
 namespace sbp {
@@ -112,18 +113,6 @@ std::string eta_text(double seconds) {
 const char* kMetricsHeader =
     "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes,world_size,zero,all_reduce_calls,"
     "all_reduce_bytes,reduce_scatter_calls,reduce_scatter_bytes,all_gather_calls,all_gather_bytes";
-
-// The data rows of an earlier metrics file with step <= `through` (a resumed run continues it).
-std::vector<std::string> metrics_rows_through(const fs::path& file, std::int64_t through) {
-  std::vector<std::string> rows;
-  std::ifstream in(file);
-  std::string line;
-  if (!std::getline(in, line) || line != kMetricsHeader)
-    throw std::invalid_argument("--metrics " + file.string() + ": not a metrics file of `train` (header differs)");
-  while (std::getline(in, line))
-    if (!line.empty() && std::stoll(line.substr(0, line.find(','))) <= through) rows.push_back(line);
-  return rows;
-}
 
 // The ranks must run the same thing: every fingerprint entry (and the method) hashed and gathered; the first that
 // differs is named with the ranks that disagree.
@@ -236,7 +225,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::vector<std::string> metric_rows;
   if (!a.metrics.empty() && writer) {
     if (fs::exists(a.metrics) && start_step > 0 && !r.force)
-      metric_rows = metrics_rows_through(a.metrics, start_step);
+      metric_rows = read_metrics_rows(a.metrics, kMetricsHeader, start_step);
     else
       check_new_output(a.metrics, r.force || (start_step == 0 && !a.resume_dir.empty()), "--metrics");
   }

@@ -135,4 +135,24 @@ ResultsTable ResultsTable::read(const std::filesystem::path& csv, nlohmann::json
   return table;
 }
 
+std::vector<std::string> read_metrics_rows(const std::filesystem::path& file, const std::string& header,
+                                           std::int64_t through) {
+  std::ifstream in(file);
+  std::string line;
+  if (!std::getline(in, line) || line != header)
+    throw std::invalid_argument("--metrics " + file.string() + ": not a metrics file of `train` (header differs)");
+  std::vector<std::string> rows;
+  for (int n = 2; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    const auto cell = line.substr(0, line.find(','));
+    std::int64_t step = 0;
+    const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), step);
+    if (cell.empty() || error != std::errc() || end != cell.data() + cell.size())
+      throw std::invalid_argument("--metrics " + file.string() + ": line " + std::to_string(n) + ": step '" + cell +
+                                  "' is not an integer");
+    if (step <= through) rows.push_back(line);
+  }
+  return rows;
+}
+
 }  // namespace sbp

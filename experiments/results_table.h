@@ -4,6 +4,7 @@
 // the earlier rows kept verbatim (their provenance included).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -44,5 +45,10 @@ class ResultsTable {
   std::vector<std::string> columns_;
   std::vector<Row> rows_;
 };
+
+// The data rows of an earlier metrics file of `train` (first line `header`, then rows led by their step) with step <=
+// `through`, verbatim: a resumed run continues the file. Throws naming the file (and line) when it is not one.
+std::vector<std::string> read_metrics_rows(const std::filesystem::path& file, const std::string& header,
+                                           std::int64_t through);
 
 }  // namespace sbp

@@ -172,6 +172,16 @@ expect_exit_2 "--resume with another --optimizer" "checkpoint's optimizer is .*l
   "$STREAMBP" train "${model[@]}" "${seed[@]}" --optimizer adamw:lr=2e-3,weight_decay=0.1 --resume C
 expect_exit_2 "--grad-accum 3 with --batch 4" "4 rows do not split into 3" \
   "$STREAMBP" train --preset tiny --method standard --seq 16 --batch 4 --steps 1 --grad-accum 3
+# Found by fuzz_train_resume (tests/fuzz/regressions/train_resume): a trainer.json without "step" ended the resume
+# with nlohmann's "key 'step' not found", a metrics row led by no number with a bare "stoll"; each names its file now.
+cp -r C D
+latest=$(ls -d D/checkpoint-* | sort | tail -1)
+printf '{"run": {}}\n' >"$latest/trainer.json"
+expect_failure "--resume from a trainer.json without its step" "$latest/trainer.json: not a trainer.json of .train." \
+  "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume D
+cp -r C E && { head -1 b.csv; echo "x,1"; } >e.csv
+expect_failure "--resume onto a metrics file with a row of no step" "--metrics e.csv: line 2: step 'x' is not an integer" \
+  "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume E --metrics e.csv
 mkdir empty
 expect_exit_2 "--data on an empty folder" "--data empty: no .safetensors batch files" \
   "$STREAMBP" train --preset tiny --method standard --data empty --steps 1

@@ -1,6 +1,7 @@
 #include "core/training/trainer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <fstream>
 #include <limits>
@@ -199,6 +200,10 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(meta_file.string() + ": " + e.what());
   }
+  // What is read below, checked here: nlohmann's own errors name no file (found by fuzz_train_resume).
+  if (!meta.is_object() || !meta.contains("step") || !meta["step"].is_number_integer() || !meta.contains("run"))
+    throw std::invalid_argument(meta_file.string() + ": not a trainer.json of `train` (needs an integer \"step\" and "
+                                "\"run\")");
   const auto tensors = read_safetensors(checkpoint / "trainable.safetensors");
   const auto& trainable = model_.trainable();
   const auto file = (checkpoint / "trainable.safetensors").string();
@@ -237,7 +242,9 @@ fs::path Trainer::latest_checkpoint(const fs::path& dir) {
     if (!fs::exists(entry.path() / "trainer.json")) continue;
     const auto digits = name.substr(std::string(kCheckpointPrefix).size());
     if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-    const auto step = std::stoll(digits);
+    std::int64_t step = 0;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (error != std::errc() || end != digits.data() + digits.size()) continue;  // beyond int64: not one we wrote
     if (step > best_step) best_step = step, best = entry.path();
   }
   return best;

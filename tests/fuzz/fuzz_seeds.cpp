@@ -13,6 +13,7 @@
 #include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
+#include "core/training/trainer.h"
 #include "experiments/results_table.h"
 #include "experiments/runner.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -126,6 +127,17 @@ int main(int argc, char** argv) {
   const auto csv = sbp::fuzz::scratch() / "sweep.csv";
   table.write_to(csv, p, nlohmann::json::array({{{"commit", "earlier"}}}));
   seed(out, "results_csv", "sweep", join_parts({slurp(csv), slurp(fs::path(csv).replace_extension(".json"))}));
+  {  // a checkpoint of one AdamW step on the micro model (fp32, as fuzz_train_resume's trainer), and a metrics file
+    sbp::Model trained(config, at::kFloat, 1);
+    auto method = sbp::make_method("standard");
+    auto objective = sbp::make_objective("sft");
+    sbp::Trainer trainer(trained, *method, *objective, {});
+    trainer.step(sbp::prepared_random_batch(trained, *objective, 2, 8, 0, 5));
+    const auto checkpoint = trainer.save_checkpoint(sbp::fuzz::scratch() / "train", {{"seed", 5}});
+    seed(out, "train_resume", "one-step",
+         join_parts({slurp(checkpoint / "trainer.json"), slurp(checkpoint / "trainable.safetensors"),
+                     slurp(checkpoint / "optimizer.safetensors"), "step,loss\n1,0.5\n2,0.25\n4,0.125\n"}));
+  }
   std::cout << "fuzz seeds in " << out.string() << "\n";
   return 0;
 }

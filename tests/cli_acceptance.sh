@@ -1,6 +1,6 @@
 # The acceptance flow a user runs: gradients of standard BP in fp64, saved with the model and the batch; the same
 # model and batch loaded back for checkpointing and StreamBP; `compare` at 1e-10 passes for both, and fails at
-# rtol 0 against gradients that really differ. The exit code of `compare` is the verdict.
+# rtol 0 against gradients that really differ and at 1e-10 against fp32 ones. The exit code of `compare` is the verdict.
 source "$(dirname "$0")/cli_common.sh"
 
 "$STREAMBP" run --preset tiny --method standard --dtype fp64 --batch 2 --seq 37 --pad-fraction 0.2 --seed 1 \
@@ -33,6 +33,12 @@ PY
   --save-grads other_seed.safetensors
 expect_failure "compare against another seed's gradients" "FAILED" \
   "$STREAMBP" compare std.safetensors other_seed.safetensors --rtol 0
+# A near miss at the gate a user sets (issue #22: compare's failure was only seen at rtol 0): the same model and
+# batch in fp32 are ~1e-7 off the fp64 gradients, which --rtol 1e-10 must refuse and --rtol 1e-4 accept.
+"$STREAMBP" run --load M --batch-file batch.safetensors --dtype fp32 --method standard --save-grads fp32.safetensors
+expect_failure "compare fp32 gradients at the fp64 gate" "FAILED" \
+  "$STREAMBP" compare std.safetensors fp32.safetensors --rtol 1e-10
+"$STREAMBP" compare std.safetensors fp32.safetensors --rtol 1e-4 >/dev/null || fail "fp32 gradients fail at rtol 1e-4"
 
 # verify: the paper's Table 7 on tiny, with its gate; a markdown table on stdout and a CSV with provenance.
 "$STREAMBP" verify --seq 96 --methods "streambp:layer_chunk=8,head_chunk=8;checkpoint" --gate --out "$WORK/verify" > verify.txt \

@@ -71,7 +71,7 @@ $(SANITIZE_BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
 	  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DSTREAMBP_WITH_CUDA=OFF -DSTREAMBP_SANITIZE=ON \
 	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
 
-# Long fuzz runs (the CI's are STREAMBP_FUZZ_SECONDS each): statistics per target on stdout, findings under
+# Long fuzz runs (CI runs a fixed sequence of STREAMBP_FUZZ_RUNS inputs each): statistics per target, findings under
 # $(SANITIZE_BUILD)/fuzz/findings, the grown corpus kept for the next run. Extra: make fuzz FUZZ_TARGETS="spec batch".
 fuzz: sanitize-build
 	$(SANITIZE_BUILD)/fuzz_seeds $(SANITIZE_BUILD)/fuzz/seeds

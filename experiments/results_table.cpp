@@ -70,12 +70,14 @@ void ResultsTable::write_to(const std::filesystem::path& csv, const Provenance& 
   out << '\n';
   for (const auto& r : rows_) {
     if (r.provenance.empty())
-      out << csv_field(p.commit) << ',' << p.date_utc << ',' << csv_field(p.machine) << ',' << p.threads << ','
-          << p.torch_version;
+      out << csv_field(p.commit) << ',' << csv_field(p.date_utc) << ',' << csv_field(p.machine) << ',' << p.threads
+          << ',' << csv_field(p.torch_version);
     else
       for (std::size_t i = 0; i < r.provenance.size(); ++i) out << (i ? "," : "") << csv_field(r.provenance[i]);
-    out << ',' << csv_field(r.preset) << ',' << csv_field(r.method) << ',' << r.dtype << ',' << r.seed << ','
-        << r.status;
+    // Every text cell through csv_field: a resumed file's cells are whatever it held (fuzz_results_csv found a dtype
+    // cell with a quoted comma written back bare, which split the row).
+    out << ',' << csv_field(r.preset) << ',' << csv_field(r.method) << ',' << csv_field(r.dtype) << ',' << r.seed << ','
+        << csv_field(r.status);
     for (const auto& v : r.values) out << ',' << csv_field(v);
     out << '\n';
   }

@@ -11,12 +11,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sbp::fuzz;
-  clear_scratch();
   const auto parts = split_parts(data, size);
-  const auto dir = scratch() / "adapter";
-  std::filesystem::create_directory(dir);
-  const auto config_file = put("adapter/adapter_config.json", parts[0]);
-  if (parts.size() > 1) put("adapter/adapter_model.safetensors", parts[1]);
+  const auto dir = put_folder("adapter", parts, {"adapter_config.json", "adapter_model.safetensors"});
+  const auto config_file = dir / "adapter_config.json";
 
   sbp::LoraConfig lora;
   if (!refuses_cleanly("read_adapter_config", config_file.string(), [&] { lora = sbp::read_adapter_config(config_file); }))

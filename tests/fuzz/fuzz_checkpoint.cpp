@@ -15,12 +15,9 @@ constexpr std::int64_t kMaxParameters = 1 << 20;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sbp::fuzz;
-  clear_scratch();
   const auto parts = split_parts(data, size);
-  const auto dir = scratch() / "checkpoint";
-  std::filesystem::create_directory(dir);
-  const auto config_file = put("checkpoint/config.json", parts[0]);
-  if (parts.size() > 1) put("checkpoint/model.safetensors", parts[1]);
+  const auto dir = put_folder("checkpoint", parts, {"config.json", "model.safetensors"});
+  const auto config_file = dir / "config.json";
 
   refuses_cleanly("read_config_dtype", config_file.string(), [&] { (void)sbp::read_config_dtype(config_file); });
   sbp::ModelConfig config;

@@ -8,14 +8,11 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sbp::fuzz;
-  clear_scratch();
   const auto parts = split_parts(data, size);
-  const auto dir = scratch() / "checkpoint";
-  std::filesystem::create_directory(dir);
-  put("checkpoint/model.safetensors.index.json", parts[0]);
-  const std::size_t shards = parts.size() - 1;
-  for (std::size_t k = 1; k <= shards; ++k)
-    put(fmt::format("checkpoint/model-{:05d}-of-{:05d}.safetensors", k, shards), parts[k]);
+  std::vector<std::string> names = {"model.safetensors.index.json"};
+  for (std::size_t k = 1; k < parts.size(); ++k)
+    names.push_back(fmt::format("model-{:05d}-of-{:05d}.safetensors", k, parts.size() - 1));
+  const auto dir = put_folder("checkpoint", parts, names);
   refuses_cleanly("read_safetensors_dir", dir.string(), [&] { (void)sbp::read_safetensors_dir(dir); });
   return 0;
 }

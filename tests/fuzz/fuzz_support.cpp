@@ -70,6 +70,14 @@ fs::path put(const std::string& name, std::string_view bytes) {
   return file;
 }
 
+fs::path put_folder(const std::string& folder, const std::vector<std::string_view>& parts,
+                    const std::vector<std::string>& names) {
+  clear_scratch();
+  fs::create_directory(scratch() / folder);
+  for (std::size_t i = 0; i < parts.size() && i < names.size(); ++i) put(folder + "/" + names[i], parts[i]);
+  return scratch() / folder;
+}
+
 void finding(const std::string& message) {
   std::fprintf(stderr, "\nFUZZ FINDING: %s\n", message.c_str());
   std::abort();

@@ -38,6 +38,10 @@ const std::filesystem::path& scratch();
 void clear_scratch();
 // Writes `bytes` to scratch()/name and returns the path.
 std::filesystem::path put(const std::string& name, std::string_view bytes);
+// Empties the scratch folder and writes a multi-file input's parts as the files `names` of scratch()/folder (part i
+// under names[i]; a name without a part is left absent, a part without a name ignored). Returns the folder.
+std::filesystem::path put_folder(const std::string& folder, const std::vector<std::string_view>& parts,
+                                 const std::vector<std::string>& names);
 
 // Runs `body` under the rule above: returns true when it finished, false when it refused with a message containing
 // `must_name`; aborts (a finding, printed with `what` and the message) otherwise.

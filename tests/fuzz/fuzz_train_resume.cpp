@@ -13,12 +13,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sbp::fuzz;
-  clear_scratch();
   const auto parts = split_parts(data, size);
-  const auto dir = scratch() / "checkpoint-00000001";
-  std::filesystem::create_directory(dir);
-  const char* names[] = {"trainer.json", "trainable.safetensors", "optimizer.safetensors"};
-  for (std::size_t i = 0; i < 3 && i < parts.size(); ++i) put(std::string("checkpoint-00000001/") + names[i], parts[i]);
+  const auto dir =
+      put_folder("checkpoint-00000001", parts, {"trainer.json", "trainable.safetensors", "optimizer.safetensors"});
   const auto metrics = put("metrics.csv", parts.size() > 3 ? parts[3] : std::string_view());
 
   sbp::Model model(micro_config(), at::kFloat, 0);

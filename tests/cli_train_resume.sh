@@ -138,10 +138,13 @@ kill_now
 echo "kill 5 after $delay s (resumed at step $before): complete checkpoints up to step $LATEST" \
      "($LEFTOVERS .tmp-* leftovers)"
 
-# Decoys the resume must never pick: a temporary directory that looks complete, a checkpoint without trainer.json.
-mkdir -p C/.tmp-checkpoint-000006-1 C/checkpoint-000099
+# Decoys the resume must never pick: a temporary directory that looks complete, a checkpoint without trainer.json,
+# and one whose step does not fit int64 (not one `train` writes; it once ended the resume with stoll's out_of_range).
+big=C/checkpoint-99999999999999999999
+mkdir -p C/.tmp-checkpoint-000006-1 C/checkpoint-000099 "$big"
 printf '{"step": 6, "run": {}}\n' >C/.tmp-checkpoint-000006-1/trainer.json
-for d in C/.tmp-checkpoint-000006-1 C/checkpoint-000099; do
+printf '{"step": 7, "run": {}}\n' >"$big/trainer.json"
+for d in C/.tmp-checkpoint-000006-1 C/checkpoint-000099 "$big"; do
   echo garbage >"$d/trainable.safetensors"
   echo garbage >"$d/optimizer.safetensors"
 done
@@ -152,7 +155,7 @@ if ((LATEST > 0)); then
     fail "the final resume did not continue from checkpoint $LATEST:\n$(cat final.log)"
 fi
 echo "final resume from step $LATEST: $(grep -c '^step ' final.log || true) step(s) run"
-rm -rf C/.tmp-checkpoint-000006-1 C/checkpoint-000099
+rm -rf C/.tmp-checkpoint-000006-1 C/checkpoint-000099 "$big"
 check_checkpoints C
 [[ $LATEST -eq 6 ]] || fail "the resumed run left checkpoints up to $LATEST, not 6"
 

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
@@ -19,11 +20,58 @@ void add_compare_options(CLI::App& app, CompareArgs& a) {
       "largest |a| of the whole reference, e.g. q/k gradients with B=1, T=2) would compare noise with noise. It is "
       "judged against that floor instead, max|a-b| / (1e-4 * global max|a|), and marked 'degenerate' with its absolute "
       "numbers: an exact method passes it, an error of 1e-3 of the global maximum fails it.");
+  app.add_option("--baseline", a.baseline,
+                 "judge OTHER by the low-precision rule instead of --rtol: REF is the fp64 oracle, BASELINE the "
+                 "reference method's gradients in the same dtype as OTHER (e.g. standard BP in bf16); every tensor's "
+                 "l2 error must be within allowance(n) x BASELINE's + a rounding floor (the rule of verify --gate, "
+                 "conform and the tests: README 'Precision')")
+      ->check(CLI::ExistingFile);
+  app.add_option("--dtype", a.dtype, "with --baseline: the precision OTHER was computed in (fp32, bf16, fp16), whose "
+                 "unit roundoff sets the rule's floor")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--json", a.json, "write the per-tensor report (JSON)");
   app.add_flag("--force", a.force, "overwrite an existing --json file");
 }
 
+namespace {
+
+// compare --baseline: the low-precision rule on every tensor, the statistic per tensor and the verdict.
+int low_precision_command(const CompareArgs& a) {
+  const auto oracle = read_safetensors(a.ref);
+  const auto baseline = compare_gradients(oracle, read_safetensors(a.baseline));
+  const auto other = compare_gradients(oracle, read_safetensors(a.other));
+  for (const auto* c : {&baseline, &other})
+    for (const auto& p : c->problems) fmt::print("problem ({}): {}\n", c == &baseline ? "--baseline" : "OTHER", p);
+  if (!baseline.problems.empty() || !other.problems.empty()) {
+    fmt::print("FAILED: the gradient files do not hold the same tensors\n");
+    return 1;
+  }
+  const auto dtype = parse_dtype(a.dtype);
+  fmt::print("{:<52} {:>9} {:>11} {:>11} {:>9} {:>9}\n", "tensor", "entries", "other_l2", "baseline_l2", "allowance",
+             "statistic");
+  for (std::size_t i = 0; i < other.tensors.size(); ++i) {
+    const auto &s = baseline.tensors[i], &m = other.tensors[i];
+    const double statistic = low_precision_statistic(baseline, s, m, dtype);
+    fmt::print("{:<52} {:>9.0f} {:>11.3e} {:>11.3e} {:>9.3f} {:>9.3f}{}\n", m.name, s.effective_entries, m.l2_rel,
+               s.l2_rel, low_precision_allowance(s, dtype), statistic, statistic > 1 ? "  > 1" : "");
+  }
+  const auto verdict = low_precision_rule(baseline, other, dtype);
+  fmt::print("{} tensors judged by the low-precision rule ({}): worst {:.3f} of the allowance in {} (l2 error {:.3e}, "
+             "baseline {:.3e}, allowance {:.2f}x): {}\n", other.tensors.size(), a.dtype, verdict.worst_ratio,
+             verdict.worst_tensor, verdict.method_error, verdict.standard_error, verdict.allowance,
+             verdict.passed() ? "PASSED" : "FAILED");
+  return verdict.passed() ? 0 : 1;
+}
+
+}  // namespace
+
 int compare_command(const CompareArgs& a, const std::string& command_line) {
+  if (a.baseline.empty() != a.dtype.empty())
+    throw std::invalid_argument("compare: --baseline and --dtype go together (the low-precision rule needs both)");
+  if (!a.baseline.empty()) {
+    if (!a.json.empty()) throw std::invalid_argument("compare: --json is not written with --baseline");
+    return low_precision_command(a);
+  }
   if (!a.json.empty()) check_new_output(a.json, a.force, "--json");
   const auto cmp = compare_gradients(read_safetensors(a.ref), read_safetensors(a.other));
   fmt::print("{:<52} {:>10} {:>10} {:>10} {:>12}\n", "tensor", "max_abs", "Er_abs", "Er_rel", "normwise_rel");

@@ -39,7 +39,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kExactRtol = 1e-10, kLowPrecisionFactor = 1.5;
+constexpr double kExactRtol = 1e-10;
 
 std::string quoted(const std::string& s) {
   std::string out = "'";
@@ -302,7 +302,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
         verdict.rule = dtype_name(c.dtype);
         verdict.problem = "the baseline " + base.problem;
       } else {
-        verdict = judge_low_precision(reference, base.grads, got.grads, c.dtype, kLowPrecisionFactor);
+        verdict = judge_low_precision(reference, base.grads, got.grads, c.dtype);
       }
     }
     const bool pass = verdict.passed && verdict.problem.empty();

@@ -11,6 +11,7 @@
 #include "baselines/methods.h"
 #include "core/io/checkpoint_io.h"
 #include "core/model/chunk_attention_kernels.h"
+#include "core/model/gemm.h"
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
@@ -84,6 +85,8 @@ void print_terms(const MemoryEstimate& est) {
 // Where the model's kernel workspaces come from (the calibration's probes are listed in the JSON record).
 void print_calibration(const Workload& w) {
   fmt::print("kernels   workspaces {}; {}\n", w.workspaces->source(), cpu_isa_summary());
+  for (const auto& [dtype, choice] : chosen_gemm_paths())
+    fmt::print("kernels   {} GEMMs {} ({})\n", dtype, choice.first, choice.second);
 }
 
 nlohmann::json terms_json(const MemoryEstimate& est) {

@@ -53,6 +53,8 @@ int train_command(const TrainArgs& args, const std::string& command_line);
 
 struct CompareArgs {
   std::string ref, other, json;
+  // The low-precision rule instead of --rtol: REF is the fp64 oracle, OTHER and `baseline` are gradients in `dtype`.
+  std::string baseline, dtype;
   double rtol = 1e-10;
   bool force = false;
 };

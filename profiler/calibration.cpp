@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "core/methods/phase.h"
+#include "core/model/gemm.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
 
@@ -59,7 +60,9 @@ at::Tensor operand(std::int64_t rows, std::int64_t cols, bool transposed, const 
 std::int64_t gemm_bytes(c10::Device device, const KernelCall& c, std::int64_t m, std::int64_t n, std::int64_t k) {
   const auto options = at::TensorOptions().dtype(c.dtype).device(device);
   const auto a = operand(m, k, c.a_transposed, options), b = operand(k, n, c.b_transposed, options);
-  return bytes_beyond_outputs(device, [&] { return std::int64_t(at::mm(a, b).nbytes()); });
+  // Through the model's own product (core/model/gemm.h): a widened path's fp32 operands and output are its workspace.
+  const auto layout = c.a_transposed ? GemmLayout::tn : c.b_transposed ? GemmLayout::nt : GemmLayout::nn;
+  return bytes_beyond_outputs(device, [&] { return std::int64_t(gemm(a, b, layout).nbytes()); });
 }
 
 void probe_gemm(c10::Device device, Probe& p) {
@@ -218,6 +221,10 @@ nlohmann::json calibration_json(const KernelWorkspaces& workspaces) {
       probes.push_back({{"call", p.call.describe()}, {"probed", p.probed}, {"bytes", p.bytes},
                         {"extrapolated", p.extrapolated}, {"seconds", p.seconds}});
   j["probes"] = probes;
+  // The path each narrow-dtype product took (core/model/gemm.h): native kernels or fp32 on widened operands.
+  auto narrow = nlohmann::json::object();
+  for (const auto& [dtype, choice] : chosen_gemm_paths()) narrow[dtype] = {{"paths", choice.first}, {"reason", choice.second}};
+  j["narrow_gemm"] = narrow;
   return j;
 }
 

@@ -1,9 +1,10 @@
 # `streambp conform` with the shipped HF adapters (issue #21; needs the venv's python: STREAMBP_PYTHON):
 # (a) HF gradient checkpointing passes the quick matrix (fp64 at 1e-10 against the harness's oracle; fp32/bf16 within
-#     1.5x HF standard BP's error in the same dtype);
+#     the low-precision rule with HF standard BP in the same dtype as the baseline);
 # (b) the suite's negative control, verify/conform/wrong_per_chunk.py (per-chunk normalisation, DPO's skipped first
 #     token), fails every case whose chunks hold different target counts, naming the tensor; it passes only T = 2
-#     (one chunk: its mean is the batch's).
+#     (one chunk: its mean is the batch's); every failure stands at least 5x beyond its bar (issue #28), so that no
+#     CPU's rounding can hide it.
 # Usage: cli_conform_hf.sh BINARY PYTHON
 source "$(dirname "$0")/cli_common.sh"
 PY=$2
@@ -26,7 +27,9 @@ passed = sorted(c for c, r in rows.items() if r["status"] == "passed")
 assert passed == ["sft-T2"], passed
 for case, r in rows.items():
     if case != "sft-T2":
-        # judged on its gradients (not a crash): the worst tensor is named and far off
-        assert r["worst_tensor"] and float(r["worst"]) > 1e-6, r
+        # judged on its gradients (not a crash): the worst tensor is named and at least 5x beyond the bar (fp64: the
+        # normwise 1e-10; fp32/bf16: the low-precision rule's statistic, 1 at the allowance)
+        bar = 1e-10 if r["dtype"] == "fp64" else 1.0
+        assert r["worst_tensor"] and float(r["worst"]) >= 5 * bar, r
 print("ok: the wrong adapter fails", len(rows) - 1, "cases, each with its worst tensor")
 PY

@@ -3,9 +3,15 @@ never wins a max(), so a metric that can come out NaN is +inf here (it then fail
 
 normwise_error(ours, ref): max|ours - ref| / max|ref| (DESIGN §8's exactness metric), +inf when either tensor holds a
 non-finite entry. finite(x): x, or +inf when x is NaN or infinite (for ratios and loss errors).
+low_precision_verdict(...): the harness's low-precision rule, judged by the binary itself (`streambp compare
+--baseline`), so that the scripts, the tests, `verify --gate` and `conform` share one implementation of it.
 """
 import math
 import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -22,6 +28,26 @@ def normwise_error(ours, ref):
     scale = ref.abs().max().item()
     diff = (ours - ref).abs().max().item()
     return diff / scale if scale > 0 else (math.inf if diff > 0 else 0.0)
+
+
+def low_precision_verdict(binary, oracle, baseline, ours, dtype):
+    """The low-precision rule (verify/grad_compare.h) on gradient dicts {name: tensor}: `ours` and `baseline` in
+    `dtype` ("fp32", "bf16"), both against the fp64 `oracle`. Returns (worst statistic, its tensor, passed, the
+    binary's summary line); a statistic <= 1 passes."""
+    from safetensors.torch import save_file
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for name, grads in (("oracle", oracle), ("baseline", baseline), ("ours", ours)):
+            files.append(Path(tmp) / f"{name}.safetensors")
+            save_file({k: v.detach().contiguous() for k, v in grads.items()}, str(files[-1]))
+        p = subprocess.run([binary, "compare", str(files[0]), str(files[2]), "--baseline", str(files[1]), "--dtype", dtype],
+                           capture_output=True, text=True)
+    lines = p.stdout.strip().splitlines()
+    summary = lines[-1] if lines else p.stderr.strip()
+    m = re.search(r"worst ([0-9.einf+-]+) of the allowance in (\S+)", summary)
+    if p.returncode not in (0, 1) or not m:
+        raise SystemExit(f"streambp compare --baseline failed (exit {p.returncode}): {p.stdout}{p.stderr}")
+    return finite(m.group(1)), m.group(2), p.returncode == 0, summary
 
 
 def with_fault(grads):

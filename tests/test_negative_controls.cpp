@@ -100,15 +100,16 @@ sbp::RuleVerdict low_precision_verdict(StreamBPFault fault, c10::ScalarType dtyp
   sbp::SftObjective objective;
   stream->step(model, objective, batch);
   return sbp::low_precision_rule(sbp::compare_gradients(oracle.gradients, standard.gradients),
-                                 sbp::compare_gradients(oracle.gradients, model.gradients()), 2.0, dtype);
+                                 sbp::compare_gradients(oracle.gradients, model.gradients()), dtype);
 }
 
 }  // namespace
 
 TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, in fp32, bf16 and bf16-mixed",
           "[negative-control][low-precision]") {
-  // The rule tolerates 2x standard BP's error in the same dtype: a fault must stand out of that, or the gate could
-  // hide it behind rounding. The unfaulted twin passes on the same model and batch.
+  // The rule tolerates allowance(n) x standard BP's error in the same dtype: a fault must stand out of that by a wide
+  // margin (issue #28: at least 5x the allowance), or the next CPU's rounding could hide it. The unfaulted twin passes
+  // on the same model and batch.
   struct Fault {
     const char* name;
     StreamBPFault fault;
@@ -121,7 +122,7 @@ TEST_CASE("verify --gate's low-precision rule fails on each of the four faults, 
                           Fault{"dropped tail", StreamBPFault::drop_tail, 14}}) {
       const auto verdict = low_precision_verdict(f.fault, dtype, f.seq_len, mixed);
       INFO(c10::toString(dtype) << (mixed ? "-mixed " : " ") << f.name << ": " << verdict.worst_ratio << "x the allowance on " << verdict.worst_tensor);
-      CHECK_FALSE(verdict.passed());
+      CHECK(verdict.worst_ratio >= 5);
     }
     for (const std::int64_t T : {14, 16}) {
       const auto verdict = low_precision_verdict(StreamBPFault::none, dtype, T, mixed);

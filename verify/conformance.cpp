@@ -258,16 +258,17 @@ ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, doub
 }
 
 ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& baseline, const TensorList& got,
-                                   c10::ScalarType dtype, double factor) {
+                                   c10::ScalarType dtype) {
   ConformVerdict v;
-  v.rule = fmt::format("{}: l2 <= {}x the baseline's + floor, vs the fp64 oracle", dtype_name(dtype), factor);
+  v.rule = fmt::format("{}: l2 <= allowance(n) x the baseline's + floor, vs the fp64 oracle (allowance {}x at large n)",
+                       dtype_name(dtype), low_precision_noise_scale(dtype));
   v.problem = joined(protocol_problems(oracle, got));
   if (!v.problem.empty()) return v;
   if (const auto base = protocol_problems(oracle, baseline); !base.empty()) {
     v.problem = "the baseline's gradients: " + joined(base);
     return v;
   }
-  const auto verdict = low_precision_rule(compare_gradients(oracle, baseline), compare_gradients(oracle, got), factor, dtype);
+  const auto verdict = low_precision_rule(compare_gradients(oracle, baseline), compare_gradients(oracle, got), dtype);
   v.worst = verdict.worst_ratio;
   v.worst_tensor = verdict.worst_tensor;
   v.passed = verdict.passed();

@@ -52,9 +52,10 @@ struct ConformVerdict {
 std::vector<std::string> protocol_problems(const TensorList& expected, const TensorList& got);
 // fp64: every tensor within `rtol` (normwise, DESIGN §8) of the oracle.
 ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol);
-// fp32/bf16: every tensor's l2 error against the fp64 oracle within `factor` x the baseline's (the same dtype) plus
-// the rule's floor (low_precision_rule).
+// fp32/bf16: every tensor's l2 error against the fp64 oracle within the low-precision rule's allowance x the
+// baseline's (the same dtype) plus the rule's floor (low_precision_rule, verify/grad_compare.h): the same rule as the
+// tests and `verify --gate`.
 ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& baseline, const TensorList& got,
-                                   c10::ScalarType dtype, double factor);
+                                   c10::ScalarType dtype);
 
 }  // namespace sbp

@@ -32,17 +32,72 @@ double low_precision_floor(const GradComparison& standard, const TensorError& te
   return unit_roundoff(dtype) * standard.floor * std::sqrt(double(tensor.numel)) / tensor.l2_scale;
 }
 
-RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, double factor,
-                               c10::ScalarType dtype) {
+namespace {
+
+// The regularized incomplete beta function I_x(a, b), by its continued fraction evaluated with the modified Lentz
+// method. The fraction converges fast for x < (a + 1) / (a + b + 2); above that, I_x(a, b) = 1 - I_{1-x}(b, a).
+double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);
+  const double log_front = std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x);
+  constexpr double kTiny = 1e-300;
+  // 1 / (1 + d_1 / (1 + d_2 / (1 + ...))): d_{2m+1} = -(a+m)(a+b+m)x / ((a+2m)(a+2m+1)), d_{2m} = m(b-m)x / ((a+2m-1)(a+2m)).
+  double f = 1, c = 1, d = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    const double m = double(i / 2);
+    const double term = i == 0       ? 1.0
+                        : i % 2 == 0 ? m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+                                     : -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1));
+    d = 1 + term * d;
+    d = 1 / (std::abs(d) < kTiny ? kTiny : d);
+    c = 1 + term / c;
+    if (std::abs(c) < kTiny) c = kTiny;
+    f *= c * d;
+    if (std::abs(c * d - 1) < 1e-15) break;
+  }
+  return std::exp(log_front) * (f - 1) / a;
+}
+
+}  // namespace
+
+double noise_ratio_quantile(double n, double alpha) {
+  TORCH_CHECK(alpha > 0 && alpha < 0.5, "noise_ratio_quantile: alpha must lie in (0, 0.5), got ", alpha);
+  // F(n, n) / (1 + F(n, n)) is Beta(n/2, n/2): find its upper alpha-quantile x by bisection (the tail is monotone),
+  // then F = x / (1 - x) and the l2 ratio is sqrt(F).
+  const double a = std::max(n, 1.0) / 2;
+  double lo = 0.5, hi = 1.0;
+  for (int i = 0; i < 200 && hi - lo > 1e-16; ++i) {
+    const double mid = (lo + hi) / 2;
+    (1 - incomplete_beta(a, a, mid) > alpha ? lo : hi) = mid;
+  }
+  return std::sqrt(hi / (1 - hi));
+}
+
+double low_precision_noise_scale(c10::ScalarType dtype) { return dtype == at::kFloat ? 3.0 : 1.5; }
+
+double low_precision_allowance(const TensorError& tensor, c10::ScalarType dtype, double noise_scale) {
+  const double n = tensor.effective_entries > 0 ? tensor.effective_entries : double(std::max<std::int64_t>(tensor.numel, 1));
+  return (noise_scale > 0 ? noise_scale : low_precision_noise_scale(dtype)) *
+         noise_ratio_quantile(n, kLowPrecisionFalseFailure);
+}
+
+double low_precision_statistic(const GradComparison& standard, const TensorError& s, const TensorError& m,
+                               c10::ScalarType dtype, double noise_scale) {
+  return m.l2_rel / (low_precision_allowance(s, dtype, noise_scale) * s.l2_rel + low_precision_floor(standard, s, dtype));
+}
+
+RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, c10::ScalarType dtype,
+                               double noise_scale) {
   TORCH_CHECK(standard.tensors.size() == method.tensors.size(), "low_precision_rule: different tensor lists");
   RuleVerdict v;
   for (std::size_t i = 0; i < method.tensors.size(); ++i) {
     const auto& m = method.tensors[i];
     const auto& s = standard.tensors[i];
     TORCH_CHECK(m.name == s.name, "low_precision_rule: ", m.name, " vs ", s.name);
-    const double ratio = m.l2_rel / (factor * s.l2_rel + low_precision_floor(standard, s, dtype));
+    const double ratio = low_precision_statistic(standard, s, m, dtype, noise_scale);
     if (ratio > v.worst_ratio || v.worst_tensor.empty())
-      v = {ratio, m.name, m.l2_rel, s.l2_rel};
+      v = {ratio, m.name, m.l2_rel, s.l2_rel, low_precision_allowance(s, dtype, noise_scale), s.effective_entries};
   }
   return v;
 }
@@ -97,7 +152,10 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
       e.degenerate = e.ref_max_abs < out.floor;
       const double scale = std::max(e.ref_max_abs, out.floor);
       e.normwise_rel = scale > 0 ? e.max_abs / scale : (e.max_abs > 0 ? std::numeric_limits<double>::infinity() : 0);
-      const double energy = a.square().sum().item<double>();
+      const auto squares = a.square();
+      const double energy = squares.sum().item<double>();
+      const double fourth = squares.square().sum().item<double>();
+      e.effective_entries = fourth > 0 ? energy * energy / fourth : double(e.numel);
       const double err = diff.square().sum().item<double>();
       e.nmse = energy > 0 ? err / energy : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
       e.l2_scale = std::max(std::sqrt(energy), out.floor * std::sqrt(double(e.numel)));

@@ -2,10 +2,8 @@
 //   max_abs = max|a-b|, er_abs = mean|a-b| (paper's Er_abs), er_rel = mean |a-b| / (|a| + 1e-10) (paper's Er_rel),
 //   normwise_rel = max|a-b| / max(max|a|, floor) (the fp64 exactness gate), nmse = sum (a-b)² / sum a²,
 //   l2_rel = ||a-b||₂ / max(||a||₂, floor·sqrt(numel)) (the low-precision rule: see below).
-// The low-precision rule compares two methods' errors on the same tensor (a method's <= k x standard BP's). Both
-// are rounding noise there, and the ratio of two maxima over a few entries is itself noisy: on the 64-entry k_norm
-// gradients of tiny/qwen3-small the max-norm ratio of exact methods reached 1.05x the 1.5x-standard allowance in bf16
-// and 1.2x the 2x allowance in fp32, where the whole-tensor l2 ratio stays below 0.7.
+// The low-precision rule (below) compares two methods' whole-tensor l2 errors, never their largest entries: the ratio of
+// two maxima over a few entries is noisier still (on 64-entry k_norm gradients it reached 1.05x a 1.5x allowance).
 // A tensor whose true gradient is zero or at rounding level (e.g. B = 1, T = 2: q/k gradients vanish) makes every
 // relative metric compare noise with noise. Such a tensor — max|a| below kDegenerateFraction of the largest gradient
 // entry of the whole reference — is judged against that floor instead of its own scale, and flagged `degenerate`:
@@ -31,6 +29,7 @@ struct TensorError {
   double max_abs = 0, er_abs = 0, er_rel = 0, normwise_rel = 0, nmse = 0, l2_rel = 0;
   double ref_max_abs = 0;   // max|a|: the tensor's own scale
   double l2_scale = 0;      // l2_rel's denominator: max(||a||_2, floor * sqrt(numel))
+  double effective_entries = 0;  // (sum a^2)^2 / sum a^4: how many entries carry the energy (numel if all are equal)
   bool degenerate = false;  // ref_max_abs below the floor: normwise_rel is max|a-b| / floor
 };
 
@@ -47,25 +46,64 @@ struct GradComparison {
 // Unit roundoff u of a dtype: the error of merely storing an exact value in it.
 double unit_roundoff(c10::ScalarType dtype);
 
-// The low-precision rule (DESIGN §8): on every tensor, a method's l2 error against the oracle is at most
-// factor x standard BP's in the same dtype + a floor. Both comparisons are against the same oracle, tensor for tensor.
-// The floor is the error of storing every entry at the model's rounding floor (kDegenerateFraction of the largest
-// gradient entry): u x floor x sqrt(numel) in absolute terms, u x floor x sqrt(numel) / l2_scale relative to the
-// tensor. On a degenerate tensor that is u (its gradient is noise, only an absolute bound means anything); on a
-// tensor of real size it fades with the tensor's own scale (tiny and a 4-layer d = 128 model in bf16, T = 512: at
-// most 1.2% of standard's error, 0.3% typical). The former floor, u itself on every tensor, was 20-90% of
-// standard-bf16's own error there (4.4e-3 to 2e-2, i.e. 1.1u to 5u): it turned the 1.5x bar into up to 2.4x and
-// passed issue #18's reported 1.85x tensor (1.34e-2 against 7.2e-3).
+// The low-precision rule (fp32, bf16, bf16-mixed): a method's rounding noise may be at most noise_scale(dtype) times
+// standard BP's in the same dtype, judged tensor by tensor against the fp64 oracle on the same weights.
+//
+// What is compared: e = ||g - g_oracle|| / ||g_oracle|| (whole-tensor l2) for the method and for standard BP. For two
+// exact methods both are draws of rounding noise, and their ratio is a random variable whose spread depends on how
+// many independent entries the tensor has: on a 16-entry k_norm gradient the ratio of two such draws exceeded 1.5 on
+// an AVX2 CPU (issue #28), on a 10^5-entry MLP weight it stays within a few percent of its mean. A fixed factor is
+// therefore too strict on small tensors and too loose on large ones, and whichever CPU runs the test decides.
+//
+// The model behind the allowance: the n errors of a tensor are independent and of one scale per method (sigma_m,
+// sigma_s). Then (e_m / e_s)^2 = (sigma_m / sigma_s)^2 F(n, n), F the F-distribution, and the largest ratio an exact
+// method whose noise is noise_scale x standard's reaches with probability kLowPrecisionFalseFailure is
+//     allowance(n) = noise_scale(dtype) x noise_ratio_quantile(n, kLowPrecisionFalseFailure).
+// n is the tensor's effective entry count, the participation ratio (sum a^2)^2 / sum a^4 of the oracle's entries:
+// rounding noise scales with each entry's size, so a tensor whose energy sits in a few entries has fewer independent
+// draws than entries. With noise_scale 1.5: allowance(16) = 5.8, allowance(128) = 2.3, allowance(10^4) = 1.57.
+//
+// noise_scale(dtype): 1.5 for bf16/fp16 (and bf16-mixed, judged as bf16). There every method stores each gradient
+// entry rounded to bf16 once (u = 2^-8), which dominates both errors, and exact methods sit at 1.0-1.35x standard's.
+// 3 for fp32, whose errors are accumulation order alone (u = 2^-24): a streamed method sums chunk shares in another
+// order, and an error shared by every tensor at once (DPO's coefficient beta (1 - sigmoid(beta l)), from log-probs
+// summed over the chunks) puts every tensor of a run at the same ratio: 1.65-1.78x on all of them (tiny, DPO, 64 chunks).
+// A wider fp32 scale costs no detection: the faults of tests/test_negative_controls.cpp exceed fp32 allowances by
+// 10^5 and more. results/rule/ has the measured distribution of the statistic for exact methods (seeds x objectives x
+// full/LoRA x dtypes x CPU configurations x GEMM paths) beside these allowances.
+//
+// A floor is added to standard's error: the error of storing every entry at the model's rounding floor
+// (kDegenerateFraction of the largest gradient entry), u x floor x sqrt(numel) in absolute terms. On a degenerate tensor
+// that is u (its gradient is noise, only an absolute bound means anything); on a tensor of real size it fades with the
+// tensor's own scale (at most ~1% of standard-bf16's error on tiny and a 4-layer d = 128 model).
+constexpr double kLowPrecisionFalseFailure = 1e-6;
+double low_precision_noise_scale(c10::ScalarType dtype);
+
+// sqrt of the (1 - alpha) quantile of F(n, n): the ratio of two independent l2 norms of n iid Gaussian entries
+// exceeds it with probability alpha. n may be fractional (an effective count); n < 1 is taken as 1.
+double noise_ratio_quantile(double n, double alpha);
+// The rule's factor for one tensor: noise_scale x noise_ratio_quantile(its effective entry count). noise_scale 0:
+// low_precision_noise_scale(dtype).
+double low_precision_allowance(const TensorError& tensor, c10::ScalarType dtype, double noise_scale = 0);
+
 struct RuleVerdict {
-  double worst_ratio = 0;   // max over tensors of error / (factor x standard's error + floor): <= 1 passes
+  // max over tensors of e_method / (allowance x e_standard + floor): <= 1 passes. The same number is the statistic
+  // whose distribution results/rule/ records.
+  double worst_ratio = 0;
   std::string worst_tensor;
   double method_error = 0, standard_error = 0;  // the worst tensor's l2 errors
+  double allowance = 0;                         // the worst tensor's factor (low_precision_allowance)
+  double effective_entries = 0;                 // the worst tensor's effective entry count
   bool passed() const { return worst_ratio <= 1; }
 };
-RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, double factor,
-                               c10::ScalarType dtype);
+// noise_scale 0: the harness's (low_precision_noise_scale); tests of the rule itself may ask another.
+RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, c10::ScalarType dtype,
+                               double noise_scale = 0);
 // The rule's floor for one tensor of `standard` (relative, like l2_rel).
 double low_precision_floor(const GradComparison& standard, const TensorError& tensor, c10::ScalarType dtype);
+// The statistic on one tensor: e_method / (allowance x e_standard + floor).
+double low_precision_statistic(const GradComparison& standard, const TensorError& standard_tensor,
+                               const TensorError& method_tensor, c10::ScalarType dtype, double noise_scale = 0);
 
 std::string module_group(const std::string& hf_name);
 // `ref` is the reference (e.g. standard BP); every tensor of either side must have a partner of the same shape.

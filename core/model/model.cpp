@@ -11,6 +11,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/model/chunk_attention.h"
+#include "core/model/gemm.h"
 #include "core/io/dtype.h"
 #include "core/methods/streaming.h"
 
@@ -65,6 +66,7 @@ Model::Model(ModelConfig config, c10::ScalarType dtype, std::uint64_t seed)
     : config_(std::move(config)), dtype_(dtype), grad_dtype_(dtype) {
   config_.validate();
   dtype_name(dtype_);  // rejects non-floating dtypes
+  gemm_paths(dtype_);  // a narrow dtype's GEMM paths are measured now, before any step is (core/model/gemm.h)
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   for (const auto& [name, shape] : parameter_shapes(config_)) {
@@ -83,6 +85,7 @@ Model::Model(ModelConfig config, c10::ScalarType dtype, const std::vector<NamedT
     : config_(std::move(config)), dtype_(dtype), grad_dtype_(dtype) {
   config_.validate();
   dtype_name(dtype_);
+  gemm_paths(dtype_);
   std::map<std::string, at::Tensor> by_name;
   for (const auto& t : tensors) by_name[t.name] = t.tensor;
   for (const auto& [name, shape] : parameter_shapes(config_)) {
@@ -260,11 +263,11 @@ at::Tensor Model::compute(const at::Tensor& t) const {
 
 at::Tensor Model::project(const LayerWeights& w, const char* target, const at::Tensor& x, const at::Tensor& weight,
                           const at::Tensor& bias) const {
-  auto y = at::linear(x, compute(weight), compute(bias));
+  auto y = sbp::linear(x, compute(weight), compute(bias));
   if (!adapters_enabled_ || w.lora.empty()) return y;
   const auto it = w.lora.find(target);
   if (it == w.lora.end()) return y;
-  return y + at::linear(at::linear(x, compute(it->second.A)), compute(it->second.B)) * lora_.scaling();
+  return y + sbp::linear(sbp::linear(x, compute(it->second.A)), compute(it->second.B)) * lora_.scaling();
 }
 
 void Model::embed_backward(const at::Tensor& input_ids, const at::Tensor& grad) const {
@@ -382,7 +385,7 @@ at::Tensor reused_block(at::Tensor& block, std::int64_t rows, std::int64_t cols,
 
 at::Tensor Model::logits(const at::Tensor& h_normed, HeadBuffers* buffers) const {
   const auto out_dtype = compute_dtype(dtype_);
-  if (buffers == nullptr) return at::linear(h_normed, compute(lm_head_)).to(out_dtype);
+  if (buffers == nullptr) return sbp::linear(h_normed, compute(lm_head_)).to(out_dtype);
   auto sizes = h_normed.sizes().vec();
   sizes.back() = lm_head_.size(0);
   const auto rows = h_normed.numel() / h_normed.size(-1), V = lm_head_.size(0);
@@ -392,7 +395,10 @@ at::Tensor Model::logits(const at::Tensor& h_normed, HeadBuffers* buffers) const
     at::mm_out(out, h, lm_head_.t());
   } else {  // the model-dtype GEMM, widened like HF's logits.float()
     auto product = reused_block(buffers->product, rows, V, h_normed.options());
-    at::mm_out(product, h, compute(lm_head_).t());
+    if (gemm_paths(dtype_).nt == GemmPath::native)
+      at::mm_out(product, h, compute(lm_head_).t());
+    else
+      product.copy_(gemm(h, compute(lm_head_).t(), GemmLayout::nt));
     out.copy_(product);
   }
   return out.view(sizes);
@@ -423,11 +429,11 @@ at::Tensor Model::logits_backward(const at::Tensor& grad_logits, const at::Tenso
       const auto V = lm_head_.size(0);
       for (std::int64_t r = 0; r < V; r += kLmHeadRows) {
         const auto n = std::min(kLmHeadRows, V - r);
-        lm_sum.narrow(0, r, n).add_(at::mm(g.narrow(1, r, n).t(), hn));  // [n, d]
+        lm_sum.narrow(0, r, n).add_(gemm(g.narrow(1, r, n).t(), hn, GemmLayout::tn));  // [n, d]
       }
     }
   }
-  return at::mm(g, compute(lm_head_.detach())).view(h_normed.sizes());  // [B, c, d]
+  return gemm(g, compute(lm_head_.detach()), GemmLayout::nn).view(h_normed.sizes());  // [B, c, d]
 }
 
 void Model::commit_lm_head_gradient(at::Tensor& lm_sum) const {

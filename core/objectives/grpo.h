@@ -31,8 +31,9 @@ class GrpoObjective : public Objective {
   // ((r - mean) / (std + 1e-4), TRL's scale_rewards=group); no old_logps/ref_logps yet (add_synthetic_logps).
   Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const override;
   bool wants_policy_logps() const override { return true; }
-  // old_logps = policy + N(0, 0.3²) on completion tokens (ratios both sides of the clip range); with beta > 0 and no
-  // reference model, ref_logps likewise with other noise.
+  // old_logps = policy + N(0, 0.3²) on completion tokens (ratios both sides of the clip range), each log-ratio (or,
+  // under sequence importance, each row's mean) kept 0.1 away from the clip edges; with beta > 0 and no reference
+  // model, ref_logps = policy + other N(0, 0.3²) noise.
   void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
                            bool reference_given) const override;
   bool needs_reference(const Batch& batch) const override { return options_.beta > 0 && !batch.has("ref_logps"); }

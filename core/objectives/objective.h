@@ -89,7 +89,8 @@ class Objective {
   virtual void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) = 0;
   // The token part of the loss on a chunk: logp [B, c] (0 where unscored) of positions [start, start + c).
   virtual at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const = 0;
-  // The row part: S_chunk [B] from a chunk's log-probs, and R(S) (0-dim). Only with has_row_term().
+  // The row part: S_chunk [B] from a chunk's log-probs, and R(S) (0-dim; chunk_term passes S in fp64). Only with
+  // has_row_term().
   virtual bool has_row_term() const { return false; }
   virtual at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const;
   virtual at::Tensor row_loss(const at::Tensor& S) const;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/model.h"
+#include "core/model/gemm.h"
 #include "core/methods/memory_model.h"
 #include "core/training/data_parallel.h"
 #include "core/objectives/objective.h"
@@ -168,13 +169,16 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
   fs::create_directories(tmp);
   write_safetensors(tmp / "trainable.safetensors", model_.trainable());
   save_optimizer_state(optimizer_.options(), state, tmp / "optimizer.safetensors");
-  const nlohmann::json meta = {{"step", steps_taken()},
+  nlohmann::json meta = {{"step", steps_taken()},
                                {"optimizer", optimizer_spec(optimizer_.options())},
                                {"lr_schedule", lr_schedule_spec(options_.schedule)},
                                {"total_steps", options_.total_steps},
                                {"grad_accum", options_.grad_accum},
                                {"clip_grad_norm", options_.clip_grad_norm},
                                {"run", run}};
+  // The narrow-dtype GEMM paths of this run (core/model/gemm.h): a resumed run takes the same ones, so that it
+  // continues bitwise whatever its own probe would choose on a busier or another machine.
+  if (!gemm_paths_reason(model_.dtype()).empty()) meta["narrow_gemm"] = gemm_paths(model_.dtype()).describe();
   // trainer.json last: a directory with it is complete (and only such a directory is ever renamed into place).
   write_file_atomically(tmp / "trainer.json", meta.dump(2) + "\n");
   // A rerun of the same step replaces it: the old one is renamed away first (atomic), never deleted in place, so a
@@ -226,6 +230,11 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   optimizer_.load_state(sharded ? parallel_->sliced_state(state) : state, state_file.string());
   if (optimizer_.steps_taken() != meta.at("step").get<std::int64_t>())
     throw std::invalid_argument(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
+  if (meta.contains("narrow_gemm")) {
+    if (!meta["narrow_gemm"].is_string())
+      throw std::invalid_argument(meta_file.string() + ": \"narrow_gemm\" is not a string like \"nt=native,nn=widened,tn=widened\"");
+    pin_gemm_paths(model_.dtype(), meta["narrow_gemm"].get<std::string>(), meta_file.string());
+  }
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < trainable.size(); ++i) trainable[i].tensor.copy_(*source[i]);
   if (sharded) parallel_->keep_slices();

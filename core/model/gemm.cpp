@@ -1,0 +1,202 @@
+#include "core/model/gemm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace sbp {
+
+namespace {
+
+bool is_narrow(c10::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
+
+const char* name(GemmPath p) { return p == GemmPath::native ? "native" : "widened"; }
+
+GemmPath parse_path(const std::string& text, const std::string& source) {
+  if (text == "native") return GemmPath::native;
+  if (text == "widened") return GemmPath::widened;
+  throw std::invalid_argument(source + ": GEMM path '" + text + "' (expected native or widened)");
+}
+
+// The probe product of one layout: [m, k] x [k, n] with m = n = k = 256 (16.7 M multiply-adds: 40 ms on the slowest
+// path seen, ATen's bf16 loop on AVX2, well under a millisecond on a fast one), its operands stored as the model's are.
+at::Tensor probe_operand(std::int64_t rows, std::int64_t cols, bool transposed, c10::ScalarType dtype) {
+  const auto t = at::randn({transposed ? cols : rows, transposed ? rows : cols}, at::TensorOptions().dtype(dtype));
+  return transposed ? t.t() : t;
+}
+
+double best_seconds(const std::function<void()>& f) {
+  f();  // warm-up: packing buffers, thread pool
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+struct Choice {
+  GemmPaths paths;
+  std::string reason;
+};
+
+Choice measure(c10::ScalarType dtype) {
+  Choice c;
+  c.reason = "measured:";
+  constexpr std::int64_t n = 256;
+  for (const auto layout : {GemmLayout::nt, GemmLayout::nn, GemmLayout::tn}) {
+    const auto a = probe_operand(n, n, layout == GemmLayout::tn, dtype);
+    const auto b = probe_operand(n, n, layout == GemmLayout::nt, dtype);
+    // Interleaved, best of three each: a busy machine slows both alike.
+    const double native = best_seconds([&] { (void)at::mm(a, b); });
+    const double widened = best_seconds([&] { (void)at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(dtype); });
+    const auto path = native > 2 * widened ? GemmPath::widened : GemmPath::native;
+    (layout == GemmLayout::nt ? c.paths.nt : layout == GemmLayout::nn ? c.paths.nn : c.paths.tn) = path;
+    c.reason += fmt::format(" {} {} ({:.2f} ms native, {:.2f} ms widened);",
+                            layout == GemmLayout::nt ? "nt" : layout == GemmLayout::nn ? "nn" : "tn", name(path),
+                            1e3 * native, 1e3 * widened);
+  }
+  c.reason.pop_back();
+  return c;
+}
+
+GemmPaths parse_paths(const std::string& description, const std::string& source) {
+  GemmPaths p;
+  std::size_t start = 0;
+  int seen = 0;
+  while (start < description.size()) {
+    const auto comma = std::min(description.find(',', start), description.size());
+    const auto item = description.substr(start, comma - start);
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw std::invalid_argument(source + ": GEMM paths '" + description + "': expected nt=..,nn=..,tn=..");
+    const auto key = item.substr(0, eq);
+    const auto path = parse_path(item.substr(eq + 1), source);
+    if (key == "nt") p.nt = path;
+    else if (key == "nn") p.nn = path;
+    else if (key == "tn") p.tn = path;
+    else throw std::invalid_argument(source + ": GEMM paths: unknown layout '" + key + "' (nt, nn, tn)");
+    ++seen;
+    start = comma + 1;
+  }
+  if (seen != 3) throw std::invalid_argument(source + ": GEMM paths '" + description + "': expected nt, nn and tn");
+  return p;
+}
+
+std::mutex choices_mutex;
+std::map<c10::ScalarType, Choice>& choices() {
+  static std::map<c10::ScalarType, Choice> table;
+  return table;
+}
+
+const Choice& choice(c10::ScalarType dtype) {
+  static const Choice never_widened{{}, ""};
+  if (!is_narrow(dtype)) return never_widened;
+  std::lock_guard<std::mutex> lock(choices_mutex);
+  auto& table = choices();
+  auto it = table.find(dtype);
+  if (it == table.end()) {
+    const char* env = std::getenv("STREAMBP_NARROW_GEMM");
+    Choice c;
+    if (env && *env) {
+      const auto path = parse_path(env, "STREAMBP_NARROW_GEMM");
+      c.paths = {path, path, path};
+      c.reason = std::string("pinned by STREAMBP_NARROW_GEMM=") + env;
+    } else {
+      c = measure(dtype);
+    }
+    it = table.emplace(dtype, c).first;
+  }
+  return it->second;
+}
+
+// y = x·wᵀ + bias in fp32 arithmetic on the widened operands where a layout's path says so, each product rounded once
+// into the narrow dtype. Saves what at::linear's autograd saves: x when w needs a gradient, w when x does.
+struct PathLinear : public torch::autograd::Function<PathLinear> {
+  // bias: optional, as an undefined tensor is no valid input of a custom function.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& bias_input) {
+    const at::Tensor bias = bias_input.value_or(at::Tensor());
+    ctx->save_for_backward({w.requires_grad() ? x : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
+    ctx->saved_data["bias"] = bias.defined();
+    const auto k = x.size(-1);
+    const auto x2 = x.reshape({-1, k});  // [rows, k]
+    // The bias inside the product, as at::linear's addmm: one rounding of bias + x·wᵀ.
+    const auto dtype = x.scalar_type();
+    const auto y = gemm_paths(dtype).nt == GemmPath::native
+                       ? (bias.defined() ? at::addmm(bias, x2, w.t()) : at::mm(x2, w.t()))
+                       : (bias.defined() ? at::addmm(bias.to(at::kFloat), x2.to(at::kFloat), w.to(at::kFloat).t())
+                                         : at::mm(x2.to(at::kFloat), w.to(at::kFloat).t()))
+                             .to(dtype);
+    auto sizes = x.sizes().vec();
+    sizes.back() = w.size(0);
+    return y.view(sizes);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& w = saved[1];
+    const auto g = grads[0].reshape({-1, grads[0].size(-1)});  // [rows, n]
+    at::Tensor dx, dw, db;
+    if (w.defined()) {  // x needed a gradient
+      auto sizes = grads[0].sizes().vec();
+      sizes.back() = w.size(1);
+      dx = gemm(g, w, GemmLayout::nn).view(sizes);
+    }
+    if (x.defined()) dw = gemm(g.t(), x.reshape({-1, x.size(-1)}), GemmLayout::tn);  // [n, k]
+    if (ctx->saved_data["bias"].toBool()) db = g.sum(0);
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+GemmPath GemmPaths::of(GemmLayout layout) const {
+  return layout == GemmLayout::nt ? nt : layout == GemmLayout::nn ? nn : tn;
+}
+
+std::string GemmPaths::describe() const {
+  return fmt::format("nt={},nn={},tn={}", name(nt), name(nn), name(tn));
+}
+
+const GemmPaths& gemm_paths(c10::ScalarType dtype) { return choice(dtype).paths; }
+
+std::string gemm_paths_reason(c10::ScalarType dtype) { return choice(dtype).reason; }
+
+std::map<std::string, std::pair<std::string, std::string>> chosen_gemm_paths() {
+  std::lock_guard<std::mutex> lock(choices_mutex);
+  std::map<std::string, std::pair<std::string, std::string>> out;
+  for (const auto& [dtype, c] : choices()) out[dtype == at::kBFloat16 ? "bf16" : "fp16"] = {c.paths.describe(), c.reason};
+  return out;
+}
+
+void pin_gemm_paths(c10::ScalarType dtype, const std::string& description, const std::string& source) {
+  if (!is_narrow(dtype)) return;
+  const auto paths = parse_paths(description, source);
+  std::lock_guard<std::mutex> lock(choices_mutex);
+  choices()[dtype] = {paths, "pinned by " + source};
+}
+
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, GemmLayout layout) {
+  const auto dtype = a.scalar_type();
+  if (!is_narrow(dtype) || gemm_paths(dtype).of(layout) == GemmPath::native) return at::mm(a, b);
+  return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(dtype);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  const auto dtype = x.scalar_type();
+  if (!is_narrow(dtype) || !gemm_paths(dtype).any_widened()) return at::linear(x, w, bias);
+  return PathLinear::apply(x, w, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+}  // namespace sbp

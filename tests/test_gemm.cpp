@@ -1,0 +1,58 @@
+// The narrow-dtype GEMM paths (core/model/gemm.h, issue #28): the widened path is fp32 arithmetic on the widened
+// operands rounded once, in the forward and in every backward product, and the paths can be pinned.
+#include <catch2/catch.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/model/gemm.h"
+
+namespace {
+
+// Restores the process's paths of `dtype` when a test that pinned others ends.
+struct PathsRestored {
+  c10::ScalarType dtype;
+  std::string before = sbp::gemm_paths(dtype).describe();
+  ~PathsRestored() { sbp::pin_gemm_paths(dtype, before, "test teardown"); }
+};
+
+}  // namespace
+
+TEST_CASE("a widened bf16 linear is fp32 arithmetic rounded once, forward and backward", "[gemm][bf16]") {
+  const PathsRestored restore{at::kBFloat16};
+  sbp::pin_gemm_paths(at::kBFloat16, "nt=widened,nn=widened,tn=widened", "test");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const auto x = at::normal(0.0, 1.0, {2, 37, 48}, gen).to(at::kBFloat16).requires_grad_(true);  // [B, c, k]
+  const auto w = at::normal(0.0, 0.1, {80, 48}, gen).to(at::kBFloat16).requires_grad_(true);     // [n, k]
+  const auto b = at::normal(0.0, 0.1, {80}, gen).to(at::kBFloat16).requires_grad_(true);
+  const auto g = at::normal(0.0, 1.0, {2, 37, 80}, gen).to(bf16.dtype());
+  const auto y = sbp::linear(x, w, b);
+  const auto grads = torch::autograd::grad({y}, {x, w, b}, {g});
+
+  const auto x32 = x.detach().to(at::kFloat).reshape({-1, 48}), w32 = w.detach().to(at::kFloat);
+  const auto g32 = g.to(at::kFloat).reshape({-1, 80});
+  CHECK(at::equal(y, at::addmm(b.detach().to(at::kFloat), x32, w32.t()).to(at::kBFloat16).view({2, 37, 80})));
+  CHECK(at::equal(grads[0], at::mm(g32, w32).to(at::kBFloat16).view({2, 37, 48})));
+  CHECK(at::equal(grads[1], at::mm(g32.t(), x32).to(at::kBFloat16)));
+  CHECK(at::equal(grads[2], g.reshape({-1, 80}).sum(0)));
+  // A frozen weight (LoRA's base) gets no gradient and the input's still flows; no bias is fine.
+  const auto frozen = w.detach();
+  const auto dx = torch::autograd::grad({sbp::linear(x, frozen)}, {x}, {g})[0];
+  CHECK(at::equal(dx, at::mm(g32, w32).to(at::kBFloat16).view({2, 37, 48})));
+}
+
+TEST_CASE("the GEMM paths are pinned by a description, and fp32 is never widened", "[gemm]") {
+  const PathsRestored restore{at::kBFloat16};
+  sbp::pin_gemm_paths(at::kBFloat16, "nt=native,nn=widened,tn=native", "test");
+  CHECK(sbp::gemm_paths(at::kBFloat16).describe() == "nt=native,nn=widened,tn=native");
+  CHECK(sbp::gemm_paths_reason(at::kBFloat16) == "pinned by test");
+  CHECK(sbp::chosen_gemm_paths().at("bf16").first == "nt=native,nn=widened,tn=native");
+  CHECK_FALSE(sbp::gemm_paths(at::kFloat).any_widened());
+  CHECK(sbp::gemm_paths_reason(at::kFloat).empty());
+  CHECK_THROWS_WITH(sbp::pin_gemm_paths(at::kBFloat16, "nt=native,nn=fast,tn=native", "trainer.json"),
+                    Catch::Contains("trainer.json: GEMM path 'fast'"));
+  CHECK_THROWS_WITH(sbp::pin_gemm_paths(at::kBFloat16, "nt=native", "trainer.json"),
+                    Catch::Contains("expected nt, nn and tn"));
+}

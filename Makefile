@@ -37,9 +37,13 @@ demo: build
 	$(BUILD)/streambp demo $(DEMO_ARGS)
 
 # The main tree's suite, then the sanitized tree's (unit tests under ASan + UBSan, a bounded run of every fuzz target).
-test: build sanitize-build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
-	ctest --test-dir $(SANITIZE_BUILD) --output-on-failure -j $(JOBS)
+# Both trees always run: a failure in one (its build or its tests) never hides the other's; make fails after both.
+test: deps venv
+	@status=0; \
+	$(MAKE) --no-print-directory build && ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) || status=1; \
+	$(MAKE) --no-print-directory sanitize-build && ctest --test-dir $(SANITIZE_BUILD) --output-on-failure -j $(JOBS) || status=1; \
+	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the output of both trees above)"; fi; \
+	exit $$status
 
 # The micro-benchmarks of StreamBP's pieces into a new results/bench/bench-<UTC time>.json (never overwritten).
 # Extra flags, e.g. make bench BENCH_ARGS="--preset qwen3-small --benchmark_filter=head" (build/streambp_bench --help).

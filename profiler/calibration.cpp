@@ -60,12 +60,28 @@ at::Tensor operand(std::int64_t rows, std::int64_t cols, bool transposed, const 
 std::int64_t gemm_bytes(c10::Device device, const KernelCall& c, std::int64_t m, std::int64_t n, std::int64_t k) {
   const auto options = at::TensorOptions().dtype(c.dtype).device(device);
   const auto a = operand(m, k, c.a_transposed, options), b = operand(k, n, c.b_transposed, options);
-  // Through the model's own product (core/model/gemm.h): a widened path's fp32 operands and output are its workspace.
-  const auto layout = c.a_transposed ? GemmLayout::tn : c.b_transposed ? GemmLayout::nt : GemmLayout::nn;
-  return bytes_beyond_outputs(device, [&] { return std::int64_t(gemm(a, b, layout).nbytes()); });
+  return bytes_beyond_outputs(device, [&] { return std::int64_t(at::mm(a, b).nbytes()); });
 }
 
+void probe_native_gemm(c10::Device device, Probe& p);
+
+// A product on the widened path (core/model/gemm.h) is an fp32 product of fp32 copies of both operands: its scratch is
+// the fp32 kernel's, probed at the same shape, plus those copies and the fp32 product, all alive when the product is
+// rounded into the narrow output (4 (mk + kn + mn) bytes: arithmetic, exact at any size, where a probe shortened to
+// a few thousand rows would see operands of that size).
 void probe_gemm(c10::Device device, Probe& p) {
+  const auto& c = p.call;
+  const bool narrow = c.dtype == at::kBFloat16 || c.dtype == at::kHalf;
+  const auto layout = c.a_transposed ? GemmLayout::tn : c.b_transposed ? GemmLayout::nt : GemmLayout::nn;
+  if (!narrow || device.is_cuda() || gemm_paths(c.dtype).of(layout) == GemmPath::native) return probe_native_gemm(device, p);
+  Probe fp32{KernelCall::gemm(at::kFloat, c.threads, c.m, c.n, c.k, c.a_transposed, c.b_transposed)};
+  probe_native_gemm(device, fp32);
+  p.bytes = fp32.bytes + 4 * (c.m * c.k + c.k * c.n + c.m * c.n);
+  p.probed = "widened: fp32 " + fp32.probed + " + the fp32 operands and product";
+  p.extrapolated = fp32.extrapolated;
+}
+
+void probe_native_gemm(c10::Device device, Probe& p) {
   const auto& c = p.call;
   auto m = c.m, n = c.n, k = c.k;
   const auto cost = [&] { return m * n * k; };

@@ -13,13 +13,17 @@
 int main(int argc, char* argv[]) {
   sbp::CpuMemoryMeter::install();
   Catch::Session session;
-  // --onednn-max-cpu-isa AVX2: run this process on a lower instruction set, as a CPU without the native ones would
-  // (tests/CMakeLists.txt registers the memory-model tests once per ISA). It must be set before oneDNN's first use.
-  std::string isa;
-  session.cli(session.cli() | Catch::clara::Opt(isa, "ISA")["--onednn-max-cpu-isa"](
-                                  "ONEDNN_MAX_CPU_ISA for this process (e.g. AVX512_CORE, AVX2)"));
+  // --env NAME=VALUE: run this process under a CPU configuration (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=default,
+  // STREAMBP_NARROW_GEMM=widened), as a CPU without the native instruction sets would (tests/CMakeLists.txt registers
+  // the verdicts and the kernel-dependent memory models once per configuration). Set before ATen's and oneDNN's first
+  // use, which read them once. --onednn-max-cpu-isa ISA is --env ONEDNN_MAX_CPU_ISA=ISA.
+  std::string isa, env;
+  session.cli(session.cli() |
+              Catch::clara::Opt(isa, "ISA")["--onednn-max-cpu-isa"]("ONEDNN_MAX_CPU_ISA for this process (e.g. AVX2)") |
+              Catch::clara::Opt(env, "NAME=VALUE")["--env"]("an environment variable for this process"));
   if (const int rc = session.applyCommandLine(argc, argv)) return rc;
   if (!isa.empty()) setenv("ONEDNN_MAX_CPU_ISA", isa.c_str(), 1);
+  if (const auto eq = env.find('='); eq != std::string::npos) setenv(env.substr(0, eq).c_str(), env.substr(eq + 1).c_str(), 1);
   // The machines have 2 cores shared by ctest -j2; a fixed thread count also fixes the CPU reduction order, which
   // the bitwise determinism test relies on.
   at::set_num_threads(2);

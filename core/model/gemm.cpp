@@ -131,7 +131,7 @@ struct PathLinear : public torch::autograd::Function<PathLinear> {
     const auto x2 = x.reshape({-1, k});  // [rows, k]
     // The bias inside the product, as at::linear's addmm: one rounding of bias + x·wᵀ.
     const auto dtype = x.scalar_type();
-    const auto y = gemm_paths(dtype).nt == GemmPath::native
+    const auto y = !widened(x, GemmLayout::nt)
                        ? (bias.defined() ? at::addmm(bias, x2, w.t()) : at::mm(x2, w.t()))
                        : (bias.defined() ? at::addmm(bias.to(at::kFloat), x2.to(at::kFloat), w.to(at::kFloat).t())
                                          : at::mm(x2.to(at::kFloat), w.to(at::kFloat).t()))
@@ -153,7 +153,9 @@ struct PathLinear : public torch::autograd::Function<PathLinear> {
       sizes.back() = w.size(1);
       dx = gemm(g, w, GemmLayout::nn).view(sizes);
     }
-    if (x.defined()) dw = gemm(g.t(), x.reshape({-1, x.size(-1)}), GemmLayout::tn);  // [n, k]
+    // [n, k] as the transpose of xᵀ·g ([k, n]), the layout autograd's own linear backward leaves: the gradient's
+    // accumulation then copies it as it copies the native one (the memory models count that copy).
+    if (x.defined()) dw = gemm(x.reshape({-1, x.size(-1)}).t(), g, GemmLayout::tn).t();
     if (ctx->saved_data["bias"].toBool()) db = g.sum(0);
     return {dx, dw, db};
   }
@@ -187,15 +189,18 @@ void pin_gemm_paths(c10::ScalarType dtype, const std::string& description, const
   choices()[dtype] = {paths, "pinned by " + source};
 }
 
+bool widened(const at::Tensor& a, GemmLayout layout) {
+  return is_narrow(a.scalar_type()) && a.is_cpu() && gemm_paths(a.scalar_type()).of(layout) == GemmPath::widened;
+}
+
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, GemmLayout layout) {
-  const auto dtype = a.scalar_type();
-  if (!is_narrow(dtype) || gemm_paths(dtype).of(layout) == GemmPath::native) return at::mm(a, b);
-  return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(dtype);
+  // Both fp32 copies and the fp32 product are alive when the product is rounded: the scratch the calibration counts.
+  return widened(a, layout) ? at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(a.scalar_type()) : at::mm(a, b);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const auto dtype = x.scalar_type();
-  if (!is_narrow(dtype) || !gemm_paths(dtype).any_widened()) return at::linear(x, w, bias);
+  if (!is_narrow(dtype) || !x.is_cpu() || !gemm_paths(dtype).any_widened()) return at::linear(x, w, bias);
   return PathLinear::apply(x, w, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 

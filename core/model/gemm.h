@@ -12,8 +12,8 @@
 // chosen once per process and dtype by timing both on a probe product: widened when the native kernel is more than
 // twice as slow (the cases that matter are 4x to 150x; a narrower margin could flip between runs of one machine).
 // STREAMBP_NARROW_GEMM=native|widened pins every layout instead, and a resumed training run pins the paths its
-// checkpoint recorded, so that a resumed run continues with the arithmetic it started with. fp32/fp64 are never
-// widened.
+// checkpoint recorded, so that a resumed run continues with the arithmetic it started with. fp32/fp64 and tensors on
+// a GPU are never widened.
 #pragma once
 
 #include <map>
@@ -44,6 +44,9 @@ std::map<std::string, std::pair<std::string, std::string>> chosen_gemm_paths();
 // `source` on a malformed description.
 void pin_gemm_paths(c10::ScalarType dtype, const std::string& description, const std::string& source);
 
+// Whether a product of `a` (its dtype and device) in `layout` takes the widened path: only narrow dtypes on the CPU
+// (a GPU's bf16 kernels are its fast path).
+bool widened(const at::Tensor& a, GemmLayout layout);
 // a [m, k] · b [k, n] in a's dtype; `layout` names which of the model's products this is (its path).
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, GemmLayout layout);
 // y = x · wᵀ + bias (x [..., k], w [n, k], bias [n] or undefined), differentiable; the backward's products take

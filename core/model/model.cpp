@@ -395,10 +395,10 @@ at::Tensor Model::logits(const at::Tensor& h_normed, HeadBuffers* buffers) const
     at::mm_out(out, h, lm_head_.t());
   } else {  // the model-dtype GEMM, widened like HF's logits.float()
     auto product = reused_block(buffers->product, rows, V, h_normed.options());
-    if (gemm_paths(dtype_).nt == GemmPath::native)
+    if (!widened(h, GemmLayout::nt))
       at::mm_out(product, h, compute(lm_head_).t());
-    else
-      product.copy_(gemm(h, compute(lm_head_).t(), GemmLayout::nt));
+    else  // the fp32 product rounded straight into the block (core/model/gemm.h)
+      product.copy_(at::mm(h.to(at::kFloat), compute(lm_head_).to(at::kFloat).t()));
     out.copy_(product);
   }
   return out.view(sizes);

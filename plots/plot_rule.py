@@ -7,6 +7,7 @@ floor)) per precision, whose every value must stay below 1 (and, for a margin, b
 Usage: python plots/plot_rule.py RUN_DIR   (writes RUN_DIR/rule.png)
 """
 import csv
+import gzip
 import sys
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main():
     run = Path(sys.argv[1])
-    rows = [r for f in sorted(run.glob("grid-*.csv")) for r in csv.DictReader(f.open())]
+    rows = [r for f in sorted(run.glob("grid-*.csv*")) if f.suffix in (".csv", ".gz")
+            for r in csv.DictReader(gzip.open(f, "rt") if f.suffix == ".gz" else f.open())]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = {"fp32": "tab:blue", "bf16": "tab:red", "bf16-mixed": "tab:green"}
     curve = {}

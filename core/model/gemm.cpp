@@ -1,6 +1,7 @@
 #include "core/model/gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -26,8 +27,10 @@ GemmPath parse_path(const std::string& text, const std::string& source) {
   throw std::invalid_argument(source + ": GEMM path '" + text + "' (expected native or widened)");
 }
 
-// The probe product of one layout: [m, k] x [k, n] with m = n = k = 256 (16.7 M multiply-adds: 40 ms on the slowest
-// path seen, ATen's bf16 loop on AVX2, well under a millisecond on a fast one), its operands stored as the model's are.
+// The probe products of one layout, operands stored as the model's are: first [256 x 256] x [256 x 256] (16.7 M
+// multiply-adds: 40 ms on the slowest path seen, ATen's bf16 loop on AVX2), which settles a slow native kernel at
+// once; when it does not, [1024 x 512] x [512 x 1024] (a layer's shape: a small probe kept every layout native on an
+// AVX512-BF16 Xeon whose input-gradient kernel is 3x slower than widened at qwen3-small's sizes).
 at::Tensor probe_operand(std::int64_t rows, std::int64_t cols, bool transposed, c10::ScalarType dtype) {
   const auto t = at::randn({transposed ? cols : rows, transposed ? rows : cols}, at::TensorOptions().dtype(dtype));
   return transposed ? t.t() : t;
@@ -52,13 +55,16 @@ struct Choice {
 Choice measure(c10::ScalarType dtype) {
   Choice c;
   c.reason = "measured:";
-  constexpr std::int64_t n = 256;
   for (const auto layout : {GemmLayout::nt, GemmLayout::nn, GemmLayout::tn}) {
-    const auto a = probe_operand(n, n, layout == GemmLayout::tn, dtype);
-    const auto b = probe_operand(n, n, layout == GemmLayout::nt, dtype);
-    // Interleaved, best of three each: a busy machine slows both alike.
-    const double native = best_seconds([&] { (void)at::mm(a, b); });
-    const double widened = best_seconds([&] { (void)at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(dtype); });
+    double native = 0, widened = 0;
+    for (const auto [m, k, n] : {std::array<std::int64_t, 3>{256, 256, 256}, {1024, 512, 1024}}) {
+      const auto a = probe_operand(m, k, layout == GemmLayout::tn, dtype);
+      const auto b = probe_operand(k, n, layout == GemmLayout::nt, dtype);
+      // Best of three each: a busy machine slows both alike.
+      native = best_seconds([&] { (void)at::mm(a, b); });
+      widened = best_seconds([&] { (void)at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(dtype); });
+      if (native > 2 * widened) break;
+    }
     const auto path = native > 2 * widened ? GemmPath::widened : GemmPath::native;
     (layout == GemmLayout::nt ? c.paths.nt : layout == GemmLayout::nn ? c.paths.nn : c.paths.tn) = path;
     c.reason += fmt::format(" {} {} ({:.2f} ms native, {:.2f} ms widened);",

@@ -30,3 +30,6 @@ run() {  # run CONFIG GRID_FLAGS...
 export -f run
 export build out
 printf '%s\n' "${configs[@]}" | xargs -P 2 -I{} bash -c 'run "$@"' _ {} "$@"
+gzip -9 "$out"/grid-*.csv
+python3 "$(dirname "$0")/summarize.py" "$out" >"$out/summary.md"
+"${PYTHON:-python3}" "$(dirname "$0")/../../plots/plot_rule.py" "$out"

@@ -7,6 +7,7 @@ effective entry count beside the allowance, the data behind the rule.
     python experiments/precision_grid/summarize.py OUT_DIR     (writes OUT_DIR/summary.csv, prints markdown)
 """
 import csv
+import gzip
 import math
 import sys
 from collections import defaultdict
@@ -24,8 +25,9 @@ def method_family(spec):
 def main():
     out = Path(sys.argv[1])
     rows = []
-    for f in sorted(out.glob("grid-*.csv")):
-        rows += list(csv.DictReader(f.open()))
+    for f in sorted(out.glob("grid-*.csv*")):
+        if f.suffix in (".csv", ".gz"):
+            rows += list(csv.DictReader(gzip.open(f, "rt") if f.suffix == ".gz" else f.open()))
     if not rows:
         sys.exit(f"error: no grid-*.csv in {out}")
     groups = defaultdict(list)

@@ -29,6 +29,7 @@
 #include "core/objectives/objective.h"
 #include "experiments/provenance.h"
 #include "experiments/results_table.h"
+#include "experiments/runner.h"
 #include "verify/grad_compare.h"
 
 namespace {
@@ -88,19 +89,6 @@ std::string env(const char* name) {
   return v && *v ? v : "native";
 }
 
-std::vector<std::string> split(const std::string& s, char sep = ',') {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    const auto comma = s.find(sep, start);
-    const auto item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!item.empty()) out.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,11 +135,11 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::pair<std::string, std::int64_t>> known_objectives = {
       {"sft", {"sft", 0}}, {"grpo", {"grpo:beta=0.04,loss_type=grpo", 2}}, {"dpo", {"dpo:beta=0.1", 0}}};
   std::vector<std::pair<std::string, std::int64_t>> objectives;
-  for (const auto& name : split(objective_names)) objectives.push_back(known_objectives.at(name));
+  for (const auto& name : sbp::split_list(objective_names, ',')) objectives.push_back(known_objectives.at(name));
   std::size_t done = 0;
-  for (const auto& m : grid_models(split(models)))
+  for (const auto& m : grid_models(sbp::split_list(models, ',')))
     for (const auto& [objective_spec, group] : objectives)
-      for (const auto& lora_name : split(loras))
+      for (const auto& lora_name : sbp::split_list(loras, ','))
         for (int seed = first_seed; seed < first_seed + seeds; ++seed) {
           const std::string lora = lora_name == "lora" ? "rank=8,init=random" : "";
           auto objective = sbp::make_objective(objective_spec);
@@ -167,14 +155,14 @@ int main(int argc, char** argv) {
             objective->add_synthetic_logps(batch, sbp::sequence_logps(oracle_model, batch.input_ids, objective->temperature()),
                                            std::uint64_t(3000 + seed), false);
           const auto oracle = step(oracle_model, "standard", *objective, batch);
-          for (const auto& precision : split(precisions)) {
+          for (const auto& precision : sbp::split_list(precisions, ',')) {
             sbp::Model model = precision == "fp32" ? sbp::Model(m.config, at::kFloat, bf16.parameters(), "bf16 weights")
                                                    : sbp::Model(m.config, at::kBFloat16, bf16.parameters(), "bf16 weights");
             if (!lora.empty()) model.load_lora(bf16.lora(), bf16.adapters(), "bf16 adapters");
             if (precision == "bf16-mixed") model.set_grad_dtype(at::kFloat);
             const auto dtype = precision == "fp32" ? at::kFloat : at::kBFloat16;
             const auto standard = sbp::compare_gradients(oracle, step(model, "standard", *objective, batch));
-            for (const auto& spec : methods.empty() ? grid_methods(m.seq_len, quick) : split(methods, ';')) {
+            for (const auto& spec : methods.empty() ? grid_methods(m.seq_len, quick) : sbp::split_list(methods, ';')) {
               const auto method = sbp::compare_gradients(oracle, step(model, spec, *objective, batch));
               for (std::size_t t = 0; t < method.tensors.size(); ++t) {
                 const auto& s = standard.tensors[t];

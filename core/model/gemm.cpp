@@ -1,10 +1,9 @@
 #include "core/model/gemm.h"
 
 #include <algorithm>
-#include <array>
-#include <chrono>
+#include <cctype>
 #include <cstdlib>
-#include <functional>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -27,52 +26,44 @@ GemmPath parse_path(const std::string& text, const std::string& source) {
   throw std::invalid_argument(source + ": GEMM path '" + text + "' (expected native or widened)");
 }
 
-// The probe products of one layout, operands stored as the model's are: first [256 x 256] x [256 x 256] (16.7 M
-// multiply-adds: 40 ms on the slowest path seen, ATen's bf16 loop on AVX2), which settles a slow native kernel at
-// once; when it does not, [1024 x 512] x [512 x 1024] (a layer's shape: a small probe kept every layout native on an
-// AVX512-BF16 Xeon whose input-gradient kernel is 3x slower than widened at qwen3-small's sizes).
-at::Tensor probe_operand(std::int64_t rows, std::int64_t cols, bool transposed, c10::ScalarType dtype) {
-  const auto t = at::randn({transposed ? cols : rows, transposed ? rows : cols}, at::TensorOptions().dtype(dtype));
-  return transposed ? t.t() : t;
-}
-
-double best_seconds(const std::function<void()>& f) {
-  f();  // warm-up: packing buffers, thread pool
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
-}
-
 struct Choice {
   GemmPaths paths;
   std::string reason;
 };
 
-Choice measure(c10::ScalarType dtype) {
-  Choice c;
-  c.reason = "measured:";
-  for (const auto layout : {GemmLayout::nt, GemmLayout::nn, GemmLayout::tn}) {
-    double native = 0, widened = 0;
-    for (const auto [m, k, n] : {std::array<std::int64_t, 3>{256, 256, 256}, {1024, 512, 1024}}) {
-      const auto a = probe_operand(m, k, layout == GemmLayout::tn, dtype);
-      const auto b = probe_operand(k, n, layout == GemmLayout::nt, dtype);
-      // Best of three each: a busy machine slows both alike.
-      native = best_seconds([&] { (void)at::mm(a, b); });
-      widened = best_seconds([&] { (void)at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(dtype); });
-      if (native > 2 * widened) break;
-    }
-    const auto path = native > 2 * widened ? GemmPath::widened : GemmPath::native;
-    (layout == GemmLayout::nt ? c.paths.nt : layout == GemmLayout::nn ? c.paths.nn : c.paths.tn) = path;
-    c.reason += fmt::format(" {} {} ({:.2f} ms native, {:.2f} ms widened);",
-                            layout == GemmLayout::nt ? "nt" : layout == GemmLayout::nn ? "nn" : "tn", name(path),
-                            1e3 * native, 1e3 * widened);
-  }
-  c.reason.pop_back();
-  return c;
+// The CPU's flags as the kernel lists them ("... avx512_bf16 amx_bf16 amx_tile ..."); empty where unreadable.
+std::string cpu_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) return line.substr(line.find(':') + 1) + " ";
+  return "";
+}
+
+bool has_flag(const std::string& flags, const std::string& flag) { return flags.find(" " + flag + " ") != std::string::npos; }
+
+}  // namespace
+
+std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa) {
+  const auto padded = " " + flags + " ";
+  if (!has_flag(padded, "amx_bf16") || !has_flag(padded, "amx_tile"))
+    return {GemmPath::widened, "the CPU has no AMX-BF16"};
+  std::string cap;
+  for (const char ch : onednn_max_isa) cap += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  // oneDNN's names of the levels below AMX; any other value (ALL, DEFAULT, *AMX*, or one it ignores) leaves AMX on.
+  for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                            "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512"})
+    if (cap == below) return {GemmPath::widened, "ONEDNN_MAX_CPU_ISA=" + onednn_max_isa + " keeps oneDNN off AMX"};
+  return {GemmPath::native, "AMX-BF16: oneDNN's bf16 GEMMs run on the tile units"};
+}
+
+namespace {
+
+Choice default_choice() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");  // oneDNN's older name of the same knob
+  const auto [path, why] = default_narrow_gemm_path(cpu_flags(), cap ? cap : "");
+  return {{path, path, path}, why};
 }
 
 GemmPaths parse_paths(const std::string& description, const std::string& source) {
@@ -117,7 +108,7 @@ const Choice& choice(c10::ScalarType dtype) {
       c.paths = {path, path, path};
       c.reason = std::string("pinned by STREAMBP_NARROW_GEMM=") + env;
     } else {
-      c = measure(dtype);
+      c = default_choice();
     }
     it = table.emplace(dtype, c).first;
   }

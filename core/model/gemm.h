@@ -8,15 +8,20 @@
 // GEMM with fp32 accumulation, which is what the native kernels compute too (results differ by accumulation order,
 // i.e. rounding noise, judged by the low-precision rule like any other reordering).
 //
-// Each operand layout (the forward x·Wᵀ, the input gradient g·W, the weight gradient gᵀ·x) takes its own path,
-// chosen once per process and dtype by timing both on a probe product: widened when the native kernel is more than
-// twice as slow (the cases that matter are 4x to 150x; a narrower margin could flip between runs of one machine).
-// STREAMBP_NARROW_GEMM=native|widened pins every layout instead, and a resumed training run pins the paths its
-// checkpoint recorded, so that a resumed run continues with the arithmetic it started with. fp32/fp64 and tensors on
-// a GPU are never widened.
+// The path is a property of the machine and the process's environment, never of a timing: a path changes the bits of
+// every product, and a choice timed per process flipped between two processes of one machine under load (the
+// resumed run of a bitwise-resume test took the other path; ranks of one data-parallel group could too). Native
+// where oneDNN's bf16 GEMMs run on AMX-BF16 tile units (several times fp32's throughput); widened everywhere else:
+// AVX2 (ATen's loop), AVX512_CORE (emulated, 4-7x slower than fp32) and AVX512-BF16 without AMX (measured on a Xeon:
+// the input-gradient layout 1.8-3x slower native than widened, a qwen3-small bf16 step 43 s native against 32 s
+// widened). ONEDNN_MAX_CPU_ISA below AMX counts as no AMX. STREAMBP_NARROW_GEMM=native|widened pins every layout
+// instead, and a resumed training run pins the paths its checkpoint recorded (a checkpoint may move between
+// machines). fp32/fp64 and tensors on a GPU are never widened. The layouts keep their own paths so that a
+// checkpoint or a test can pin them one by one.
 #pragma once
 
 #include <map>
+#include <utility>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -33,10 +38,13 @@ struct GemmPaths {
   bool any_widened() const { return nt == GemmPath::widened || nn == GemmPath::widened || tn == GemmPath::widened; }
 };
 
-// The paths of `dtype` in this process (all native for fp32/fp64), measured on first use unless pinned.
+// The paths of `dtype` in this process (all native for fp32/fp64), chosen on first use unless pinned.
 const GemmPaths& gemm_paths(c10::ScalarType dtype);
-// What the choice was based on, for the run record: "measured: nt native 1.2 ms / widened 1.0 ms, ...", "pinned by
-// STREAMBP_NARROW_GEMM=widened", "pinned by the checkpoint"; "" for a dtype that is never widened.
+// The default path of every layout from the CPU's flags (/proc/cpuinfo's "flags" line) and ONEDNN_MAX_CPU_ISA's
+// value ("" when unset), with the reason in words.
+std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa);
+// What the choice was based on, for the run record: "the CPU has no AMX-BF16", "pinned by
+// STREAMBP_NARROW_GEMM=widened", "pinned by <checkpoint>/trainer.json"; "" for a dtype that is never widened.
 std::string gemm_paths_reason(c10::ScalarType dtype);
 // Every narrow dtype whose paths this process has chosen so far: its name ("bf16") -> {paths, reason}.
 std::map<std::string, std::pair<std::string, std::string>> chosen_gemm_paths();

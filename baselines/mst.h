@@ -1,4 +1,4 @@
-// MsT, the Mini-Sequence Transformer (Luo et al. 2024), as its paper describes it (REFERENCES §3): per-layer
+// MsT, the Mini-Sequence Transformer (Luo et al. 2024), as its paper describes it: per-layer
 // checkpointing, with the LM head + loss and each layer's MLP processed in M mini-sequences of ceil(T / M)
 // positions; attention runs on the full sequence. In the re-forward of a layer an MLP mini-sequence keeps only its
 // input and is back-propagated before the next one is formed, so at most one mini-sequence's MLP intermediates exist

@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "baselines/methods.h"
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"

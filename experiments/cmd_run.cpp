@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/model/chunk_attention_kernels.h"
 #include "core/model/gemm.h"
 #include "core/io/dtype.h"

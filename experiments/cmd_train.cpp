@@ -1,4 +1,4 @@
-// `streambp train`: optimizer steps of any BP method (core/trainer.h), with gradient accumulation, a data folder or
+// `streambp train`: optimizer steps of any BP method (core/training/trainer.h), with gradient accumulation, a data folder or
 // seeded random batches, atomic resumable checkpoints, a per-step metrics CSV and a progress line per step.
 #include <algorithm>
 #include <chrono>
@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "baselines/methods.h"
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
 #include "core/io/safetensors.h"

@@ -1,4 +1,4 @@
-// Ranks of a distributed `train` (DESIGN §12): which rank this process is, from the environment, and the local
+// Ranks of a distributed `train` (ARCHITECTURE.md §12): which rank this process is, from the environment, and the local
 // launcher behind `--nproc N`, which starts N ranks of the same command line as fresh processes (fork + exec of this
 // binary), relays their output and, when one fails, stops the others and names it.
 #pragma once

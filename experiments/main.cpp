@@ -15,7 +15,7 @@
 #include "profiler/cpu_meter.h"
 
 int main(int argc, char** argv) {
-  // Before any tensor exists, so that every byte is seen (DESIGN §7).
+  // Before any tensor exists, so that every byte is seen (ARCHITECTURE.md §7).
   sbp::CpuMemoryMeter::install();
 
   CLI::App app{"StreamBP harness: exact, memory-efficient backpropagation for long sequences, next to its baselines"};
@@ -66,7 +66,14 @@ int main(int argc, char** argv) {
                                                 "oracle over a matrix of cases, through a file protocol (exit 1 on "
                                                 "any failure)");
   sbp::add_conform_options(*conform, conform_args);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; every rejection of the command line (an unknown flag, a value of the wrong type or
+    // out of its range, a missing required option) is bad input: exit 2 like every other, not CLI11's own 105-113.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
   try {

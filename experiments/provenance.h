@@ -1,4 +1,4 @@
-// Where a result came from (DESIGN §9): enough to regenerate the row, recorded beside every result.
+// Where a result came from (ARCHITECTURE.md §9): enough to regenerate the row, recorded beside every result.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// Results as data with provenance (DESIGN §9): every row carries commit, date, machine, threads, torch version,
+// Results as data with provenance (ARCHITECTURE.md §9): every row carries commit, date, machine, threads, torch version,
 // preset, method spec, dtype, seed and status next to its measurements. Files are written atomically and never
 // overwrite an earlier result: each run gets a new, time-stamped name; a resumed sweep rewrites its own file with
 // the earlier rows kept verbatim (their provenance included).

@@ -9,7 +9,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
 #include "core/io/safetensors.h"

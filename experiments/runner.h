@@ -28,14 +28,6 @@ std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dt
 Batch read_batch_file(const std::filesystem::path& file);
 void write_batch_file(const Batch& batch, const std::filesystem::path& file);
 
-// The log-probs a batch needs beyond its tokens, filled in before the step (outside the measured BP):
-// - a random batch of an objective that wants them gets old_logps / synthetic ref_logps from the policy's own
-//   chunked no-grad pass (Objective::add_synthetic_logps);
-// - ref_logps from a reference model (`ref_dir`, an HF checkpoint of the same architecture and vocabulary), by a
-//   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them;
-//   under LoRA without --ref, the reference is the base model itself with its adapters disabled.
-// Throws std::invalid_argument (exit 2) when the reference is needed but not given, given but not used, or of
-// another architecture.
 // The memory models' view of a run: shape, dtype, the (prepared) objective's buffers and statistics pass, LoRA.
 Workload make_workload(const Model& model, const Objective& objective, const Batch& batch);
 
@@ -48,6 +40,14 @@ struct ReferencePass {
   std::int64_t peak_bytes = 0;  // bytes the pass added on top of what was live before it (reference weights included)
   MemoryEstimate model;         // reference_pass_memory of the same workload
 };
+// The log-probs a batch needs beyond its tokens, filled in before the step (outside the measured BP):
+// - a random batch of an objective that wants them gets old_logps / synthetic ref_logps from the policy's own
+//   chunked no-grad pass (Objective::add_synthetic_logps);
+// - ref_logps from a reference model (`ref_dir`, an HF checkpoint of the same architecture and vocabulary), by a
+//   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them;
+//   under LoRA without --ref, the reference is the base model itself with its adapters disabled.
+// Throws std::invalid_argument (exit 2) when the reference is needed but not given, given but not used, or of
+// another architecture.
 ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed);
 

@@ -1,4 +1,4 @@
-// The running machine's kernel workspaces (core/kernel_workspace.h), measured: each call a memory model names is run
+// The running machine's kernel workspaces (core/methods/kernel_workspace.h), measured: each call a memory model names is run
 // once, on small inputs of its shape class, under the device's meter, and the bytes it took beyond its inputs and
 // outputs are cached for the process. So a model follows whichever kernels the CPU (or GPU) and its libraries pick:
 // oneDNN's native bf16 GEMMs, their AVX512_CORE emulation, ATen's fallback loops, or cuBLAS.

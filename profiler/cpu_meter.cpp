@@ -82,7 +82,7 @@ void tracked_free(void* ptr) {
   c10::free_cpu(ptr);
 }
 
-// data == context (c10 relies on it for CPU tensors), raw_deleter provided, copy_data overridden (DESIGN §7).
+// data == context (c10 relies on it for CPU tensors), raw_deleter provided, copy_data overridden (ARCHITECTURE.md §7).
 class TrackingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {

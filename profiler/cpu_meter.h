@@ -1,4 +1,4 @@
-// CPU memory meter: an allocator wrapper that sees every byte a CPU tensor allocates (DESIGN §7). Current and peak
+// CPU memory meter: an allocator wrapper that sees every byte a CPU tensor allocates (ARCHITECTURE.md §7). Current and peak
 // bytes, per-phase peaks (it listens to the Phase marks of the BP methods), an optional budget that throws
 // c10::OutOfMemoryError like a full GPU would, and an optional timeline of (time, bytes, phase).
 #pragma once

@@ -1,5 +1,5 @@
 // CUDA memory meter: the CPU meter's interface (cpu_meter.h) over torch's CUDA caching allocator, one per device
-// (DESIGN §7, REFERENCES §5). No CUDA or torch include here, so CPU-only code can hold one. Implementations:
+// (ARCHITECTURE.md §7; the caching allocator's device statistics and CUPTI's activity records). No CUDA or torch include here, so CPU-only code can hold one. Implementations:
 // cuda_meter.cpp (CUDA builds) and cuda_meter_stub.cpp; the parts that need no GPU are in caching_allocator.h.
 //
 // Without a GPU (or for a device that does not exist) nothing throws: available() is false, reason() says why, every

@@ -1,4 +1,4 @@
-# The run record (--json) carries the numbers and where they came from (DESIGN §9); its status claims only what ran
+# The run record (--json) carries the numbers and where they came from (ARCHITECTURE.md §9); its status claims only what ran
 # (`unchecked`: a run compares no gradient; `oom`: no time or peak).
 source "$(dirname "$0")/cli_common.sh"
 "$STREAMBP" run --preset tiny --method streambp:layer_chunk=8,head_chunk=8 --dtype fp32 --batch 2 --seq 33 \

@@ -1,4 +1,4 @@
-# The binary must start on a machine without a GPU driver: libcuda.so.1 is never a direct dependency (DESIGN §10),
+# The binary must start on a machine without a GPU driver: libcuda.so.1 is never a direct dependency (ARCHITECTURE.md §10),
 # and it does start here (these machines have no driver).
 source "$(dirname "$0")/cli_common.sh"
 needed=$(readelf -d "$STREAMBP" | grep NEEDED)

@@ -9,6 +9,12 @@ expect_failure "truncated model.safetensors" "$weights" \
   "$STREAMBP" run --load "$WORK/M" --method standard --seq 8
 
 expect_failure "unknown dtype" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
+# CLI11's own rejections are bad input too: exit 2, not its codes 105-113.
+expect_exit_2 "a value outside its set" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
+expect_exit_2 "an unknown flag" "--no-such-flag" "$STREAMBP" run --preset tiny --method standard --seq 8 --no-such-flag
+expect_exit_2 "a flag value of the wrong type" "--seq" "$STREAMBP" run --preset tiny --method standard --seq eight
+expect_exit_2 "a required option missing" "--method" "$STREAMBP" run --preset tiny --seq 8
+"$STREAMBP" run --help >/dev/null || fail "run --help must exit 0"
 # Mixed precision is bf16 (or fp16) compute with fp32 gradients; anything else is refused, naming both flags.
 expect_failure "--grad-dtype with fp64" "--grad-dtype fp32 with --dtype fp64" \
   "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp64 --grad-dtype fp32

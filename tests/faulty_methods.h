@@ -1,4 +1,4 @@
-// Faulty BP methods for the negative controls (DESIGN §8): each subclass overrides one protected step of StreamBP or
+// Faulty BP methods for the negative controls (ARCHITECTURE.md §8): each subclass overrides one protected step of StreamBP or
 // MsT with a classic way of getting a streamed backward wrong, so that the tests can show that the gates fail on it.
 // The production classes carry no switch for any of them: fault injection lives in tests.
 #pragma once

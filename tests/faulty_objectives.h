@@ -1,6 +1,6 @@
-// Faulty objectives for the negative controls of the objectives' gates (DESIGN §8): each subclass overrides one
+// Faulty objectives for the negative controls of the objectives' gates (ARCHITECTURE.md §8): each subclass overrides one
 // protected step of DPO or GRPO with a known way of getting it wrong — the public StreamBP code's bugs among them
-// (REFERENCES §2). The production classes carry no switch for any of them: fault injection lives in tests.
+//. The production classes carry no switch for any of them: fault injection lives in tests.
 #pragma once
 
 #include <string>

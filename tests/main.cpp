@@ -1,4 +1,4 @@
-// Catch2 runner of the test suite. The CPU memory meter must be installed before any tensor exists (DESIGN §7):
+// Catch2 runner of the test suite. The CPU memory meter must be installed before any tensor exists (ARCHITECTURE.md §7):
 // a block allocated earlier is invisible to it, and the meter tests count bytes exactly.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>

@@ -1,7 +1,7 @@
 """The error metrics every Python oracle script judges with, NaN-proof: a NaN compares false with every bound and
 never wins a max(), so a metric that can come out NaN is +inf here (it then fails every gate and is the worst).
 
-normwise_error(ours, ref): max|ours - ref| / max|ref| (DESIGN §8's exactness metric), +inf when either tensor holds a
+normwise_error(ours, ref): max|ours - ref| / max|ref| (ARCHITECTURE.md §8's exactness metric), +inf when either tensor holds a
 non-finite entry. finite(x): x, or +inf when x is NaN or infinite (for ratios and loss errors).
 low_precision_verdict(...): the harness's low-precision rule, judged by the binary itself (`streambp compare
 --baseline`), so that the scripts, the tests, `verify --gate` and `conform` share one implementation of it.

@@ -1,4 +1,4 @@
-// HF checkpoint folders (DESIGN §3): a saved model loads back bit for bit and trains identically; config.json
+// HF checkpoint folders (ARCHITECTURE.md §3): a saved model loads back bit for bit and trains identically; config.json
 // round-trips; malformed configs, files and tensors are rejected with a message naming the file and what is wrong.
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/model/config.h"
 #include "core/model/model.h"
 #include "test_support.h"

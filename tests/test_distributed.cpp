@@ -1,4 +1,4 @@
-// Data-parallel training is exact (issue #20, DESIGN §12): N ranks over Gloo, each back-propagating its rows of
+// Data-parallel training is exact (issue #20, ARCHITECTURE.md §12): N ranks over Gloo, each back-propagating its rows of
 // every global batch with the gradients reduced once per group at its gradient-ready event (ZeRO 0: all-reduced;
 // 1: + optimizer states sharded, slices inside tensors; 2: + gradients reduce-scattered; 3: + parameters sharded,
 // gathered at each use), end 5 AdamW steps where

@@ -1,5 +1,5 @@
 // The paper's central claim, checked on every parameter tensor: StreamBP computes the exact gradient of standard
-// backpropagation (DESIGN §4 "Exactness", §8). In fp64 every method must agree to 1e-10 normwise relative error
+// backpropagation (ARCHITECTURE.md §4 "Exactness", §8). In fp64 every method must agree to 1e-10 normwise relative error
 // per tensor (max|a-b| / max|a|); the only difference allowed is floating-point summation order.
 #include <catch2/catch.hpp>
 
@@ -29,7 +29,7 @@ using sbp::test::run_step;
 
 namespace {
 
-// DESIGN §4: the fp64 gate. Summation-order differences in fp64 give ~1e-15 relative error per operation; a few
+// ARCHITECTURE.md §4: the fp64 gate. Summation-order differences in fp64 give ~1e-15 relative error per operation; a few
 // hundred accumulated operations stay far below this, while any real bug (a wrong mask, a dropped term) is O(1).
 constexpr double kFp64Rtol = 1e-10;
 // Losses are one scalar sum; different chunkings reorder it, nothing else.
@@ -381,7 +381,7 @@ ModelConfig issue18_config() {
 }  // namespace
 
 TEST_CASE("StreamBP's bf16 error stays within the low-precision rule at any chunk count", "[exactness][streambp][bf16]") {
-  // DESIGN §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32 and each
+  // ARCHITECTURE.md §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32 and each
   // is rounded into bf16 once (every chunk's share is itself one bf16 GEMM output). Measured (tiny, T = 512, native bf16 and AVX512_CORE): StreamBP/standard l2 error ratios
   // <= 1.23 per tensor from 1 to 512 chunks, largest on 16- and 64-entry norm weights, whose ratios are the noisiest.
   for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",

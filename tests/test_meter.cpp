@@ -1,4 +1,4 @@
-// The CPU memory meter (DESIGN §7) and what it proves about the methods: exact byte counts, phase attribution, the
+// The CPU memory meter (ARCHITECTURE.md §7) and what it proves about the methods: exact byte counts, phase attribution, the
 // budget, agreement with the kernel's RSS, StreamBP's O(T) memory, and the analytic memory models.
 #include <catch2/catch.hpp>
 

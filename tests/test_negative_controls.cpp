@@ -1,4 +1,4 @@
-// Every gate has a negative control (DESIGN §8): the fp64 exactness check must fail on each classic way of getting
+// Every gate has a negative control (ARCHITECTURE.md §8): the fp64 exactness check must fail on each classic way of getting
 // a streamed backward wrong, and the gradient checker must reject hand-made bad gradient lists. A gate that never
 // fails proves nothing.
 #include <catch2/catch.hpp>

@@ -1,5 +1,5 @@
-// Negative controls of the objectives' gates (DESIGN §8): each known way of getting GRPO or DPO wrong — the public
-// StreamBP code's bugs among them (REFERENCES §2) — makes the fp64 exactness gate fail, and the same setup without
+// Negative controls of the objectives' gates (ARCHITECTURE.md §8): each known way of getting GRPO or DPO wrong — the public
+// StreamBP code's bugs among them — makes the fp64 exactness gate fail, and the same setup without
 // the fault passes it.
 #include <catch2/catch.hpp>
 

@@ -1,6 +1,6 @@
 // GRPO and DPO through every BP method: checkpoint, MsT and StreamBP compute standard BP's loss and gradient in fp64 for
 // every parameter tensor (normwise ≤ 1e-10), over seeded sweeps that reach every option of the objectives and every
-// way a streamed head or layer can be cut (DESIGN §5: one objective code path shared by every method).
+// way a streamed head or layer can be cut (ARCHITECTURE.md §5: one objective code path shared by every method).
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// The optimizer pieces of a training step (DESIGN §11): specs, AdamW and SGD against their textbook updates in fp64,
+// The optimizer pieces of a training step (ARCHITECTURE.md §11): specs, AdamW and SGD against their textbook updates in fp64,
 // resuming bit for bit, gradient clipping, HF's lr schedules, and the step's temporaries against the CPU meter.
 // Bitwise equality with torch.optim itself is tests/optimizer_oracle.py's claim (it needs Python).
 #include <catch2/catch.hpp>

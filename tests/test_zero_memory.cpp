@@ -1,4 +1,4 @@
-// The per-rank memory model of data-parallel training (DESIGN §12, ZeRO 0-3) against the CPU meter. The meter counts
+// The per-rank memory model of data-parallel training (ARCHITECTURE.md §12, ZeRO 0-3) against the CPU meter. The meter counts
 // the whole process's allocations, so ranks as threads of one process would add up. Here one process is one rank: a
 // Communicator whose N ranks are all this one (IdenticalRanks below) gives the collectives their results' shapes and
 // allocates what Gloo's allocate through the CPU allocator, so the meter sees exactly one rank's bytes. That it does

@@ -1,4 +1,4 @@
-// Conformance of external implementations (DESIGN §13, issue #21): the case matrix `streambp conform` runs another
+// Conformance of external implementations (ARCHITECTURE.md §13, issue #21): the case matrix `streambp conform` runs another
 // implementation over, the protocol's case.json, and the judgement of the gradients it returns. Running the
 // implementation (a child process) is the command's job (experiments/cmd_conform.cpp).
 #pragma once
@@ -50,7 +50,7 @@ struct ConformVerdict {
 // What an implementation's gradients must be before any number is compared: every expected tensor exactly once
 // under its name, of its shape, every entry finite. Returns the problems, each naming the tensor.
 std::vector<std::string> protocol_problems(const TensorList& expected, const TensorList& got);
-// fp64: every tensor within `rtol` (normwise, DESIGN §8) of the oracle.
+// fp64: every tensor within `rtol` (normwise, ARCHITECTURE.md §8) of the oracle.
 ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol);
 // fp32/bf16: every tensor's l2 error against the fp64 oracle within the low-precision rule's allowance x the
 // baseline's (the same dtype) plus the rule's floor (low_precision_rule, verify/grad_compare.h): the same rule as the

@@ -1,4 +1,4 @@
-// Gradient-equivalence metrics (DESIGN §8), per parameter tensor, computed in fp64:
+// Gradient-equivalence metrics (ARCHITECTURE.md §8), per parameter tensor, computed in fp64:
 //   max_abs = max|a-b|, er_abs = mean|a-b| (paper's Er_abs), er_rel = mean |a-b| / (|a| + 1e-10) (paper's Er_rel),
 //   normwise_rel = max|a-b| / max(max|a|, floor) (the fp64 exactness gate), nmse = sum (a-b)² / sum a²,
 //   l2_rel = ||a-b||₂ / max(||a||₂, floor·sqrt(numel)) (the low-precision rule: see below).

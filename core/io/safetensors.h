@@ -1,4 +1,4 @@
-// safetensors checkpoint I/O (DESIGN §3): single files, HF checkpoint folders (plain or sharded with an index), and
+// safetensors checkpoint I/O (ARCHITECTURE.md §3): single files, HF checkpoint folders (plain or sharded with an index), and
 // the atomic file write the rest of the project uses for anything it saves.
 //
 // File format (https://github.com/huggingface/safetensors): 8-byte little-endian header length N, N bytes of JSON

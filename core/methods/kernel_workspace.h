@@ -1,4 +1,4 @@
-// What a kernel allocates beyond its inputs and outputs (DESIGN §7: "models are of the method, not of one machine").
+// What a kernel allocates beyond its inputs and outputs (ARCHITECTURE.md §7: "models are of the method, not of one machine").
 // The analytic memory models name the kernel call that runs at each of their moments; how much scratch that call
 // takes is not arithmetic of the method but of the kernel library and the CPU (or GPU) under it, so it is answered
 // by a KernelWorkspaces: probes of the same calls measured on the running machine (profiler/calibration.h), or none.

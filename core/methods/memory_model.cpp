@@ -5,7 +5,6 @@
 
 #include "core/io/dtype.h"
 #include "core/model/model.h"
-#include "core/training/optimizer.h"
 
 namespace sbp {
 namespace {
@@ -54,7 +53,7 @@ struct Sizes {
   std::int64_t lm_head_copy() const { return lm_grad / g * cast; }
   std::int64_t all_copies() const { return layer_gradients / g * cast; }  // every layer's and the lm_head's
 
-  // Data parallelism (DESIGN §12), this rank's share. The gradient groups, in event order: the head (final norm; an
+  // Data parallelism (ARCHITECTURE.md §12), this rank's share. The gradient groups, in event order: the head (final norm; an
   // untied lm_head), every layer from the last, the embedding (tied: the lm_head's gradient too, which exists from the
   // head backward on). Under LoRA only the layers' adapters are trainable: the head and embedding have no event.
   std::int64_t N;
@@ -128,7 +127,7 @@ std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * 
 // The attention backward's scratch over `queries` x `keys` in `dtype`, from the calibration. On the CPU (ATen's
 // FlashAttentionKernel.cpp) it is per thread: the attention weights of a block of queries x keys and their gradient
 // in the accumulation dtype (plus a bf16 copy of both for bf16), and whatever the block GEMMs' library takes for
-// them (oneDNN's bf16 kernels: 2 x 32 KiB at tiny's shapes under AVX512_CORE, 2 x 354 KiB with native AVX512-BF16).
+// them, which differs between CPUs: all of it measured by the calibration.
 std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
                                      bool causal) {
   const auto& c = w.config;
@@ -279,7 +278,7 @@ MemoryEstimate embedding_moment(const Workload& w) {
            {"objective buffers", objective_bytes(w)}}};
 }
 
-// Data parallelism (DESIGN §12): each group's collective at its gradient-ready event (DataParallel::reduce), with
+// Data parallelism (ARCHITECTURE.md §12): each group's collective at its gradient-ready event (DataParallel::reduce), with
 // what is alive then. Streamed methods and checkpointing fire the events between their layers: the checkpoints of
 // the layers below (the layer's own was freed before its event), dL/dH, the gradients of the groups before (reduced)
 // and of this group; standard BP fires them all after its backward, when only gradients are left, every group not
@@ -784,17 +783,6 @@ MemoryEstimate reference_pass_memory(const Workload& w, std::int64_t layer_chunk
   return largest({layer, head});
 }
 
-std::vector<ParamShape> optimizer_shard(const std::vector<ParamShape>& params, const Workload& w) {
-  if (!w.data_parallel() || w.zero_stage == 0) return params;
-  std::vector<ParamShape> out;
-  for (const auto& p : params) {
-    std::int64_t numel = 1;
-    for (const auto n : p.shape) numel *= n;
-    out.push_back({p.name, {(numel + w.world_size - 1) / w.world_size}, p.dtype});
-  }
-  return out;
-}
-
 MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) {
   auto bp = method.memory_model(w);
   const Sizes z(w);
@@ -838,22 +826,6 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) 
                               (w.collective_copies ? " and the backend's copy" : ""),
                           (z.N + 1 + (w.collective_copies ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}};
   return largest({bp, update, norm, gather});
-}
-
-void add_projected_optimizer(Workload& w, const OptimizerOptions& options) {
-  const auto& c = w.config;
-  const bool lora = w.lora_rank > 0;
-  const std::int64_t total = lora ? w.lora_parameters : c.num_parameters();
-  const std::int64_t largest =
-      std::min(total, lora ? w.lora_rank * std::max({c.intermediate_size, c.hidden_size,
-                                                      c.num_attention_heads * c.head_dim})
-                           : c.vocab_size * c.hidden_size);
-  std::vector<ParamShape> shapes;
-  for (std::int64_t left = total; left > 0; left -= largest)
-    shapes.push_back({"weight", {std::min(left, largest)}, w.gradient_dtype()});
-  const auto m = optimizer_memory(options, optimizer_shard(shapes, w));
-  w.optimizer_state_bytes = m.state_bytes;
-  w.optimizer_update_bytes = m.step_temporary_bytes;
 }
 
 }  // namespace sbp

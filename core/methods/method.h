@@ -70,14 +70,14 @@ struct Workload {
   std::shared_ptr<const KernelWorkspaces> workspaces;
   std::int64_t workspace_bytes(const KernelCall& call) const;
   // A training step (Trainer): the optimizer's states, held through the whole step, and the most its update allocates
-  // at once beyond them (optimizer_memory in core/optimizer.h); both 0 for a forward + backward alone.
+  // at once beyond them (optimizer_memory in core/training/optimizer.h); both 0 for a forward + backward alone.
   std::int64_t optimizer_state_bytes = 0, optimizer_update_bytes = 0;
   // Micro-batches after the first of a step (gradient accumulation) run with every gradient already there.
   bool accumulating = false;
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
-  // Data parallelism (DESIGN §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at ZeRO
+  // Data parallelism (ARCHITECTURE.md §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at ZeRO
   // stage zero_stage (0 = DDP, 1 = + optimizer states sharded, 2 = + gradients reduce-scattered, 3 = + parameters
   // sharded, gathered while in use). 1 and 0: one process, no communication. Trainer::add_optimizer_memory fills them
   // from its DataParallel (and the optimizer bytes above from the slices it updates); a projection sets them by hand
@@ -89,7 +89,7 @@ struct Workload {
   bool data_parallel() const { return world_size > 1; }
 };
 
-// A group of trainable tensors whose gradients the running step has finished (DESIGN §11): a decoder layer's
+// A group of trainable tensors whose gradients the running step has finished (ARCHITECTURE.md §11): a decoder layer's
 // ("layer.5"), the head's ("head": final norm, untied lm_head), the embedding's ("embedding": tied, the lm_head's
 // too). Where a distributed reduction or a per-layer optimizer step attaches. Fired once per group and step (each
 // micro-batch's step when accumulating), never for a group without trainable tensors.
@@ -100,7 +100,7 @@ struct GradientGroup {
 using GradientReadyFn = std::function<void(const GradientGroup&)>;
 
 // A group's trainable tensors are about to be used (`begin`) or no longer needed (!begin): where ZeRO-3 gathers the
-// sharded parameters and frees them again (DESIGN §12). The embedding and head groups span a whole step (they are
+// sharded parameters and frees them again (ARCHITECTURE.md §12). The embedding and head groups span a whole step (they are
 // used at both of its ends); a decoder layer's uses are its forward and, separately, its backward (for StreamBP the
 // whole chunk loop: gathered once, kept to the last chunk). Begins and ends pair up, possibly nested.
 struct ParameterUse {
@@ -130,7 +130,7 @@ class BackpropMethod {
   void on_parameter_use(ParameterUseFn fn) { parameter_use_ = std::move(fn); }
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
-  // Analytic matrix-product FLOPs of step(), recomputation included (core/flop_model.h).
+  // Analytic matrix-product FLOPs of step(), recomputation included (core/methods/flop_model.h).
   virtual double flops(const Workload& workload) const = 0;
 
  protected:

@@ -1,4 +1,4 @@
-// StreamBP (Luo et al. 2025): exact backpropagation streamed along the sequence, layer by layer (DESIGN §4).
+// StreamBP (Luo et al. 2025): exact backpropagation streamed along the sequence, layer by layer (ARCHITECTURE.md §4).
 // Memory: weights + gradients + one [B, T, d] checkpoint per layer + one layer's K/V and their gradients + the
 // working set of one layer chunk and of one head chunk; never a [T, T] tile, never full-T logits.
 #pragma once

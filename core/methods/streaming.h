@@ -1,6 +1,6 @@
 // The streamed building blocks that several methods and the reference pass share: chunk loops, the chunked
 // no-grad layer forward, the objective's statistics pass, and per-token log-probs of a model on its own hidden
-// states (the reference policy, DESIGN §5).
+// states (the reference policy, ARCHITECTURE.md §5).
 #pragma once
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "core/model/chunk_gradients.h"
 
 namespace sbp {
 
@@ -32,32 +34,9 @@ std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, cons
 // Q path, attention over the prefix and the MLP per chunk. Returns [B, T, d]; no full-T MLP intermediate exists.
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk);
 
-// Pass 1 of DESIGN §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
+// Pass 1 of ARCHITECTURE.md §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
 // objective's row statistics. h_last: [B, T, d], the last decoder layer's output.
 void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk);
-
-// Sums parameter gradients over chunks and writes them into the parameters' grad once (DESIGN §4 "Precision").
-// In bf16 a streamed gradient summed chunk by chunk in bf16 would round once per chunk, so its error would grow with
-// the chunk count; here each chunk's contribution (rounded once, by its own GEMM, like standard BP's single GEMM) is
-// added into an fp32 buffer that lives for one layer or the head stage, and rounded into the bf16 grad at commit().
-// For fp32/fp64 parameters the sum is kept in their own dtype: no buffer beyond the gradient itself.
-class ChunkGradients {
- public:
-  // The dtype a parameter's chunk contributions are summed in, given theirs (by default accumulation_dtype).
-  using SumDtype = std::function<c10::ScalarType(c10::ScalarType)>;
-  explicit ChunkGradients(std::vector<at::Tensor> params, SumDtype sum_dtype = &ChunkGradients::accumulation_dtype);
-  const std::vector<at::Tensor>& params() const { return params_; }
-  // One contribution per parameter, aligned with params() (undefined: none from this chunk).
-  void add(at::ArrayRef<at::Tensor> grads);
-  // Adds the sums into the parameters' grad (creating it), in the parameters' dtype.
-  void commit();
-  // The accumulation dtype for a model dtype: fp32 for bf16/fp16, else the dtype itself.
-  static c10::ScalarType accumulation_dtype(c10::ScalarType dtype);
-
- private:
-  std::vector<at::Tensor> params_, sums_;
-  SumDtype sum_dtype_;
-};
 
 struct HeadResult {
   double loss = 0;  // the objective's value: the sum of the chunk terms

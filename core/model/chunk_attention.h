@@ -1,5 +1,5 @@
 // Causal attention of a query chunk at absolute positions [s, s+c) over the key prefix [0, s+c), bottom-right
-// aligned, without materialising a mask (DESIGN §4). Two paths, chosen by device and dtype
+// aligned, without materialising a mask (ARCHITECTURE.md §4). Two paths, chosen by device and dtype
 // (chunk_attention_kernels.h):
 //  - blocks (CPU; CUDA fp32): the prefix block [0, s) attended in full, the diagonal block [s, s+c) with SDPA's
 //    causal rule (square, so top-left and bottom-right coincide), merged by log-sum-exp in >= fp32 (16-bit K/V

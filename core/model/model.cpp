@@ -13,7 +13,7 @@
 #include "core/model/chunk_attention.h"
 #include "core/model/gemm.h"
 #include "core/io/dtype.h"
-#include "core/methods/streaming.h"
+#include "core/model/chunk_gradients.h"
 
 namespace sbp {
 namespace {

@@ -1,5 +1,5 @@
 // Qwen3-family dense decoder (HF modeling_qwen3 semantics), exposed as the position-wise pieces every BP method
-// composes (DESIGN §3):
+// composes (ARCHITECTURE.md §3):
 //   kv(h, start)               input norm, k/v projection, k-norm, RoPE      h: [B, c, d] -> k, v: [B, n_kv, c, hd]
 //   q(h, start)                input norm, q projection, q-norm, RoPE        h: [B, c, d] -> q: [B, n_h, c, hd]
 //   attend(q, k, v, q_start)   causal attention, bottom-right aligned        -> o: [B, c, n_h*hd]
@@ -22,7 +22,7 @@
 
 namespace sbp {
 
-struct KVGradSums;  // core/chunk_attention.h
+struct KVGradSums;  // core/model/chunk_attention.h
 
 struct LayerWeights {
   at::Tensor input_norm;            // [d]
@@ -116,9 +116,8 @@ class Model {
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, c, d]
   // The blocks a streamed head reuses for every chunk (grown when too small): the logits in the compute dtype and,
   // for a bf16/fp16 model, the GEMM's product in the model dtype, which logits_backward reuses for the gradient it
-  // rounds. A fresh [B, c_h, V] block per chunk pays its page faults every time: ~0.15 s per chunk on qwen3-small
-  // fp32; in bf16 (1024 x 151936, 2 threads) widening the product into a fresh fp32 block took 0.85 s and rounding
-  // the gradient into a fresh bf16 one 0.49 s, against 0.03 s each into warm blocks: 15% of a StreamBP step.
+  // rounds. A fresh [B, c_h, V] block per chunk would pay its page faults every time (measured in
+  // results/bench/README.md: 15% of a bf16 StreamBP step on qwen3-small).
   struct HeadBuffers {
     at::Tensor logits, product;
   };

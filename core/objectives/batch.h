@@ -30,7 +30,7 @@ struct Batch {
 
 // The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token. Throws
 // std::invalid_argument saying what is wrong and where (`source` names the file or flag). With right padding and no
-// loss on pads the causal rule alone gives HF's gradients, so no method ever needs a [B, T, T] mask (DESIGN §4);
+// loss on pads the causal rule alone gives HF's gradients, so no method ever needs a [B, T, T] mask (ARCHITECTURE.md §4);
 // left/interior padding and packed sequences are rejected.
 void validate_tokens(const Batch& batch, const ModelConfig& config, const std::string& source);
 

@@ -1,4 +1,4 @@
-// GRPO (TRL's formulas, REFERENCES §1). Per completion token t of row b:
+// GRPO (TRL's formulas). Per completion token t of row b:
 //   w = exp(logp - old_logp)                 (token importance; sequence: exp of the row's mean log-ratio)
 //   l = -min(w·A_b, clamp(w, 1 - epsilon_low, 1 + epsilon_high)·A_b) + beta·(exp(ref - logp) - (ref - logp) - 1)
 // normalised by loss_type: grpo = mean over rows of (sum_t l / n_b); bnpo and dapo = sum l / all completion tokens

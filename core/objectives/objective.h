@@ -1,4 +1,4 @@
-// Training objectives, one code path for every BP method (DESIGN §5). Every objective here is a function of the
+// Training objectives, one code path for every BP method (ARCHITECTURE.md §5). Every objective here is a function of the
 // per-token log-probabilities logp[b, t] = log_softmax(logits[b, t] / temperature)[target[b, t]] of the tokens it
 // scores (position t predicts token t + 1), in two parts:
 //   L = sum over tokens of token terms (SFT's NLL, GRPO's clipped surrogate and KL)
@@ -7,7 +7,7 @@
 // dL/dlogits. Counts and normalisers are fixed in prepare(). R couples positions through S: a method that streams
 // the head over several chunks first runs the statistics pass (no grad) that sums S over the whole sequence, and
 // each chunk then differentiates R(S_rest + S_chunk) with S_rest = S - S_chunk held fixed: that is exactly
-// dR/dS(S) · dS_chunk/dlogits, the fixed-coefficient pass 2 of DESIGN §5. A chunk that is the whole sequence
+// dR/dS(S) · dS_chunk/dlogits, the fixed-coefficient pass 2 of ARCHITECTURE.md §5. A chunk that is the whole sequence
 // (standard, checkpoint) needs no pass: R is then differentiated as written.
 #pragma once
 

@@ -1,4 +1,4 @@
-// What data-parallel training needs from a process group (DESIGN §12), without c10d's headers: sums across ranks
+// What data-parallel training needs from a process group (ARCHITECTURE.md §12), without c10d's headers: sums across ranks
 // in place, a gather, a barrier, and the bytes and calls each collective moved (the run's communication accounting).
 // The implementations over torch's c10d (Gloo on the CPU, NCCL on a CUDA device) are in
 // core/training/c10d_communicator.h; world size 1 needs none.
@@ -25,7 +25,7 @@ class Communicator {
   // Where the tensors handed to the collectives must live (Gloo: the CPU; NCCL: this rank's CUDA device); what they
   // return lives there too.
   virtual c10::Device device() const = 0;
-  // Element-wise SUM over ranks, in place, as one collective (never AVG: DESIGN §12).
+  // Element-wise SUM over ranks, in place, as one collective (never AVG: ARCHITECTURE.md §12).
   virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
   // `input` is N equal consecutive blocks (N = world size); returns the SUM over ranks of block `rank()`.
   virtual at::Tensor reduce_scatter_sum(const at::Tensor& input) = 0;

@@ -1,4 +1,4 @@
-// Data parallelism over a Communicator (DESIGN §12), ZeRO stages 0-2. Each rank back-propagates its rows of the
+// Data parallelism over a Communicator (ARCHITECTURE.md §12), ZeRO stages 0-3. Each rank back-propagates its rows of the
 // global batch; the paper's rule: a gradient group (the head, a layer, the embedding) is reduced over ranks once, at
 // its gradient-ready event of the step's last micro-batch (StreamBP: after the layer's chunk loop has committed its
 // sums), never per chunk, so StreamBP communicates exactly what standard BP does. The objective is normalised by the

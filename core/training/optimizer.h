@@ -1,4 +1,4 @@
-// The optimizer of a training step (DESIGN §11): AdamW and SGD over the named trainable tensors, equal to
+// The optimizer of a training step (ARCHITECTURE.md §11): AdamW and SGD over the named trainable tensors, equal to
 // torch.optim.AdamW / torch.optim.SGD of torch 2.14.1 on CPU bit for bit (tests/optimizer_oracle.py), plus torch's
 // clip_grad_norm_. Specs: "adamw:lr=1e-3,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0.01,decay_norms_and_biases=0",
 // "sgd:lr=0.1,momentum=0.9,weight_decay=0"; every key is optional.

@@ -1,4 +1,4 @@
-// Training (DESIGN §11): optimizer steps of any BP method. One step = the micro-batches of one global batch, each
+// Training (ARCHITECTURE.md §11): optimizer steps of any BP method. One step = the micro-batches of one global batch, each
 // back-propagated by the method into the same gradients, normalised by the whole step's totals (so K micro-batches
 // of B equal one batch of K*B), then torch's clip_grad_norm_, the schedule's learning rate and the optimizer update.
 #pragma once

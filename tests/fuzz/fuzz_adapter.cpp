@@ -4,7 +4,7 @@
 // hold exactly the tensors its config asks for (the model's adapters are those, in the config's rank).
 #include <ATen/ATen.h>
 
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
 #include "tests/fuzz/fuzz_support.h"

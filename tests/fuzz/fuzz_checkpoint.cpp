@@ -4,7 +4,7 @@
 // against the config -- for configs of at most kMaxParameters parameters, which keeps an input's cost at the
 // reader's, not at allocating whatever model a garbage config describes (the names and shapes are checked before
 // anything is allocated for them).
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/model/config.h"
 #include "core/model/model.h"
 #include "tests/fuzz/fuzz_support.h"

@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "baselines/methods.h"
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 #include "core/io/safetensors.h"
 #include "core/model/config.h"
 #include "core/model/lora.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The conformance suite's negative control: a plausible-but-wrong chunked implementation that `streambp conform`
 must reject. Same HF model, names and protocol as hf_adapter.py; only the loss is wrong, in the ways the public
-StreamBP code and naive chunking get it wrong (REFERENCES §2):
+StreamBP code and naive chunking get it wrong:
 - SFT: the loss of each sequence chunk of case.json's chunks.head positions is normalised by that chunk's *own*
   target count and the chunk losses are averaged (a mean of chunk means) instead of one division by the batch's
   target count. Exact only when every chunk has the same number of targets.

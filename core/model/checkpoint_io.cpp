@@ -1,4 +1,4 @@
-#include "core/io/checkpoint_io.h"
+#include "core/model/checkpoint_io.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>

@@ -230,6 +230,25 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "after a run that passes)");
 }
 
+// What a failing line says after its columns, on one line (a crash's lines joined; impl.log keeps them as they
+// were): the problem, and for a gradient beyond its bar the bar itself and what such an error usually means.
+static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& verdict, bool compared) {
+  std::string words = verdict.problem;
+  for (auto& ch : words)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  if (!compared || verdict.passed) return words;
+  std::string why;
+  if (dtype == c10::kDouble) {
+    why = fmt::format("normwise error {:.1e} > the fp64 bar {:.0e}", verdict.worst, kExactRtol);
+    if (verdict.worst > 1e-9 && verdict.worst < 1e-4)
+      why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (README: Conformance)";
+  } else {
+    why = fmt::format("{:.2f}x the low-precision rule's bar (allowance x the baseline's l2 error + floor; <= 1 passes)",
+                      verdict.worst);
+  }
+  return words.empty() ? why : words + "; " + why;
+}
+
 int conform_command(const ConformArgs& a, const std::string& command_line) {
   at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
   std::vector<ConformCase> cases;
@@ -319,8 +338,8 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                 c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl}});
     const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                   pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
-                                  compared ? verdict.worst_tensor : verdict.problem.substr(0, 44),
-                                  run.wall_seconds, format_bytes(run.peak_rss_bytes), pass ? "" : verdict.problem);
+                                  compared ? verdict.worst_tensor : "-", run.wall_seconds,
+                                  format_bytes(run.peak_rss_bytes), pass ? "" : failure_words(c.dtype, verdict, compared));
     fmt::print(stderr, "  {}\n", line);
     lines.push_back(line);
     table.write_to(csv, prov);  // after every case: a killed run keeps what it judged

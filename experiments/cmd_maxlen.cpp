@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "experiments/cli_checks.h"
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
@@ -30,8 +31,8 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
       ->required()->check(CLI::PositiveNumber);
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
   app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber);
-  app.add_option("--step", a.step, "resolution: the failing run is at T * (1 + step)")->check(CLI::Range(0.001, 1.0));
-  app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(CLI::Range(std::int64_t(16), std::int64_t(1) << 30));
+  app.add_option("--step", a.step, "resolution: the failing run is at T * (1 + step)")->check(sbp::within(0.001, 1.0));
+  app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(sbp::within(std::int64_t(16), std::int64_t(1) << 30));
   app.add_option("--out", a.out_dir, "results folder");
   app.add_option("--optimizer", a.optimizer, "search training steps (BP + optimizer update, e.g. adamw:lr=1e-5; see "
                  "train --help): the optimizer's states and the update's temporaries share the budget; each measured "

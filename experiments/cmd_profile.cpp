@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "experiments/cli_checks.h"
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
@@ -19,7 +20,7 @@ namespace sbp {
 void add_profile_options(CLI::App& app, ProfileArgs& a) {
   add_setup_options(app, a.setup, {.adapter = false, .group = false, .device = false});
   app.add_option("--methods", a.methods, "semicolon-separated method specs");
-  app.add_option("--seq", a.seq_len, "sequence length T")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
+  app.add_option("--seq", a.seq_len, "sequence length T")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--batch", a.batch_size, "rows")->check(CLI::PositiveNumber);
   app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber);
   app.add_option("--out", a.out_dir, "results folder");

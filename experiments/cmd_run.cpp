@@ -1,4 +1,5 @@
 // `streambp run`: one model, one batch, one BP method; prints a summary and writes the JSON record.
+#include <algorithm>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "experiments/cli_checks.h"
 #include "baselines/methods.h"
 #include "core/model/checkpoint_io.h"
 #include "core/model/chunk_attention_kernels.h"
@@ -29,9 +31,9 @@ void add_model_options(CLI::App& app, RunArgs& a) {
   app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();
   app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
   app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber);
-  app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(CLI::Range(std::int64_t(2), std::int64_t(1) << 40));
-  app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));
+  app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(sbp::within(0.0, 0.99));
+  app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(sbp::within(0.0, 0.99));
   app.add_option("--save-adapter", a.save_adapter, "write the LoRA adapter as a PEFT folder");
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
   app.add_option("--json", a.json, "write the run record (JSON)");
@@ -79,8 +81,14 @@ double phase_seconds(const Measurement& m, const std::string& name) {
 }
 
 void print_terms(const MemoryEstimate& est) {
-  for (const auto& t : est.terms) fmt::print("            {:<20} {}\n", t.name, format_bytes(t.bytes));
+  std::size_t width = 0;
+  for (const auto& t : est.terms) width = std::max(width, t.name.size());
+  for (const auto& t : est.terms) fmt::print("            {:<{}}  {:>10}\n", t.name, width, format_bytes(t.bytes));
 }
+
+// What the console and the record say of a step: a finished step is `unchecked`, as run compares no gradient
+// (`compare` and `verify` do); otherwise the measurement's own status (oom, error).
+std::string run_status(const Measurement& m) { return m.status == "passed" ? "unchecked" : m.status; }
 
 // Where the model's kernel workspaces come from (the calibration's probes are listed in the JSON record).
 void print_calibration(const Workload& w) {
@@ -116,9 +124,13 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                format_bytes(reference.model.total_bytes()), reference.model.moment);
   fmt::print("method    {}\n", method.spec());
   // Which kernel runs StreamBP's layer chunks on this device and dtype: a GPU owner checks it against the kernels
-  // the profile shows (tests/gpu/run.sh).
-  fmt::print("attention {} (StreamBP's chunk attention)\n", chunk_attention_name(model));
-  fmt::print("status    {}{}\n", m.status, m.error.empty() ? "" : "  (" + m.error + ")");
+  // the profile shows (tests/gpu/run.sh). The other methods attend with SDPA over the whole sequence.
+  if (method.spec().rfind("streambp", 0) == 0)
+    fmt::print("attention {} (StreamBP's chunk attention)\n", chunk_attention_name(model));
+  fmt::print("status    {}{}\n", run_status(m),
+             !m.error.empty()         ? "  (" + m.error + ")"
+             : m.status == "passed" ? "  (the step ran; run checks no gradient: `compare` or `verify` do)"
+                                    : "");
   if (m.status == "passed") fmt::print("loss      {:.10g}\n", m.loss);
   fmt::print("bp time   {:.3f} s (median of {})\n", m.median_seconds(), m.bp_seconds.size());
   fmt::print("peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(m.peak_bytes),
@@ -161,6 +173,7 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
 }  // namespace
 
 int run_command(const RunArgs& a, const std::string& command_line) {
+  (void)make_method(a.method);  // the method's spec first: a mistyped method is named before any other complaint
   a.setup.apply_threads();
   const auto device = a.setup.parsed_device();
   if (!a.profile.empty() && (!device.is_cuda() || a.timeline.empty()))
@@ -173,8 +186,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!random && a.seq_len != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
   for (const auto& [file, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.json, "--json"}, {a.save_batch, "--save-batch"}})
     if (!file.empty()) check_new_output(file, a.force, flag);
-  if (!a.save_model.empty()) check_new_output(a.save_model, a.force, "--save-model");
-  if (!a.save_adapter.empty()) check_new_output(a.save_adapter, a.force, "--save-adapter");
+  if (!a.save_model.empty()) check_new_folder(a.save_model, a.force, "--save-model");
+  if (!a.save_adapter.empty()) check_new_folder(a.save_adapter, a.force, "--save-adapter");
   if (a.model_only)
     for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
                                       {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"},
@@ -232,7 +245,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   fmt::print("device    {}{}\n", describe_device(device),
              device.is_cuda() ? " (peaks: caching allocator, allocated bytes)"
              : cuda           ? "; a GPU is present (--device cuda)"
-                              : "; CUDA memory stats and CUPTI skipped: " + cuda_reason);
+                              // The runtime's full words (cudaErrorInsufficientDriver ...) go to --json only.
+                              : "; CUDA memory stats and CUPTI skipped: " + cuda_reason.substr(0, cuda_reason.find(':')));
   const auto est = method->memory_model(workload);
   print_summary(a, *model, batch, *objective, *method, reference, m, est);
   print_calibration(workload);
@@ -253,7 +267,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     // oom step has no time and no peak (what it measured is a partial step).
     const bool finished = m.status == "passed";
     const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
-    nlohmann::json j = {{"status", finished ? std::string("unchecked") : m.status},
+    nlohmann::json j = {{"status", run_status(m)},
                         {"error", m.error},
                         {"loss", unless_oom(m.loss)},
                         {"peak_bytes", unless_oom(m.peak_bytes)},

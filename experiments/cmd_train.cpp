@@ -148,7 +148,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (writer)
     for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
                                      {r.save_adapter, "--save-adapter"}})
-      if (!file.empty()) check_new_output(file, r.force, flag);
+      if (!file.empty()) (std::string(flag) == "--json" ? check_new_output : check_new_folder)(file, r.force, flag);
   if (!r.save_adapter.empty() && r.setup.lora.empty() && r.setup.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 

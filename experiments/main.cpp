@@ -4,7 +4,10 @@
 // maxlen (the maximum T under a budget), project (the models at the paper's settings),
 // reproduce (one table or figure, CPU-scaled),
 // profile (the memory timeline of two steps), conform (another implementation's gradients against the oracle).
+#include <algorithm>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -13,6 +16,42 @@
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "profiler/cpu_meter.h"
+
+namespace {
+
+// Edit distance of two short words (a mistyped command's nearest name).
+std::size_t distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const auto above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+bool is_command(const CLI::App& app, const std::string& word) {
+  return !app.get_subcommands([&](const CLI::App* sub) { return sub->get_name() == word; }).empty();
+}
+
+// "unknown command 'rnu' (did you mean run?); commands: run, train, ..." when the first word names no command.
+std::string unknown_command(const CLI::App& app, const std::string& word) {
+  std::string names, nearest;
+  std::size_t best = 3;  // at most two edits away, or no suggestion
+  for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    if (const auto d = distance(word, sub->get_name()); d < best) best = d, nearest = sub->get_name();
+  }
+  return "unknown command '" + word + "'" + (nearest.empty() ? "" : " (did you mean " + nearest + "?)") +
+         "; commands: " + names + " (streambp --help)";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Before any tensor exists, so that every byte is seen (ARCHITECTURE.md §7).
@@ -66,6 +105,10 @@ int main(int argc, char** argv) {
                                                 "oracle over a matrix of cases, through a file protocol (exit 1 on "
                                                 "any failure)");
   sbp::add_conform_options(*conform, conform_args);
+  if (argc > 1 && argv[1][0] != '-' && !is_command(app, argv[1])) {
+    fmt::print(stderr, "streambp: error: {}\n", unknown_command(app, argv[1]));
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/training/c10d_communicator.h"
+#include "experiments/cli_checks.h"
 #include "core/training/trainer.h"
 #include "profiler/cuda_memory.h"
 
@@ -22,13 +23,13 @@ void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what) 
                  "its gradient-ready event, the loss normalised by the global batch's totals; rank 0 writes every "
                  "output; one intra-op thread per rank unless --threads. Under torchrun (RANK, WORLD_SIZE, "
                  "LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) each process is one rank")
-      ->check(CLI::Range(1, 1024));
+      ->check(sbp::within(1, 1024));
   app.add_option("--zero", flags.zero, "ZeRO stage of a data-parallel run: 0 = DDP (every rank all-reduces each "
                  "group's gradients and updates everything), 1 = + optimizer states sharded (each rank updates its "
                  "slice of every tensor, then the slices are all-gathered), 2 = + gradients reduce-scattered into the "
                  "slices at each group's gradient-ready event (full gradients freed), 3 = + parameters sharded (a "
                  "layer gathered for its forward and again for its backward chunk loop, freed after each; the "
-                 "embedding and head gathered for the whole step)")->check(CLI::Range(0, 3));
+                 "embedding and head gathered for the whole step)")->check(sbp::within(0, 3));
   app.add_option("--dist-timeout", flags.dist_timeout, "seconds a rank waits for the others (rendezvous and every "
                  "collective) before it fails")->check(CLI::PositiveNumber);
 }
@@ -43,6 +44,9 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   Ranks ranks;
   ranks.world = env ? env->world_size : 1;
   ranks.rank = env ? env->rank : 0;
+  if (ranks.world == 1 && flags.zero != 0)
+    throw std::invalid_argument(fmt::format("--zero {} shards across data-parallel ranks, and this is one process: add "
+                                            "--nproc N (N >= 2) or run under torchrun, or drop --zero", flags.zero));
   ranks.zero = ranks.world > 1 ? flags.zero : 0;
   // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
   if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);

@@ -283,10 +283,19 @@ std::string format_bytes(std::int64_t bytes) {
   return fmt::format("{:.1f} KiB", b / 1024.0);
 }
 
-void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag) {
-  if (!force && std::filesystem::exists(file))
-    throw std::invalid_argument(flag + " " + file.string() + ": file exists; results are never overwritten silently "
+void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag) {
+  if (!force && std::filesystem::exists(folder))
+    throw std::invalid_argument(flag + " " + folder.string() + ": file exists; results are never overwritten silently "
                                 "(choose another name, or pass --force)");
+}
+
+void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag) {
+  check_new_folder(file, force, flag);
+  // Before the work, not after it: an output whose folder does not exist would fail only when written.
+  const auto parent = std::filesystem::absolute(file).parent_path();
+  if (!std::filesystem::is_directory(parent))
+    throw std::invalid_argument(flag + " " + file.string() + ": the folder " + parent.string() +
+                                " does not exist (create it first)");
 }
 
 }  // namespace sbp

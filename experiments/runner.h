@@ -94,7 +94,10 @@ double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n = 2048, int r
                              c10::Device device = c10::Device(c10::kCPU));
 // "a;b;;c" -> {a, b, c}: a flag's list (empty items dropped).
 std::vector<std::string> split_list(const std::string& text, char sep);
-// Refuses to overwrite an existing result unless `force` (results are never overwritten silently).
+// Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose
+// folder does not exist (found before the work, not when writing after it).
 void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag);
+// The same for an output folder (--save-model, --save-adapter), which is created with its parents when written.
+void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag);
 
 }  // namespace sbp

@@ -48,7 +48,10 @@ check_faulty nan "has 1 non-finite entries" "${sft[@]}"
 check_faulty extra "unexpected tensor 'model.not_a_parameter'" "${sft[@]}"
 check_faulty hang "timed out after 2 s" --objectives grpo,dpo --dtypes fp64 --timeout 2
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --objectives grpo,dpo --dtypes fp64
+# A failing line names its bar, so that a reader knows how far off the implementation is.
+grep -qE "FAIL .*normwise error [0-9.e+-]+ > the fp64 bar 1e-10" perturb.txt || fail "no fp64 bar:\n$(cat perturb.txt)"
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --dtypes fp32,bf16
+grep -qE "FAIL .*x the low-precision rule's bar" perturb.txt || fail "no low-precision bar:\n$(cat perturb.txt)"
 
 # (c)
 expect_exit_2 "an unknown dtype" "fp16x" "$STREAMBP" conform --impl true --dtypes fp16x

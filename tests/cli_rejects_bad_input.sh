@@ -12,9 +12,18 @@ expect_failure "unknown dtype" "fp8" "$STREAMBP" run --preset tiny --method stan
 # CLI11's own rejections are bad input too: exit 2, not its codes 105-113.
 expect_exit_2 "a value outside its set" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
 expect_exit_2 "an unknown flag" "--no-such-flag" "$STREAMBP" run --preset tiny --method standard --seq 8 --no-such-flag
-expect_exit_2 "a flag value of the wrong type" "--seq" "$STREAMBP" run --preset tiny --method standard --seq eight
+expect_exit_2 "a flag value of the wrong type" "--seq: 'eight' is not a whole number \\(expected one in \\[2, 2\\^40\\]\\)" \
+  "$STREAMBP" run --preset tiny --method standard --seq eight
+expect_exit_2 "a flag value out of range" "--seq: -5 is outside \\[2, 2\\^40\\]" "$STREAMBP" run --preset tiny --method standard --seq -5
 expect_exit_2 "a required option missing" "--method" "$STREAMBP" run --preset tiny --seq 8
 "$STREAMBP" run --help >/dev/null || fail "run --help must exit 0"
+expect_exit_2 "a mistyped method before a missing --seq" "unknown method 'nonsense'" \
+  "$STREAMBP" run --preset tiny --method nonsense
+expect_exit_2 "an output in a folder that does not exist" "--save-grads /nonexistent/x.safetensors: the folder /nonexistent does not exist" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads /nonexistent/x.safetensors
+expect_exit_2 "a mistyped command" "unknown command 'rnu' \\(did you mean run\\?\\)" "$STREAMBP" rnu --seq 8
+expect_exit_2 "--zero without ranks" "--zero 2 shards across data-parallel ranks" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --steps 1 --optimizer adamw:lr=1e-3 --zero 2
 # Mixed precision is bf16 (or fp16) compute with fp32 gradients; anything else is refused, naming both flags.
 expect_failure "--grad-dtype with fp64" "--grad-dtype fp32 with --dtype fp64" \
   "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp64 --grad-dtype fp32

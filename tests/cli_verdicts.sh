@@ -19,6 +19,9 @@ rows = [r for r in csv.DictReader(open(glob.glob('verify/verify-*.csv')[0])) if 
 w = max(rows, key=lambda r: float(r['gate_ratio']))
 print(w['gate_ratio'], w['run'], w['worst_tensor'])")
 echo "ok: verify --gate, worst $worst of the allowance"
+# The console's last line is the verdict (what a reader of a CI log looks for).
+grep -qE "^gate: PASS: 15 runs against standard BP in the same dtype; worst 0\.[0-9]+ of the allowance" verify.txt ||
+  fail "verify --gate printed no PASS verdict line:\n$(tail -3 verify.txt)"
 
 # (b)
 ours=(python3 "$HERE/../verify/conform/streambp_adapter.py" --streambp "$STREAMBP")

@@ -1,12 +1,11 @@
-// streambp: the harness's command line. Subcommands: run (one BP step, measured), train (optimizer steps), compare (gradient files),
-// demo (the side-by-side of the BP methods), verify (Table 7: low-precision gradient errors), toy (Table 6: the
-// two-linear-layer example), sweep (seq/batch/partition measurement sweeps),
-// maxlen (the maximum T under a budget), project (the models at the paper's settings),
-// reproduce (one table or figure, CPU-scaled),
-// profile (the memory timeline of two steps), conform (another implementation's gradients against the oracle).
+// streambp: the harness's command line. The commands are the table in command_table(); each one's options and work
+// are in experiments/cmd_<name>.cpp. Usage errors (CLI11's and the commands' std::invalid_argument) exit 2.
 #include <algorithm>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -51,6 +50,54 @@ std::string unknown_command(const CLI::App& app, const std::string& word) {
          "; commands: " + names + " (streambp --help)";
 }
 
+// One command of the CLI: its name, its one-line help, and how it attaches its typed options to its subcommand,
+// which gives back the function that runs it on the parsed options.
+using Runner = std::function<int(const std::string& command_line)>;
+struct Command {
+  const char* name;
+  const char* help;
+  std::function<Runner(CLI::App&)> attach;
+};
+
+template <typename Args>
+Command command(const char* name, const char* help, void (*add_options)(CLI::App&, Args&),
+                int (*run)(const Args&, const std::string&)) {
+  return {name, help, [add_options, run](CLI::App& sub) -> Runner {
+            auto args = std::make_shared<Args>();
+            add_options(sub, *args);
+            return [args, run](const std::string& command_line) { return run(*args, command_line); };
+          }};
+}
+
+// Every command, in the order of `streambp --help`. A new command is a cmd_<name>.cpp and one line here.
+std::vector<Command> command_table() {
+  using namespace sbp;
+  return {
+      command("run", "one forward + backward of a BP method, measured", add_run_options, run_command),
+      command("train", "optimizer steps of a BP method: AdamW/SGD, schedules, clipping, gradient accumulation, "
+              "resumable checkpoints, per-step metrics", add_train_options, train_command),
+      command("compare", "compare two gradient files tensor by tensor", add_compare_options, compare_command),
+      command("demo", "side-by-side of the BP methods: peak memory, analytic floor, time, check", add_demo_options,
+              demo_command),
+      command("verify", "the paper's Table 7: fp32/bf16 gradient errors of each method against base32 and the fp64 "
+              "oracle, per module group", add_verify_options, verify_command),
+      command("toy", "the paper's Table 6: the two-linear-layer example, standard vs streamed over D row blocks, in "
+              "Eigen and LibTorch", add_toy_options, toy_command),
+      command("sweep", "a measurement sweep over T (seq), B (batch) or StreamBP's chunk sizes (partition): peak, "
+              "analytic model, time, check; resumable", add_sweep_options, sweep_command),
+      command("maxlen", "the maximum sequence length of each method under a byte budget: the model's prediction, "
+              "confirmed by a run that fits and one that does not", add_maxlen_options, maxlen_command),
+      command("project", "the memory models at the paper's Table 3 settings (Qwen3-4B..32B, bf16, 80 GB): projected "
+              "maximum T beside the paper's", add_project_options, project_command),
+      command("reproduce", "the CPU-scaled version of one of the paper's tables or figures, from checked-in settings "
+              "(about 30 min each on 2 cores)", add_reproduce_options, reproduce_command),
+      command("profile", "the memory timeline of consecutive steps per method (Fig. 1/8): live bytes by category and "
+              "phase, CSV + Chrome trace", add_profile_options, profile_command),
+      command("conform", "check another implementation's gradients against the harness's oracle over a matrix of "
+              "cases, through a file protocol (exit 1 on any failure)", add_conform_options, conform_command),
+  };
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,52 +106,11 @@ int main(int argc, char** argv) {
 
   CLI::App app{"StreamBP harness: exact, memory-efficient backpropagation for long sequences, next to its baselines"};
   app.require_subcommand(1);
-  sbp::RunArgs run_args;
-  sbp::TrainArgs train_args;
-  sbp::CompareArgs compare_args;
-  sbp::DemoArgs demo_args;
-  sbp::VerifyArgs verify_args;
-  sbp::ToyArgs toy_args;
-  sbp::SweepArgs sweep_args;
-  sbp::MaxlenArgs maxlen_args;
-  sbp::ProjectArgs project_args;
-  sbp::ReproduceArgs reproduce_args;
-  sbp::ProfileArgs profile_args;
-  sbp::ConformArgs conform_args;
-  auto* run = app.add_subcommand("run", "one forward + backward of a BP method, measured");
-  sbp::add_run_options(*run, run_args);
-  auto* train = app.add_subcommand("train", "optimizer steps of a BP method: AdamW/SGD, schedules, clipping, gradient "
-                                            "accumulation, resumable checkpoints, per-step metrics");
-  sbp::add_train_options(*train, train_args);
-  auto* compare = app.add_subcommand("compare", "compare two gradient files tensor by tensor");
-  sbp::add_compare_options(*compare, compare_args);
-  auto* demo = app.add_subcommand("demo", "side-by-side of the BP methods: peak memory, analytic floor, time, check");
-  sbp::add_demo_options(*demo, demo_args);
-  auto* verify = app.add_subcommand("verify", "the paper's Table 7: fp32/bf16 gradient errors of each method against "
-                                              "base32 and the fp64 oracle, per module group");
-  sbp::add_verify_options(*verify, verify_args);
-  auto* toy = app.add_subcommand("toy", "the paper's Table 6: the two-linear-layer example, standard vs streamed over D "
-                                        "row blocks, in Eigen and LibTorch");
-  sbp::add_toy_options(*toy, toy_args);
-  auto* sweep = app.add_subcommand("sweep", "a measurement sweep over T (seq), B (batch) or StreamBP's chunk sizes "
-                                            "(partition): peak, analytic model, time, check; resumable");
-  sbp::add_sweep_options(*sweep, sweep_args);
-  auto* maxlen = app.add_subcommand("maxlen", "the maximum sequence length of each method under a byte budget: the "
-                                              "model's prediction, confirmed by a run that fits and one that does not");
-  sbp::add_maxlen_options(*maxlen, maxlen_args);
-  auto* project = app.add_subcommand("project", "the memory models at the paper's Table 3 settings (Qwen3-4B..32B, "
-                                                "bf16, 80 GB): projected maximum T beside the paper's");
-  sbp::add_project_options(*project, project_args);
-  auto* reproduce = app.add_subcommand("reproduce", "the CPU-scaled version of one of the paper's tables or figures, "
-                                                    "from checked-in settings (about 30 min each on 2 cores)");
-  sbp::add_reproduce_options(*reproduce, reproduce_args);
-  auto* profile = app.add_subcommand("profile", "the memory timeline of consecutive steps per method (Fig. 1/8): "
-                                                "live bytes by category and phase, CSV + Chrome trace");
-  sbp::add_profile_options(*profile, profile_args);
-  auto* conform = app.add_subcommand("conform", "check another implementation's gradients against the harness's "
-                                                "oracle over a matrix of cases, through a file protocol (exit 1 on "
-                                                "any failure)");
-  sbp::add_conform_options(*conform, conform_args);
+  std::vector<std::pair<CLI::App*, Runner>> commands;
+  for (const auto& c : command_table()) {
+    auto* sub = app.add_subcommand(c.name, c.help);
+    commands.emplace_back(sub, c.attach(*sub));
+  }
   if (argc > 1 && argv[1][0] != '-' && !is_command(app, argv[1])) {
     fmt::print(stderr, "streambp: error: {}\n", unknown_command(app, argv[1]));
     return 2;
@@ -120,18 +126,8 @@ int main(int argc, char** argv) {
 
   const auto command_line = sbp::shell_quote_argv(argc, argv);
   try {
-    if (*run) return sbp::run_command(run_args, command_line);
-    if (*train) return sbp::train_command(train_args, command_line);
-    if (*compare) return sbp::compare_command(compare_args, command_line);
-    if (*verify) return sbp::verify_command(verify_args, command_line);
-    if (*toy) return sbp::toy_command(toy_args, command_line);
-    if (*sweep) return sbp::sweep_command(sweep_args, command_line);
-    if (*maxlen) return sbp::maxlen_command(maxlen_args, command_line);
-    if (*project) return sbp::project_command(project_args, command_line);
-    if (*reproduce) return sbp::reproduce_command(reproduce_args, command_line);
-    if (*profile) return sbp::profile_command(profile_args, command_line);
-    if (*conform) return sbp::conform_command(conform_args, command_line);
-    return sbp::demo_command(demo_args, command_line);
+    for (const auto& [sub, run] : commands)
+      if (sub->parsed()) return run(command_line);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());
   } catch (const std::exception& e) {

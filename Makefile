@@ -33,8 +33,13 @@ CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_
 
 # Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
 DEMO_ARGS ?=
-demo: build
-	$(BUILD)/streambp demo $(DEMO_ARGS)
+DEMO_LOG ?= $(CACHE)/make-demo.log
+# The demo's own output first: the setup's and the build's go to a log, shown only when they fail.
+demo:
+	@echo "make demo: installing what is missing and building (the first time ~15 min; log: $(DEMO_LOG))"
+	@mkdir -p $(dir $(DEMO_LOG)) && $(MAKE) --no-print-directory build >$(DEMO_LOG) 2>&1 || \
+	  { tail -n 40 $(DEMO_LOG); echo "make demo: the build failed; the whole log: $(DEMO_LOG)"; exit 1; }
+	@$(BUILD)/streambp demo $(DEMO_ARGS)
 
 # The main tree's suite, then the sanitized tree's (unit tests under ASan + UBSan, a bounded run of every fuzz target).
 # Both trees always run: a failure in one (its build or its tests) never hides the other's; make fails after both.

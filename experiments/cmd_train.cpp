@@ -251,11 +251,15 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
                lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
                ranks.describe());
+  if (writer && random)
+    fmt::print(stderr, "data      random batches (no --data): fresh random tokens every step, so the loss shows the "
+                       "method at work, not learning; --data DIR trains on batch files (--save-batch writes them)\n");
   auto& meter = CpuMemoryMeter::install();
   const bool metered = !device.is_cuda();
   const auto weight_bytes = model_weight_bytes(*model);
   std::optional<MemoryEstimate> estimate;  // of the first step's micro-batch shape
-  double total_seconds = 0, last_loss = 0;
+  double total_seconds = 0, last_loss = 0, first_loss = 0;
+  std::int64_t total_tokens = 0;
   std::int64_t peak = 0;
   const auto run_start = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step; s < a.steps; ++s) {
@@ -281,7 +285,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     const auto reduced = stats_of("all_reduce"), scattered = stats_of("reduce_scatter"), gathered = stats_of("all_gather");
     const auto step_peak = meter.peak_bytes() - held;
     peak = std::max(peak, step_peak);
+    if (s == start_step) first_loss = t.loss;
     last_loss = t.loss;
+    total_tokens += t.tokens;
     total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     const double per_step = total_seconds / double(s + 1 - start_step);
     if (writer)
@@ -350,6 +356,22 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"provenance", to_json(prov)}};
     write_file_atomically(r.json, j.dump(2) + "\n");
   }
+  // The end, in a few lines: what ran, how it went, where everything is.
+  if (trainer.steps_taken() > start_step)
+    fmt::print(stderr, "done      steps {}..{} in {:.1f} s ({:.0f} tokens/s over the run); loss {:.6g} at step {}, {:.6g} "
+                       "at step {}\n", start_step + 1, trainer.steps_taken(), total_seconds,
+               double(total_tokens) / std::max(total_seconds, 1e-9), first_loss, start_step + 1, last_loss,
+               trainer.steps_taken());
+  std::string outputs;
+  const auto add = [&](const char* what, const std::string& where) {
+    if (!where.empty()) outputs += (outputs.empty() ? "" : "; ") + std::string(what) + " " + where;
+  };
+  add("model", r.save_model);
+  add("adapter", r.save_adapter);
+  add("metrics", a.metrics);
+  add("checkpoints", a.save_every > 0 ? checkpoint_dir : std::string());
+  add("record", r.json);
+  fmt::print(stderr, "outputs   {}\n", outputs.empty() ? "none (--save-model, --metrics, --checkpoint-dir, --json)" : outputs);
   return 0;
 }
 

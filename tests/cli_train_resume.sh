@@ -38,6 +38,11 @@ startup=$(awk -v t="$total" -v c="$compute" 'BEGIN { print t - c }')
 per_step=$(awk -v c="$compute" 'BEGIN { print c / 6 }')
 echo "uninterrupted: ${total} s (startup and writing ${startup} s, ${per_step} s a step)"
 [[ $(cut -d, -f1 a.csv | tail -n +2 | tr '\n' ' ') == "1 2 3 4 5 6 " ]] || fail "a.csv steps:\n$(cat a.csv)"
+# The run says what its data is and ends with a summary naming every output.
+grep -q "^data      random batches (no --data)" a.log || fail "no word on random batches:\n$(cat a.log)"
+grep -qE "^done      steps 1\.\.6 in [0-9.]+ s \([0-9]+ tokens/s over the run\); loss [0-9.e+-]+ at step 1, [0-9.e+-]+ at step 6$" a.log ||
+  fail "no end summary:\n$(tail -3 a.log)"
+grep -qx "outputs   model A; metrics a.csv; checkpoints A-ckpt" a.log || fail "outputs not named:\n$(tail -2 a.log)"
 
 # check_checkpoints DIR: DIR holds only complete checkpoints equal to (a)'s and .tmp-* leftovers; sets LATEST (0: none).
 check_checkpoints() {

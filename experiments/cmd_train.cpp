@@ -132,6 +132,10 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
 }  // namespace
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
+  // Before any rank starts: a mistyped --resume folder must not quietly become a fresh run from step 0.
+  if (!a.resume_dir.empty() && !fs::is_directory(a.resume_dir))
+    throw std::invalid_argument("--resume " + a.resume_dir + ": no such folder (a mistyped path?); a fresh run that "
+                                "checkpoints there is --checkpoint-dir " + a.resume_dir + " --save-every N");
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   const auto& r = a.run;
@@ -145,6 +149,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
   const bool writer = rank == 0;  // rank 0 writes every output; the ranks hold the same model after every step
+  // The checkpoint folder exists from the start, so that a run killed before its first checkpoint is resumed (from
+  // step 0) with the same --resume as any other.
+  if (writer && a.save_every > 0) fs::create_directories(checkpoint_dir);
   if (writer)
     for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
                                      {r.save_adapter, "--save-adapter"}})

@@ -73,9 +73,12 @@ check_checkpoints() {
 check_checkpoints A-ckpt
 [[ $LATEST -eq 6 ]] || fail "the uninterrupted run left checkpoints up to $LATEST, not 6"
 
-# resumable_run: the run to kill, in the background (PID), resuming from C (from step 0 when C has no checkpoint).
+# resumable_run: the run to kill, in the background (PID), resuming from C (from step 0 when C has no checkpoint), or
+# a fresh run checkpointing into C when no run got as far as creating C (--resume refuses a folder that does not exist).
 resumable_run() {
-  "$STREAMBP" train "${args[@]}" --save-every 1 --resume C --metrics b.csv 2>>b.log &
+  local from=(--resume C)
+  [[ -d C ]] || from=(--checkpoint-dir C)
+  "$STREAMBP" train "${args[@]}" --save-every 1 "${from[@]}" --metrics b.csv 2>>b.log &
   PID=$!
 }
 # kill_now: SIGKILL the run; sets STATUS (137: killed, 0: it had finished) and checks C.
@@ -191,5 +194,7 @@ cp -r C E && { head -1 b.csv; echo "x,1"; } >e.csv
 expect_failure "--resume onto a metrics file with a row of no step" "--metrics e.csv: line 2: step 'x' is not an integer" \
   "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume E --metrics e.csv
 mkdir empty
+expect_exit_2 "--resume from a folder that does not exist" "--resume nosuch: no such folder \\(a mistyped path\\?\\)" \
+  "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume nosuch
 expect_exit_2 "--data on an empty folder" "--data empty: no .safetensors batch files" \
   "$STREAMBP" train --preset tiny --method standard --data empty --steps 1

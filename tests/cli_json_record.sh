@@ -25,6 +25,15 @@ assert "--json run.json" in p["command"], p["command"]
 print("ok: run record", {k: r[k] for k in ["status", "loss", "peak_bytes", "model_peak_bytes", "bp_seconds"]})
 PY
 
+# The console says what the record says: a run checks no gradient. The chunk-attention line is StreamBP's only.
+"$STREAMBP" run --preset tiny --method standard --seq 16 >console.txt
+grep -q "^status    unchecked  (the step ran; run checks no gradient" console.txt ||
+  fail "the console's status is not the record's:\n$(cat console.txt)"
+! grep -q "^attention" console.txt || fail "standard BP printed StreamBP's attention kernel:\n$(cat console.txt)"
+"$STREAMBP" run --preset tiny --method streambp:layer_chunk=8,head_chunk=8 --seq 16 | grep -q "^attention " ||
+  fail "StreamBP's run does not name its chunk attention"
+echo "ok: the console says unchecked"
+
 # --model-only: the same workload's analytic model, no step run, the same number as the measured record's model.
 "$STREAMBP" run --preset tiny --method streambp:layer_chunk=8,head_chunk=8 --dtype fp32 --batch 2 --seq 33 \
   --pad-fraction 0.2 --seed 3 --model-only --json model.json

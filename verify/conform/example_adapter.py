@@ -30,6 +30,11 @@ loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-10
 loss.backward()
 seconds = time.perf_counter() - start
 grads = {n: p.grad.to(dtype).contiguous() for n, p in model.named_parameters()}  # a tied lm_head appears once
+# Under LoRA (meta["lora"] set; the adapter is in case / "adapter", PEFT's format) return only the adapters, under the
+# names PEFT writes to adapter_model.safetensors: named_parameters() says "...lora_A.default.weight", the file (and
+# the harness) "...lora_A.weight":
+#   grads = {n.replace(".default.", "."): p.grad.to(dtype).contiguous()
+#            for n, p in peft_model.named_parameters() if p.requires_grad}
 # --- end of your implementation ---
 
 # Atomic writes (temporary file, then rename): a killed adapter never leaves a half file. Gradients first.

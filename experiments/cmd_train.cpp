@@ -129,6 +129,15 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
                                                 items[i].first, items[i].second));
 }
 
+// The refusal of a global batch that does not split over the ranks, with the sizes that would.
+std::string uneven_batch(int world, const std::string& source, std::int64_t rows) {
+  const auto below = rows / world * world, above = below + world;
+  return fmt::format("--nproc {}: the global batch ({}) has {} rows, which do not split evenly over {} ranks (each "
+                     "rank takes rows / {}); {} rows would{}", world, source, rows, world, world,
+                     below > 0 ? fmt::format("{} or {}", below, above) : std::to_string(above),
+                     below > 0 ? "" : " (at least one row per rank)");
+}
+
 }  // namespace
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
@@ -137,6 +146,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--resume " + a.resume_dir + ": no such folder (a mistyped path?); a fresh run that "
                                 "checkpoints there is --checkpoint-dir " + a.resume_dir + " --save-every N");
   const auto env = rank_from_environment();
+  // Before the ranks start (once, not once per rank): a random global batch must split evenly over them.
+  if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.batch_size % a.ranks.nproc != 0)
+    throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(a.run.batch_size),
+                                             a.run.batch_size));
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   const auto& r = a.run;
   auto ranks = join_ranks(a.ranks, env, r.setup);
@@ -185,8 +198,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);
     if (world > 1 && batch.batch_size() % world != 0)
-      throw std::invalid_argument(fmt::format("--nproc {}: the global batch of {} has {} rows, which do not split "
-                                              "evenly over the ranks", world, source, batch.batch_size()));
+      throw std::invalid_argument(uneven_batch(world, source, batch.batch_size()));
     // A random batch's synthetic log-probs are drawn for the whole global batch (then split), so that every rank
     // count trains on the same numbers; a file's reference pass runs on this rank's rows only.
     const auto complete = [&] {

@@ -160,5 +160,9 @@ for r in 0 1; do
 done
 grep -q "disagree on seed" mismatch0.log || fail "the mismatch is not named:\n$(cat mismatch0.log)"
 echo "ok: ranks with different seeds exit 2: $(grep -m1 disagree mismatch0.log)"
-expect_exit_2 "rows that do not split over the ranks" "rows, which do not split evenly" \
+# Refused once, before any rank starts, with the sizes that would split.
+expect_exit_2 "rows that do not split over the ranks" \
+  "^streambp: error: --nproc 3: the global batch \\(--batch 4\\) has 4 rows, which do not split evenly over 3 ranks \\(each rank takes rows / 3\\); 3 or 6 rows would$" \
   "$STREAMBP" train --preset tiny --batch 4 --seq 16 --steps 1 --method standard --nproc 3
+[[ $("$STREAMBP" train --preset tiny --batch 4 --seq 16 --steps 1 --method standard --nproc 3 2>&1 | grep -c "do not split") -eq 1 ]] ||
+  fail "the uneven batch is refused more than once"

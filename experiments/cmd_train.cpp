@@ -17,6 +17,7 @@
 #include "baselines/methods.h"
 #include "core/model/checkpoint_io.h"
 #include "core/io/dtype.h"
+#include "core/model/gemm.h"
 #include "core/methods/memory_model.h"
 #include "core/io/safetensors.h"
 #include "core/training/c10d_communicator.h"
@@ -236,6 +237,16 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                       value.dump() + " (resume with the arguments of the run that wrote it)");
       start_step = trainer.steps_taken();
       fmt::print(stderr, "resume    {} (step {})\n", latest.string(), start_step);
+      // The checkpoint's bf16 GEMM paths are kept (the run continues bitwise), also where this machine would take
+      // the other path: say so, as the native path can be far slower on a CPU without bf16 kernels.
+      if (writer && !gemm_paths_reason(model->dtype()).empty()) {
+        const auto [path, why] = machine_narrow_gemm_path();
+        const GemmPaths here{path, path, path};
+        if (gemm_paths(model->dtype()).describe() != here.describe())
+          fmt::print(stderr, "note      the checkpoint's {} GEMM paths ({}) are kept so that the run continues "
+                             "bitwise; this machine's own would be {} ({})\n", dtype_name(model->dtype()),
+                     gemm_paths(model->dtype()).describe(), here.describe(), why);
+      }
     }
   }
   if (start_step >= a.steps)

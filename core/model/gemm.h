@@ -11,10 +11,11 @@
 // The path is a property of the machine and the process's environment, never of a timing: a path changes the bits of
 // every product, and a choice timed per process flipped between two processes of one machine under load (the
 // resumed run of a bitwise-resume test took the other path; ranks of one data-parallel group could too). Native
-// where oneDNN's bf16 GEMMs run on AMX-BF16 tile units (several times fp32's throughput); widened everywhere else:
-// AVX2 (ATen's loop), AVX512_CORE (emulated, 4-7x slower than fp32) and AVX512-BF16 without AMX (measured on a Xeon:
-// the input-gradient layout 1.8-3x slower native than widened, a qwen3-small bf16 step 43 s native against 32 s
-// widened). ONEDNN_MAX_CPU_ISA below AMX counts as no AMX. STREAMBP_NARROW_GEMM=native|widened pins every layout
+// where the CPU has bf16 instructions oneDNN uses (AVX512-BF16, AMX-BF16); widened elsewhere: AVX2 (ATen's loop) and
+// AVX512_CORE (emulated, 4-7x slower than fp32). On an AVX512-BF16 Xeon without AMX native is slower than widened
+// (a qwen3-small bf16 step 43 s against 32 s) but kept: the widened path's fp32 GEMMs gave a resumed training step
+// that differed from the uninterrupted one in some runs there, an open defect. ONEDNN_MAX_CPU_ISA below
+// AVX512_CORE_BF16 counts as no bf16 instructions. STREAMBP_NARROW_GEMM=native|widened pins every layout
 // instead, and a resumed training run pins the paths its checkpoint recorded (a checkpoint may move between
 // machines). fp32/fp64 and tensors on a GPU are never widened. The layouts keep their own paths so that a
 // checkpoint or a test can pin them one by one.
@@ -43,6 +44,9 @@ const GemmPaths& gemm_paths(c10::ScalarType dtype);
 // The default path of every layout from the CPU's flags (/proc/cpuinfo's "flags" line) and ONEDNN_MAX_CPU_ISA's
 // value ("" when unset), with the reason in words.
 std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa);
+// The default of this machine and process (its flags, ONEDNN_MAX_CPU_ISA), whatever is pinned: a resumed run compares
+// it with the paths its checkpoint pins.
+std::pair<GemmPath, std::string> machine_narrow_gemm_path();
 // What the choice was based on, for the run record: "the CPU has no AMX-BF16", "pinned by
 // STREAMBP_NARROW_GEMM=widened", "pinned by <checkpoint>/trainer.json"; "" for a dtype that is never widened.
 std::string gemm_paths_reason(c10::ScalarType dtype);

@@ -44,8 +44,8 @@ const GemmPaths& gemm_paths(c10::ScalarType dtype);
 // The default path of every layout from the CPU's flags (/proc/cpuinfo's "flags" line) and ONEDNN_MAX_CPU_ISA's
 // value ("" when unset), with the reason in words.
 std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa);
-// The default of this machine and process (its flags, ONEDNN_MAX_CPU_ISA), whatever is pinned: a resumed run compares
-// it with the paths its checkpoint pins.
+// The default on the running CPU for this process (its flags, ONEDNN_MAX_CPU_ISA), whatever is pinned: a resumed
+// run compares it with the paths its checkpoint pins.
 std::pair<GemmPath, std::string> machine_narrow_gemm_path();
 // What the choice was based on, for the run record: "the CPU has no AMX-BF16", "pinned by
 // STREAMBP_NARROW_GEMM=widened", "pinned by <checkpoint>/trainer.json"; "" for a dtype that is never widened.

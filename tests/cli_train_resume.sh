@@ -14,11 +14,6 @@
 #     3 with --batch 4 (the rows named), --data on an empty folder.
 # The kill moments are random fractions of the measured runtime of (a); STREAMBP_KILL_SEED=N replays a draw.
 source "$(dirname "$0")/cli_common.sh"
-# bf16 products on oneDNN's native path: the widened path (fp32 MKL GEMMs on widened operands) gave a resumed step that
-# differed from the uninterrupted one in about 4 of 10 runs on an AVX512-BF16 Xeon (not reproducible by replaying the
-# same resume; under investigation), while the native path passed 8 of 8. Pinned so that this test judges resuming,
-# not that open defect.
-export STREAMBP_NARROW_GEMM=native
 
 kill_seed=${STREAMBP_KILL_SEED:-$(($(date +%s%N) / 1000 % 32768))}
 RANDOM=$kill_seed

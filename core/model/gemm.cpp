@@ -46,23 +46,20 @@ bool has_flag(const std::string& flags, const std::string& flag) { return flags.
 
 std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa) {
   const auto padded = " " + flags + " ";
-  const bool amx = has_flag(padded, "amx_bf16") && has_flag(padded, "amx_tile");
-  if (!amx && !has_flag(padded, "avx512_bf16"))
-    return {GemmPath::widened, "the CPU has neither AVX512-BF16 nor AMX-BF16: native bf16 GEMMs are emulated"};
+  if (!(has_flag(padded, "amx_bf16") && has_flag(padded, "amx_tile")))
+    return {GemmPath::widened, has_flag(padded, "avx512_bf16")
+                                   ? "AVX512-BF16 without AMX: oneDNN's bf16 GEMMs are slower than widened fp32 ones"
+                                   : "the CPU has no bf16 instructions: native bf16 GEMMs are emulated"};
   std::string cap;
   for (const char ch : onednn_max_isa) cap += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  // oneDNN's names of the levels without bf16 instructions; any other value (ALL, DEFAULT, *BF16*, *AMX*, *FP16*,
-  // AVX10*, or one oneDNN ignores) leaves them on.
-  for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"})
+  // oneDNN's names of the levels below AMX; any other value (ALL, DEFAULT, *AMX*, or one oneDNN ignores) leaves the
+  // tile units on.
+  for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                            "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX10_2_512"})
     if (cap == below)
-      return {GemmPath::widened, "ONEDNN_MAX_CPU_ISA=" + onednn_max_isa + " keeps oneDNN off its bf16 instructions"};
-  return {GemmPath::native, amx ? "AMX-BF16: oneDNN's bf16 GEMMs run on the tile units"
-                                : "AVX512-BF16: oneDNN's bf16 GEMMs run natively"};
+      return {GemmPath::widened, "ONEDNN_MAX_CPU_ISA=" + onednn_max_isa + " keeps oneDNN off the AMX tile units"};
+  return {GemmPath::native, "AMX-BF16: oneDNN's bf16 GEMMs run on the tile units"};
 }
-
-namespace {
-
-}  // namespace
 
 std::pair<GemmPath, std::string> machine_narrow_gemm_path() {
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");

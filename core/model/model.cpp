@@ -12,6 +12,7 @@
 
 #include "core/model/chunk_attention.h"
 #include "core/model/gemm.h"
+#include "core/model/vector_math.h"
 #include "core/io/dtype.h"
 #include "core/model/chunk_gradients.h"
 
@@ -66,7 +67,8 @@ Model::Model(ModelConfig config, c10::ScalarType dtype, std::uint64_t seed)
     : config_(std::move(config)), dtype_(dtype), grad_dtype_(dtype) {
   config_.validate();
   dtype_name(dtype_);  // rejects non-floating dtypes
-  gemm_paths(dtype_);  // a narrow dtype's GEMM paths are measured now, before any step is (core/model/gemm.h)
+  gemm_paths(dtype_);  // a narrow dtype's GEMM paths are chosen now, before any step (core/model/gemm.h)
+  spend_first_vector_math_calls();  // before the random weights (core/model/vector_math.h)
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   for (const auto& [name, shape] : parameter_shapes(config_)) {
@@ -138,6 +140,8 @@ void Model::register_parameters() {
     layers_.push_back(w);
   }
   if (lora_.enabled()) attach_adapters();
+  // Before the first VML call of the model (pow here, cos and sin in every rope): core/model/vector_math.h.
+  spend_first_vector_math_calls();
   // HF: inv_freq = 1 / theta^(2i/hd), in fp32.
   const auto exponents = at::arange(0, config_.head_dim, 2, at::kLong).to(at::kFloat) / double(config_.head_dim);
   inv_freq_ = at::reciprocal(at::pow(config_.rope_theta, exponents)).to(embed_.device());
@@ -290,6 +294,7 @@ at::Tensor Model::rms_norm(const at::Tensor& x, const at::Tensor& weight) const 
 at::Tensor Model::rope(const at::Tensor& x, std::int64_t start) const {
   const auto c = x.size(2);
   // Absolute positions: a chunk at `start` is rotated exactly like the same rows of the full sequence.
+  spend_first_vector_math_calls();  // again only if the thread count grew since the model was made
   const auto positions = at::arange(start, start + c, inv_freq_.options());
   const auto freqs = at::outer(positions, inv_freq_);  // [c, hd/2] fp32
   const auto angles = at::cat({freqs, freqs}, -1);      // [c, hd]

@@ -16,6 +16,7 @@
 #include "core/model/gemm.h"
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
+#include "core/methods/streambp.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "profiler/calibration.h"
@@ -123,6 +124,8 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                "its time or peak)\n", a.ref_dir, reference.seconds, format_bytes(reference.peak_bytes),
                format_bytes(reference.model.total_bytes()), reference.model.moment);
   fmt::print("method    {}\n", method.spec());
+  if (const auto advice = streambp_chunk_advice(method, batch.seq_len()); !advice.empty())
+    fmt::print("note      {}\n", advice);
   // Which kernel runs StreamBP's layer chunks on this device and dtype: a GPU owner checks it against the kernels
   // the profile shows (tests/gpu/run.sh). The other methods attend with SDPA over the whole sequence.
   if (method.spec().rfind("streambp", 0) == 0)

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -24,10 +25,12 @@
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
+#include "core/methods/streambp.h"
 #include "core/training/data_parallel.h"
 #include "core/training/optimizer.h"
 #include "core/training/trainer.h"
 #include "experiments/commands.h"
+#include "experiments/machine_load.h"
 #include "experiments/results_table.h"
 #include "verify/grad_compare.h"
 
@@ -125,11 +128,25 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     return RandomBatchOptions{B, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, setup.group};
   };
 
+  // Threads no more than the cores other processes leave free, unless --threads says otherwise: oversubscribed
+  // OpenMP workers that spin while waiting distort every time, StreamBP's most (machine_load.h).
+  const auto at_start = sample_machine_load(0.5);
+  if (setup.threads == 0 && ranks.world == 1 && at_start.shared()) {
+    const int cores = int(std::thread::hardware_concurrency());
+    const int free = std::max(1, cores - int(at_start.other_cores + 0.5));
+    if (free < at::get_num_threads()) {
+      at::set_num_threads(free);
+      if (writer)
+        fmt::print(stderr, "note      the machine is shared ({}): {} thread(s) instead of {} (--threads N to choose)\n",
+                   at_start.describe(), free, cores);
+    }
+  }
   const std::vector<std::string> columns = {
       "objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
       "bp_seconds_all", "seconds_per_sample", "time_vs_checkpoint", "budget_bytes", "check_max_normwise_rel",
       "check_seq", "check_batch", "check_dtype", "flops", "flops_per_second", "gemm_flops_per_second",
-      "gemm_efficiency", "world_size", "zero"};
+      "gemm_efficiency", "world_size", "zero", "timing", "other_cores", "steal", "cpu_per_wall", "load_before",
+      "load_after"};
   ResultsTable table(columns);
   std::filesystem::path csv;
   nlohmann::json earlier = nlohmann::json::array();
@@ -154,6 +171,13 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     csv = ResultsTable::new_path(plan.out_dir, plan.stem, prov);
   }
 
+  if (writer)
+    for (const auto& method : methods)
+      for (const auto T : lengths)
+        if (const auto advice = streambp_chunk_advice(*method, T); !advice.empty()) {
+          fmt::print(stderr, "note      {}\n", advice);
+          break;  // once per method: its shortest length says it
+        }
   std::map<std::string, Check> checks;
   if (plan.check_seq_len > 0 && writer)
     checks = check_methods(setup.source, specs, *objective, options(batches.front(), plan.check_seq_len), setup.lora);
@@ -181,7 +205,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     return m;
   };
 
-  std::vector<std::string> lines;
+  std::vector<std::string> lines, shared_points;
   lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", "B", "T", "method",
                               "peak", "analytic", "meas/an", "BP s", "vs ckpt", "%GEMM", "status"));
   bool all_passed = true;
@@ -199,6 +223,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, sampled right before
       // every measured step (the speed of a shared machine drifts over minutes); the median sample is the rate.
       std::vector<double> gemm_samples;
+      const auto point_start = read_cpu_counters();
       for (int r = 0; r < plan.repeats; ++r)
         for (const auto i : todo) {
           auto& result = results[i];
@@ -221,6 +246,10 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
           result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
           result.bp_seconds.push_back(m.bp_seconds.at(0));
         }
+      // What the machine did meanwhile (the yardstick GEMMs and the measured steps, this point's whole time).
+      const auto load = load_between(point_start, read_cpu_counters());
+      if (load.shared()) shared_points.push_back(fmt::format("B={} T={}: {}", B, T, load.describe()));
+      const std::string timing = !load.known ? "" : load.shared() ? "shared" : "idle";
       if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(model->dtype(), 2048, 3, device));  // every method oom
       std::sort(gemm_samples.begin(), gemm_samples.end());
       const double gemm_rate = gemm_samples[gemm_samples.size() / 2];
@@ -259,12 +288,16 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                     // fp64 runs on the CPU: a GPU row's check covers the method, not its CUDA attention kernel.
                     checked ? (device.is_cuda() ? "fp64 cpu" : "fp64") : "", fmt::format("{:.6g}", flops), oom ? "" : fmt::format("{:.6g}", rate),
                     fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate),
-                    std::to_string(ranks.world), std::to_string(ranks.zero)}});
+                    std::to_string(ranks.world), std::to_string(ranks.zero), timing,
+                    load.known ? fmt::format("{:.3f}", load.other_cores) : "",
+                    load.known ? fmt::format("{:.4f}", load.steal) : "", fmt::format("{:.3f}", load.own_per_wall),
+                    load.load_before >= 0 ? fmt::format("{:.2f}", load.load_before) : "",
+                    load.load_after >= 0 ? fmt::format("{:.2f}", load.load_after) : ""}});
         lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", B, T, specs[i],
                                     oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
                                     oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
                                     oom ? "-" : fmt::format("{:.2f}", m.median_seconds()),
-                                    ratio.empty() ? "-" : ratio.substr(0, 5),
+                                    ratio.empty() ? "-" : ratio.substr(0, 5) + (load.shared() ? "*" : ""),
                                     oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), oom ? "oom" : check.status));
       }
       if (writer) table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
@@ -274,8 +307,19 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   table.write_to(csv, prov, earlier);
   fmt::print("\n");
   for (const auto& line : lines) fmt::print("{}\n", line);
-  fmt::print("\nresults: {} (BP s = median of {}; vs ckpt = ratio of medians in this run; {})\n", csv.string(),
-             plan.repeats, format_duration(elapsed()));
+  fmt::print("\npeak: the step's measured peak above the model and batch; analytic: the method's memory model; meas/an: "
+             "their ratio; BP s: median seconds of {} step(s); vs ckpt: BP s over checkpointing's in this run; %GEMM: the "
+             "step's matrix-product FLOP/s as a share of a dense 2048^3 GEMM's, same dtype and threads; status: the "
+             "fp64 gradient check against standard BP (reference: standard itself; unchecked: --check-seq 0)\n",
+             plan.repeats);
+  fmt::print("results: {} ({})\n", csv.string(), format_duration(elapsed()));
+  if (!shared_points.empty()) {
+    fmt::print("\nWARNING: the machine was shared during {} of {} timed point(s); their times and ratios (marked * "
+               "above, timing=shared in the CSV) say more about the other load than about the methods:\n",
+               shared_points.size(), lengths.size() * batches.size());
+    for (const auto& p : shared_points) fmt::print("  {}\n", p);
+    fmt::print("Measure on an idle machine (README, \"Measuring time honestly\"); peaks and checks are unaffected.\n");
+  }
   return all_passed ? 0 : 1;
 }
 

@@ -50,6 +50,11 @@ echo "ok: verify --gate"
 # --op-profile: the step's time per outermost op, as CSV with shares of the BP time, and the largest ops printed.
 "$STREAMBP" run --preset tiny --seq 64 --method streambp:layer_chunk=16,head_chunk=16 --repeats 2 --op-profile ops.csv > ops.txt
 grep -q "^op  " ops.txt || fail "run --op-profile printed no op lines:\n$(cat ops.txt)"
+! grep -q "^note .*chunk" ops.txt || fail "chunk advice for chunks shorter than T:\n$(cat ops.txt)"
+# StreamBP's default chunks (512, 1024) at T = 64 stream nothing: the run says so and suggests T/8.
+"$STREAMBP" run --preset tiny --seq 64 --method streambp > chunks.txt
+grep -q "^note      streambp:layer_chunk=512,head_chunk=1024 at T = 64: a chunk of T or more .* streambp:layer_chunk=8,head_chunk=8" \
+  chunks.txt || fail "no chunk advice:\n$(cat chunks.txt)"
 python3 - <<'PY'
 import csv
 rows = list(csv.DictReader(open("ops.csv")))

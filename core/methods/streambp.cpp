@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <fmt/format.h>
 
 #include "core/model/chunk_attention.h"
 #include "core/methods/memory_model.h"
@@ -142,6 +143,17 @@ void StreamBP::kv_path_backward(const Model& model, int layer, const at::Tensor&
 
 MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   return streambp_memory(w, options_.layer_chunk, options_.head_chunk);
+}
+
+std::string streambp_chunk_advice(const BackpropMethod& method, std::int64_t seq_len) {
+  const auto* streambp = dynamic_cast<const StreamBP*>(&method);
+  if (!streambp) return "";
+  const auto& o = streambp->options();
+  if (o.layer_chunk < seq_len && o.head_chunk < seq_len) return "";
+  const auto suggest = std::max<std::int64_t>(1, seq_len / 8);
+  return fmt::format("{} at T = {}: a chunk of T or more is the whole sequence, so that part does not stream; chunks "
+                     "of about T/8 (e.g. streambp:layer_chunk={},head_chunk={}) keep the peak low",
+                     method.spec(), seq_len, suggest, suggest);
 }
 
 }  // namespace sbp

@@ -28,9 +28,9 @@ class StreamBP : public BackpropMethod {
   std::string spec() const override;
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return streambp_flops(workload); }
+  const Options& options() const { return options_; }
 
  protected:
-  const Options& options() const { return options_; }
   // The LM head + loss per head chunk (streamed_head): the loss and dLoss/dH[L]; commits the head's gradients.
   virtual HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
                                    PhaseClock& clock) const;
@@ -55,5 +55,10 @@ class StreamBP : public BackpropMethod {
 
   Options options_;
 };
+
+// Advice when `method` is StreamBP with a chunk at least T long ("" otherwise): the sequence is then one chunk and
+// nothing streams (the paper's 500 and 100 tokens are for T in the tens of thousands; on tiny at T = 128 they are
+// checkpointing by another name).
+std::string streambp_chunk_advice(const BackpropMethod& method, std::int64_t seq_len);
 
 }  // namespace sbp

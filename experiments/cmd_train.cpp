@@ -24,6 +24,7 @@
 #include "core/training/data_parallel.h"
 #include "core/training/trainer.h"
 #include "experiments/commands.h"
+#include "experiments/interrupt.h"
 #include "experiments/launch.h"
 #include "experiments/ranks.h"
 #include "experiments/provenance.h"
@@ -292,6 +293,38 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::int64_t total_tokens = 0;
   std::int64_t peak = 0;
   const auto run_start = std::chrono::steady_clock::now();
+  std::int64_t last_saved_step = -1;
+  const auto save = [&](std::int64_t step) {
+    const auto dir = trainer.save_checkpoint(checkpoint_dir, {{"trajectory", fingerprint},
+                                                              {"method", method->spec()},
+                                                              {"provenance", to_json(prov)}});
+    last_saved_step = step;
+    if (writer) fmt::print(stderr, "checkpoint {}\n", dir.string());
+  };
+  // After a step: stop when a Ctrl-C arrived on any rank (all of them agree, or one would wait in the next step's
+  // collectives forever), with a checkpoint of this step where there is a folder for it and the command that resumes.
+  const auto stop_after_step = [&](std::int64_t step, std::int64_t saved) {
+    bool stop = interrupted();
+    if (comm) {
+      std::vector<at::Tensor> flag = {at::full({1}, stop ? 1.0 : 0.0, at::TensorOptions(at::kFloat).device(comm->device()))};
+      comm->all_reduce_sum(flag);
+      stop = flag[0].item<double>() > 0;
+    }
+    if (!stop) return false;
+    if (!checkpoint_dir.empty() && saved != step) save(step);
+    if (writer) {
+      if (checkpoint_dir.empty())
+        fmt::print(stderr, "stopped   after step {} of {} (Ctrl-C); no checkpoint: a run that can be resumed needs "
+                           "--checkpoint-dir DIR --save-every K\n", step, a.steps);
+      else
+        fmt::print(stderr, "stopped   after step {} of {} (Ctrl-C); resume with:\n  {}\n", step, a.steps,
+                   command_line.find(" --resume ") != std::string::npos
+                       ? command_line
+                       : command_line + " --resume " + shell_quote(checkpoint_dir));
+    }
+    return true;
+  };
+  watch_interrupts();
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
     if (!estimate) {
@@ -333,11 +366,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     const bool last = t.step == a.steps;
     // Every rank takes part (ZeRO gathers its slices into whole tensors); rank 0 writes.
     if (!checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
-      const auto dir = trainer.save_checkpoint(checkpoint_dir, {{"trajectory", fingerprint},
-                                                                {"method", method->spec()},
-                                                                {"provenance", to_json(prov)}});
-      if (writer) fmt::print(stderr, "checkpoint {}\n", dir.string());
+      save(t.step);
     }
+    if (!last && stop_after_step(t.step, last_saved_step)) return kInterruptedExit;
   }
   // Data-parallel: the model is of one rank (rank 0's slices, the longest), printed beside rank 0's peak; every
   // rank's is in the JSON.

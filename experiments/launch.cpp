@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "experiments/interrupt.h"
+
 namespace sbp {
 namespace {
 
@@ -127,7 +129,11 @@ int launch_ranks(int nproc, int grace_seconds) {
     ranks[r].out = fds[0];
   }
 
+  // Ctrl-C reaches every rank from the terminal; `train` stops them after an agreed step (interrupt.h). The launcher
+  // outlives them to relay their last lines and report.
+  std::signal(SIGINT, SIG_IGN);
   int failed = -1, code = 0;
+  bool interrupted = false;
   std::string how;
   auto stop_at = std::chrono::steady_clock::time_point::max();
   for (int running = nproc; running > 0;) {
@@ -159,7 +165,11 @@ int launch_ranks(int nproc, int grace_seconds) {
       ranks[r].running = false;
       --running;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (ok || failed >= 0) continue;
+      // Stopped by Ctrl-C after a step every rank agreed on: not a failure, and the others are finishing too (rank 0
+      // may still be writing the checkpoint).
+      const bool stopped = WIFEXITED(status) && WEXITSTATUS(status) == kInterruptedExit;
+      interrupted = interrupted || stopped;
+      if (ok || stopped || failed >= 0) continue;
       failed = r;
       code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
       how = WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
@@ -188,7 +198,7 @@ int launch_ranks(int nproc, int grace_seconds) {
                ranks[failed].last_line.empty() ? "(no output)" : ranks[failed].last_line);
     return code == 0 ? 1 : code;
   }
-  return 0;
+  return interrupted ? kInterruptedExit : 0;
 }
 
 }  // namespace sbp

@@ -67,19 +67,18 @@ nlohmann::json to_json(const Provenance& p) {
           {"torch_version", p.torch_version}, {"command", p.command}};
 }
 
+std::string shell_quote(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") == std::string::npos;
+  if (plain) return word;
+  std::string q = "'";
+  for (char ch : word) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
 std::string shell_quote_argv(int argc, char** argv) {
   std::string out;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    const bool plain = !a.empty() && a.find_first_not_of(
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") == std::string::npos;
-    if (!plain) {
-      std::string q = "'";
-      for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-      a = q + "'";
-    }
-    out += (i ? " " : "") + a;
-  }
+  for (int i = 0; i < argc; ++i) out += (i ? " " : "") + shell_quote(argv[i]);
   return out;
 }
 

@@ -19,6 +19,7 @@ struct Provenance {
 // `device`: describe_device() of the run's device ("cpu" or empty: nothing added to `machine`).
 Provenance collect_provenance(const std::string& command, const std::string& device = "cpu");
 nlohmann::json to_json(const Provenance& p);
+std::string shell_quote(const std::string& word);  // as a POSIX shell reads it back
 std::string shell_quote_argv(int argc, char** argv);
 
 }  // namespace sbp

@@ -145,6 +145,21 @@ disturb 2 STOP stop.log --dist-timeout 5
 [[ $elapsed -le 60 ]] || fail "a stalled rank held the run for ${elapsed} s"
 echo "ok: a stalled rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' stop.log)"
 
+# Ctrl-C from a terminal reaches the launcher and every rank (one process group): the ranks agree to stop after the
+# same step, rank 0 writes that step's checkpoint, the launcher relays the resume command and exits 130.
+setsid "$STREAMBP" train "${long[@]}" --nproc 2 --checkpoint-dir ctrlc --save-every 1000 2>ctrlc.log &
+group=$!
+for _ in $(seq 1 100); do grep -q "^step 1/" ctrlc.log && break; sleep 0.2; done
+kill -INT -- -"$group"
+status=0
+wait "$group" || status=$?
+[[ $status -eq 130 ]] || fail "Ctrl-C on 2 ranks: exit $status, expected 130:\n$(cat ctrlc.log)"
+step=$(sed -n 's/^stopped   after step \([0-9]*\) of 1000 (Ctrl-C); resume with:$/\1/p' ctrlc.log)
+[[ -n $step ]] || fail "Ctrl-C on 2 ranks: no resume line:\n$(cat ctrlc.log)"
+[[ -f ctrlc/$(printf 'checkpoint-%06d' "$step")/trainer.json ]] || fail "no checkpoint of step $step:\n$(ls -R ctrlc)"
+grep -q -- "--resume ctrlc" ctrlc.log || fail "the resume command does not name ctrlc:\n$(cat ctrlc.log)"
+echo "ok: Ctrl-C on 2 ranks stopped both after step $step with its checkpoint, exit 130"
+
 # (c) Ranks that disagree, started by hand as the launcher starts them.
 mkdir store
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method standard --dist-timeout 30)

@@ -176,6 +176,28 @@ diff <(cut -d, -f1-5 a.csv) <(cut -d, -f1-5 b.csv) >/dev/null ||
   fail "the resumed metrics differ from the uninterrupted run's:\n$(diff <(cut -d, -f1-5 a.csv) <(cut -d, -f1-5 b.csv))"
 echo "ok: metrics steps 1..6 once each, step/loss/grad_norm/lr/tokens text equal to the uninterrupted run's"
 
+# Ctrl-C (SIGINT) in the middle: the step in progress finishes, a checkpoint of it is written (equal to (a)'s), the
+# run prints the command that resumes it and exits 130; that command finishes the run byte-identical to (a).
+"$STREAMBP" train "${args[@]}" --save-every 3 --checkpoint-dir I-ckpt --save-model I >i.log 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q "^step 1/6" i.log && break; sleep 0.05; done
+kill -INT $pid
+status=0
+wait $pid || status=$?
+[[ $status -eq 130 ]] || fail "Ctrl-C: exit $status, expected 130:\n$(cat i.log)"
+stopped=$(sed -n 's/^stopped   after step \([1-5]\) of 6 (Ctrl-C); resume with:$/\1/p' i.log)
+[[ -n $stopped ]] || fail "Ctrl-C: no 'stopped ... resume with' line:\n$(cat i.log)"
+ckpt=$(printf 'checkpoint-%06d' "$stopped")
+for f in trainable.safetensors optimizer.safetensors; do
+  cmp -s "I-ckpt/$ckpt/$f" "A-ckpt/$ckpt/$f" || fail "Ctrl-C: $ckpt/$f differs from the uninterrupted run's"
+done
+[[ ! -e I ]] || fail "Ctrl-C: the final model was written by a stopped run"
+resume=$(grep -A1 "^stopped " i.log | tail -1)
+[[ $resume == *" --resume I-ckpt"* ]] || fail "Ctrl-C: the resume command does not resume from I-ckpt: $resume"
+eval "$resume" >i2.log 2>&1 || fail "the printed resume command failed:\n$resume\n$(cat i2.log)"
+cmp A/model.safetensors I/model.safetensors || fail "Ctrl-C then the printed command: the model differs from (a)'s"
+echo "ok: Ctrl-C after step $stopped wrote $ckpt, exited 130, and '$resume' finished the run bitwise"
+
 # (c) --------------------------------------------------------------------------------------------------------------
 expect_exit_2 "--resume with another --seed" "checkpoint's seed is 4, this run's 5" \
   "$STREAMBP" train "${model[@]}" --seed 5 "${optimizer[@]}" --resume C

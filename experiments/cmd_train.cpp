@@ -390,7 +390,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (!writer) return 0;
   if (world > 1 && metered && trainer.steps_taken() > start_step) {
     std::string list;
-    for (std::size_t q = 0; q < rank_peaks.size(); ++q) list += (q ? ", " : "") + format_bytes(rank_peaks[q]);
+    for (std::size_t q = 0; q < rank_peaks.size(); ++q)
+      list += fmt::format("{}rank {} {}", q ? ", " : "", q, format_bytes(rank_peaks[q]));
     fmt::print(stderr, "peak      per rank: {}\n", list);
   }
   if (!r.save_model.empty()) save_model_dir(*model, r.save_model);

@@ -20,6 +20,8 @@ for n in 2 3; do
     --json j$n.json --save-model ranks$n 2>ranks$n.log || fail "--nproc $n:\n$(cat ranks$n.log)"
   python3 -c "import json,sys; j=json.load(open('j$n.json')); p=j['rank_peak_bytes']; \
 assert j['world_size'] == $n and len(p) == $n and all(x > 0 for x in p), j" || fail "j$n.json:\n$(cat j$n.json)"
+  grep -qE "^peak      per rank: rank 0 [^,]+(, rank [0-9]+ [^,]+)*, rank $((n - 1)) [^,]+$" ranks$n.log ||
+    fail "--nproc $n: the per-rank peaks are not labelled:\n$(grep '^peak' ranks$n.log)"
   "$STREAMBP" compare single/model.safetensors ranks$n/model.safetensors --rtol 1e-12 >cmp$n.txt ||
     fail "--nproc $n differs from one process:\n$(cat cmp$n.txt)"
   echo "ok: --nproc $n equals one process: $(tail -1 cmp$n.txt)"

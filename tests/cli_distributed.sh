@@ -151,7 +151,8 @@ echo "ok: a stalled rank stops the run in ${elapsed} s: $(grep -m1 'streambp: ra
 # same step, rank 0 writes that step's checkpoint, the launcher relays the resume command and exits 130.
 setsid "$STREAMBP" train "${long[@]}" --nproc 2 --checkpoint-dir ctrlc --save-every 1000 2>ctrlc.log &
 group=$!
-for _ in $(seq 1 100); do grep -q "^step 1/" ctrlc.log && break; sleep 0.2; done
+for _ in $(seq 1 300); do grep -q "^step 1/" ctrlc.log && break; sleep 0.2; done
+grep -q "^step 1/" ctrlc.log || { kill -9 -- -"$group"; fail "Ctrl-C on 2 ranks: no step in 60 s:\n$(cat ctrlc.log)"; }
 kill -INT -- -"$group"
 status=0
 wait "$group" || status=$?

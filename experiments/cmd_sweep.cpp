@@ -133,12 +133,12 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   const auto at_start = sample_machine_load(0.5);
   if (setup.threads == 0 && ranks.world == 1 && at_start.shared()) {
     const int cores = int(std::thread::hardware_concurrency());
-    const int free = std::max(1, cores - int(at_start.other_cores + 0.5));
-    if (free < at::get_num_threads()) {
+    const int free = std::max(1, cores - int(at_start.other_cores + 0.5)), before = at::get_num_threads();
+    if (free < before) {
       at::set_num_threads(free);
       if (writer)
         fmt::print(stderr, "note      the machine is shared ({}): {} thread(s) instead of {} (--threads N to choose)\n",
-                   at_start.describe(), free, cores);
+                   at_start.describe(), free, before);
     }
   }
   const std::vector<std::string> columns = {
@@ -176,7 +176,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       for (const auto T : lengths)
         if (const auto advice = streambp_chunk_advice(*method, T); !advice.empty()) {
           fmt::print(stderr, "note      {}\n", advice);
-          break;  // once per method: its shortest length says it
+          break;  // once per method: its first such length says it
         }
   std::map<std::string, Check> checks;
   if (plan.check_seq_len > 0 && writer)

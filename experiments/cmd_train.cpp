@@ -303,7 +303,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   };
   // After a step: stop when a Ctrl-C arrived on any rank (all of them agree, or one would wait in the next step's
   // collectives forever), with a checkpoint of this step where there is a folder for it and the command that resumes.
-  const auto stop_after_step = [&](std::int64_t step, std::int64_t saved) {
+  const auto stop_after_step = [&](std::int64_t step) {
     bool stop = interrupted();
     if (comm) {
       std::vector<at::Tensor> flag = {at::full({1}, stop ? 1.0 : 0.0, at::TensorOptions(at::kFloat).device(comm->device()))};
@@ -311,7 +311,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       stop = flag[0].item<double>() > 0;
     }
     if (!stop) return false;
-    if (!checkpoint_dir.empty() && saved != step) save(step);
+    if (!checkpoint_dir.empty() && last_saved_step != step) save(step);
     if (writer) {
       if (checkpoint_dir.empty())
         fmt::print(stderr, "stopped   after step {} of {} (Ctrl-C); no checkpoint: a run that can be resumed needs "
@@ -368,7 +368,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     if (!checkpoint_dir.empty() && ((a.save_every > 0 && t.step % a.save_every == 0) || (last && a.save_every > 0))) {
       save(t.step);
     }
-    if (!last && stop_after_step(t.step, last_saved_step)) return kInterruptedExit;
+    if (!last && stop_after_step(t.step)) return kInterruptedExit;
   }
   // Data-parallel: the model is of one rank (rank 0's slices, the longest), printed beside rank 0's peak; every
   // rank's is in the JSON.

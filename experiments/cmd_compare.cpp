@@ -47,15 +47,16 @@ int low_precision_command(const CompareArgs& a) {
     return 1;
   }
   const auto dtype = parse_dtype(a.dtype);
+  const auto verdict = low_precision_rule(baseline, other, dtype);
+  // Each tensor's error beside the run's common scale, then that scale (verify/grad_compare.h: the rule's two parts).
   fmt::print("{:<52} {:>9} {:>11} {:>11} {:>9} {:>9}\n", "tensor", "entries", "other_l2", "baseline_l2", "allowance",
              "statistic");
-  for (std::size_t i = 0; i < other.tensors.size(); ++i) {
-    const auto &s = baseline.tensors[i], &m = other.tensors[i];
-    const double statistic = low_precision_statistic(baseline, s, m, dtype);
-    fmt::print("{:<52} {:>9.0f} {:>11.3e} {:>11.3e} {:>9.3f} {:>9.3f}{}\n", m.name, s.effective_entries, m.l2_rel,
-               s.l2_rel, low_precision_allowance(s, dtype), statistic, statistic > 1 ? "  > 1" : "");
-  }
-  const auto verdict = low_precision_rule(baseline, other, dtype);
+  auto row = [](const RuleJudgement& j) {
+    fmt::print("{:<52} {:>9.0f} {:>11.3e} {:>11.3e} {:>9.3f} {:>9.3f}{}\n", j.name, j.effective_entries, j.method_error,
+               j.standard_error, j.allowance, j.statistic, j.statistic > 1 ? "  > 1" : "");
+  };
+  for (const auto& j : verdict.tensors) row(j);
+  row(verdict.scale);
   fmt::print("{} tensors judged by the low-precision rule ({}): worst {:.3f} of the allowance in {} (l2 error {:.3e}, "
              "baseline {:.3e}, allowance {:.2f}x): {}\n", other.tensors.size(), a.dtype, verdict.worst_ratio,
              verdict.worst_tensor, verdict.method_error, verdict.standard_error, verdict.allowance,

@@ -76,29 +76,78 @@ double noise_ratio_quantile(double n, double alpha) {
 
 double low_precision_noise_scale(c10::ScalarType dtype) { return dtype == at::kFloat ? 3.0 : 1.5; }
 
+double gaussian_quantile(double alpha) {
+  TORCH_CHECK(alpha > 0 && alpha < 1, "gaussian_quantile: alpha must lie in (0, 1), got ", alpha);
+  // P(|N(0,1)| > z) = erfc(z / sqrt 2) falls monotonically: bisect.
+  double lo = 0, hi = 40;
+  for (int i = 0; i < 200 && hi - lo > 1e-14; ++i) {
+    const double mid = (lo + hi) / 2;
+    (std::erfc(mid / std::sqrt(2.0)) > alpha ? lo : hi) = mid;
+  }
+  return hi;
+}
+
 double low_precision_allowance(const TensorError& tensor, c10::ScalarType dtype, double noise_scale) {
   const double n = tensor.effective_entries > 0 ? tensor.effective_entries : double(std::max<std::int64_t>(tensor.numel, 1));
   return (noise_scale > 0 ? noise_scale : low_precision_noise_scale(dtype)) *
          noise_ratio_quantile(n, kLowPrecisionFalseFailure);
 }
 
-double low_precision_statistic(const GradComparison& standard, const TensorError& s, const TensorError& m,
-                               c10::ScalarType dtype, double noise_scale) {
-  return m.l2_rel / (low_precision_allowance(s, dtype, noise_scale) * s.l2_rel + low_precision_floor(standard, s, dtype));
+double common_scale(const GradComparison& c) {
+  double along = 0, energy = 0;
+  for (const auto& t : c.tensors) along += t.error_along, energy += t.energy;
+  return energy > 0 ? along / energy : 0;
 }
+
+double run_error(const GradComparison& c) {
+  double error = 0, scale = 0;
+  for (const auto& t : c.tensors) error += t.error_energy, scale += t.l2_scale * t.l2_scale;
+  return scale > 0 ? std::sqrt(error / scale) : 0;
+}
+
+namespace {
+
+// A NaN statistic (a NaN gradient) must fail and win every comparison: make it +inf.
+double finite_or_inf(double x) { return x == x ? x : std::numeric_limits<double>::infinity(); }
+
+// ||e - r a|| / l2_scale from the tensor's sums; an infinite or NaN error stays infinite.
+double error_beside_scale(const TensorError& t, double r) {
+  if (!(t.l2_rel < std::numeric_limits<double>::infinity())) return std::numeric_limits<double>::infinity();
+  if (t.l2_scale <= 0) return 0;
+  const double squared = t.error_energy - 2 * r * t.error_along + r * r * t.energy;
+  return std::sqrt(std::max(squared, 0.0)) / t.l2_scale;
+}
+
+}  // namespace
 
 RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, c10::ScalarType dtype,
                                double noise_scale) {
   TORCH_CHECK(standard.tensors.size() == method.tensors.size(), "low_precision_rule: different tensor lists");
+  const double scale_factor = noise_scale > 0 ? noise_scale : low_precision_noise_scale(dtype);
+  const double r_method = common_scale(method), r_standard = common_scale(standard);
   RuleVerdict v;
   for (std::size_t i = 0; i < method.tensors.size(); ++i) {
     const auto& m = method.tensors[i];
     const auto& s = standard.tensors[i];
     TORCH_CHECK(m.name == s.name, "low_precision_rule: ", m.name, " vs ", s.name);
-    const double ratio = low_precision_statistic(standard, s, m, dtype, noise_scale);
-    if (ratio > v.worst_ratio || v.worst_tensor.empty())
-      v = {ratio, m.name, m.l2_rel, s.l2_rel, low_precision_allowance(s, dtype, noise_scale), s.effective_entries};
+    RuleJudgement j{m.name, s.effective_entries, error_beside_scale(m, r_method), error_beside_scale(s, r_standard),
+                    low_precision_floor(standard, s, dtype), low_precision_allowance(s, dtype, scale_factor)};
+    j.statistic = finite_or_inf(j.method_error / (j.allowance * j.standard_error + j.floor));
+    v.tensors.push_back(j);
   }
+  const double r = std::abs(r_method);
+  v.scale = {kCommonScale, 1, r, run_error(standard), unit_roundoff(dtype),
+             scale_factor * gaussian_quantile(kLowPrecisionFalseFailure)};
+  v.scale.statistic = finite_or_inf(r / (v.scale.allowance * v.scale.standard_error + v.scale.floor));
+  const RuleJudgement* worst = &v.scale;
+  for (const auto& j : v.tensors)
+    if (j.statistic > worst->statistic) worst = &j;
+  v.worst_ratio = worst->statistic;
+  v.worst_tensor = worst->name;
+  v.method_error = worst->method_error;
+  v.standard_error = worst->standard_error;
+  v.allowance = worst->allowance;
+  v.effective_entries = worst->effective_entries;
   return v;
 }
 
@@ -157,6 +206,9 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
       const double fourth = squares.square().sum().item<double>();
       e.effective_entries = fourth > 0 ? energy * energy / fourth : double(e.numel);
       const double err = diff.square().sum().item<double>();
+      e.energy = energy;
+      e.error_energy = err;
+      e.error_along = ((b - a) * a).sum().item<double>();
       e.nmse = energy > 0 ? err / energy : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
       e.l2_scale = std::max(std::sqrt(energy), out.floor * std::sqrt(double(e.numel)));
       e.l2_rel = e.l2_scale > 0 ? std::sqrt(err) / e.l2_scale : (err > 0 ? std::numeric_limits<double>::infinity() : 0);

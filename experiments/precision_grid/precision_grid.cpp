@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
   const std::string tmp = out_path + ".tmp";
   std::ofstream csv(tmp);
   csv << "cpu_config,model,objective,lora,precision,seed,seq_len,method,tensor,group,numel,effective_entries,"
-         "method_l2,standard_l2,floor,allowance,statistic\n";
+         "method_l2,standard_l2,method_l2_beside_scale,standard_l2_beside_scale,floor,allowance,statistic,"
+         "method_scale,standard_run_error,scale_allowance,scale_statistic\n";
   const std::map<std::string, std::pair<std::string, std::int64_t>> known_objectives = {
       {"sft", {"sft", 0}}, {"grpo", {"grpo:beta=0.04,loss_type=grpo", 2}}, {"dpo", {"dpo:beta=0.1", 0}}};
   std::vector<std::pair<std::string, std::int64_t>> objectives;
@@ -164,16 +165,20 @@ int main(int argc, char** argv) {
             const auto standard = sbp::compare_gradients(oracle, step(model, "standard", *objective, batch));
             for (const auto& spec : methods.empty() ? grid_methods(m.seq_len, quick) : sbp::split_list(methods, ';')) {
               const auto method = sbp::compare_gradients(oracle, step(model, spec, *objective, batch));
+              // The rule's two parts (verify/grad_compare.h): each tensor beside the run's common scale, and the scale.
+              const auto verdict = sbp::low_precision_rule(standard, method, dtype);
+              const auto& scale = verdict.scale;
               for (std::size_t t = 0; t < method.tensors.size(); ++t) {
-                const auto& s = standard.tensors[t];
                 const auto& e = method.tensors[t];
-                csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.1f},{:.6e},{:.6e},{:.6e},{:.4f},{:.4f}\n", cpu,
+                const auto& j = verdict.tensors[t];
+                csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.1f},{:.6e},{:.6e},{:.6e},{:.6e},{:.6e},{:.4f},{:.4f},"
+                                   "{:.6e},{:.6e},{:.4f},{:.4f}\n", cpu,
                                    m.name, objective_spec.substr(0, objective_spec.find(':')),
                                    lora.empty() ? "full" : "lora", precision, seed, m.seq_len,
-                                   "\"" + spec + "\"", e.name, e.group, e.numel, s.effective_entries, e.l2_rel,
-                                   s.l2_rel, sbp::low_precision_floor(standard, s, dtype),
-                                   sbp::low_precision_allowance(s, dtype),
-                                   sbp::low_precision_statistic(standard, s, e, dtype));
+                                   "\"" + spec + "\"", e.name, e.group, e.numel, j.effective_entries, e.l2_rel,
+                                   standard.tensors[t].l2_rel, j.method_error, j.standard_error, j.floor, j.allowance,
+                                   j.statistic, scale.method_error, scale.standard_error, scale.allowance,
+                                   scale.statistic);
               }
             }
           }

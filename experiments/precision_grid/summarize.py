@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Summary of a precision grid (experiments/precision_grid/precision_grid.sh OUT_DIR): per CPU configuration,
 precision and method, how many tensors were judged, how many the rule failed (statistic > 1: every one is a false
-failure, the methods are exact), and the worst statistic with its tensor; then the ratio method/standard l2 error by
-effective entry count beside the allowance, the data behind the rule.
+failure, the methods are exact), and the worst statistic of the rule's two parts (verify/grad_compare.h: each tensor's
+error beside the run's common scale, and that scale) with its tensor; then the ratio method/standard l2 error beside
+the common scale by effective entry count beside the allowance, and the common scale against standard's run error:
+the data behind the rule.
 
     python experiments/precision_grid/summarize.py OUT_DIR     (writes OUT_DIR/summary.csv, prints markdown)
 """
@@ -22,6 +24,16 @@ def method_family(spec):
     return spec
 
 
+def statistic(r):
+    """The row's worst judgement: its tensor's, or its case's common scale (one value repeated on every row)."""
+    return max(float(r["statistic"]), float(r["scale_statistic"]))
+
+
+def judged(r):
+    """Which judgement is the worst: the tensor, or the case's common scale."""
+    return r["tensor"] if float(r["statistic"]) >= float(r["scale_statistic"]) else "(common scale)"
+
+
 def main():
     out = Path(sys.argv[1])
     rows = []
@@ -35,41 +47,55 @@ def main():
         groups[(r["cpu_config"], r["precision"], r["model"], method_family(r["method"]))].append(r)
     table = []
     for (cpu, precision, model, method), rs in sorted(groups.items()):
-        worst = max(rs, key=lambda r: float(r["statistic"]))
+        worst = max(rs, key=statistic)
         table.append({"cpu_config": cpu, "precision": precision, "model": model, "method": method, "tensors": len(rs),
-                      "false_failures": sum(float(r["statistic"]) > 1 for r in rs),
-                      "worst_statistic": worst["statistic"], "worst_ratio": f"{float(worst['method_l2']) / float(worst['standard_l2']):.4f}"
-                      if float(worst["standard_l2"]) > 0 else "", "worst_tensor": worst["tensor"],
+                      "false_failures": sum(statistic(r) > 1 for r in rs),
+                      "worst_statistic": f"{statistic(worst):.4f}", "worst_tensor": judged(worst),
                       "worst_effective_entries": worst["effective_entries"], "worst_case":
                       f"{worst['objective']} {worst['lora']} seed {worst['seed']}"})
     with (out / "summary.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table)
-    stats = [float(r["statistic"]) for r in rows]
-    worst = max(rows, key=lambda r: float(r["statistic"]))
-    print(f"{len(rows)} tensor judgements, {len({r['cpu_config'] for r in rows})} CPU configurations; "
+    stats = [statistic(r) for r in rows]
+    worst = max(rows, key=statistic)
+    cases = {(r["cpu_config"], r["model"], r["objective"], r["lora"], r["precision"], r["seed"], r["method"]): r for r in rows}
+    print(f"{len(rows)} tensor judgements and {len(cases)} common-scale judgements, "
+          f"{len({r['cpu_config'] for r in rows})} CPU configurations; "
           f"false failures: {sum(s > 1 for s in stats)}; worst statistic {max(stats):.3f} ({worst['cpu_config']}, "
-          f"{worst['model']} {worst['precision']} {worst['method']} {worst['tensor']}, n_eff {worst['effective_entries']})\n")
+          f"{worst['model']} {worst['objective']} {worst['lora']} seed {worst['seed']} {worst['precision']} "
+          f"{worst['method']} {judged(worst)}, n_eff {worst['effective_entries']})\n")
     print("| precision | method | tensors | false failures | worst statistic | its tensor (n_eff) |")
     print("|---|---|---|---|---|---|")
     by_pm = defaultdict(list)
     for r in rows:
         by_pm[(r["precision"], method_family(r["method"]))].append(r)
     for (precision, method), rs in sorted(by_pm.items()):
-        w = max(rs, key=lambda r: float(r["statistic"]))
-        print(f"| {precision} | {method} | {len(rs)} | {sum(float(r['statistic']) > 1 for r in rs)} | "
-              f"{float(w['statistic']):.3f} | {w['tensor']} ({float(w['effective_entries']):.0f}, {w['cpu_config']}) |")
-    print("\nThe ratio method/standard l2 error by effective entry count (all configurations and methods):\n")
+        w = max(rs, key=statistic)
+        print(f"| {precision} | {method} | {len(rs)} | {sum(statistic(r) > 1 for r in rs)} | "
+              f"{statistic(w):.3f} | {judged(w)} ({float(w['effective_entries']):.0f}, {w['objective']} {w['lora']}, "
+              f"{w['cpu_config']}) |")
+    print("\nThe common scale |r| of every case against standard's whole-run error E_s, per precision and objective:\n")
+    print("| precision | objective | cases | median |r| / E_s | max |r| / E_s | allowance | worst scale statistic |")
+    print("|---|---|---|---|---|---|---|")
+    by_po = defaultdict(list)
+    for r in cases.values():
+        by_po[(r["precision"], r["objective"])].append(r)
+    for (precision, objective), rs in sorted(by_po.items()):
+        q = sorted(float(r["method_scale"]) / float(r["standard_run_error"]) for r in rs if float(r["standard_run_error"]) > 0)
+        print(f"| {precision} | {objective} | {len(rs)} | {q[len(q) // 2]:.3f} | {q[-1]:.3f} | "
+              f"{float(rs[0]['scale_allowance']):.2f} | {max(float(r['scale_statistic']) for r in rs):.3f} |")
+    print("\nThe ratio method/standard l2 error beside the common scale, by effective entry count (all configurations "
+          "and methods):\n")
     print("| n_eff | tensors | median ratio | 99.9th percentile | max ratio | allowance (1.5 x quantile) | worst statistic |")
     print("|---|---|---|---|---|---|---|")
     buckets = defaultdict(list)
     for r in rows:
-        if float(r["standard_l2"]) > 0:
+        if float(r["standard_l2_beside_scale"]) > 0:
             n = float(r["effective_entries"])
             buckets[int(math.log2(max(n, 1)))].append(r)
     for b, rs in sorted(buckets.items()):
-        ratios = sorted(float(r["method_l2"]) / float(r["standard_l2"]) for r in rs)
+        ratios = sorted(float(r["method_l2_beside_scale"]) / float(r["standard_l2_beside_scale"]) for r in rs)
         p999 = ratios[min(len(ratios) - 1, int(0.999 * len(ratios)))]
         allow = min(float(r["allowance"]) for r in rs)
         print(f"| {2 ** b}-{2 ** (b + 1) - 1} | {len(rs)} | {ratios[len(ratios) // 2]:.3f} | {p999:.3f} | {ratios[-1]:.3f} | "

@@ -40,7 +40,8 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   if (auto* device = app.get_option_no_throw("--device"))
     device->description(device->get_description() + "; data-parallel (--nproc, torchrun): rank r on cuda:(its local "
                         "rank mod the GPU count), N ignored, NCCL between them");
-  app.add_option("--steps", a.steps, "optimizer steps of the whole run (a resumed run counts the steps already taken)")
+  app.add_option("--steps", a.steps, "optimizer steps of the whole run (a resumed run counts the steps already taken; a larger value extends a "
+                 "finished run whose schedule is constant)")
       ->check(CLI::PositiveNumber);
   app.add_option("--optimizer", a.optimizer, "adamw:lr=1e-5,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0"
                  "[,decay_norms_and_biases=0] or sgd:lr=...,momentum=0,weight_decay=0 (torch.optim's update and "
@@ -140,6 +141,22 @@ std::string uneven_batch(int world, const std::string& source, std::int64_t rows
                      below > 0 ? "" : " (at least one row per rank)");
 }
 
+// The step the latest complete checkpoint in `dir` reached (0 without one, or when its trainer.json does not read:
+// loading it later reports why).
+std::int64_t checkpoint_step(const fs::path& dir) {
+  const auto latest = Trainer::latest_checkpoint(dir);
+  if (latest.empty()) return 0;
+  std::ifstream in(latest / "trainer.json");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<std::int64_t>() : 0;
+}
+
+// Whether a run written for `saved` steps may continue to `steps`: only where the learning rates it already took do
+// not depend on the total (the constant schedule, with or without warmup; cosine decays over --steps).
+bool may_extend(const LrSchedule& schedule, std::int64_t saved, std::int64_t steps) {
+  return schedule.kind == "constant" && steps > saved;
+}
+
 }  // namespace
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
@@ -147,6 +164,15 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (!a.resume_dir.empty() && !fs::is_directory(a.resume_dir))
     throw std::invalid_argument("--resume " + a.resume_dir + ": no such folder (a mistyped path?); a fresh run that "
                                 "checkpoints there is --checkpoint-dir " + a.resume_dir + " --save-every N");
+  // A finished run resumed with its own arguments (the README's recipe after the end): nothing to do, and its outputs
+  // stay as they are (before they are checked as new ones, and before any rank starts).
+  if (!a.resume_dir.empty())
+    if (const auto taken = checkpoint_step(a.resume_dir); taken >= a.steps) {
+      fmt::print(stderr, "train     nothing to do: {} holds step {} and --steps is {}, so the run is finished and its "
+                         "outputs stay as they are; a larger --steps trains on (with a constant schedule)\n",
+                 a.resume_dir, taken, a.steps);
+      return 0;
+    }
   const auto env = rank_from_environment();
   // Before the ranks start (once, not once per rank): a random global batch must split evenly over them.
   if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.batch_size % a.ranks.nproc != 0)
@@ -231,11 +257,29 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     } else {
       const auto run = trainer.load_checkpoint(latest);
       const auto& saved = run.at("trajectory");
-      for (const auto& [key, value] : fingerprint.items())
-        if (!saved.contains(key) || saved.at(key) != value)
-          throw std::invalid_argument(latest.string() + ": the checkpoint's " + key + " is " +
-                                      (saved.contains(key) ? saved.at(key).dump() : "missing") + ", this run's " +
-                                      value.dump() + " (resume with the arguments of the run that wrote it)");
+      for (const auto& [key, value] : fingerprint.items()) {
+        if (saved.contains(key) && saved.at(key) == value) continue;
+        // A longer --steps extends the run where its schedule allows (may_extend); say why where it does not.
+        if (key == "steps" && saved.contains(key) && saved.at(key).is_number_integer()) {
+          const auto saved_steps = saved.at(key).get<std::int64_t>();
+          if (may_extend(options.schedule, saved_steps, a.steps)) {
+            if (writer)
+              fmt::print(stderr, "extend    the run was written for --steps {}; it trains on to {} (its {} schedule "
+                                 "does not depend on --steps, so the steps taken are those of a {}-step run)\n",
+                         saved_steps, a.steps, options.schedule.kind, a.steps);
+            continue;
+          }
+          if (options.schedule.kind != "constant")
+            throw std::invalid_argument(fmt::format(
+                "{}: the run was written for --steps {}, this one asks {}: the {} schedule decays over --steps, so the "
+                "learning rates of the steps already taken belong to a {}-step run and a longer one is another "
+                "trajectory. Resume with --steps {}, or start a new run from its weights (--save-model DIR, then "
+                "--load DIR)", latest.string(), saved_steps, a.steps, options.schedule.kind, saved_steps, saved_steps));
+        }
+        throw std::invalid_argument(latest.string() + ": the checkpoint's " + key + " is " +
+                                    (saved.contains(key) ? saved.at(key).dump() : "missing") + ", this run's " +
+                                    value.dump() + " (resume with the arguments of the run that wrote it)");
+      }
       start_step = trainer.steps_taken();
       fmt::print(stderr, "resume    {} (step {})\n", latest.string(), start_step);
       // The checkpoint's bf16 GEMM paths are kept (the run continues bitwise), also where this machine would take
@@ -250,8 +294,6 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       }
     }
   }
-  if (start_step >= a.steps)
-    fmt::print(stderr, "train     nothing to do: {} of --steps {} already taken\n", start_step, a.steps);
 
   std::vector<std::string> metric_rows;
   if (!a.metrics.empty() && writer) {

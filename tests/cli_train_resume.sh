@@ -200,24 +200,26 @@ cmp A/model.safetensors I/model.safetensors || fail "Ctrl-C then the printed com
 echo "ok: Ctrl-C after step $stopped wrote $ckpt, exited 130, and '$resume' finished the run bitwise"
 
 # (c) --------------------------------------------------------------------------------------------------------------
+# P: C without its last checkpoint, a run with a step still to take (a finished run has nothing to do: (d)).
+cp -r C P && rm -r "$(ls -d P/checkpoint-* | sort | tail -1)"
 expect_exit_2 "--resume with another --seed" "checkpoint's seed is 4, this run's 5" \
-  "$STREAMBP" train "${model[@]}" --seed 5 "${optimizer[@]}" --resume C
+  "$STREAMBP" train "${model[@]}" --seed 5 "${optimizer[@]}" --resume P
 expect_exit_2 "--resume with another --optimizer" "checkpoint's optimizer is .*lr=0.001.*this run's .*lr=0.002" \
-  "$STREAMBP" train "${model[@]}" "${seed[@]}" --optimizer adamw:lr=2e-3,weight_decay=0.1 --resume C
+  "$STREAMBP" train "${model[@]}" "${seed[@]}" --optimizer adamw:lr=2e-3,weight_decay=0.1 --resume P
 expect_exit_2 "--grad-accum 3 with --batch 4" "4 rows do not split into 3" \
   "$STREAMBP" train --preset tiny --method standard --seq 16 --batch 4 --steps 1 --grad-accum 3
 # Found by fuzz_train_resume (tests/fuzz/regressions/train_resume): a trainer.json without "step" ended the resume
 # with nlohmann's "key 'step' not found", a metrics row led by no number with a bare "stoll"; each names its file now.
-cp -r C D
+cp -r P D
 latest=$(ls -d D/checkpoint-* | sort | tail -1)
 printf '{"run": {}}\n' >"$latest/trainer.json"
 expect_failure "--resume from a trainer.json without its step" "$latest/trainer.json: not a trainer.json of .train." \
   "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume D
-cp -r C E && { head -1 b.csv; echo "x,1"; } >e.csv
+cp -r P E && { head -1 b.csv; echo "x,1"; } >e.csv
 expect_failure "--resume onto a metrics file with a row of no step" "--metrics e.csv: line 2: step 'x' is not an integer" \
   "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume E --metrics e.csv
 # A checkpoint whose bf16 GEMM paths are not this machine's (written on another CPU): kept, and said.
-cp -r C G
+cp -r P G
 latest=$(ls -d G/checkpoint-* | sort | tail -1)
 python3 - "$latest/trainer.json" <<'PY'
 import json, sys
@@ -234,3 +236,28 @@ expect_exit_2 "--resume from a folder that does not exist" "--resume nosuch: no 
   "$STREAMBP" train "${model[@]}" "${seed[@]}" "${optimizer[@]}" --resume nosuch
 expect_exit_2 "--data on an empty folder" "--data empty: no .safetensors batch files" \
   "$STREAMBP" train --preset tiny --method standard --data empty --steps 1
+
+# (d) --------------------------------------------------------------------------------------------------------------
+# A finished run resumed with its own arguments (the README's recipe after the end): nothing to do, exit 0, its
+# outputs untouched. A larger --steps extends a constant-schedule run exactly as a run that long from the start
+# (metrics and checkpoint bytes equal); a cosine run refuses, saying why.
+short=(--preset tiny --method standard --seq 16 --batch 2 --seed 3 --checkpoint-dir X --save-every 1)
+"$STREAMBP" train "${short[@]}" --steps 2 --metrics x.csv --save-model XM >x.log 2>&1 || fail "short run:\n$(cat x.log)"
+before=$(cat x.csv XM/model.safetensors | cksum)
+"$STREAMBP" train "${short[@]}" --steps 2 --metrics x.csv --save-model XM --resume X >x2.log 2>&1 ||
+  fail "resuming a finished run failed:\n$(cat x2.log)"
+grep -q "^train     nothing to do: X holds step 2 and --steps is 2" x2.log || fail "no 'nothing to do':\n$(cat x2.log)"
+! grep -q "steps 3\.\.2" x2.log || fail "a finished run announced steps 3..2:\n$(cat x2.log)"
+[[ $(cat x.csv XM/model.safetensors | cksum) == "$before" ]] || fail "resuming a finished run touched its outputs"
+"$STREAMBP" train "${short[@]}" --steps 4 --metrics x.csv --resume X >x3.log 2>&1 || fail "extending:\n$(cat x3.log)"
+grep -q "^extend    the run was written for --steps 2; it trains on to 4" x3.log || fail "no word on extending:\n$(cat x3.log)"
+"$STREAMBP" train "${short[@]/X/Y}" --steps 4 --metrics y.csv >y.log 2>&1 || fail "4-step run:\n$(cat y.log)"
+diff <(cut -d, -f1-4 x.csv) <(cut -d, -f1-4 y.csv) >/dev/null || fail "extended metrics differ from a 4-step run's:\n$(paste -d'|' x.csv y.csv)"
+cmp X/checkpoint-000004/trainable.safetensors Y/checkpoint-000004/trainable.safetensors ||
+  fail "the extended run's step-4 weights differ from a 4-step run's"
+cmp X/checkpoint-000004/optimizer.safetensors Y/checkpoint-000004/optimizer.safetensors ||
+  fail "the extended run's step-4 optimizer state differs from a 4-step run's"
+echo "ok: a finished run resumed says nothing to do; --steps 4 extends a 2-step constant run bitwise to a 4-step run"
+"$STREAMBP" train "${short[@]/X/Z}" --steps 2 --lr-schedule cosine >z.log 2>&1 || fail "cosine run:\n$(cat z.log)"
+expect_exit_2 "extending a cosine run" "the run was written for --steps 2, this one asks 4: the cosine schedule decays over --steps" \
+  "$STREAMBP" train "${short[@]/X/Z}" --steps 4 --lr-schedule cosine --resume Z

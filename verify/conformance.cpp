@@ -260,8 +260,10 @@ ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, doub
 ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& baseline, const TensorList& got,
                                    c10::ScalarType dtype) {
   ConformVerdict v;
-  v.rule = fmt::format("{}: l2 <= allowance(n) x the baseline's + floor, vs the fp64 oracle (allowance {}x at large n)",
-                       dtype_name(dtype), low_precision_noise_scale(dtype));
+  v.rule = fmt::format("{}: l2 beside the run's common scale <= allowance(n) x the baseline's + floor, and the common "
+                       "scale <= {:.1f} x the baseline's run error, vs the fp64 oracle (allowance {}x at large n)",
+                       dtype_name(dtype), low_precision_noise_scale(dtype) * gaussian_quantile(kLowPrecisionFalseFailure),
+                       low_precision_noise_scale(dtype));
   v.problem = joined(protocol_problems(oracle, got));
   if (!v.problem.empty()) return v;
   if (const auto base = protocol_problems(oracle, baseline); !base.empty()) {

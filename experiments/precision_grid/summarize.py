@@ -34,8 +34,26 @@ def judged(r):
     return r["tensor"] if float(r["statistic"]) >= float(r["scale_statistic"]) else "(common scale)"
 
 
+def conform_summary(out):
+    """The HF adapters through conform (conform_grid.sh): per dtype, cases, failures and the worst statistic."""
+    rows = [r for f in sorted(out.glob("conform-*/conform-*.csv")) for r in csv.DictReader(f.open())]
+    if not rows:
+        return
+    print(f"HF gradient checkpointing through `streambp conform`, HF standard BP as the baseline "
+          f"({len(rows)} cases, conform_grid.sh):\n")
+    print("| dtype | cases | failures | worst statistic | its case and tensor |")
+    print("|---|---|---|---|---|")
+    for dtype in sorted({r["dtype"] for r in rows}):
+        rs = [r for r in rows if r["dtype"] == dtype]
+        w = max(rs, key=lambda r: float(r["worst"] or "inf"))
+        print(f"| {dtype} | {len(rs)} | {sum(r['status'] != 'passed' for r in rs)} | {float(w['worst'] or 'inf'):.3f} | "
+              f"{w['case']} {w['worst_tensor']} |")
+    print()
+
+
 def main():
     out = Path(sys.argv[1])
+    conform_summary(out)
     rows = []
     for f in sorted(out.glob("grid-*.csv*")):
         if f.suffix in (".csv", ".gz"):

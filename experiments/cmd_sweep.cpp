@@ -323,23 +323,53 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   return all_passed ? 0 : 1;
 }
 
+// Each kind's defaults, in one place: sweep_command fills the plan from them and --help shows them (for the kind
+// named before --help, else for every kind).
+struct SweepKind {
+  const char* name;
+  const char* seq_lens;
+  const char* batch_sizes;
+  const char* methods;  // nullptr: partition's checkpoint + StreamBP over --layer-chunks x --head-chunks
+};
+constexpr SweepKind kSweepKinds[] = {{"seq", "1024,2048,4096,8192", "1", "standard;checkpoint;mst;streambp"},
+                                     {"batch", "2048", "1,2,4", "checkpoint;mst;streambp"},
+                                     {"partition", "4096", "1", nullptr}};
+
+const SweepKind& sweep_kind(const std::string& name) {
+  for (const auto& k : kSweepKinds)
+    if (name == k.name) return k;
+  throw std::invalid_argument("sweep: unknown kind '" + name + "' (seq, batch, partition)");
+}
+
+std::string sweep_defaults_help(const std::string& kind) {
+  std::string out = "Defaults (model qwen3-small, results in results/<kind>):";
+  for (const auto& k : kSweepKinds)
+    if (kind.empty() || kind == k.name)
+      out += fmt::format("\n  sweep {:<9}  --seq {}  --batch {}  --methods {}", k.name, k.seq_lens, k.batch_sizes,
+                         k.methods ? fmt::format("\"{}\"", k.methods)
+                                   : std::string("checkpoint and streambp:layer_chunk=L,head_chunk=H for every L of "
+                                                 "--layer-chunks and H of --head-chunks"));
+  return out;
+}
+
 void add_sweep_options(CLI::App& app, SweepArgs& a) {
   app.add_option("kind", a.kind, "seq (peak and time vs T: Fig. 3, Table 1), batch (per-sample time vs B: Table 2) or "
                  "partition (StreamBP's layer x head chunk sizes: Fig. 5)")->required()->check(CLI::IsMember({"seq", "batch", "partition"}));
   add_setup_options(app, a.setup, {.adapter = false});
-  app.add_option("--methods", a.methods, "semicolon-separated method specs (default by kind; partition: checkpoint and "
-                 "StreamBP over --layer-chunks x --head-chunks)");
-  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths (default by kind)");
-  app.add_option("--batch", a.batch_sizes, "comma-separated batch sizes (default by kind)");
-  app.add_option("--layer-chunks", a.layer_chunks, "partition: comma-separated StreamBP layer chunk sizes");
-  app.add_option("--head-chunks", a.head_chunks, "partition: comma-separated StreamBP head chunk sizes");
-  app.add_option("--repeats", a.repeats, "measured steps per method and point (median)")->check(CLI::PositiveNumber);
-  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check of every method (0 = skip)")->check(CLI::NonNegativeNumber);
+  app.add_option("--methods", a.methods, "semicolon-separated method specs (default by kind: below)");
+  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths (default by kind: below)");
+  app.add_option("--batch", a.batch_sizes, "comma-separated batch sizes (default by kind: below)");
+  app.add_option("--layer-chunks", a.layer_chunks, "partition: comma-separated StreamBP layer chunk sizes")->capture_default_str();
+  app.add_option("--head-chunks", a.head_chunks, "partition: comma-separated StreamBP head chunk sizes")->capture_default_str();
+  app.add_option("--repeats", a.repeats, "measured steps per method and point (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check of every method (0 = skip)")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: a run above it is an `oom` row")->check(CLI::NonNegativeNumber);
   app.add_option("--out", a.out_dir, "results folder (default results/<kind>)");
   app.add_option("--resume", a.resume, "continue the sweep that wrote this CSV: rows it has are not measured again")->check(CLI::ExistingFile);
   add_rank_options(app, a.ranks, "each back-propagating its --batch rows of every point's global batch (a "
                    "data-parallel BP: the gradients reduced at each group's event, a no-op update)");
+  // Called when --help is printed, after the kind (if given) was parsed: `sweep seq --help` shows seq's defaults.
+  app.footer([&a] { return sweep_defaults_help(a.kind); });
 }
 
 int sweep_command(const SweepArgs& a, const std::string& command_line) {
@@ -350,19 +380,14 @@ int sweep_command(const SweepArgs& a, const std::string& command_line) {
   plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
   plan.ranks = a.ranks;
   plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
+  const auto& kind = sweep_kind(a.kind);
+  plan.seq_lens = a.seq_lens.empty() ? kind.seq_lens : a.seq_lens;
+  plan.batch_sizes = a.batch_sizes.empty() ? kind.batch_sizes : a.batch_sizes;
   std::string methods = a.methods;
-  if (a.kind == "seq") {
-    plan.seq_lens = a.seq_lens.empty() ? "1024,2048,4096,8192" : a.seq_lens;
-    plan.batch_sizes = a.batch_sizes.empty() ? "1" : a.batch_sizes;
-    if (methods.empty()) methods = "standard;checkpoint;mst;streambp";
-  } else if (a.kind == "batch") {
-    plan.seq_lens = a.seq_lens.empty() ? "2048" : a.seq_lens;
-    plan.batch_sizes = a.batch_sizes.empty() ? "1,2,4" : a.batch_sizes;
-    if (methods.empty()) methods = "checkpoint;mst;streambp";
-  } else {  // partition
-    plan.seq_lens = a.seq_lens.empty() ? "4096" : a.seq_lens;
-    plan.batch_sizes = a.batch_sizes.empty() ? "1" : a.batch_sizes;
-    if (methods.empty()) {
+  if (methods.empty()) {
+    if (kind.methods) {
+      methods = kind.methods;
+    } else {
       methods = "checkpoint";
       for (const auto lc : parse_sizes(a.layer_chunks, "--layer-chunks"))
         for (const auto hc : parse_sizes(a.head_chunks, "--head-chunks"))

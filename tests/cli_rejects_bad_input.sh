@@ -17,6 +17,13 @@ expect_exit_2 "a flag value of the wrong type" "--seq: 'eight' is not a whole nu
 expect_exit_2 "a flag value out of range" "--seq: -5 is outside \\[2, 2\\^40\\]" "$STREAMBP" run --preset tiny --method standard --seq -5
 expect_exit_2 "a required option missing" "--method" "$STREAMBP" run --preset tiny --seq 8
 "$STREAMBP" run --help >/dev/null || fail "run --help must exit 0"
+# `sweep KIND --help` shows that kind's defaults (not the same text for every kind), `sweep --help` every kind's.
+"$STREAMBP" sweep batch --help >help-batch.txt || fail "sweep batch --help must exit 0"
+grep -q "sweep batch      --seq 2048  --batch 1,2,4" help-batch.txt || fail "sweep batch --help hides its defaults:\n$(tail -4 help-batch.txt)"
+! grep -q "sweep seq " help-batch.txt || fail "sweep batch --help shows seq's defaults:\n$(tail -4 help-batch.txt)"
+"$STREAMBP" sweep --help >help-sweep.txt || fail "sweep --help must exit 0"
+[[ $(grep -c "^  sweep " help-sweep.txt) == 3 ]] || fail "sweep --help does not show every kind's defaults"
+grep -q -- "--repeats INT:POSITIVE=2" help-sweep.txt || fail "sweep --help hides --repeats' default"
 expect_exit_2 "a mistyped method before a missing --seq" "unknown method 'nonsense'" \
   "$STREAMBP" run --preset tiny --method nonsense
 expect_exit_2 "an output in a folder that does not exist" "--save-grads /nonexistent/x.safetensors: the folder /nonexistent does not exist" \

@@ -10,19 +10,18 @@
 namespace sbp {
 
 void add_demo_options(CLI::App& app, DemoArgs& a) {
-  add_setup_options(app, a.setup, {.load = false, .adapter = false});
-  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths");
-  app.add_option("--methods", a.methods, "semicolon-separated method specs");
-  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber);
-  app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber);
-  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check (0 = skip)")->check(CLI::NonNegativeNumber);
-  app.add_option("--out", a.out_dir, "results folder");
+  add_setup_options(app, a.setup, {.load = false, .adapter = false, .default_preset = "qwen3-small"});
+  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths")->capture_default_str();
+  app.add_option("--methods", a.methods, "semicolon-separated method specs")->capture_default_str();
+  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check (0 = skip)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--out", a.out_dir, "results folder")->capture_default_str();
 }
 
 int demo_command(const DemoArgs& a, const std::string& command_line) {
   SweepPlan plan;
   plan.setup = a.setup;
-  plan.setup.source = a.setup.source.or_preset("qwen3-small");
   plan.methods = split_list(a.methods, ';');
   plan.seq_lens = a.seq_lens, plan.batch_sizes = std::to_string(a.batch_size);
   plan.check_seq_len = a.check_seq_len, plan.repeats = a.repeats;

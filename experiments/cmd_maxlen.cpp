@@ -26,14 +26,14 @@
 namespace sbp {
 
 void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
-  add_setup_options(app, a.setup, {.adapter = false});
+  add_setup_options(app, a.setup, {.adapter = false, .default_preset = "qwen3-small"});
   app.add_option("--budget-bytes", a.budget_bytes, "the memory budget (bytes of tensors, as the CPU meter counts them)")
       ->required()->check(CLI::PositiveNumber);
-  app.add_option("--methods", a.methods, "semicolon-separated method specs");
-  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber);
+  app.add_option("--methods", a.methods, "semicolon-separated method specs")->capture_default_str();
+  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--step", a.step, "resolution: the failing run is at T * (1 + step)")->check(sbp::within(0.001, 1.0));
-  app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(sbp::within(std::int64_t(16), std::int64_t(1) << 30));
-  app.add_option("--out", a.out_dir, "results folder");
+  app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(sbp::within(std::int64_t(16), std::int64_t(1) << 30))->capture_default_str();
+  app.add_option("--out", a.out_dir, "results folder")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "search training steps (BP + optimizer update, e.g. adamw:lr=1e-5; see "
                  "train --help): the optimizer's states and the update's temporaries share the budget; each measured "
                  "probe is two steps of a fresh optimizer (the second holds the states through its BP); default: "
@@ -51,7 +51,6 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
   Setup setup = a.setup;
-  setup.source = setup.source.or_preset("qwen3-small");
   const auto ranks = join_ranks(a.ranks, env, setup);
   const bool writer = ranks.writer();
   const auto& source = setup.source;

@@ -18,12 +18,12 @@
 namespace sbp {
 
 void add_profile_options(CLI::App& app, ProfileArgs& a) {
-  add_setup_options(app, a.setup, {.adapter = false, .group = false, .device = false});
-  app.add_option("--methods", a.methods, "semicolon-separated method specs");
-  app.add_option("--seq", a.seq_len, "sequence length T")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));
-  app.add_option("--batch", a.batch_size, "rows")->check(CLI::PositiveNumber);
-  app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber);
-  app.add_option("--out", a.out_dir, "results folder");
+  add_setup_options(app, a.setup, {.adapter = false, .group = false, .device = false, .default_preset = "qwen3-small"});
+  app.add_option("--methods", a.methods, "semicolon-separated method specs")->capture_default_str();
+  app.add_option("--seq", a.seq_len, "sequence length T")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40))->capture_default_str();
+  app.add_option("--batch", a.batch_size, "rows")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--out", a.out_dir, "results folder")->capture_default_str();
   app.footer("Categories are attributed by the phase that allocated a block and its lifetime (weights & batch: live "
              "before the first step; gradients: still alive when its step ends; checkpoints / activations: made in the "
              "forward and alive after it; K/V: StreamBP's K/V recompute; logits / head: the head phases; working set: "
@@ -32,7 +32,6 @@ void add_profile_options(CLI::App& app, ProfileArgs& a) {
 
 int profile_command(const ProfileArgs& a, const std::string& command_line) {
   Setup setup = a.setup;
-  setup.source = setup.source.or_preset("qwen3-small");
   setup.apply_threads();
   const auto& source = setup.source;
   const auto seed = setup.seed;

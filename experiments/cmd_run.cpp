@@ -31,7 +31,7 @@ void add_model_options(CLI::App& app, RunArgs& a) {
   add_setup_options(app, a.setup);
   app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();
   app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
-  app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber);
+  app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(sbp::within(0.0, 0.99));
   app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(sbp::within(0.0, 0.99));
@@ -58,7 +58,7 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--budget-bytes", a.budget_bytes, "memory budget: the step fails with status oom above it (CPU: live "
                  "tensor bytes; CUDA: the caching allocator's reserved bytes)")->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
-  app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--model-only", a.model_only, "print the analytic memory model of this workload (and write it with "
                "--json, status model-only) without running a step");
 }

@@ -355,7 +355,7 @@ std::string sweep_defaults_help(const std::string& kind) {
 void add_sweep_options(CLI::App& app, SweepArgs& a) {
   app.add_option("kind", a.kind, "seq (peak and time vs T: Fig. 3, Table 1), batch (per-sample time vs B: Table 2) or "
                  "partition (StreamBP's layer x head chunk sizes: Fig. 5)")->required()->check(CLI::IsMember({"seq", "batch", "partition"}));
-  add_setup_options(app, a.setup, {.adapter = false});
+  add_setup_options(app, a.setup, {.adapter = false, .default_preset = "qwen3-small"});
   app.add_option("--methods", a.methods, "semicolon-separated method specs (default by kind: below)");
   app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths (default by kind: below)");
   app.add_option("--batch", a.batch_sizes, "comma-separated batch sizes (default by kind: below)");
@@ -375,7 +375,6 @@ void add_sweep_options(CLI::App& app, SweepArgs& a) {
 int sweep_command(const SweepArgs& a, const std::string& command_line) {
   SweepPlan plan;
   plan.setup = a.setup;
-  plan.setup.source = a.setup.source.or_preset("qwen3-small");
   plan.repeats = a.repeats, plan.check_seq_len = a.check_seq_len;
   plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
   plan.ranks = a.ranks;

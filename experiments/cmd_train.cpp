@@ -42,23 +42,23 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
                         "rank mod the GPU count), N ignored, NCCL between them");
   app.add_option("--steps", a.steps, "optimizer steps of the whole run (a resumed run counts the steps already taken; a larger value extends a "
                  "finished run whose schedule is constant)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "adamw:lr=1e-5,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0"
                  "[,decay_norms_and_biases=0] or sgd:lr=...,momentum=0,weight_decay=0 (torch.optim's update and "
                  "defaults; weight decay on every trainable tensor unless decay_norms_and_biases=0, HF Trainer's groups)");
   app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16: the optimizer states' dtype (default: "
                  "each trainable tensor's own, as torch does)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_option("--lr-schedule", a.lr_schedule, "constant|cosine[,warmup=K]: HF's get_constant/cosine_schedule_with_"
-                 "warmup over --steps");
+                 "warmup over --steps")->capture_default_str();
   app.add_option("--clip-grad-norm", a.clip_grad_norm, "clip the global gradient 2-norm to X as torch.nn.utils."
                  "clip_grad_norm_ (0: off; the norm is reported either way)")->check(CLI::NonNegativeNumber);
   app.add_option("--grad-accum", a.grad_accum, "micro-batches per step: each global batch is split by rows into K "
-                 "(normalised by the step's total target count, HF/TRL's num_items_in_batch)")->check(CLI::PositiveNumber);
+                 "(normalised by the step's total target count, HF/TRL's num_items_in_batch)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--data", a.data_dir, "folder of batch files (safetensors, as --save-batch writes them), one global "
                  "batch per step in lexical order, cycled; default: a seeded random batch per step (--batch, --seq)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--save-every", a.save_every, "write a resumable checkpoint every K steps (and after the last) into "
-                 "--checkpoint-dir")->check(CLI::NonNegativeNumber);
+                 "--checkpoint-dir; 0: none but the one a Ctrl-C writes")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "folder of the resumable checkpoints (checkpoint-NNNNNN)");
   app.add_option("--resume", a.resume_dir, "continue from the latest complete checkpoint in DIR (from step 0 when it "
                  "has none); checkpoints then also go there unless --checkpoint-dir says otherwise");

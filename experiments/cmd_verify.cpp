@@ -68,12 +68,12 @@ std::map<std::string, GroupError> group_errors(const GradComparison& cmp) {
 }  // namespace
 
 void add_verify_options(CLI::App& app, VerifyArgs& a) {
-  add_setup_options(app, a.setup, {.dtype = false, .grad_dtype = false, .lora = false, .adapter = false, .group = false});
+  add_setup_options(app, a.setup, {.dtype = false, .grad_dtype = false, .lora = false, .adapter = false, .group = false, .default_preset = "tiny"});
   app.add_option("--batch-file", a.batch_file, "batch (safetensors) instead of a random one")->check(CLI::ExistingFile);
-  app.add_option("--batch", a.batch_size, "rows of a random batch")->check(CLI::PositiveNumber);
-  app.add_option("--seq", a.seq_len, "T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));
-  app.add_option("--methods", a.methods, "semicolon-separated streamed methods besides standard (e.g. streambp;checkpoint;mst)");
-  app.add_option("--out", a.out_dir, "results folder (CSV + JSON)");
+  app.add_option("--batch", a.batch_size, "rows of a random batch")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--seq", a.seq_len, "T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40))->capture_default_str();
+  app.add_option("--methods", a.methods, "semicolon-separated streamed methods besides standard (e.g. streambp;checkpoint;mst)")->capture_default_str();
+  app.add_option("--out", a.out_dir, "results folder (CSV + JSON)")->capture_default_str();
   app.add_flag("--mixed", a.mixed, "also run every method in bf16 mixed precision (base16m, stream16m, ...: bf16 compute, "
                "fp32 master weights and gradients, run --grad-dtype fp32), gated against base16m");
   app.add_flag("--gate", a.gate, "exit 1 when a method's l2 error against the fp64 oracle (||g - g_oracle|| / ||g_oracle||) "
@@ -95,7 +95,6 @@ void add_verify_options(CLI::App& app, VerifyArgs& a) {
 int verify_command(const VerifyArgs& args, const std::string& command_line) {
   args.setup.apply_threads();
   VerifyArgs a = args;
-  a.setup.source = a.setup.source.or_preset("tiny");
   // The fp32/bf16 runs go to --device; the fp64 oracle stays on the CPU (the CUDA attention kernels have no fp64).
   const auto device = a.setup.parsed_device();
   // The bf16 weights every run shares, widened exactly to fp32 and fp64.

@@ -37,8 +37,13 @@ void Setup::apply_threads() const {
 
 void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   const auto dtypes = CLI::IsMember({"fp64", "fp32", "bf16"});
-  app.add_option("--preset", s.source.preset, "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, "
-                 "qwen3-0.6b ... qwen3-32b; the command's default when no --config/--load)");
+  const std::string presets = "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b)";
+  if (flags.default_preset) {
+    app.add_option("--preset", s.source.preset, presets + "; default " + flags.default_preset + " when no --config/--load");
+    app.parse_complete_callback([&s, preset = std::string(flags.default_preset)] { s.source = s.source.or_preset(preset); });
+  } else {
+    app.add_option("--preset", s.source.preset, presets + "; one of --preset, --config, --load is required");
+  }
   app.add_option("--config", s.source.config_file, "HF config.json: random weights of that shape")->check(CLI::ExistingFile);
   if (flags.load)
     app.add_option("--load", s.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);

@@ -51,6 +51,9 @@ struct Setup {
 struct SetupFlags {
   bool load = true, dtype = true, grad_dtype = true, lora = true, adapter = true, group = true, device = true,
        seed = true;
+  // The model when no --preset/--config/--load is given (set once parsing is complete, and shown by --help);
+  // nullptr: one of them is required.
+  const char* default_preset = nullptr;
 };
 void add_setup_options(CLI::App& app, Setup& setup, SetupFlags flags = {});
 

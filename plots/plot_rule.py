@@ -14,6 +14,9 @@ from pathlib import Path
 
 import matplotlib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "precision_grid"))
+from summarize import NOISE_SCALE, rejudge  # noqa: E402  (the statistics under the rule's current noise scales)
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -29,13 +32,14 @@ def main():
         n = [float(r["effective_entries"]) for r in rs]
         ratio = [float(r["method_l2_beside_scale"]) / float(r["standard_l2_beside_scale"]) for r in rs]
         left.scatter(n, ratio, s=3, alpha=0.25, color=color, label=f"{precision} ({len(rs)} tensors)")
-        curve = {float(r["effective_entries"]): float(r["allowance"]) for r in rs}
+        for r in rs:
+            rejudge(r)
+        curve = {float(r["effective_entries"]): r["_allowance"] for r in rs}
         xs = sorted(curve)
         left.plot(xs, [curve[x] for x in xs], color=color, lw=1.5, label=f"{precision} allowance")
-        stats = sorted(float(r["statistic"]) for r in rs)
+        stats = sorted(r["_tensor"] for r in rs)
         right.hist(stats, bins=80, histtype="step", color=color, label=f"{precision} tensors: max {stats[-1]:.2f}" if stats else precision)
-        cases = {(r["cpu_config"], r["model"], r["objective"], r["lora"], r["seed"], r["method"]): float(r["scale_statistic"])
-                 for r in rs}
+        cases = {(r["cpu_config"], r["model"], r["objective"], r["lora"], r["seed"], r["method"]): r["_scale"] for r in rs}
         scales = sorted(cases.values())
         if scales:
             right.hist(scales, bins=40, histtype="step", ls="--", color=color,
@@ -53,7 +57,8 @@ def main():
     right.set_ylabel("judgements")
     right.legend(fontsize=7)
     configs = sorted({r["cpu_config"] for r in rows})
-    fig.suptitle(f"{len(rows)} tensor judgements over {len(configs)} CPU configurations", fontsize=9)
+    fig.suptitle(f"{len(rows)} tensor judgements over {len(configs)} CPU configurations; noise scales {NOISE_SCALE}",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(run / "rule.png", dpi=120)
     print(run / "rule.png")

@@ -151,12 +151,6 @@ std::int64_t checkpoint_step(const fs::path& dir) {
   return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<std::int64_t>() : 0;
 }
 
-// Whether a run written for `saved` steps may continue to `steps`: only where the learning rates it already took do
-// not depend on the total (the constant schedule, with or without warmup; cosine decays over --steps).
-bool may_extend(const LrSchedule& schedule, std::int64_t saved, std::int64_t steps) {
-  return schedule.kind == "constant" && steps > saved;
-}
-
 }  // namespace
 
 int train_command(const TrainArgs& a, const std::string& command_line) {
@@ -259,22 +253,22 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       const auto& saved = run.at("trajectory");
       for (const auto& [key, value] : fingerprint.items()) {
         if (saved.contains(key) && saved.at(key) == value) continue;
-        // A longer --steps extends the run where its schedule allows (may_extend); say why where it does not.
-        if (key == "steps" && saved.contains(key) && saved.at(key).is_number_integer()) {
+        // A longer --steps extends the run where the learning rates already taken do not depend on the total (the
+        // constant schedule, with or without warmup); cosine decays over --steps: say why it cannot.
+        if (key == "steps" && saved.contains(key) && saved.at(key).is_number_integer() &&
+            a.steps > saved.at(key).get<std::int64_t>()) {
           const auto saved_steps = saved.at(key).get<std::int64_t>();
-          if (may_extend(options.schedule, saved_steps, a.steps)) {
-            if (writer)
-              fmt::print(stderr, "extend    the run was written for --steps {}; it trains on to {} (its {} schedule "
-                                 "does not depend on --steps, so the steps taken are those of a {}-step run)\n",
-                         saved_steps, a.steps, options.schedule.kind, a.steps);
-            continue;
-          }
           if (options.schedule.kind != "constant")
             throw std::invalid_argument(fmt::format(
                 "{}: the run was written for --steps {}, this one asks {}: the {} schedule decays over --steps, so the "
                 "learning rates of the steps already taken belong to a {}-step run and a longer one is another "
                 "trajectory. Resume with --steps {}, or start a new run from its weights (--save-model DIR, then "
                 "--load DIR)", latest.string(), saved_steps, a.steps, options.schedule.kind, saved_steps, saved_steps));
+          if (writer)
+            fmt::print(stderr, "extend    the run was written for --steps {}; it trains on to {} (its {} schedule does "
+                               "not depend on --steps, so the steps taken are those of a {}-step run)\n",
+                       saved_steps, a.steps, options.schedule.kind, a.steps);
+          continue;
         }
         throw std::invalid_argument(latest.string() + ": the checkpoint's " + key + " is " +
                                     (saved.contains(key) ? saved.at(key).dump() : "missing") + ", this run's " +

@@ -10,6 +10,7 @@
 // (--benchmark_filter, --benchmark_out=FILE --benchmark_out_format=json, ...).
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "core/model/gemm.h"
 #include "core/objectives/batch.h"
 #include "core/model/chunk_attention.h"
 #include "core/io/dtype.h"
@@ -265,6 +267,7 @@ void register_benchmarks(Bench& bench, bool short_mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const auto note = sbp::coherent_cpu_configuration(); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   const auto command = sbp::shell_quote_argv(argc, argv);
   try {
     const auto flags = take_our_flags(argc, argv);

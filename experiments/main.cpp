@@ -14,6 +14,7 @@
 
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
+#include "core/model/gemm.h"
 #include "profiler/cpu_meter.h"
 
 namespace {
@@ -103,6 +104,8 @@ std::vector<Command> command_table() {
 int main(int argc, char** argv) {
   // Before any tensor exists, so that every byte is seen (ARCHITECTURE.md §7).
   sbp::CpuMemoryMeter::install();
+  // A lowered ATen capability on an AMX CPU: oneDNN capped to match, before either reads its knob (core/model/gemm.h).
+  if (const auto note = sbp::coherent_cpu_configuration(); !note.empty()) fmt::print(stderr, "{}\n", note);
 
   CLI::App app{"StreamBP harness: exact, memory-efficient backpropagation for long sequences, next to its baselines"};
   app.require_subcommand(1);

@@ -3,11 +3,13 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include <ATen/Parallel.h>
 
+#include "core/model/gemm.h"
 #include "profiler/cpu_meter.h"
 
 int main(int argc, char* argv[]) {
@@ -24,6 +26,8 @@ int main(int argc, char* argv[]) {
   if (const int rc = session.applyCommandLine(argc, argv)) return rc;
   if (!isa.empty()) setenv("ONEDNN_MAX_CPU_ISA", isa.c_str(), 1);
   if (const auto eq = env.find('='); eq != std::string::npos) setenv(env.substr(0, eq).c_str(), env.substr(eq + 1).c_str(), 1);
+  // A lowered ATen capability on an AMX CPU: oneDNN capped to match (core/model/gemm.h).
+  if (const auto note = sbp::coherent_cpu_configuration(); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   // The machines have 2 cores shared by ctest -j2; a fixed thread count also fixes the CPU reduction order, which
   // the bitwise determinism test relies on.
   at::set_num_threads(2);

@@ -79,3 +79,17 @@ TEST_CASE("the default GEMM path follows the CPU's flags and oneDNN's cap, never
   // A flag that only contains the name is not the flag.
   CHECK(sbp::default_narrow_gemm_path(avx2 + " xavx512_bf16 amx_bf16x amx_tilex", "").first == GemmPath::widened);
 }
+
+TEST_CASE("a lowered ATen capability on an AMX CPU caps oneDNN below AMX, and nothing else changes the knobs", "[gemm]") {
+  const std::string avx512_bf16 = "fpu sse sse2 avx avx2 fma avx512f avx512bw avx512vl avx512_bf16";
+  const std::string amx = avx512_bf16 + " amx_bf16 amx_tile amx_int8";
+  // torch 2.14.1's bf16 flash attention throws (pack_vnni2) on this pairing; no real CPU has it.
+  CHECK(sbp::onednn_cap_for(amx, "default", "") == "AVX512_CORE_BF16");
+  CHECK(sbp::onednn_cap_for(amx, "AVX2", "") == "AVX512_CORE_BF16");
+  CHECK(sbp::onednn_cap_for(amx, "avx512", "").empty());
+  CHECK(sbp::onednn_cap_for(amx, "", "").empty());
+  CHECK(sbp::onednn_cap_for(amx, "default", "AVX2").empty());  // the user's own cap stands
+  CHECK(sbp::onednn_cap_for(avx512_bf16, "default", "").empty());
+  // The cap it sets keeps the bf16 GEMMs off AMX: the widened path, as on a CPU without AVX-512.
+  CHECK(sbp::default_narrow_gemm_path(amx, sbp::onednn_cap_for(amx, "avx2", "")).first == sbp::GemmPath::widened);
+}

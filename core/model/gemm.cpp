@@ -67,6 +67,29 @@ std::pair<GemmPath, std::string> machine_narrow_gemm_path() {
   return default_narrow_gemm_path(cpu_flags(), cap ? cap : "");
 }
 
+std::string onednn_cap_for(const std::string& flags, const std::string& aten_capability,
+                           const std::string& onednn_max_isa) {
+  const auto padded = " " + flags + " ";
+  if (!has_flag(padded, "amx_tile") || !onednn_max_isa.empty()) return "";
+  std::string cap;
+  for (const char ch : aten_capability) cap += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return cap == "default" || cap == "avx2" ? "AVX512_CORE_BF16" : "";
+}
+
+std::string coherent_cpu_configuration() {
+  const auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  auto onednn = env("ONEDNN_MAX_CPU_ISA");
+  if (onednn.empty()) onednn = env("DNNL_MAX_CPU_ISA");
+  const auto cap = onednn_cap_for(cpu_flags(), env("ATEN_CPU_CAPABILITY"), onednn);
+  if (cap.empty()) return "";
+  setenv("ONEDNN_MAX_CPU_ISA", cap.c_str(), 1);
+  return "note: ATEN_CPU_CAPABILITY=" + env("ATEN_CPU_CAPABILITY") + " on a CPU with AMX: ONEDNN_MAX_CPU_ISA=" + cap +
+         " set as well (a CPU without AVX-512 has no AMX; torch's bf16 attention fails on that pairing)";
+}
+
 namespace {
 
 Choice default_choice() {

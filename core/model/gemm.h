@@ -46,6 +46,19 @@ std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& fla
 // The default on the running CPU for this process (its flags, ONEDNN_MAX_CPU_ISA), whatever is pinned: a resumed
 // run compares it with the paths its checkpoint pins.
 std::pair<GemmPath, std::string> machine_narrow_gemm_path();
+
+// Call before ATen's and oneDNN's first use (both read their knobs once). torch 2.14.1's bf16 flash attention on
+// the CPU packs its blocks for AMX whenever oneDNN may use AMX, with a routine (pack_vnni2) that exists only in
+// ATen's AVX-512 kernels: under ATEN_CPU_CAPABILITY=default or avx2 on an AMX CPU every bf16 attention throws
+// ("pack_vnni2 is only supported when avx512 is supported"). No CPU pairs AMX with a sub-AVX-512 ATen capability:
+// lowering ATen there emulates a CPU without AVX-512, which has no AMX either. So when ATen's capability is set
+// below avx512 on an AMX CPU and ONEDNN_MAX_CPU_ISA is unset, this sets it to AVX512_CORE_BF16 (the level just
+// below AMX; the bf16 GEMMs then take the widened path, as on such a CPU) and returns a one-line note saying so;
+// otherwise it changes nothing and returns "". Child processes (conform's adapters) inherit the setting.
+std::string coherent_cpu_configuration();
+// The same decision from given values (the CPU's flags, ATEN_CPU_CAPABILITY's and ONEDNN_MAX_CPU_ISA's; "" when
+// unset): the oneDNN cap to set, or "".
+std::string onednn_cap_for(const std::string& flags, const std::string& aten_capability, const std::string& onednn_max_isa);
 // What the choice was based on, for the run record: "the CPU has no AMX-BF16", "pinned by
 // STREAMBP_NARROW_GEMM=widened", "pinned by <checkpoint>/trainer.json"; "" for a dtype that is never widened.
 std::string gemm_paths_reason(c10::ScalarType dtype);

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include "baselines/methods.h"
+#include "core/model/gemm.h"
 #include "core/objectives/batch.h"
 #include "core/model/config.h"
 #include "core/model/lora.h"
@@ -45,6 +46,7 @@ sbp::TensorList step(sbp::Model& model, const std::string& spec, const sbp::Batc
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const auto note = sbp::coherent_cpu_configuration(); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s MODEL LORA MIXED [--all] SPEC...\n", argv[0]);
     return 2;

@@ -92,6 +92,7 @@ std::string env(const char* name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const auto note = sbp::coherent_cpu_configuration(); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   std::string out_path, models = "tiny,d128,small", objective_names = "sft,grpo,dpo", loras = "full,lora",
               precisions = "fp32,bf16,bf16-mixed", methods;
   int seeds = 20, first_seed = 0;

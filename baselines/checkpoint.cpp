@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/methods/memory_model.h"
+#include "core/methods/method_entry.h"
 #include "core/model/model.h"
 
 namespace sbp {
@@ -52,5 +53,15 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
 }
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const { return checkpoint_memory(w); }
+
+MethodEntry checkpoint_entry() {
+  MethodEntry e;
+  e.name = "checkpoint";
+  e.summary = "gradient checkpointing: each layer's input kept, the layer re-run on the full sequence in the backward";
+  e.make = [](const MethodArgs&) { return std::make_unique<CheckpointBackprop>(); };
+  e.tests.edges = [](std::int64_t) { return std::vector<std::string>{"checkpoint"}; };
+  e.tests.typical = [](std::int64_t) { return std::string("checkpoint"); };
+  return e;
+}
 
 }  // namespace sbp

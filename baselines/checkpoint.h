@@ -17,4 +17,7 @@ class CheckpointBackprop final : public BackpropMethod {
   double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
 };
 
+struct MethodEntry;
+MethodEntry checkpoint_entry();  // its entry in the catalogue (baselines/methods.h)
+
 }  // namespace sbp

@@ -1,64 +1,106 @@
 #include "baselines/methods.h"
 
-#include <map>
+#include <set>
 #include <stdexcept>
 
 #include "baselines/checkpoint.h"
 #include "baselines/mst.h"
 #include "baselines/standard.h"
-#include "core/io/spec.h"
 #include "core/methods/streambp.h"
 
 namespace sbp {
 
 namespace {
 
-std::map<std::string, MethodFactory>& registered() {
-  static std::map<std::string, MethodFactory> methods;
-  return methods;
+// The built-in methods, one line each; their order is the help's.
+const std::vector<MethodEntry>& builtin() {
+  static const std::vector<MethodEntry> entries = {
+      standard_entry(),
+      checkpoint_entry(),
+      mst_entry(),
+      streambp_entry(),
+  };
+  return entries;
+}
+
+std::vector<MethodEntry>& registered() {
+  static std::vector<MethodEntry> entries;
+  return entries;
+}
+
+const MethodEntry* find(const std::string& name) {
+  for (const auto& e : builtin())
+    if (e.name == name) return &e;
+  for (const auto& e : registered())
+    if (e.name == name) return &e;
+  return nullptr;
 }
 
 }  // namespace
 
+std::vector<MethodEntry> method_entries() {
+  auto out = builtin();
+  out.insert(out.end(), registered().begin(), registered().end());
+  return out;
+}
+
 std::vector<std::string> method_names() {
-  std::vector<std::string> names = {"standard", "checkpoint", "mst", "streambp"};
-  for (const auto& [name, factory] : registered()) names.push_back(name);
+  std::vector<std::string> names;
+  for (const auto& e : method_entries()) names.push_back(e.name);
   return names;
 }
 
+std::string methods_usage() {
+  std::string out;
+  for (const auto& e : builtin()) out += (out.empty() ? "" : " | ") + e.usage();
+  return out;
+}
+
+void register_method(MethodEntry entry) {
+  if (find(entry.name)) throw std::invalid_argument("register_method: a method named '" + entry.name + "' exists");
+  registered().push_back(std::move(entry));
+}
+
 void register_method(const std::string& name, MethodFactory factory) {
-  for (const std::string builtin : {"standard", "checkpoint", "mst", "streambp"})
-    if (name == builtin) throw std::invalid_argument("register_method: '" + name + "' is a built-in method");
-  registered()[name] = std::move(factory);
+  MethodEntry e;
+  e.name = name;
+  e.summary = "registered at run time";
+  e.reads_spec_itself = true;
+  e.make = [factory = std::move(factory)](const MethodArgs& a) { return factory(a.spec()); };
+  register_method(std::move(e));
 }
 
 std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
   const Spec spec = parse_spec(text);
-  if (spec.name == "standard") {
-    spec.check_keys({});
-    return std::make_unique<StandardBackprop>();
+  const MethodEntry* entry = find(spec.name);
+  if (!entry) {
+    std::string known;
+    for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown method '" + spec.name + "' (known: " + known + ")");
   }
-  if (spec.name == "checkpoint") {
-    spec.check_keys({});
-    return std::make_unique<CheckpointBackprop>();
+  // Declared options are checked here, each value against its minimum; a factory registered from its spec alone
+  // (no declared options) checks its own keys.
+  if (!entry->reads_spec_itself) {
+    std::set<std::string> keys;
+    for (const auto& o : entry->options) keys.insert(o.key);
+    spec.check_keys(keys);
   }
-  if (spec.name == "mst") {
-    spec.check_keys({"mini_seq"});
-    MsT::Options o;
-    o.mini_seq = spec.get_int("mini_seq", o.mini_seq, 1);
-    return std::make_unique<MsT>(o);
-  }
-  if (spec.name == "streambp") {
-    spec.check_keys({"layer_chunk", "head_chunk"});
-    StreamBP::Options o;
-    o.layer_chunk = spec.get_int("layer_chunk", o.layer_chunk, 1);
-    o.head_chunk = spec.get_int("head_chunk", o.head_chunk, 1);
-    return std::make_unique<StreamBP>(o);
-  }
-  if (const auto it = registered().find(spec.name); it != registered().end()) return it->second(spec);
-  std::string known;
-  for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown method '" + spec.name + "' (known: " + known + ")");
+  const MethodArgs args(spec, entry->options);
+  for (const auto& o : entry->options) args.get(o.key);  // every given value within bounds before the build
+  return entry->make(args);
+}
+
+std::vector<std::string> edge_method_specs(std::int64_t T) {
+  std::vector<std::string> out;
+  for (const auto& e : builtin())
+    for (const auto& s : e.tests.edges(T)) out.push_back(s);
+  return out;
+}
+
+std::vector<std::string> typical_method_specs(std::int64_t T) {
+  std::vector<std::string> out;
+  for (const auto& e : builtin()) out.push_back(e.tests.typical(T));
+  return out;
 }
 
 }  // namespace sbp

@@ -1,24 +1,44 @@
-// Builds any BP method from its spec string: "standard", "checkpoint", "streambp:layer_chunk=C,head_chunk=H".
+// The catalogue of BP methods: every built-in method's entry (core/methods/method_entry.h, defined in the method's
+// own file) in one list, and the methods registered at run time. make_method, the help text, the tests, the bench and
+// the plots read the methods from here and nowhere else. It sits at the top of the method layer, above StreamBP
+// (core/methods) and the baselines, because it names them all.
+//
+// Adding a method: its class and its entry function in its own files (see the existing four), one line in the list
+// in methods.cpp, and its files in the library's CMakeLists.txt.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-#include <functional>
 
 #include "core/io/spec.h"
-
 #include "core/methods/method.h"
+#include "core/methods/method_entry.h"
 
 namespace sbp {
 
-std::unique_ptr<BackpropMethod> make_method(const std::string& spec);  // throws std::invalid_argument
+// Built from a spec ("standard", "mst:mini_seq=8", "streambp:layer_chunk=512,head_chunk=128"): throws
+// std::invalid_argument naming the method and the option for an unknown method, an unknown key or a value below its
+// minimum.
+std::unique_ptr<BackpropMethod> make_method(const std::string& spec);
+// Every entry, the built-in ones first (in the order of the list), then the registered ones.
+std::vector<MethodEntry> method_entries();
 std::vector<std::string> method_names();
+// The usage of every method for --help: "standard | checkpoint | mst[:mini_seq=64] | streambp[:...]".
+std::string methods_usage();
 
-// A method defined outside this library (a user's new method; the tests' faulty ones, so that a command such as
-// `verify --gate` can be shown to fail): make_method builds `name` with `factory` from then on. Throws when `name`
-// is a built-in method's.
+// A method defined outside this library (a user's new method; the tests' faulty twins, so that a command such as
+// `verify --gate` can be shown to fail): make_method builds it from then on. Throws when its name is taken.
+void register_method(MethodEntry entry);
+// The same for a method read from its spec alone (no declared options: the factory checks its keys itself).
 using MethodFactory = std::function<std::unique_ptr<BackpropMethod>(const Spec& spec)>;
 void register_method(const std::string& name, MethodFactory factory);
+
+// What the shared test suites run on a sequence of T positions, over every method of the catalogue: each method's
+// edge settings (standard BP, the reference, has none), and each method's typical setting (standard first).
+std::vector<std::string> edge_method_specs(std::int64_t T);
+std::vector<std::string> typical_method_specs(std::int64_t T);
 
 }  // namespace sbp

@@ -1,5 +1,6 @@
 #include "baselines/mst.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
@@ -7,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "core/methods/memory_model.h"
+#include "core/methods/method_entry.h"
 #include "core/model/model.h"
 #include "core/methods/streaming.h"
 
@@ -89,6 +91,20 @@ at::Tensor MsT::layer_backward(const Model& model, int layer, const at::Tensor& 
 
 MemoryEstimate MsT::memory_model(const Workload& w) const {
   return mst_memory(w, mini_sequence_length(w.seq_len, options_.mini_seq));
+}
+
+MethodEntry mst_entry() {
+  MethodEntry e;
+  e.name = "mst";
+  e.summary = "MsT: checkpointing with the MLP and the LM head and loss in mini-sequences";
+  e.options = {{"mini_seq", MsT::Options{}.mini_seq, 1, "mini-sequences per sequence"}};
+  e.make = [](const MethodArgs& a) { return std::make_unique<MsT>(MsT::Options{a.get("mini_seq")}); };
+  const auto spec = [](std::int64_t m) { return "mst:mini_seq=" + std::to_string(std::max<std::int64_t>(1, m)); };
+  // One mini-sequence; a few; many; one position each.
+  e.tests.edges = [spec](std::int64_t T) { return std::vector<std::string>{spec(1), spec(8), spec(T / 8), spec(T)}; };
+  // Three mini-sequences, the last one short where 3 does not divide T.
+  e.tests.typical = [spec](std::int64_t) { return spec(3); };
+  return e;
 }
 
 }  // namespace sbp

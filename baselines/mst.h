@@ -44,4 +44,7 @@ class MsT : public BackpropMethod {
   Options options_;
 };
 
+struct MethodEntry;
+MethodEntry mst_entry();  // its entry in the catalogue (baselines/methods.h)
+
 }  // namespace sbp

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "core/methods/memory_model.h"
+#include "core/methods/method_entry.h"
 #include "core/model/model.h"
 
 namespace sbp {
@@ -51,5 +52,15 @@ double StandardBackprop::backprop(Model& model, Objective& objective, const Batc
 }
 
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const { return standard_memory(w); }
+
+MethodEntry standard_entry() {
+  MethodEntry e;
+  e.name = "standard";
+  e.summary = "standard BP: one graph over the whole model and full-sequence logits (the reference)";
+  e.make = [](const MethodArgs&) { return std::make_unique<StandardBackprop>(); };
+  e.tests.edges = [](std::int64_t) { return std::vector<std::string>{}; };  // the reference itself
+  e.tests.typical = [](std::int64_t) { return std::string("standard"); };
+  return e;
+}
 
 }  // namespace sbp

@@ -16,4 +16,7 @@ class StandardBackprop final : public BackpropMethod {
   double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
 };
 
+struct MethodEntry;
+MethodEntry standard_entry();  // its entry in the catalogue (baselines/methods.h)
+
 }  // namespace sbp

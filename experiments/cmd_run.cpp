@@ -29,7 +29,7 @@ namespace sbp {
 // The options `run` and `train` share: model, LoRA, precision, method, objective, random batch, device, outputs.
 void add_model_options(CLI::App& app, RunArgs& a) {
   add_setup_options(app, a.setup);
-  app.add_option("--method", a.method, "BP method spec, e.g. standard, checkpoint, streambp:layer_chunk=512,head_chunk=512")->required();
+  app.add_option("--method", a.method, "BP method spec: " + sbp::methods_usage())->required();
   app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
   app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));

@@ -172,7 +172,9 @@ def plot_grid(folder: Path):
         return None
     dtypes = sorted({r["dtype"] + (" LoRA" if r.get("lora") else "") for r in rows})
     fig, axes = plt.subplots(1, len(dtypes), figsize=(4.2 * len(dtypes), 3.6), sharey=True, squeeze=False)
-    markers = {"standard": "o", "checkpoint": "s", "mst": "^", "streambp": "D"}
+    # Every method family in the data (a new method needs no edit here), each with its own marker.
+    families = sorted({r["method"].split(":")[0] for r in rows})
+    markers = dict(zip(families, "osD^vP*Xhp<>"))
     for ax, dt in zip(axes[0], dtypes):
         for family, marker in markers.items():
             pts = [r for r in rows if r["dtype"] + (" LoRA" if r.get("lora") else "") == dt

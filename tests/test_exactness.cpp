@@ -17,6 +17,7 @@
 #include "core/model/model.h"
 #include "core/objectives/sft.h"
 #include "baselines/methods.h"
+#include "core/methods/streambp.h"
 #include "faulty_methods.h"
 #include "test_support.h"
 #include "verify/grad_compare.h"
@@ -318,6 +319,10 @@ TEST_CASE("StreamBP in fp32 and bf16 is as close to the fp64 oracle as standard 
 
 namespace {
 
+// The low-precision tests' sequence length, and StreamBP's settings at its ends there (its catalogue entry's).
+constexpr std::int64_t kRuleSeq = 512;
+std::vector<std::string> streambp_edges() { return sbp::streambp_entry().tests.edges(kRuleSeq); }
+
 // Errors of standard BP and of `method` (or the method `spec`) in bf16 against the fp64 oracle on the same bf16
 // weights: one entry per parameter tensor.
 struct Bf16Errors {
@@ -340,7 +345,7 @@ Bf16Errors bf16_errors(sbp::BackpropMethod& method, bool mixed = false, const st
     oracle_model.load_lora(model.lora(), model.adapters(), "bf16 adapters");
   }
   if (mixed) model.set_grad_dtype(at::kFloat);
-  const Batch batch = sbp::random_sft_batch(config, {1, 512, 0.0, 0.0, 18});
+  const Batch batch = sbp::random_sft_batch(config, {1, kRuleSeq, 0.0, 0.0, 18});
   const auto oracle = run_step(oracle_model, "standard", batch);
   const auto standard = run_step(model, "standard", batch);
   sbp::SftObjective objective;
@@ -384,11 +389,7 @@ TEST_CASE("StreamBP's bf16 error stays within the low-precision rule at any chun
   // ARCHITECTURE.md §4 "Precision": sums over chunks (dK/dV, weight, LM-head and final-norm gradients) live in fp32 and each
   // is rounded into bf16 once (every chunk's share is itself one bf16 GEMM output). Measured (tiny, T = 512, native bf16 and AVX512_CORE): StreamBP/standard l2 error ratios
   // <= 1.23 per tensor from 1 to 512 chunks, largest on 16- and 64-entry norm weights, whose ratios are the noisiest.
-  for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",
-                                 "streambp:layer_chunk=16,head_chunk=64", "streambp:layer_chunk=4,head_chunk=4",
-                                 "streambp:layer_chunk=1,head_chunk=32"}) {
-    check_bf16_rule(bf16_errors(spec), spec);
-  }
+  for (const auto& spec : streambp_edges()) check_bf16_rule(bf16_errors(spec), spec);
 }
 
 TEST_CASE("StreamBP through the whole-chunk attention CUDA runs in bf16 stays within the low-precision rule",
@@ -401,11 +402,7 @@ TEST_CASE("StreamBP through the whole-chunk attention CUDA runs in bf16 stays wi
   // AMD EPYC with avx512_bf16): worst ratios to the allowance 0.72-0.77 from 1 to 512 chunks (norm weights) and
   // 0.74-0.75 on issue #18's model at 64 chunks; the CPU's fp32 blocks on the same cases: 0.70-0.79 and 0.80.
   const sbp::ScopedCpuWholeChunkKernel whole_chunk(sbp::cpu_masked_whole_chunk_kernel());
-  for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=64,head_chunk=16",
-                                 "streambp:layer_chunk=16,head_chunk=64", "streambp:layer_chunk=4,head_chunk=4",
-                                 "streambp:layer_chunk=1,head_chunk=32"}) {
-    check_bf16_rule(bf16_errors(spec), spec);
-  }
+  for (const auto& spec : streambp_edges()) check_bf16_rule(bf16_errors(spec), spec);
   for (const bool mixed : {false, true}) {
     check_bf16_rule(bf16_errors("streambp:layer_chunk=8,head_chunk=8", mixed, "", issue18_config()),
                     "issue #18's model, 64 chunks, mixed=" + std::to_string(mixed));
@@ -429,9 +426,8 @@ TEST_CASE("checkpoint's and MsT's bf16 errors stay within the low-precision rule
           "[exactness][bf16][mst]") {
   // Checkpointing re-runs the standard arithmetic; MsT sums its MLP mini-sequences' weight gradients and its head
   // chunks over 1 to 512 mini-sequences of the same T = 512.
-  for (const std::string spec : {"checkpoint", "mst:mini_seq=1", "mst:mini_seq=8", "mst:mini_seq=64", "mst:mini_seq=512"}) {
-    check_bf16_rule(bf16_errors(spec), spec);
-  }
+  for (const auto& spec : sbp::edge_method_specs(kRuleSeq))
+    if (!spec.starts_with("streambp")) check_bf16_rule(bf16_errors(spec), spec);
 }
 
 TEST_CASE("in mixed precision every method stays within the low-precision rule at any chunk count",
@@ -440,9 +436,7 @@ TEST_CASE("in mixed precision every method stays within the low-precision rule a
   // base, the paper's LoRA setting). The fp32 gradients are the streamed sums themselves (no separate buffers), and
   // the chunk shares go into them as in bf16, never rounded per chunk; their error must not grow with the chunk count.
   for (const std::string lora : {"", "rank=8,init=random"})
-    for (const std::string spec : {"streambp:layer_chunk=512,head_chunk=512", "streambp:layer_chunk=16,head_chunk=64",
-                                   "streambp:layer_chunk=1,head_chunk=32", "checkpoint", "mst:mini_seq=8",
-                                   "mst:mini_seq=1"}) {
+    for (const auto& spec : sbp::edge_method_specs(kRuleSeq)) {
       check_bf16_rule(bf16_errors(spec, /*mixed=*/true, lora), spec + " lora=" + lora);
     }
 }
@@ -494,8 +488,7 @@ TEST_CASE("every method computes the same loss in fp64", "[exactness][loss]") {
   sbp::Model model(config, at::kDouble, 21);
   const Batch batch = sbp::random_sft_batch(config, {3, 29, 0.3, 0.2, 22});
   const double reference = run_step(model, "standard", batch).loss;
-  for (const std::string spec : {"checkpoint", "mst:mini_seq=4", "mst:mini_seq=64", "streambp:layer_chunk=1,head_chunk=1", "streambp:layer_chunk=4,head_chunk=29",
-                                 "streambp:layer_chunk=29,head_chunk=6", "streambp:layer_chunk=512,head_chunk=512"}) {
+  for (const auto& spec : sbp::edge_method_specs(29)) {
     INFO(spec);
     CHECK(relative_difference(reference, run_step(model, spec, batch).loss) <= kLossRtol);
   }

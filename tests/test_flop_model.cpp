@@ -22,6 +22,7 @@
 
 #include "baselines/methods.h"
 #include "core/methods/flop_model.h"
+#include "core/methods/streambp.h"
 #include "core/model/chunk_attention_kernels.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
@@ -103,15 +104,18 @@ double relative(double a, double b) { return std::abs(a / b - 1); }
 TEST_CASE("the FLOP model is the matrix products and attention pairs each method executes", "[flops]") {
   sbp::ModelConfig config = sbp::test::tiny_config();
   config.tie_word_embeddings = false;
-  constexpr std::int64_t T = 64, layer_chunk = 24;  // 24 does not divide 64: StreamBP's last chunk is short (16)
-  const std::string streambp = "streambp:layer_chunk=24,head_chunk=32";  // layer_chunk's value
+  constexpr std::int64_t T = 64;
+  // StreamBP's typical setting (its catalogue entry's): chunks that do not divide T, the last one short.
+  const std::string streambp = sbp::streambp_entry().tests.typical(T);
+  const auto layer_chunk = dynamic_cast<const sbp::StreamBP&>(*sbp::make_method(streambp)).options().layer_chunk;
+  REQUIRE(T % layer_chunk != 0);
   struct Case {
     std::string lora, spec;
     at::ScalarType dtype;
   };
   std::vector<Case> cases;
   for (const std::string lora : {"", "rank=4"})
-    for (const std::string spec : {"standard", "checkpoint", "mst:mini_seq=16", streambp.c_str()})
+    for (const auto& spec : sbp::typical_method_specs(T))
       cases.push_back({lora, spec, at::kFloat});
   // bf16 on the CPU with the whole-chunk kernel of CUDA's bf16 path (one call over [0, s+c) per chunk with a
   // bottom-right mask) in place of the blocks: the same pairs by another route.

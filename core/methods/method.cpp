@@ -1,5 +1,8 @@
 #include "core/methods/method.h"
 
+#include <stdexcept>
+
+#include "core/methods/method_entry.h"
 #include "core/model/model.h"
 
 namespace sbp {
@@ -59,6 +62,19 @@ void BackpropMethod::head_ready(const Model& model) const {
 
 void BackpropMethod::embedding_ready(const Model& model) const {
   if (gradient_ready_) gradient_ready("embedding", model.embedding_trainable());
+}
+
+std::int64_t MethodArgs::get(const std::string& key) const {
+  for (const auto& o : options_)
+    if (o.key == key) return spec_.get_int(key, o.default_value, o.minimum);
+  throw std::logic_error("method '" + spec_.name + "' reads option '" + key + "', which its entry does not declare");
+}
+
+std::string MethodEntry::usage() const {
+  std::string out = name;
+  for (std::size_t i = 0; i < options.size(); ++i)
+    out += (i ? "," : "[:") + options[i].key + "=" + std::to_string(options[i].default_value);
+  return options.empty() ? out : out + "]";
 }
 
 }  // namespace sbp

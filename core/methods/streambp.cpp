@@ -10,6 +10,7 @@
 
 #include "core/model/chunk_attention.h"
 #include "core/methods/memory_model.h"
+#include "core/methods/method_entry.h"
 #include "core/model/model.h"
 #include "core/methods/streaming.h"
 
@@ -154,6 +155,29 @@ std::string streambp_chunk_advice(const BackpropMethod& method, std::int64_t seq
   return fmt::format("{} at T = {}: a chunk of T or more is the whole sequence, so that part does not stream; chunks "
                      "of about T/8 (e.g. streambp:layer_chunk={},head_chunk={}) keep the peak low",
                      method.spec(), seq_len, suggest, suggest);
+}
+
+MethodEntry streambp_entry() {
+  const StreamBP::Options defaults;
+  MethodEntry e;
+  e.name = "streambp";
+  e.summary = "StreamBP: each layer's backward streamed in chunks of the sequence, the LM head and loss in head chunks";
+  e.options = {{"layer_chunk", defaults.layer_chunk, 1, "tokens per chunk inside a decoder layer"},
+               {"head_chunk", defaults.head_chunk, 1, "tokens per chunk of the LM head and the loss"}};
+  e.make = [](const MethodArgs& a) {
+    return std::make_unique<StreamBP>(StreamBP::Options{a.get("layer_chunk"), a.get("head_chunk")});
+  };
+  const auto spec = [](std::int64_t layer, std::int64_t head) {
+    return fmt::format("streambp:layer_chunk={},head_chunk={}", std::max<std::int64_t>(1, layer),
+                       std::max<std::int64_t>(1, head));
+  };
+  // One chunk each; many layer chunks with few head chunks and the reverse; small chunks; one token per layer chunk.
+  e.tests.edges = [spec](std::int64_t T) {
+    return std::vector<std::string>{spec(T, T), spec(T / 8, T / 32), spec(T / 32, T / 8), spec(4, 4), spec(1, T / 16)};
+  };
+  // Four layer chunks and three head chunks, each last one short.
+  e.tests.typical = [spec](std::int64_t T) { return spec(T / 4 + 1, T / 3 + 1); };
+  return e;
 }
 
 }  // namespace sbp

@@ -61,4 +61,7 @@ class StreamBP : public BackpropMethod {
 // checkpointing by another name).
 std::string streambp_chunk_advice(const BackpropMethod& method, std::int64_t seq_len);
 
+struct MethodEntry;
+MethodEntry streambp_entry();  // its entry in the catalogue (baselines/methods.h)
+
 }  // namespace sbp

@@ -52,7 +52,6 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
   return loss;
 }
 
-MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const { return checkpoint_memory(w); }
 
 MethodEntry checkpoint_entry() {
   MethodEntry e;

@@ -13,11 +13,6 @@
 #include "core/methods/streaming.h"
 
 namespace sbp {
-namespace {
-
-std::int64_t mini_sequence_length(std::int64_t T, std::int64_t M) { return (T + M - 1) / M; }
-
-}  // namespace
 
 double MsT::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
@@ -89,9 +84,6 @@ at::Tensor MsT::layer_backward(const Model& model, int layer, const at::Tensor& 
   return h.grad();
 }
 
-MemoryEstimate MsT::memory_model(const Workload& w) const {
-  return mst_memory(w, mini_sequence_length(w.seq_len, options_.mini_seq));
-}
 
 MethodEntry mst_entry() {
   MethodEntry e;

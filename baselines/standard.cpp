@@ -51,7 +51,6 @@ double StandardBackprop::backprop(Model& model, Objective& objective, const Batc
   return loss.item<double>();
 }
 
-MemoryEstimate StandardBackprop::memory_model(const Workload& w) const { return standard_memory(w); }
 
 MethodEntry standard_entry() {
   MethodEntry e;

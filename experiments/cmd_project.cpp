@@ -19,6 +19,7 @@
 #include "baselines/methods.h"
 #include "core/model/config.h"
 #include "core/methods/memory_model.h"
+#include "core/training/training_memory.h"
 #include "core/training/optimizer_shard.h"
 #include "core/objectives/objective.h"
 #include "core/training/optimizer.h"

@@ -25,6 +25,7 @@
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
+#include "core/training/training_memory.h"
 #include "core/methods/streambp.h"
 #include "core/training/data_parallel.h"
 #include "core/training/optimizer.h"

@@ -19,6 +19,7 @@
 #include "core/io/dtype.h"
 #include "core/model/gemm.h"
 #include "core/methods/memory_model.h"
+#include "core/training/training_memory.h"
 #include "core/io/safetensors.h"
 #include "core/training/c10d_communicator.h"
 #include "core/training/data_parallel.h"

@@ -13,6 +13,7 @@
 
 #include "baselines/methods.h"
 #include "core/methods/memory_model.h"
+#include "core/training/training_memory.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/objectives/sft.h"

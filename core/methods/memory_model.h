@@ -1,6 +1,8 @@
-// Analytic peak memory of each BP method (ARCHITECTURE.md §4 floor, and its counterparts for the baselines). Each model is
-// the largest of a few moments of the step, each a sum of named terms that follow what autograd keeps alive at
-// that moment; the measured peak is printed next to it, so a drift between code and model shows up at once.
+// Analytic peak memory (ARCHITECTURE.md §7). Each method's model (BackpropMethod::memory_model) is the largest of a
+// few moments of its step, each a sum of named terms that follow what autograd keeps alive at that moment, and sits
+// beside the method's code (core/methods/streambp_memory.cpp, baselines/*_memory.cpp), written in the shared terms
+// of memory_terms.h; the measured peak is printed next to it, so a drift between code and model shows up at once.
+// Here: the per-token terms the drivers and tests read, and the reference pass's model.
 #pragma once
 
 #include <cstdint>
@@ -16,14 +18,6 @@ std::int64_t layer_activation_bytes_per_token(const Workload& w, bool input_kept
 std::int64_t attention_activation_bytes_per_token(const Workload& w, bool input_kept = false);
 std::int64_t mlp_activation_bytes_per_token(const Workload& w);
 
-MemoryEstimate standard_memory(const Workload& w);
-MemoryEstimate checkpoint_memory(const Workload& w);
-MemoryEstimate streambp_memory(const Workload& w, std::int64_t layer_chunk, std::int64_t head_chunk);
-MemoryEstimate mst_memory(const Workload& w, std::int64_t mini_seq_len);
-// A training step of `method`: its BP moments with the optimizer's states beside them, or the optimizer's update
-// (weights, every gradient, the states and the update's temporaries), whichever is larger. Without optimizer bytes
-// in the workload: the method's own model.
-MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w);
 // The reference pass (sequence_logps): the weights of a reference model loaded for it (separate_weights; under LoRA
 // the policy's own base serves), two [B, T, d] hidden states, one layer's K/V and chunk, or one head chunk's logits
 // with their log-sum-exp temporary.

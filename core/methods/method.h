@@ -16,6 +16,7 @@
 #include "core/methods/kernel_workspace.h"
 #include "core/objectives/objective.h"
 #include "core/methods/phase.h"
+#include "core/methods/workload.h"
 
 namespace sbp {
 
@@ -32,61 +33,6 @@ struct StepResult {
     synchronize(device);
     return {loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), clock.totals()};
   }
-};
-
-// Analytic peak memory: named terms in bytes, printed next to the measured peak.
-struct MemoryTerm {
-  std::string name;
-  std::int64_t bytes = 0;
-};
-struct MemoryEstimate {
-  std::string moment;  // when the peak happens, e.g. "head backward"
-  std::vector<MemoryTerm> terms;
-  std::int64_t total_bytes() const;
-};
-
-struct Workload {
-  ModelConfig config;
-  c10::ScalarType dtype = c10::kFloat;  // compute dtype (Model::dtype)
-  std::int64_t batch_size = 1, seq_len = 1;
-  // What the objective adds (Objective::buffer_bytes_per_token, needs_statistics after prepare): its per-position
-  // buffers (targets, masks, GRPO's old/ref log-probs), and whether a streamed head runs the statistics pass.
-  std::int64_t objective_bytes_per_token = 16;
-  bool statistics_pass = false;
-  // LoRA (lora_rank > 0): adapters on the named targets of every layer, lora_parameters elements in all; the base
-  // is frozen, so only the adapters have gradients.
-  std::int64_t lora_rank = 0, lora_parameters = 0;
-  int lora_attention_targets = 0, lora_mlp_targets = 0;  // adapted projections per layer among q,k,v,o / gate,up,down
-  std::vector<std::string> lora_targets;                  // their names (the memory model needs o and down by name)
-  bool adapts(const std::string& target) const {
-    for (const auto& t : lora_targets)
-      if (t == target) return true;
-    return false;
-  }
-  // Intra-op threads: CPU kernels keep scratch per thread.
-  std::int64_t threads = 1;
-  // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,
-  // or none (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
-  std::shared_ptr<const KernelWorkspaces> workspaces;
-  std::int64_t workspace_bytes(const KernelCall& call) const;
-  // A training step (Trainer): the optimizer's states, held through the whole step, and the most its update allocates
-  // at once beyond them (optimizer_memory in core/training/optimizer.h); both 0 for a forward + backward alone.
-  std::int64_t optimizer_state_bytes = 0, optimizer_update_bytes = 0;
-  // Micro-batches after the first of a step (gradient accumulation) run with every gradient already there.
-  bool accumulating = false;
-  // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
-  c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
-  c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
-  // Data parallelism (ARCHITECTURE.md §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at ZeRO
-  // stage zero_stage (0 = DDP, 1 = + optimizer states sharded, 2 = + gradients reduce-scattered, 3 = + parameters
-  // sharded, gathered while in use). 1 and 0: one process, no communication. Trainer::add_optimizer_memory fills them
-  // from its DataParallel (and the optimizer bytes above from the slices it updates); a projection sets them by hand
-  // before add_projected_optimizer.
-  int world_size = 1, zero_stage = 0;
-  // Whether the backend's reduce-scatter and all-gather hold one more [N, length] copy of their buffer while they run
-  // (Communicator::copies_collective_buffers: Gloo yes, NCCL no).
-  bool collective_copies = false;
-  bool data_parallel() const { return world_size > 1; }
 };
 
 // A group of trainable tensors whose gradients the running step has finished (ARCHITECTURE.md §11): a decoder layer's

@@ -142,9 +142,6 @@ void StreamBP::kv_path_backward(const Model& model, int layer, const at::Tensor&
   });
 }
 
-MemoryEstimate StreamBP::memory_model(const Workload& w) const {
-  return streambp_memory(w, options_.layer_chunk, options_.head_chunk);
-}
 
 std::string streambp_chunk_advice(const BackpropMethod& method, std::int64_t seq_len) {
   const auto* streambp = dynamic_cast<const StreamBP*>(&method);

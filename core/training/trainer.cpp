@@ -16,6 +16,7 @@
 #include "core/model/model.h"
 #include "core/model/gemm.h"
 #include "core/methods/memory_model.h"
+#include "core/training/training_memory.h"
 #include "core/training/optimizer_shard.h"
 #include "core/training/data_parallel.h"
 #include "core/objectives/objective.h"

@@ -1,0 +1,155 @@
+// The terms the methods' memory models are written in (ARCHITECTURE.md §7), for the files that write a model: each
+// method's next to its code (core/methods/streambp_memory.cpp, baselines/*_memory.cpp), the training step's in
+// core/training/training_memory.cpp. What each term counts, and where it was measured, is written beside its
+// definition (memory_model.cpp, data_parallel_memory.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "core/io/dtype.h"
+#include "core/methods/memory_model.h"
+
+namespace sbp::memory {
+
+// The sizes every model reads: bytes per element, the workload's dimensions, the weights and gradients alive at
+// each stage of a step, and data parallelism's share of them (this rank's: rank 0, whose slices are the longest).
+struct Sizes {
+  std::int64_t s, f, g;             // bytes per element: model (compute) dtype, its statistics dtype, gradients
+  std::int64_t B, T, d, V, L, P;
+  bool lora;
+  std::int64_t weights;          // base + adapters (the trainable ones in the gradient dtype: fp32 masters)
+  std::int64_t lm_grad;          // the lm_head/embedding gradient [V, d] (none under LoRA: frozen)
+  std::int64_t all_gradients;    // every trainable tensor's gradient
+  std::int64_t layer_gradients;  // every gradient that exists while the layers are back-propagated (at layer 0)
+  std::int64_t head_gradients;   // what the head leaves: lm_head (tied: the embedding's) and final norm gradients
+  std::int64_t layer_grad;       // one decoder layer's gradients (its adapters' under LoRA)
+  // Mixed precision (g > s): a trainable master is cast to the compute dtype where it is used, and a graph keeps
+  // that copy (linear saves its weight): cast bytes per trainable element, 0 when the masters are the weights.
+  std::int64_t cast;
+  explicit Sizes(const Workload& w)
+      : s(std::int64_t(c10::elementSize(w.dtype))),
+        f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
+        g(std::int64_t(c10::elementSize(w.gradient_dtype()))),
+        B(w.batch_size), T(w.seq_len), d(w.config.hidden_size), V(w.config.vocab_size),
+        L(w.config.num_hidden_layers), P(w.config.num_parameters()), lora(w.lora_rank > 0),
+        weights(lora ? P * s + w.lora_parameters * g : P * g), lm_grad(lora ? 0 : V * d * g),
+        all_gradients(lora ? w.lora_parameters * g : P * g),
+        // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.
+        layer_gradients(lora ? w.lora_parameters * g : P * g - (w.config.tie_word_embeddings ? 0 : V * d * g)),
+        head_gradients(lora ? 0 : (V + 1) * d * g),
+        layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
+                        : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
+        cast(g > s ? s : 0), N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
+        head_group(lora ? 0 : tied ? d * g : (V + 1) * d * g), embedding_group(lm_grad),
+        largest_tensor(lora ? std::min(w.lora_parameters, w.lora_rank * std::max({w.config.intermediate_size, d,
+                                                                                  w.config.q_width()}))
+                            : V * d) {
+    // ZeRO-3: the trainable tensors are this rank's slices, the embedding and head gathered for the whole step (the
+    // BP's "weights"), a layer's only while it is in use (gathered_layer), none but the slices between steps.
+    rest_weights = weights;
+    if (sharded_parameters()) {
+      rest_weights = weights - all_gradients + slice_elements(all_gradients) * g;  // trainable bytes = gradient bytes
+      weights = rest_weights + embedding_group + head_group;
+    }
+  }
+  // Compute-dtype copies of the trainable tensors a graph keeps (0 unless mixed precision).
+  std::int64_t layer_copies() const { return layer_grad / g * cast; }
+  std::int64_t lm_head_copy() const { return lm_grad / g * cast; }
+  std::int64_t all_copies() const { return layer_gradients / g * cast; }  // every layer's and the lm_head's
+
+  // Data parallelism (ARCHITECTURE.md §12), this rank's share. The gradient groups, in event order: the head (final norm; an
+  // untied lm_head), every layer from the last, the embedding (tied: the lm_head's gradient too, which exists from the
+  // head backward on). Under LoRA only the layers' adapters are trainable: the head and embedding have no event.
+  std::int64_t N;
+  int stage;
+  bool tied;
+  std::int64_t head_group, embedding_group;  // gradient bytes of the head's and the embedding's groups
+  std::int64_t largest_tensor;               // elements of the largest trainable tensor (the [V, d] embedding)
+  bool sharded_gradients() const { return N > 1 && stage >= 2; }
+  bool sharded_parameters() const { return N > 1 && stage >= 3; }
+  // The weights held between steps (ZeRO-3: the frozen base and the trainable slices; else `weights`).
+  std::int64_t rest_weights = 0;
+  // ZeRO-3: a decoder layer's trainable tensors gathered in full while it is in use (its forward; its backward, the
+  // whole chunk loop for StreamBP), beside its slices: "one layer of extra memory".
+  std::int64_t gathered_layer() const { return sharded_parameters() ? layer_grad : 0; }
+  // ZeRO-3's gather of a group of `bytes` (DataParallel::use): this rank's [slice] packed and the [N, slice] gathered
+  // (with the backend's copy while it runs), then the full tensors made from it while it is alive.
+  std::int64_t gather_buffers(std::int64_t bytes, bool copies) const {
+    const auto slice = slice_elements(bytes) * g;
+    return std::max((N + 1 + (copies ? N : 0)) * slice, N * slice + bytes);
+  }
+  // Elements of this rank's slices of a group of `bytes` gradient bytes: ceil(numel / N) of every tensor (rank 0's,
+  // the longest). Counted on the group as a whole: each tensor's padding (< N elements) is left out.
+  std::int64_t slice_elements(std::int64_t bytes) const { return (bytes / g + N - 1) / N; }
+  // What a group's gradients occupy once reduced: all of them (stages 0-1), or this rank's slice (stage 2).
+  std::int64_t reduced(std::int64_t bytes) const { return sharded_gradients() ? slice_elements(bytes) * g : bytes; }
+  // Gradients alive after the head's event (the head_gradients of one process).
+  std::int64_t head_after() const {
+    return sharded_gradients() ? reduced(head_group) + (tied ? lm_grad : 0) : head_gradients;
+  }
+  // Gradients alive while layer l is back-propagated: the head's and the layers' after l (reduced) and layer l's own.
+  std::int64_t layer_gradients_at(std::int64_t l) const {
+    return sharded_gradients() ? head_after() + (L - 1 - l) * reduced(layer_grad) + layer_grad
+                               : head_gradients + (L - l) * layer_grad;
+  }
+  // Gradients alive in the embedding backward, before its event: every other group's reduced, the embedding's full.
+  std::int64_t embedding_backward_gradients() const {
+    return sharded_gradients() ? head_after() + L * reduced(layer_grad) + (tied ? 0 : embedding_group) : all_gradients;
+  }
+  // Gradients the optimizer step sees: every group's reduced.
+  std::int64_t step_gradients() const {
+    return sharded_gradients() ? reduced(head_group) + L * reduced(layer_grad) + reduced(embedding_group)
+                               : all_gradients;
+  }
+  // What a group's collective allocates at its event: stages 0-1 all-reduce a flat copy of its gradients (at::cat);
+  // stage 2 packs them into a zeroed [N, slice] buffer and reduce-scatters it into the [slice] it keeps, the backend
+  // holding one more copy of the buffer meanwhile (collective_copies).
+  std::int64_t reduction_buffers(std::int64_t bytes, bool copies) const {
+    if (!sharded_gradients()) return bytes;
+    return (N + 1 + (copies ? N : 0)) * slice_elements(bytes) * g;
+  }
+};
+
+// Per token: an RMSNorm's saved tensors; the final norm's (input_kept: a checkpoint holds its input; output_held:
+// the caller holds its output).
+std::int64_t norm_bytes(std::int64_t width, const Sizes& z);
+std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z, bool input_kept, bool output_held = false);
+// Cross-entropy over c positions at its worst moment.
+std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z);
+// Kernel workspaces, from the workload's calibration: the attention backward's scratch, a GEMM's.
+std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
+                                     bool causal);
+std::int64_t gemm_workspace_bytes(const Workload& w, std::int64_t m, std::int64_t n, std::int64_t k, bool a_transposed,
+                                  bool b_transposed = false);
+// The objective's per-position buffers.
+std::int64_t objective_bytes(const Workload& w);
+// Checkpoints and gradients alive while layer l is back-propagated, at the two layers where their sum is largest.
+struct LayerState {
+  std::int64_t layer;
+  std::int64_t checkpoints, gradients;
+};
+std::vector<LayerState> layer_states(const Sizes& z);
+// The moment with the most bytes.
+MemoryEstimate largest(std::vector<MemoryEstimate> moments);
+// RoPE's cos and sin tables of `positions` positions.
+std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
+// RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.
+std::int64_t norm_statistics_bytes_per_token(const Workload& w);
+std::int64_t full_sequence_layer_bytes_per_token(const Workload& w, bool input_kept, bool input_saved = true);
+// The MLP backward's extra gradient over `tokens` positions; SDPA's backward over the full sequence.
+std::int64_t mlp_backward_bytes(const Workload& w, std::int64_t tokens);
+std::vector<MemoryTerm> attention_backward_terms(const Workload& w);
+// The embedding backward's moment (empty under LoRA).
+MemoryEstimate embedding_moment(const Workload& w);
+// The streamed head's moments (StreamBP and MsT), its statistics pass included.
+std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_t head_chunk);
+// Every moment data parallelism adds to a method's (none for one process): its collectives at the gradient-ready
+// events and ZeRO-3's gathers. streamed: the method fires its events between layers (all but standard BP).
+std::vector<MemoryEstimate> data_parallel_moments(const Workload& w, bool streamed);
+
+}  // namespace sbp::memory

@@ -1,0 +1,100 @@
+#include "core/methods/streambp.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/methods/memory_terms.h"
+#include "core/model/model.h"
+
+namespace sbp {
+
+using namespace memory;
+
+MemoryEstimate StreamBP::memory_model(const Workload& w) const {
+  const auto layer_chunk = options_.layer_chunk, head_chunk = options_.head_chunk;
+  const Sizes z(w);
+  const auto& cfg = w.config;
+  const auto c = std::min(layer_chunk, z.T);
+  const auto btd = z.B * z.T * z.d * z.s;
+  const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
+  const auto kv = z.B * z.T * kw * z.s;  // one of K, V: [B, n_kv, T, hd]
+  // The worst chunk of a layer's step 2 is its last one: the most keys (`prefix` before it), as many rows as any.
+  // A layer of one chunk (T <= c) is special: its weight gradients do not exist yet while the chunk is
+  // back-propagated (ChunkGradients starts its sums afterwards; tiny fp32 T = 64: 104 KiB the model had too many).
+  const bool one_chunk = c >= z.T;
+  const auto prefix = (z.T - 1) / c * c;
+  // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
+  // kPrefixTile keys are upcast to fp32 inside chunk attention.
+  const bool sums_wider = z.f > z.s;
+
+  // The chunk's saved Q path, per token. Step 2 builds no K/V path (K and V were made without a graph), so
+  // attention_activation_bytes_per_token's k (projection, normalised, rotated) and v are not there. Its attention
+  // output is the one chunk attention keeps, in the merge dtype (fp32 or wider); in fp32/fp64 that is also o_proj's
+  // input (the merge keeps the kernel's [B, c, n_h, hd] layout, so the reshape is a view), in bf16 o_proj saves a
+  // bf16 cast of it. Measured with
+  //   streambp run --preset tiny{,-mha} --method streambp[:layer_chunk=128,head_chunk=64] --seq 64|256|1024
+  //     [--batch 8] [--dtype bf16] --threads 2 --timeline P
+  // (the blocks alive at P.csv's peak): the last chunk's graph holds the input norm's normed and scaled outputs, q's
+  // projection, normalised and rotated copies, and the attention output (one [c, n_h*hd] block in fp32: B = 8,
+  // T = 256, c = 128; an fp32 and a bf16 one in bf16).
+  const auto k_path = kw * (cfg.qk_norm ? z.f + (z.lora ? 1 : 2) * z.s : z.s) + kw * z.s;
+  const auto o_proj_input = z.f == z.s ? 0 : qw * z.s;
+  const auto q_path = attention_activation_bytes_per_token(w, true) - k_path - qw * z.s + qw * z.f + o_proj_input;
+  // RoPE's cos and sin of the chunk's c positions for q ([c, hd] each, saved by the rotation; tiny c = 128: two
+  // 8 KiB blocks).
+  const auto q_rope = rope_table_bytes(w, c) / 2;
+  // The chunk's output (the root of its graph, held until grad returns): [B, c, d].
+  const auto out = z.B * c * z.d * z.s;
+  // The chunk's own weight gradients as autograd makes them (on top of the sums): the MLP's down_proj first; by
+  // the attention backward those of the MLP, o_proj and the post norm. Under LoRA only adapters (a few KiB): 0.
+  const auto fresh_mlp = z.lora ? 0 : z.d * I * z.g;
+  const auto fresh_attention = z.lora ? 0 : (3 * z.d * I + qw * z.d + z.d + (cfg.o_proj_bias ? z.d : 0)) * z.g;
+  // MLP backward at its elementwise product's backward: the MLP's saved activations but the product (freed by
+  // down_proj's backward), and three [c, I] gradients (of the product and of its two factors). Measured on tiny
+  // fp32 at T = 64: 3 saved + 3 gradients [c, I] and down_proj's [d, I] weight gradient alive at the peak.
+  const auto mlp_moment = z.B * c * (q_path + mlp_activation_bytes_per_token(w)) + q_rope + out +
+                          2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
+  // Attention backward of the last chunk, at its largest key block (fp32/fp64: the whole prefix at once, then the
+  // diagonal block of c keys; bf16: tiles of at most kPrefixTile keys upcast to fp32, with their fp32 copies of K
+  // and V, then the diagonal block). Alive beyond the Q path (o_proj's input is freed by then): the chunk's output
+  // and h_mid's gradient ([B, c, d] each), the block's dK/dV, the kernel's scratch, and [B, c, n_h*hd] blocks:
+  // o_proj's input gradient (model dtype), and in the merge dtype its contiguous copy (the kernel's dO), a copy the
+  // kernel makes of that shape, the block's dQ, in bf16 q's fp32 copy, and after the first block the dQ summed so
+  // far. Measured on tiny fp32, c = 128, T = 1024 (prefix block of 896 keys): dK, dV of 112 KiB each, four 32 KiB
+  // dO/dQ blocks, 256 KiB scratch; bf16: the same plus the 16 KiB bf16 gradient and q's fp32 copy, the K/V tile's
+  // fp32 copies (112 KiB each).
+  const auto q_rows = z.B * c * qw;
+  const auto dq_path = q_rows * (3 * z.f + z.s + (z.f > z.s ? z.f : 0));
+  // The kernel runs on fp32 copies of bf16 blocks: its scratch is the fp32 kernel's (tiny bf16, c = 128: 256 KiB).
+  const auto key_block = [&](std::int64_t keys, bool after_first, bool diagonal) {
+    return (sums_wider ? 4 : 2) * z.B * keys * kw * z.f +
+           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal) + (after_first ? q_rows * z.f : 0);
+  };
+  const auto tile = sums_wider ? std::min<std::int64_t>(1024, prefix) : prefix;
+  const auto block_gradients = std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));
+  const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
+                                block_gradients + dq_path;
+  const auto chunk = std::max(mlp_moment, attention_moment);
+  // The layer's weight gradients while its chunks run: none yet for a single chunk; else the sums of every chunk so
+  // far (the fp32 sums in bf16), without k_proj/v_proj (and k_norm), which only step 3 (kv_path) makes.
+  const auto kv_proj_grads = z.lora ? 0 : (2 * z.d * kw + (cfg.attention_bias ? 2 * kw : 0) + (cfg.qk_norm ? cfg.head_dim : 0)) * z.g;
+  const auto layer_sums = one_chunk ? 0 : (z.layer_grad - kv_proj_grads) * (z.g < z.f ? z.f / z.g : 1);
+  auto moments = streamed_head_moments(w, head_chunk);
+  for (const auto& state : layer_states(z))
+    moments.push_back({"layer " + std::to_string(state.layer) + " backward",
+                       {{"weights", z.weights},
+                        {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
+                        {"weight copies (compute dtype)", z.layer_copies()},
+                        {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
+                        {"layer gradient sums (none for one chunk)", layer_sums},
+                        {"checkpoints", state.checkpoints},
+                        {"dL/dH (out, overwritten by in)", btd},
+                        {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
+                        {"layer chunk", chunk},
+                        {"objective buffers", objective_bytes(w)}}});
+  moments.push_back(embedding_moment(w));
+  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
+  return largest(moments);
+}
+
+}  // namespace sbp

@@ -23,7 +23,7 @@ int demo_command(const DemoArgs& a, const std::string& command_line) {
   SweepPlan plan;
   plan.setup = a.setup;
   plan.methods = split_list(a.methods, ';');
-  plan.seq_lens = a.seq_lens, plan.batch_sizes = std::to_string(a.batch_size);
+  plan.seq_lens = parse_sizes(a.seq_lens, "--seq"), plan.batch_sizes = {a.batch_size};
   plan.check_seq_len = a.check_seq_len, plan.repeats = a.repeats;
   plan.out_dir = a.out_dir, plan.stem = "demo";
   return run_sweep(plan, command_line);

@@ -78,6 +78,13 @@ std::map<std::string, Check> check_methods(const ModelSource& source, const std:
   return out;
 }
 
+std::string format_duration(double seconds) {
+  const auto s = std::int64_t(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+}  // namespace
+
 std::vector<std::int64_t> parse_sizes(const std::string& list, const std::string& flag) {
   std::vector<std::int64_t> out;
   for (const auto& t : split_list(list, ',')) {
@@ -95,13 +102,6 @@ std::vector<std::int64_t> parse_sizes(const std::string& list, const std::string
   return out;
 }
 
-std::string format_duration(double seconds) {
-  const auto s = std::int64_t(seconds + 0.5);
-  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
-}
-
-}  // namespace
-
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   const auto env = rank_from_environment();
   if (plan.ranks.nproc > 1 && !env) return launch_ranks(plan.ranks.nproc);
@@ -109,8 +109,9 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   const auto ranks = join_ranks(plan.ranks, env, setup);
   const bool writer = ranks.writer();
   const auto device = ranks.device;
-  const auto lengths = parse_sizes(plan.seq_lens, "--seq");
-  const auto batches = parse_sizes(plan.batch_sizes, "--batch");
+  const auto& lengths = plan.seq_lens;
+  const auto& batches = plan.batch_sizes;
+  if (lengths.empty() || batches.empty()) throw std::invalid_argument("sweep: no sequence length or batch size given");
   std::vector<std::unique_ptr<BackpropMethod>> methods;
   std::vector<std::string> specs;  // canonical
   for (const auto& s : plan.methods) {
@@ -381,20 +382,18 @@ int sweep_command(const SweepArgs& a, const std::string& command_line) {
   plan.ranks = a.ranks;
   plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
   const auto& kind = sweep_kind(a.kind);
-  plan.seq_lens = a.seq_lens.empty() ? kind.seq_lens : a.seq_lens;
-  plan.batch_sizes = a.batch_sizes.empty() ? kind.batch_sizes : a.batch_sizes;
-  std::string methods = a.methods;
-  if (methods.empty()) {
-    if (kind.methods) {
-      methods = kind.methods;
-    } else {
-      methods = "checkpoint";
-      for (const auto lc : parse_sizes(a.layer_chunks, "--layer-chunks"))
-        for (const auto hc : parse_sizes(a.head_chunks, "--head-chunks"))
-          methods += fmt::format(";streambp:layer_chunk={},head_chunk={}", lc, hc);
-    }
+  plan.seq_lens = parse_sizes(a.seq_lens.empty() ? kind.seq_lens : a.seq_lens, "--seq");
+  plan.batch_sizes = parse_sizes(a.batch_sizes.empty() ? kind.batch_sizes : a.batch_sizes, "--batch");
+  if (!a.methods.empty()) {
+    plan.methods = split_list(a.methods, ';');
+  } else if (kind.methods) {
+    plan.methods = split_list(kind.methods, ';');
+  } else {  // partition: checkpointing and every StreamBP chunking of the grid
+    plan.methods = {"checkpoint"};
+    for (const auto lc : parse_sizes(a.layer_chunks, "--layer-chunks"))
+      for (const auto hc : parse_sizes(a.head_chunks, "--head-chunks"))
+        plan.methods.push_back(fmt::format("streambp:layer_chunk={},head_chunk={}", lc, hc));
   }
-  plan.methods = split_list(methods, ';');
   return run_sweep(plan, command_line);
 }
 

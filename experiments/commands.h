@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "experiments/ranks.h"
 #include "experiments/runner.h"
@@ -73,14 +74,17 @@ int demo_command(const DemoArgs& args, const std::string& command_line);
 // One measurement sweep (cmd_sweep.cpp): every method at every (B, T), methods interleaved; `demo` and `sweep` fill it.
 struct SweepPlan {
   Setup setup;
-  std::vector<std::string> methods;
-  std::string seq_lens, batch_sizes;  // comma-separated
+  std::vector<std::string> methods;  // specs, checked by make_method
+  std::vector<std::int64_t> seq_lens, batch_sizes;
   std::int64_t check_seq_len = 300, budget_bytes = 0;
   int repeats = 2;
   std::string out_dir, stem, resume;  // resume: a CSV of the same sweep to continue
   RankFlags ranks;
 };
 int run_sweep(const SweepPlan& plan, const std::string& command_line);
+// A comma-separated list of positive integers given as `flag` ("--seq 1024,2048"); throws std::invalid_argument
+// naming the flag and the value otherwise.
+std::vector<std::int64_t> parse_sizes(const std::string& list, const std::string& flag);
 
 struct SweepArgs {
   std::string kind;  // seq, batch, partition

@@ -28,6 +28,7 @@
 #include "core/model/gemm.h"
 #include "core/objectives/batch.h"
 #include "core/model/chunk_attention.h"
+#include "core/methods/streambp.h"
 #include "core/io/dtype.h"
 #include "core/methods/flop_model.h"
 #include "core/model/model.h"
@@ -185,11 +186,9 @@ void layer_chunk(benchmark::State& state, Bench& bench) {
   const auto sums = kv_sums(K);
   const auto grad_out = at::randn({kBatch, c, m.hidden_size}, bench.options());  // dLoss/dH_out of the chunk
   const auto params = model.layer_trainable(kLayer);
-  time_iterations(state, bench, [&] {
-    const auto h = leaf(h_in.slice(1, s, T));  // [B, c, d]
-    const auto o = model.attend(model.q(kLayer, h, s), K, V, s, &sums);  // [B, c, n_h*hd]
-    backward({model.after_attention(kLayer, h, o)}, {h}, params, {grad_out});
-  });
+  // StreamBP's own chunk body (the last chunk of step 2: the most keys), not a copy of it.
+  const sbp::StreamBP streambp({c, c});
+  time_iterations(state, bench, [&] { streambp.layer_chunk_backward(model, kLayer, h_in, s, T, K, V, sums, grad_out, params); });
   const auto d = m.hidden_size;
   set_rates(state, c,
             projection_flops(c, d, m.q_width()) + projection_flops(c, m.q_width(), d) +
@@ -217,15 +216,13 @@ void kv_chunk(benchmark::State& state, Bench& bench) {
   const auto& model = bench.model;
   const auto& m = model.config();
   const auto c = state.range(0), s = c;  // the second chunk: the start only moves RoPE
-  const auto h_in = at::randn({kBatch, c, m.hidden_size}, bench.options());                 // [B, c, d]
-  const auto dK = at::randn({kBatch, m.num_key_value_heads, c, m.head_dim}, bench.options());  // [B, n_kv, c, hd]
-  const auto dV = at::randn({kBatch, m.num_key_value_heads, c, m.head_dim}, bench.options());
+  const auto h_in = at::randn({kBatch, 2 * c, m.hidden_size}, bench.options());                 // [B, 2c, d]
+  const auto dK = at::randn({kBatch, m.num_key_value_heads, 2 * c, m.head_dim}, bench.options());  // [B, n_kv, 2c, hd]
+  const auto dV = at::randn({kBatch, m.num_key_value_heads, 2 * c, m.head_dim}, bench.options());
   const auto params = model.layer_trainable(kLayer);
-  time_iterations(state, bench, [&] {
-    const auto h = leaf(h_in);
-    const auto [k, v] = model.kv(kLayer, h, s);
-    backward({k, v}, {h}, params, {dK, dV});
-  });
+  // StreamBP's own step-3 chunk body, on the second chunk's rows.
+  const sbp::StreamBP streambp({c, c});
+  time_iterations(state, bench, [&] { streambp.kv_chunk_backward(model, kLayer, h_in, s, 2 * c, dK, dV, params); });
   set_rates(state, c, 2 * projection_flops(c, m.hidden_size, m.kv_width()));
 }
 

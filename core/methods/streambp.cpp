@@ -96,20 +96,13 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   ChunkGradients weights(model.layer_trainable(layer),
                          [this](c10::ScalarType dtype) { return accumulation_dtype(dtype); });
   const auto& params = weights.params();
-  auto grads_of = [&](const at::Tensor& out, std::vector<at::Tensor> inputs, const at::Tensor& grad_out) {
-    inputs.insert(inputs.end(), params.begin(), params.end());
-    return torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
-                                 /*allow_unused=*/true);
-  };
 
   // Step 2: per chunk, Q path + attention over the prefix + o-proj/MLP with grad: the gradients of the chunk's input,
   // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
   {
     Phase phase(clock, "layer");
     for_each_chunk(T, c, [&](std::int64_t s, std::int64_t e) {
-      auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
-      const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
-      const auto grads = grads_of(out, {h}, g.slice(1, s, e));  // the prefix's dK/dV went into `sums`
+      const auto grads = layer_chunk_backward(model, layer, h_in, s, e, K, V, sums, g.slice(1, s, e), params);
       g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
       weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
     });
@@ -130,18 +123,37 @@ void StreamBP::kv_path_backward(const Model& model, int layer, const at::Tensor&
   Phase phase(clock, "kv_path");
   const auto& params = weights.params();
   for_each_chunk(h_in.size(1), options_.layer_chunk, [&](std::int64_t s, std::int64_t e) {
-    auto h = leaf(h_in.slice(1, s, e));
-    const auto [k, v] = model.kv(layer, h, s);
-    std::vector<at::Tensor> inputs = {h};
-    inputs.insert(inputs.end(), params.begin(), params.end());
-    const auto grads = torch::autograd::grad(
-        {k, v}, inputs, {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
-        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    const auto grads = kv_chunk_backward(model, layer, h_in, s, e, dK, dV, params);
     g.slice(1, s, e).add_(grads[0]);
     weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
   });
 }
 
+std::vector<at::Tensor> StreamBP::layer_chunk_backward(const Model& model, int layer, const at::Tensor& h_in,
+                                                       std::int64_t s, std::int64_t e, const at::Tensor& K,
+                                                       const at::Tensor& V, const KVGradSums& sums,
+                                                       const at::Tensor& grad_out,
+                                                       const std::vector<at::Tensor>& params) const {
+  auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
+  const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
+  std::vector<at::Tensor> inputs = {h};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  // The prefix's dK/dV go into `sums` (attend's backward), not into these gradients.
+  return torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
+                               /*allow_unused=*/true);
+}
+
+std::vector<at::Tensor> StreamBP::kv_chunk_backward(const Model& model, int layer, const at::Tensor& h_in,
+                                                    std::int64_t s, std::int64_t e, const at::Tensor& dK,
+                                                    const at::Tensor& dV, const std::vector<at::Tensor>& params) const {
+  auto h = leaf(h_in.slice(1, s, e));
+  const auto [k, v] = model.kv(layer, h, s);
+  std::vector<at::Tensor> inputs = {h};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  return torch::autograd::grad({k, v}, inputs,
+                               {dK.slice(2, s, e).to(k.scalar_type()), dV.slice(2, s, e).to(v.scalar_type())},
+                               /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+}
 
 std::string streambp_chunk_advice(const BackpropMethod& method, std::int64_t seq_len) {
   const auto* streambp = dynamic_cast<const StreamBP*>(&method);

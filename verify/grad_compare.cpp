@@ -74,7 +74,7 @@ double noise_ratio_quantile(double n, double alpha) {
   return std::sqrt(hi / (1 - hi));
 }
 
-double low_precision_noise_scale(c10::ScalarType dtype) { return dtype == at::kFloat ? 3.0 : 2.0; }
+double low_precision_noise_scale(c10::ScalarType dtype) { return dtype == at::kFloat ? 3.0 : 2.5; }
 
 double gaussian_quantile(double alpha) {
   TORCH_CHECK(alpha > 0 && alpha < 1, "gaussian_quantile: alpha must lie in (0, 1), got ", alpha);

@@ -27,7 +27,7 @@ def method_family(spec):
 # The rule's noise scale per precision (verify/grad_compare.cpp low_precision_noise_scale) and the Gaussian quantile of
 # its common-scale part: the statistics are recomputed from the recorded errors under these, so that a grid made
 # under an earlier noise scale is judged by the rule as it stands (the recorded scale is scale_allowance / z).
-NOISE_SCALE = {"fp32": 3.0, "bf16": 2.0, "bf16-mixed": 2.0}
+NOISE_SCALE = {"fp32": 3.0, "bf16": 2.5, "bf16-mixed": 2.5}
 GAUSSIAN_Z = 4.891638
 
 

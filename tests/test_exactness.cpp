@@ -1,3 +1,5 @@
+// (Over 500 lines: the SFT exactness cases share one set of helpers, the fp64 comparisons and the bf16 rule's
+// error runs; the objectives' and LoRA's cases live in test_objective_exactness.cpp.)
 // The paper's central claim, checked on every parameter tensor: StreamBP computes the exact gradient of standard
 // backpropagation (ARCHITECTURE.md §4 "Exactness", §8). In fp64 every method must agree to 1e-10 normwise relative error
 // per tensor (max|a-b| / max|a|); the only difference allowed is floating-point summation order.

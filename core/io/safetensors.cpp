@@ -1,3 +1,7 @@
+// The safetensors reader and writer, and the HF checkpoint folder on top of them (sharded index, dtypes, atomic
+// writes). Over 500 lines on purpose: every check of an untrusted file (header length, offsets, overlaps, dtype and
+// shape against bytes) sits beside the read it guards, which is what the fuzz targets exercise; split, the checks
+// would drift from the reads.
 #include "core/io/safetensors.h"
 
 #include <ATen/ATen.h>

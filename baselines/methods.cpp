@@ -57,7 +57,13 @@ std::string methods_usage() {
 }
 
 void register_method(MethodEntry entry) {
-  if (find(entry.name)) throw std::invalid_argument("register_method: a method named '" + entry.name + "' exists");
+  for (const auto& e : builtin())
+    if (e.name == entry.name) throw std::invalid_argument("register_method: '" + entry.name + "' is a built-in method");
+  for (auto& e : registered())
+    if (e.name == entry.name) {  // registered again: the newer entry replaces it
+      e = std::move(entry);
+      return;
+    }
   registered().push_back(std::move(entry));
 }
 

@@ -30,7 +30,8 @@ std::vector<std::string> method_names();
 std::string methods_usage();
 
 // A method defined outside this library (a user's new method; the tests' faulty twins, so that a command such as
-// `verify --gate` can be shown to fail): make_method builds it from then on. Throws when its name is taken.
+// `verify --gate` can be shown to fail): make_method builds it from then on (a second registration of a name
+// replaces the first). Throws when the name is a built-in method's.
 void register_method(MethodEntry entry);
 // The same for a method read from its spec alone (no declared options: the factory checks its keys itself).
 using MethodFactory = std::function<std::unique_ptr<BackpropMethod>(const Spec& spec)>;

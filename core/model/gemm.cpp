@@ -61,10 +61,23 @@ std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& fla
   return {GemmPath::native, "AMX-BF16: oneDNN's bf16 GEMMs run on the tile units"};
 }
 
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The oneDNN cap this process runs under ("" when none).
+std::string onednn_cap_env() {
+  const auto cap = env_or_empty("ONEDNN_MAX_CPU_ISA");
+  return cap.empty() ? env_or_empty("DNNL_MAX_CPU_ISA") : cap;  // oneDNN's older name of the same knob
+}
+
+}  // namespace
+
 std::pair<GemmPath, std::string> machine_narrow_gemm_path() {
-  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");  // oneDNN's older name of the same knob
-  return default_narrow_gemm_path(cpu_flags(), cap ? cap : "");
+  return default_narrow_gemm_path(cpu_flags(), onednn_cap_env());
 }
 
 std::string onednn_cap_for(const std::string& flags, const std::string& aten_capability,
@@ -77,16 +90,11 @@ std::string onednn_cap_for(const std::string& flags, const std::string& aten_cap
 }
 
 std::string coherent_cpu_configuration() {
-  const auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : "");
-  };
-  auto onednn = env("ONEDNN_MAX_CPU_ISA");
-  if (onednn.empty()) onednn = env("DNNL_MAX_CPU_ISA");
-  const auto cap = onednn_cap_for(cpu_flags(), env("ATEN_CPU_CAPABILITY"), onednn);
+  const auto aten = env_or_empty("ATEN_CPU_CAPABILITY");
+  const auto cap = onednn_cap_for(cpu_flags(), aten, onednn_cap_env());
   if (cap.empty()) return "";
   setenv("ONEDNN_MAX_CPU_ISA", cap.c_str(), 1);
-  return "note: ATEN_CPU_CAPABILITY=" + env("ATEN_CPU_CAPABILITY") + " on a CPU with AMX: ONEDNN_MAX_CPU_ISA=" + cap +
+  return "note: ATEN_CPU_CAPABILITY=" + aten + " on a CPU with AMX: ONEDNN_MAX_CPU_ISA=" + cap +
          " set as well (a CPU without AVX-512 has no AMX; torch's bf16 attention fails on that pairing)";
 }
 

@@ -38,6 +38,8 @@ const MethodEntry* find(const std::string& name) {
 
 }  // namespace
 
+const std::vector<MethodEntry>& builtin_method_entries() { return builtin(); }
+
 std::vector<MethodEntry> method_entries() {
   auto out = builtin();
   out.insert(out.end(), registered().begin(), registered().end());
@@ -106,6 +108,15 @@ std::vector<std::string> edge_method_specs(std::int64_t T) {
 std::vector<std::string> typical_method_specs(std::int64_t T) {
   std::vector<std::string> out;
   for (const auto& e : builtin()) out.push_back(e.tests.typical(T));
+  return out;
+}
+
+std::vector<std::string> metered_method_specs() {
+  std::vector<std::string> out;
+  for (const auto& e : builtin()) {
+    if (e.tests.metered.empty()) out.push_back(e.name);
+    for (const auto& s : e.tests.metered) out.push_back(s);
+  }
   return out;
 }
 

@@ -25,6 +25,8 @@ namespace sbp {
 std::unique_ptr<BackpropMethod> make_method(const std::string& spec);
 // Every entry, the built-in ones first (in the order of the list), then the registered ones.
 std::vector<MethodEntry> method_entries();
+// The built-in entries alone: what the shared test suites iterate (a test's registered fault is not a method).
+const std::vector<MethodEntry>& builtin_method_entries();
 std::vector<std::string> method_names();
 // The usage of every method for --help: "standard | checkpoint | mst[:mini_seq=64] | streambp[:...]".
 std::string methods_usage();
@@ -41,5 +43,7 @@ void register_method(const std::string& name, MethodFactory factory);
 // edge settings (standard BP, the reference, has none), and each method's typical setting (standard first).
 std::vector<std::string> edge_method_specs(std::int64_t T);
 std::vector<std::string> typical_method_specs(std::int64_t T);
+// What the memory-model tests measure, over every method of the catalogue: each method's metered settings.
+std::vector<std::string> metered_method_specs();
 
 }  // namespace sbp

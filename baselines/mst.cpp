@@ -96,6 +96,7 @@ MethodEntry mst_entry() {
   e.tests.edges = [spec](std::int64_t T) { return std::vector<std::string>{spec(1), spec(8), spec(T / 8), spec(T)}; };
   // Three mini-sequences, the last one short where 3 does not divide T.
   e.tests.typical = [spec](std::int64_t) { return spec(3); };
+  e.tests.metered = {spec(8)};
   return e;
 }
 

@@ -16,7 +16,7 @@
 namespace sbp {
 
 struct HeadResult;
-// Not final: the negative controls' faulty subclass (tests/faulty_methods.h) overrides head_and_loss.
+// Not final: the negative controls' faulty subclass (tests/support/faulty_methods.h) overrides head_and_loss.
 class MsT : public BackpropMethod {
  public:
   struct Options {

@@ -6,12 +6,15 @@
 //                         [0, T) (constants; dK/dV go into the layer's sums), o-proj + MLP (step 2)
 //   attention_chunk/T/c   chunk_attention of a [B, n_h, c, hd] query chunk over the keys [0, T), s = T - c
 //   kv_chunk/c            the K/V path of c tokens: input norm, k/v projections, k-norm, RoPE (step 3)
+//   step/<method>/T       one whole SFT step (forward + backward) of every method of the catalogue at its typical
+//                         setting for T (several chunks, the last one short): what the pieces above add up to
 // Our flags (--device, --preset, --dtype, --short) are taken out of argv; everything else goes to Google Benchmark
 // (--benchmark_filter, --benchmark_out=FILE --benchmark_out_format=json, ...).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -25,6 +28,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "baselines/methods.h"
 #include "core/model/gemm.h"
 #include "core/objectives/batch.h"
 #include "core/model/chunk_attention.h"
@@ -37,7 +41,7 @@
 #include "core/methods/streaming.h"
 #include "experiments/device.h"
 #include "experiments/provenance.h"
-#include "experiments/runner.h"
+#include "experiments/setup.h"
 
 namespace {
 
@@ -87,7 +91,7 @@ Flags take_our_flags(int& argc, char** argv) {
 }
 
 struct Bench {
-  const sbp::Model& model;
+  sbp::Model& model;  // a step writes its gradients
   c10::Device device;
   bool failed = false;  // a benchmark ended in an error: the exit code says so
   at::TensorOptions options() const { return at::TensorOptions().dtype(model.dtype()).device(device); }
@@ -226,10 +230,26 @@ void kv_chunk(benchmark::State& state, Bench& bench) {
   set_rates(state, c, 2 * projection_flops(c, m.hidden_size, m.kv_width()));
 }
 
+// One step of `spec_at(T)` on a random SFT batch of T tokens, its gradients freed by the next step as a training
+// loop's would be; the FLOPs are the method's own model of them (core/methods/flop_model.h).
+void method_step(benchmark::State& state, Bench& bench, const std::function<std::string(std::int64_t)>& spec_at) {
+  const auto T = state.range(0);
+  auto method = sbp::make_method(spec_at(T));
+  sbp::SftObjective objective;
+  const auto batch = on_device(sbp::random_sft_batch(bench.model.config(), {kBatch, T, 0.0, 0.0, kSeed}), bench.device);
+  time_iterations(state, bench, [&] { method->step(bench.model, objective, batch); });
+  objective.prepare(batch, bench.model.config());
+  const sbp::Workload workload{bench.model.config(), bench.model.dtype(), kBatch, T, objective.buffer_bytes_per_token(),
+                               objective.needs_statistics()};
+  set_rates(state, T, method->flops(workload));
+  bench.model.zero_grad();
+}
+
 // Registers `body` under `name`. An exception (out of memory, a size the preset cannot take) becomes that
 // benchmark's error row and a non-zero exit, not a terminated process.
-benchmark::internal::Benchmark* add(const char* name, void (*body)(benchmark::State&, Bench&), Bench& bench) {
-  auto* b = benchmark::RegisterBenchmark(name, [body, &bench](benchmark::State& state) {
+benchmark::internal::Benchmark* add(const std::string& name, std::function<void(benchmark::State&, Bench&)> body,
+                                    Bench& bench) {
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), [body, &bench](benchmark::State& state) {
     std::string error;
     try {
       body(state, bench);
@@ -259,6 +279,12 @@ void register_benchmarks(Bench& bench, bool short_mode) {
   with_sizes(add("layer_chunk", layer_chunk, bench)->ArgNames({"T", "c"}), chunks);
   with_sizes(add("attention_chunk", attention_chunk, bench)->ArgNames({"T", "c"}), chunks);
   with_sizes(add("kv_chunk", kv_chunk, bench)->ArgNames({"c"}), tokens);
+  const Sizes lengths = short_mode ? Sizes{{64}} : Sizes{{1024}, {4096}};
+  for (const auto& entry : sbp::builtin_method_entries()) {
+    auto typical = entry.tests.typical;
+    const auto body = [typical](benchmark::State& state, Bench& b) { method_step(state, b, typical); };
+    with_sizes(add("step/" + entry.name, body, bench)->ArgNames({"T"}), lengths);
+  }
 }
 
 }  // namespace

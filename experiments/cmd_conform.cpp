@@ -221,11 +221,13 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "hf-checkpointing (HF gradient checkpointing)")->required();
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
   app.add_option("--cases", a.cases, "quick, full, or a JSON file of cases (README: Conformance)");
-  app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)");
-  app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)");
+  app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
+      ->delimiter(',')->check(CLI::IsMember({"sft", "grpo", "dpo"}));
+  app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
+      ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
-  app.add_option("--out", a.out_dir, "results folder");
+  add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go (default: a fresh temporary folder, removed "
                  "after a run that passes)");
 }
@@ -252,8 +254,8 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
 int conform_command(const ConformArgs& a, const std::string& command_line) {
   at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
   std::vector<ConformCase> cases;
-  const auto objectives = split_list(a.objectives, ','), dtypes = split_list(a.dtypes, ',');
-  for (const auto& d : dtypes) parse_dtype(d);  // a bad name is an error, not an empty selection
+  const auto& objectives = a.objectives;
+  const auto& dtypes = a.dtypes;
   for (auto& c : conform_cases(a.cases)) {
     const auto name = c.objective.substr(0, c.objective.find(':'));
     if (!objectives.empty() && std::find(objectives.begin(), objectives.end(), name) == objectives.end()) continue;
@@ -276,8 +278,8 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
   }
   fs::create_directories(work);
   const auto prov = collect_provenance(command_line);
-  fs::create_directories(a.out_dir);
-  const auto csv = ResultsTable::new_path(a.out_dir, "conform", prov);
+  fs::create_directories(a.output.out_dir);
+  const auto csv = ResultsTable::new_path(a.output.out_dir, "conform", prov);
   ResultsTable table({"case", "description", "objective", "lora", "rule", "worst_tensor", "worst", "loss",
                       "oracle_loss", "loss_rel_error", "seconds", "cpu_seconds", "peak_rss_bytes", "baseline_seconds",
                       "baseline_peak_rss_bytes", "problem", "impl"});
@@ -351,7 +353,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
   fmt::print("\n{:<28} {:<5} {:<4} {:>10} {:<44} {:>8} {:>8}\n", "case", "dtype", "", "worst", "tensor (fp64: normwise "
              "error; else ratio to the bar)", "time", "peak RSS");
   for (const auto& line : lines) fmt::print("{}\n", line);
-  fmt::print("\n{} of {} case(s) passed; results: {}\n", cases.size() - std::size_t(failed), cases.size(), csv.string());
+  fmt::print("\n{} of {} case(s) passed; results: {}\n", cases.size() - std::size_t(failed), cases.size(), std::filesystem::absolute(csv).string());
   if (failed > 0) fmt::print("the failing cases' directories (inputs, the implementation's output and impl.log): {}\n",
                              work.string());
   else if (temporary) fs::remove_all(work);

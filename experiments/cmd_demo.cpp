@@ -11,21 +11,18 @@ namespace sbp {
 
 void add_demo_options(CLI::App& app, DemoArgs& a) {
   add_setup_options(app, a.setup, {.load = false, .adapter = false, .default_preset = "qwen3-small"});
-  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths")->capture_default_str();
-  app.add_option("--methods", a.methods, "semicolon-separated method specs")->capture_default_str();
-  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--repeats", a.repeats, "measured steps per method and length (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check (0 = skip)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--out", a.out_dir, "results folder")->capture_default_str();
+  add_methods_option(app, a.methods, "the methods side by side");
+  add_measure_options(app, a.measure, {.seq = Arity::many, .repeats = true, .check_seq = true});
+  add_output_options(app, a.output, "results folder");
 }
 
 int demo_command(const DemoArgs& a, const std::string& command_line) {
   SweepPlan plan;
   plan.setup = a.setup;
-  plan.methods = split_list(a.methods, ';');
-  plan.seq_lens = parse_sizes(a.seq_lens, "--seq"), plan.batch_sizes = {a.batch_size};
-  plan.check_seq_len = a.check_seq_len, plan.repeats = a.repeats;
-  plan.out_dir = a.out_dir, plan.stem = "demo";
+  plan.methods = a.methods;
+  plan.seq_lens = a.measure.seq_lens, plan.batch_sizes = a.measure.batch_sizes;
+  plan.check_seq_len = a.measure.check_seq_len, plan.repeats = a.measure.repeats;
+  plan.out_dir = a.output.out_dir, plan.stem = "demo";
   return run_sweep(plan, command_line);
 }
 

@@ -3,7 +3,7 @@
 // run at T that completes under the budget and one at the next step up (T · (1 + step)) that exceeds it, both
 // recorded, starting from the prediction and walking up or down by the step. The CPU meter enforces the budget like a
 // full GPU would (c10::OutOfMemoryError), so an over-budget run costs at most its time up to that allocation.
-// Data-parallel (--nproc N, Table 4): every probe is a training step of N ranks, each on its --batch rows of the
+// Data-parallel (--nproc N, Table 4): every probe is a training step of N ranks, each on its --batch / N rows of the
 // global batch, under a per-rank budget; the ranks run each step to its end and the probe fits when every rank's
 // peak does (ranks.h: a rank stopped mid-step would leave the others waiting).
 #include <chrono>
@@ -28,27 +28,26 @@ namespace sbp {
 
 void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   add_setup_options(app, a.setup, {.adapter = false, .default_preset = "qwen3-small"});
-  app.add_option("--budget-bytes", a.budget_bytes, "the memory budget (bytes of tensors, as the CPU meter counts them)")
-      ->required()->check(CLI::PositiveNumber);
-  app.add_option("--methods", a.methods, "semicolon-separated method specs")->capture_default_str();
-  app.add_option("--batch", a.batch_size, "rows per batch (DPO: chosen + rejected, even)")->check(CLI::PositiveNumber)->capture_default_str();
+  add_measure_options(app, a.measure, {.seq = Arity::none, .budget = true, .budget_required = true});
+  add_methods_option(app, a.methods, "the methods searched, one after the other");
   app.add_option("--step", a.step, "resolution: the failing run is at T * (1 + step)")->check(sbp::within(0.001, 1.0));
   app.add_option("--max-seq", a.max_seq, "upper end of the search")->check(sbp::within(std::int64_t(16), std::int64_t(1) << 30))->capture_default_str();
-  app.add_option("--out", a.out_dir, "results folder")->capture_default_str();
-  app.add_option("--optimizer", a.optimizer, "search training steps (BP + optimizer update, e.g. adamw:lr=1e-5; see "
-                 "train --help): the optimizer's states and the update's temporaries share the budget; each measured "
-                 "probe is two steps of a fresh optimizer (the second holds the states through its BP); default: "
-                 "forward + backward only");
-  app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16 (default: the trainable tensors' "
-                 "dtype)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  add_output_options(app, a.output, "results folder");
+  add_optimizer_options(app, a.optimizer, "search training steps (BP + optimizer update): the optimizer's states and "
+                        "the update's temporaries share the budget; each measured probe is two steps of a fresh "
+                        "optimizer (the second holds the states through its BP); default: forward + backward only");
   app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
-  add_rank_options(app, a.ranks, "each measuring its --batch rows of every probe's global batch under the per-rank "
-                   "budget (needs --optimizer)");
+  add_rank_options(app, a.ranks, "each measuring its --batch / N rows of every probe's global batch under the "
+                   "per-rank budget (needs --optimizer)");
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
-  if (a.ranks.nproc > 1 && a.optimizer.empty())
+  const auto optimizer = a.optimizer.options();
+  if (a.ranks.nproc > 1 && !optimizer)
     throw std::invalid_argument("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
+  const auto rows = a.measure.batch_size();  // the global batch
+  if (rows % a.ranks.nproc != 0)
+    throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(rows), rows));
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
   Setup setup = a.setup;
@@ -60,9 +59,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   auto objective = build_objective(setup);
   auto model = build_model(setup);
   model->to(device);
-  const auto optimizer = parse_optimizer_flags(a.optimizer, a.state_dtype);
-  const std::string optimizer_column =
-      optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";
+  const auto optimizer_column = a.optimizer.describe();
   // A training step's trainer: the schedule's horizon and accumulation do not change its memory.
   const auto make_trainer = [&](BackpropMethod& method, DataParallel* parallel) {
     TrainOptions options;
@@ -70,10 +67,13 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     return Trainer(*model, method, *objective, options, parallel);
   };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
-  // This rank's --batch rows of a global batch of --batch x world rows.
+  // This rank's rows of the global batch of --batch rows (--model-only for --nproc N: one rank's share, in one
+  // process).
   const auto batch_at = [&](std::int64_t T) {
-    auto global = prepared_random_batch(*model, *objective, a.batch_size * ranks.world, T, setup.group, seed);
-    return ranks.world == 1 ? global : objective->split(global, ranks.world, "random batch").at(std::size_t(ranks.rank));
+    if (ranks.world == 1)
+      return prepared_random_batch(*model, *objective, rows / a.ranks.nproc, T, setup.group, seed);
+    auto global = prepared_random_batch(*model, *objective, rows, T, setup.group, seed);
+    return objective->split(global, ranks.world, "random batch").at(std::size_t(ranks.rank));
   };
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
@@ -91,11 +91,11 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                       "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error",
                       "world_size", "zero"});
   const auto prov = collect_provenance(command_line, describe_device(device));
-  if (!a.model_only && writer) std::filesystem::create_directories(a.out_dir);
-  const auto csv = ResultsTable::new_path(a.out_dir, "maxlen", prov);
+  if (!a.model_only && writer) std::filesystem::create_directories(a.output.out_dir);
+  const auto csv = ResultsTable::new_path(a.output.out_dir, "maxlen", prov);
   std::vector<std::string> summary;
   const auto started = std::chrono::steady_clock::now();
-  for (const auto& spec_text : split_list(a.methods, ';')) {
+  for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
     const auto model_peak = [&](std::int64_t T) {
@@ -104,16 +104,16 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     };
     // The model's answer: the largest T in [2, max_seq] whose modelled peak fits (the model grows with T).
     std::int64_t lo = 2, hi = a.max_seq;
-    if (model_peak(lo) > a.budget_bytes) lo = 1;  // not even T = 2 fits
-    else if (model_peak(hi) <= a.budget_bytes) lo = hi;
+    if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even T = 2 fits
+    else if (model_peak(hi) <= a.measure.budget_bytes) lo = hi;
     else
       while (hi - lo > 1) {
         const auto mid = lo + (hi - lo) / 2;
-        (model_peak(mid) <= a.budget_bytes ? lo : hi) = mid;
+        (model_peak(mid) <= a.measure.budget_bytes ? lo : hi) = mid;
       }
     const auto predicted = lo;
     if (writer)
-      fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a.budget_bytes),
+      fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a.measure.budget_bytes),
                  ranks.world > 1 ? " per rank" + ranks.describe() : "");
     if (a.model_only) continue;
     struct Probe {
@@ -124,12 +124,12 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     auto probe = [&](std::int64_t T) {
       const auto batch = batch_at(T);
       auto m = [&] {
-        if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.budget_bytes);
+        if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.measure.budget_bytes);
         // Fresh states (and, data-parallel, fresh shards), freed after the probe.
         std::unique_ptr<DataParallel> parallel;
         if (ranks.comm) parallel = std::make_unique<DataParallel>(*ranks.comm, ranks.zero);
         auto trainer = make_trainer(*method, parallel.get());
-        auto measured = measure_training_on_ranks(trainer, ranks, batch, 0, 2, a.budget_bytes);
+        auto measured = measure_training_on_ranks(trainer, ranks, batch, 0, 2, a.measure.budget_bytes);
         if (parallel) parallel->unshard();  // ZeRO-3: the next probe starts from the whole model
         return measured;
       }();
@@ -166,8 +166,8 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       const bool oom = p.m.status == "oom";
       const std::string role = p.T == fits ? "max" : p.T == fails ? "next" : "probe";
       table.add({source.describe(), spec, precision, oom ? "oom" : "unchecked", seed,
-                 {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", optimizer_column, std::to_string(a.batch_size),
-                  std::to_string(p.T), std::to_string(a.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
+                 {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", optimizer_column, std::to_string(rows),
+                  std::to_string(p.T), std::to_string(a.measure.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
                   std::to_string(model_peak(p.T)), oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()),
                   std::to_string(predicted), measured, error, std::to_string(ranks.world), std::to_string(ranks.zero)}});
     }
@@ -177,12 +177,12 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                                   error.empty() ? "-" : error));
   }
   if (a.model_only || !writer) return 0;
-  fmt::print("\nmaximum T under {}{} ({}, {}, B = {}{}, {}):\n", format_bytes(a.budget_bytes),
-             ranks.world > 1 ? " per rank" : "", precision, objective->spec(), a.batch_size,
-             ranks.world > 1 ? " per rank" + ranks.describe() : "",
+  fmt::print("\nmaximum T under {}{} ({}, {}, B = {}{}, {}):\n", format_bytes(a.measure.budget_bytes),
+             ranks.world > 1 ? " per rank" : "", precision, objective->spec(), rows,
+             ranks.world > 1 ? fmt::format(" ({} per rank){}", rows / ranks.world, ranks.describe()) : "",
              optimizer ? "training steps: " + optimizer_column : "forward + backward");
   for (const auto& line : summary) fmt::print("  {}\n", line);
-  fmt::print("\nresults: {}\n", csv.string());
+  fmt::print("\nresults: {}\n", std::filesystem::absolute(csv).string());
   return 0;
 }
 

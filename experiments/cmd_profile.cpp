@@ -19,11 +19,10 @@ namespace sbp {
 
 void add_profile_options(CLI::App& app, ProfileArgs& a) {
   add_setup_options(app, a.setup, {.adapter = false, .group = false, .device = false, .default_preset = "qwen3-small"});
-  app.add_option("--methods", a.methods, "semicolon-separated method specs")->capture_default_str();
-  app.add_option("--seq", a.seq_len, "sequence length T")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40))->capture_default_str();
-  app.add_option("--batch", a.batch_size, "rows")->check(CLI::PositiveNumber)->capture_default_str();
+  add_methods_option(app, a.methods, "the methods profiled, one after the other");
+  add_measure_options(app, a.measure, {});
   app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--out", a.out_dir, "results folder")->capture_default_str();
+  add_output_options(app, a.output, "results folder");
   app.footer("Categories are attributed by the phase that allocated a block and its lifetime (weights & batch: live "
              "before the first step; gradients: still alive when its step ends; checkpoints / activations: made in the "
              "forward and alive after it; K/V: StreamBP's K/V recompute; logits / head: the head phases; working set: "
@@ -37,7 +36,7 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
   const auto seed = setup.seed;
   auto objective = build_objective(setup);
   auto model = build_model(setup);
-  const auto batch = prepared_random_batch(*model, *objective, a.batch_size, a.seq_len, 0, seed);
+  const auto batch = prepared_random_batch(*model, *objective, a.measure.batch_size(), a.measure.seq_len(), 0, seed);
   const auto workload = make_workload(*model, *objective, batch);
 
   std::vector<std::string> columns = {"objective", "lora", "batch_size", "seq_len", "steps", "peak_bytes",
@@ -45,11 +44,11 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
   for (const auto* c : kMemoryCategories) columns.push_back(std::string("at_peak: ") + c);
   ResultsTable table(columns);
   const auto prov = collect_provenance(command_line);
-  std::filesystem::create_directories(a.out_dir);
-  const auto csv = ResultsTable::new_path(a.out_dir, "profile", prov);
+  std::filesystem::create_directories(a.output.out_dir);
+  const auto csv = ResultsTable::new_path(a.output.out_dir, "profile", prov);
   const auto stem = csv.stem().string();
   auto& meter = CpuMemoryMeter::install();
-  for (const auto& spec_text : split_list(a.methods, ';')) {
+  for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
     model->zero_grad();
@@ -73,10 +72,10 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
     std::ostringstream csv_text, trace_text;
     write_categorized_csv(events, csv_text);
     write_categorized_chrome_trace(events, trace_text);
-    write_file_atomically(std::filesystem::path(a.out_dir) / (timeline + ".timeline.csv"), csv_text.str());
-    write_file_atomically(std::filesystem::path(a.out_dir) / (timeline + ".trace.json"), trace_text.str());
+    write_file_atomically(std::filesystem::path(a.output.out_dir) / (timeline + ".timeline.csv"), csv_text.str());
+    write_file_atomically(std::filesystem::path(a.output.out_dir) / (timeline + ".trace.json"), trace_text.str());
     std::vector<std::string> values = {objective->spec(), model->lora().enabled() ? model->lora().spec() : "",
-                                       std::to_string(a.batch_size), std::to_string(a.seq_len), std::to_string(a.steps),
+                                       std::to_string(a.measure.batch_size()), std::to_string(a.measure.seq_len()), std::to_string(a.steps),
                                        std::to_string(peak->current_bytes),
                                        std::to_string(method->memory_model(workload).total_bytes()), timeline};
     fmt::print("{:<44} peak {} at {:.2f} s (phase {}):", spec, format_bytes(peak->current_bytes), peak->seconds, peak->phase);
@@ -88,7 +87,7 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
     table.add({source.describe(), spec, dtype_name(model->dtype()), "unchecked", seed, values});
     table.write_to(csv, prov);
   }
-  fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json)\n", csv.string(), stem);
+  fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json)\n", std::filesystem::absolute(csv).string(), stem);
   return 0;
 }
 

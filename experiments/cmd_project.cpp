@@ -156,20 +156,21 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--budget-bytes", a.budget_bytes, "device memory (default 80e9: the A800's 80 GB)")->check(CLI::PositiveNumber);
   app.add_option("--lora-rank", a.lora_rank, "LoRA rank of the paper's LoRA columns")->check(CLI::PositiveNumber);
   app.add_option("--errors", a.error_dirs, "folders of measured runs (CSV with peak_over_model): the error bars "
-                 "(default: results/grid when it exists, from `streambp reproduce memory-grid`)");
+                 "(default: results/grid here when it exists, else the harness's own " + harness_path("results/grid") +
+                 ", from `streambp reproduce memory-grid`)");
   app.add_option("--error-presets", a.error_presets, "only runs whose preset starts with this (default qwen3: the real "
                  "vocabulary, as in the projected models; \"\" for every run)");
-  app.add_option("--optimizer", a.optimizer, "project training steps: the optimizer (e.g. adamw; see train --help) "
-                 "whose states and update share the budget with the step (default: forward + backward only)");
-  app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16 (default: the trainable tensors' dtype: "
-                 "bf16 states for full bf16 training, fp32 for LoRA's fp32 adapters)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  add_optimizer_options(app, a.optimizer, "project training steps: the optimizer whose states and update share the "
+                        "budget with the step (default: forward + backward only; --world: adamw); its states in the "
+                        "trainable tensors' dtype unless --optimizer-state-dtype (bf16 for full bf16 training, fp32 for "
+                        "LoRA's fp32 adapters)");
   app.add_option("--world", a.world_sizes, "data-parallel training, the paper's Table 4 (Qwen3-8B full, bf16, SFT, one "
                  "sequence per GPU): the per-rank memory over N GPUs, for each N given (e.g. --world 3,4,5,6,7,8), at "
                  "--zero S; training steps (--optimizer, default adamw)")->delimiter(',');
   app.add_option("--zero", a.zero, "ZeRO stage of --world: 0 = DDP, 1 = optimizer states sharded, 2 = + gradients "
                  "reduce-scattered (the paper's Table 4), 3 = + parameters sharded (a layer gathered while in use, "
                  "the embedding and head for the whole step); default 0");
-  app.add_option("--out", a.out_dir, "results folder");
+  add_output_options(app, a.output, "results folder");
 }
 
 namespace {
@@ -179,9 +180,10 @@ namespace {
 int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
                           const std::map<std::string, ErrorRange>& errors, const std::vector<std::string>& error_dirs) {
   const int zero = a.zero;
-  const auto optimizer = *parse_optimizer_flags(a.optimizer.empty() ? "adamw" : a.optimizer, a.state_dtype);
-  const std::string optimizer_column =
-      optimizer_spec(optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype);
+  OptimizerFlags flags = a.optimizer;
+  if (flags.spec.empty()) flags.spec = "adamw";  // the paper's Table 4 trains
+  const auto optimizer = *flags.options();
+  const std::string optimizer_column = flags.describe();
   const std::vector<std::pair<std::string, std::string>> methods = {
       {"checkpoint", "checkpoint"}, {"streambp", "streambp:layer_chunk=500,head_chunk=100"}};
   const auto config = preset_config("qwen3-8b");
@@ -225,8 +227,8 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
                   paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment}});
     }
   fmt::print("\n");
-  const auto csv = table.write(a.out_dir, "project-zero", collect_provenance(command_line));
-  fmt::print("results: {}\n", csv.string());
+  const auto csv = table.write(a.output.out_dir, "project-zero", collect_provenance(command_line));
+  fmt::print("results: {}\n", std::filesystem::absolute(csv).string());
   return 0;
 }
 
@@ -237,8 +239,15 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
                                                                     {"checkpoint", "checkpoint"},
                                                                     {"mst", "mst"},
                                                                     {"streambp", "streambp:layer_chunk=500,head_chunk=100"}};
+  // The error bars' runs: --errors, else results/grid here, else the harness's own (run from anywhere).
   auto error_dirs = a.error_dirs;
-  if (error_dirs.empty() && std::filesystem::is_directory("results/grid")) error_dirs.push_back("results/grid");
+  const std::vector<std::string> default_dirs = {"results/grid", harness_path("results/grid")};
+  if (error_dirs.empty())
+    for (const auto& dir : default_dirs)
+      if (std::filesystem::is_directory(dir)) {
+        error_dirs.push_back(dir);
+        break;
+      }
   const auto errors = measured_errors(error_dirs, a.error_presets);
   for (const int n : a.world_sizes)
     if (n < 1) throw std::invalid_argument("--world " + std::to_string(n) + ": a world size is at least 1 GPU");
@@ -248,9 +257,8 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);
-  const auto optimizer = parse_optimizer_flags(a.optimizer, a.state_dtype);
-  const std::string optimizer_column =
-      optimizer ? optimizer_spec(*optimizer) + (a.state_dtype.empty() ? "" : ",state_dtype=" + a.state_dtype) : "";
+  const auto optimizer = a.optimizer.options();
+  const std::string optimizer_column = a.optimizer.describe();
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
                       "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper"});
   fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n"
@@ -260,7 +268,8 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   fmt::print("{}\n", optimizer ? "training steps: " + optimizer_column + " (states and the update's temporaries in the budget)"
                               : "forward + backward only (no optimizer state; --optimizer adamw projects training)");
   if (error_dirs.empty())
-    fmt::print("no error bars: no measured runs (give --errors DIR, or run `streambp reproduce memory-grid`)\n\n");
+    fmt::print("no error bars: no measured runs in {} or {} (give --errors DIR, or run `streambp reproduce "
+               "memory-grid`)\n\n", default_dirs[0], default_dirs[1]);
   else
     fmt::print("error bar: T* under budget / max(measured/model) .. budget / min(measured/model), over the CPU runs "
                "in {} whose preset starts with '{}'\n\n", fmt::join(error_dirs, ", "), a.error_presets);
@@ -292,8 +301,8 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     }
     fmt::print("\n");
   }
-  const auto csv = table.write(a.out_dir, "project", collect_provenance(command_line));
-  fmt::print("results: {}\n", csv.string());
+  const auto csv = table.write(a.output.out_dir, "project", collect_provenance(command_line));
+  fmt::print("results: {}\n", std::filesystem::absolute(csv).string());
   return 0;
 }
 

@@ -29,10 +29,9 @@ namespace sbp {
 // The options `run` and `train` share: model, LoRA, precision, method, objective, random batch, device, outputs.
 void add_model_options(CLI::App& app, RunArgs& a) {
   add_setup_options(app, a.setup);
-  app.add_option("--method", a.method, "BP method spec: " + sbp::methods_usage())->required();
+  add_measure_options(app, a.measure, {});  // --seq, --batch
+  add_method_option(app, a.method);
   app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
-  app.add_option("--batch", a.batch_size, "batch size B of a random batch")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--seq", a.seq_len, "sequence length T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40));
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(sbp::within(0.0, 0.99));
   app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(sbp::within(0.0, 0.99));
   app.add_option("--save-adapter", a.save_adapter, "write the LoRA adapter as a PEFT folder");
@@ -55,10 +54,7 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                  "activity records (cudaMalloc/cudaFree of the caching allocator's segments, i.e. reserved memory, "
                  "with kernels and copies in the trace) instead of the allocator's trace, plus PREFIX.cupti.csv with "
                  "every record; dropped records are counted and printed")->check(CLI::IsMember({"cupti"}));
-  app.add_option("--budget-bytes", a.budget_bytes, "memory budget: the step fails with status oom above it (CPU: live "
-                 "tensor bytes; CUDA: the caching allocator's reserved bytes)")->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup", a.warmup, "unmeasured steps before the measured ones")->check(CLI::NonNegativeNumber);
-  app.add_option("--repeats", a.repeats, "measured steps (median BP time)")->check(CLI::PositiveNumber)->capture_default_str();
+  add_measure_options(app, a.measure, {.seq = Arity::none, .batch = Arity::none, .warmup = true, .repeats = true, .budget = true});
   app.add_flag("--model-only", a.model_only, "print the analytic memory model of this workload (and write it with "
                "--json, status model-only) without running a step");
 }
@@ -176,7 +172,6 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
 }  // namespace
 
 int run_command(const RunArgs& a, const std::string& command_line) {
-  (void)make_method(a.method);  // the method's spec first: a mistyped method is named before any other complaint
   a.setup.apply_threads();
   const auto device = a.setup.parsed_device();
   if (!a.profile.empty() && (!device.is_cuda() || a.timeline.empty()))
@@ -185,8 +180,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--op-profile times ops on the host, which on CUDA is their launch, not their run; "
                                 "use --profile cupti --timeline PREFIX for kernel times");
   const bool random = a.batch_file.empty();
-  if (random && a.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
-  if (!random && a.seq_len != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
+  if (random && a.measure.seq_len() == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
+  if (!random && a.measure.seq_len() != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
   for (const auto& [file, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.json, "--json"}, {a.save_batch, "--save-batch"}})
     if (!file.empty()) check_new_output(file, a.force, flag);
   if (!a.save_model.empty()) check_new_folder(a.save_model, a.force, "--save-model");
@@ -202,7 +197,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   auto [dtype, model, method, objective] = build_run_parts(a);
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
-  Batch batch = random ? objective->random_batch(model->config(), {a.batch_size, a.seq_len, a.pad_fraction,
+  Batch batch = random ? objective->random_batch(model->config(), {a.measure.batch_size(), a.measure.seq_len(), a.pad_fraction,
                                                                    a.prompt_fraction, a.setup.seed, a.setup.group})
                        : read_batch_file(a.batch_file);
   validate_tokens(batch, model->config(), batch_source);
@@ -226,7 +221,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                                   : a.profile == "cupti" ? TimelineSource::cupti : TimelineSource::allocator);
   std::optional<OpProfile> op_profile;
   if (!a.op_profile.empty()) op_profile.emplace();
-  const auto m = measure_method(*model, *method, *objective, batch, a.warmup, a.repeats, a.budget_bytes);
+  const auto m = measure_method(*model, *method, *objective, batch, a.measure.warmup, a.measure.repeats, a.measure.budget_bytes);
   std::vector<OpTime> op_times;
   if (op_profile) {
     op_times = op_profile->totals();
@@ -235,7 +230,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.timeline.empty()) timeline.stop_and_write(a.timeline);
   if (!a.op_profile.empty()) {
     // Shares are of the summed BP time; warm-up steps are profiled but not timed, so with them no share is given.
-    const double total = a.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
+    const double total = a.measure.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
     std::ostringstream csv;
     write_op_profile_csv(op_times, total, csv);
     write_file_atomically(a.op_profile, csv.str());
@@ -296,7 +291,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"seed", a.setup.seed},
                         {"batch_size", batch.batch_size()},
                         {"seq_len", batch.seq_len()},
-                        {"budget_bytes", a.budget_bytes},
+                        {"budget_bytes", a.measure.budget_bytes},
                         {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
                         {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
                                                                            : nlohmann::json()},

@@ -5,10 +5,10 @@
 // the byte budget are rows with status `oom`. Each method's gradient is checked once, in fp64 against standard BP at
 // --check-seq, and the row says so (check_seq, check_batch, check_dtype). The CSV is rewritten atomically after every
 // (B, T) point, so a killed sweep keeps what it finished; --resume FILE continues it, skipping the rows it has.
-// Data-parallel (--nproc N, Table 5): every point's global batch has B rows per rank, and a measured step is a
-// data-parallel BP (forward, backward and the gradient reduction at each group's event) through the Trainer with a
-// no-op update (SGD, lr 0, no states); time is the slowest rank's, the peak the largest rank's (ranks.h), per-sample
-// time is per row of the global batch. The fp64 check runs on rank 0 alone.
+// Data-parallel (--nproc N, Table 5): every point's global batch of B rows is split over the ranks (B / N each; B must
+// divide), and a measured step is a data-parallel BP (forward, backward and the gradient reduction at each group's
+// event) through the Trainer with a no-op update (SGD, lr 0, no states); time is the slowest rank's, the peak the
+// largest rank's (ranks.h), per-sample time is per row of the global batch. The fp64 check runs on rank 0 alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +31,7 @@
 #include "core/training/optimizer.h"
 #include "core/training/trainer.h"
 #include "experiments/commands.h"
+#include "experiments/cli_checks.h"
 #include "experiments/machine_load.h"
 #include "experiments/results_table.h"
 #include "verify/grad_compare.h"
@@ -85,24 +86,9 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-std::vector<std::int64_t> parse_sizes(const std::string& list, const std::string& flag) {
-  std::vector<std::int64_t> out;
-  for (const auto& t : split_list(list, ',')) {
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != t.size() || v < 1) throw std::invalid_argument(flag + ": '" + t + "' is not a positive integer");
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument(flag + ": no values");
-  return out;
-}
-
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
+  for (const auto B : plan.batch_sizes)
+    if (B % plan.ranks.nproc != 0) throw std::invalid_argument(uneven_batch(plan.ranks.nproc, "--batch " + std::to_string(B), B));
   const auto env = rank_from_environment();
   if (plan.ranks.nproc > 1 && !env) return launch_ranks(plan.ranks.nproc);
   const auto& setup = plan.setup;
@@ -217,8 +203,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       for (std::size_t i = 0; i < methods.size(); ++i)
         if (!done.count({specs[i], std::to_string(B), std::to_string(T)})) todo.push_back(i);
       if (todo.empty()) continue;
-      // This rank's B rows of a global batch of B x world rows.
-      auto batch = prepared_random_batch(*model, *objective, B * ranks.world, T, setup.group, seed);
+      // This rank's B / world rows of the global batch of B rows.
+      auto batch = prepared_random_batch(*model, *objective, B, T, setup.group, seed);
       if (ranks.world > 1) batch = objective->split(batch, ranks.world, "random batch").at(std::size_t(ranks.rank));
       const auto workload = make_workload(*model, *objective, batch);
       std::map<std::size_t, Measurement> results;
@@ -282,7 +268,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                     std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
                     oom ? "" : fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
                     oom ? "" : fmt::format("{:.4f}", m.median_seconds()), all,
-                    oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B * ranks.world)), ratio,
+                    oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B)), ratio,
                     plan.budget_bytes > 0 ? std::to_string(plan.budget_bytes) : "",
                     checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
                     // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
@@ -314,7 +300,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
              "step's matrix-product FLOP/s as a share of a dense 2048^3 GEMM's, same dtype and threads; status: the "
              "fp64 gradient check against standard BP (reference: standard itself; unchecked: --check-seq 0)\n",
              plan.repeats);
-  fmt::print("results: {} ({})\n", csv.string(), format_duration(elapsed()));
+  fmt::print("results: {} ({})\n", std::filesystem::absolute(csv).string(), format_duration(elapsed()));
   if (!shared_points.empty()) {
     fmt::print("\nWARNING: the machine was shared during {} of {} timed point(s); their times and ratios (marked * "
                "above, timing=shared in the CSV) say more about the other load than about the methods:\n",
@@ -329,13 +315,12 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
 // named before --help, else for every kind).
 struct SweepKind {
   const char* name;
-  const char* seq_lens;
-  const char* batch_sizes;
-  const char* methods;  // nullptr: partition's checkpoint + StreamBP over --layer-chunks x --head-chunks
+  std::vector<std::int64_t> seq_lens, batch_sizes;
+  std::vector<std::string> methods;  // empty: partition's checkpoint + StreamBP over --layer-chunks x --head-chunks
 };
-constexpr SweepKind kSweepKinds[] = {{"seq", "1024,2048,4096,8192", "1", "standard;checkpoint;mst;streambp"},
-                                     {"batch", "2048", "1,2,4", "checkpoint;mst;streambp"},
-                                     {"partition", "4096", "1", nullptr}};
+const SweepKind kSweepKinds[] = {{"seq", {1024, 2048, 4096, 8192}, {1}, {"standard", "checkpoint", "mst", "streambp"}},
+                                 {"batch", {2048}, {1, 2, 4}, {"checkpoint", "mst", "streambp"}},
+                                 {"partition", {4096}, {1}, {}}};
 
 const SweepKind& sweep_kind(const std::string& name) {
   for (const auto& k : kSweepKinds)
@@ -347,8 +332,8 @@ std::string sweep_defaults_help(const std::string& kind) {
   std::string out = "Defaults (model qwen3-small, results in results/<kind>):";
   for (const auto& k : kSweepKinds)
     if (kind.empty() || kind == k.name)
-      out += fmt::format("\n  sweep {:<9}  --seq {}  --batch {}  --methods {}", k.name, k.seq_lens, k.batch_sizes,
-                         k.methods ? fmt::format("\"{}\"", k.methods)
+      out += fmt::format("\n  sweep {:<9}  --seq {}  --batch {}  --methods {}", k.name, join_values(k.seq_lens),
+                         join_values(k.batch_sizes), !k.methods.empty() ? fmt::format("\"{}\"", join_values(k.methods, ';'))
                                    : std::string("checkpoint and streambp:layer_chunk=L,head_chunk=H for every L of "
                                                  "--layer-chunks and H of --head-chunks"));
   return out;
@@ -358,17 +343,16 @@ void add_sweep_options(CLI::App& app, SweepArgs& a) {
   app.add_option("kind", a.kind, "seq (peak and time vs T: Fig. 3, Table 1), batch (per-sample time vs B: Table 2) or "
                  "partition (StreamBP's layer x head chunk sizes: Fig. 5)")->required()->check(CLI::IsMember({"seq", "batch", "partition"}));
   add_setup_options(app, a.setup, {.adapter = false, .default_preset = "qwen3-small"});
-  app.add_option("--methods", a.methods, "semicolon-separated method specs (default by kind: below)");
-  app.add_option("--seq", a.seq_lens, "comma-separated sequence lengths (default by kind: below)");
-  app.add_option("--batch", a.batch_sizes, "comma-separated batch sizes (default by kind: below)");
-  app.add_option("--layer-chunks", a.layer_chunks, "partition: comma-separated StreamBP layer chunk sizes")->capture_default_str();
-  app.add_option("--head-chunks", a.head_chunks, "partition: comma-separated StreamBP head chunk sizes")->capture_default_str();
-  app.add_option("--repeats", a.repeats, "measured steps per method and point (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--check-seq", a.check_seq_len, "T of the fp64 gradient check of every method (0 = skip)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--budget-bytes", a.budget_bytes, "CPU memory budget: a run above it is an `oom` row")->check(CLI::NonNegativeNumber);
-  app.add_option("--out", a.out_dir, "results folder (default results/<kind>)");
+  add_methods_option(app, a.methods, "the methods of every point (default by kind: below)");
+  add_measure_options(app, a.measure, {.seq = Arity::many, .batch = Arity::many, .repeats = true, .check_seq = true,
+                                       .budget = true});
+  app.add_option("--layer-chunks", a.layer_chunks, "partition: StreamBP layer chunk sizes (comma-separated)")
+      ->delimiter(',')->check(sbp::within(std::int64_t(1), std::int64_t(1) << 40))->default_str(join_values(a.layer_chunks));
+  app.add_option("--head-chunks", a.head_chunks, "partition: StreamBP head chunk sizes (comma-separated)")
+      ->delimiter(',')->check(sbp::within(std::int64_t(1), std::int64_t(1) << 40))->default_str(join_values(a.head_chunks));
+  add_output_options(app, a.output, "results folder, default results/<kind>");
   app.add_option("--resume", a.resume, "continue the sweep that wrote this CSV: rows it has are not measured again")->check(CLI::ExistingFile);
-  add_rank_options(app, a.ranks, "each back-propagating its --batch rows of every point's global batch (a "
+  add_rank_options(app, a.ranks, "each back-propagating its --batch / N rows of every point's global batch (a "
                    "data-parallel BP: the gradients reduced at each group's event, a no-op update)");
   // Called when --help is printed, after the kind (if given) was parsed: `sweep seq --help` shows seq's defaults.
   app.footer([&a] { return sweep_defaults_help(a.kind); });
@@ -377,22 +361,21 @@ void add_sweep_options(CLI::App& app, SweepArgs& a) {
 int sweep_command(const SweepArgs& a, const std::string& command_line) {
   SweepPlan plan;
   plan.setup = a.setup;
-  plan.repeats = a.repeats, plan.check_seq_len = a.check_seq_len;
-  plan.budget_bytes = a.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
+  plan.repeats = a.measure.repeats, plan.check_seq_len = a.measure.check_seq_len;
+  plan.budget_bytes = a.measure.budget_bytes, plan.resume = a.resume, plan.stem = a.kind;
   plan.ranks = a.ranks;
-  plan.out_dir = a.out_dir.empty() ? "results/" + a.kind : a.out_dir;
+  plan.out_dir = a.output.out_dir.empty() ? "results/" + a.kind : a.output.out_dir;
   const auto& kind = sweep_kind(a.kind);
-  plan.seq_lens = parse_sizes(a.seq_lens.empty() ? kind.seq_lens : a.seq_lens, "--seq");
-  plan.batch_sizes = parse_sizes(a.batch_sizes.empty() ? kind.batch_sizes : a.batch_sizes, "--batch");
+  plan.seq_lens = a.measure.seq_lens.empty() ? kind.seq_lens : a.measure.seq_lens;
+  plan.batch_sizes = a.measure.batch_sizes.empty() ? kind.batch_sizes : a.measure.batch_sizes;
   if (!a.methods.empty()) {
-    plan.methods = split_list(a.methods, ';');
-  } else if (kind.methods) {
-    plan.methods = split_list(kind.methods, ';');
+    plan.methods = a.methods;
+  } else if (!kind.methods.empty()) {
+    plan.methods = kind.methods;
   } else {  // partition: checkpointing and every StreamBP chunking of the grid
     plan.methods = {"checkpoint"};
-    for (const auto lc : parse_sizes(a.layer_chunks, "--layer-chunks"))
-      for (const auto hc : parse_sizes(a.head_chunks, "--head-chunks"))
-        plan.methods.push_back(fmt::format("streambp:layer_chunk={},head_chunk={}", lc, hc));
+    for (const auto lc : a.layer_chunks)
+      for (const auto hc : a.head_chunks) plan.methods.push_back(fmt::format("streambp:layer_chunk={},head_chunk={}", lc, hc));
   }
   return run_sweep(plan, command_line);
 }

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "experiments/cli_checks.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 #include "verify/linear_toy.h"
@@ -19,13 +20,14 @@ namespace sbp {
 void add_toy_options(CLI::App& app, ToyArgs& a) {
   app.add_option("--rows", a.rows, "N, rows of X")->check(CLI::PositiveNumber);
   app.add_option("--dim", a.dim, "m = n = k, the widths of X, Y and Z")->check(CLI::PositiveNumber);
-  app.add_option("--partitions", a.partitions, "comma-separated D (1 = standard BP)");
+  app.add_option("--partitions", a.partitions, "the row-block counts D, comma-separated (1 = standard BP)")
+      ->delimiter(',')->check(sbp::within(std::int64_t(1), std::int64_t(1) << 40))->default_str(join_values(a.partitions));
   app.add_option("--data", a.data, "integer: entries in {-1, 0, 1}, exact in fp32 when N * dim <= 2^24, so the gate is "
                  "bitwise equality; normal: N(0, 1), differences reported, not gated")->check(CLI::IsMember({"integer", "normal"}));
   app.add_option("--repeats", a.repeats, "measured runs per D and implementation (median)")->check(CLI::PositiveNumber);
   app.add_option("--threads", a.threads, "LibTorch intra-op threads (Eigen runs on one)")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", a.seed, "seed of the inputs");
-  app.add_option("--out", a.out_dir, "results folder");
+  add_output_options(app, a.output, "results folder");
   app.footer("The paper's example has L = sum(Z); here L = sum(Z * G) with a fixed G, so that the GEMMs with dL/dZ are "
              "real products and not rank-one ones. Peak = X, W1, W2, G, both gradients and the Y/dY of one block: "
              "counted for Eigen (every matrix it holds), measured by the CPU meter for LibTorch.");
@@ -33,8 +35,7 @@ void add_toy_options(CLI::App& app, ToyArgs& a) {
 
 int toy_command(const ToyArgs& a, const std::string& command_line) {
   if (a.threads > 0) at::set_num_threads(a.threads);
-  std::vector<std::int64_t> partitions;
-  for (const auto& t : split_list(a.partitions, ',')) partitions.push_back(std::stoll(t));
+  auto partitions = a.partitions;
   if (partitions.empty() || partitions.front() != 1) partitions.insert(partitions.begin(), 1);  // the reference
   const bool integer = a.data == "integer";
   if (integer && a.rows * a.dim > (std::int64_t(1) << 24))
@@ -103,8 +104,8 @@ int toy_command(const ToyArgs& a, const std::string& command_line) {
                  median(cell.seconds), ratio, status);
     }
   }
-  const auto csv = table.write(a.out_dir, "toy", collect_provenance(command_line));
-  fmt::print("\nresults: {}\n", csv.string());
+  const auto csv = table.write(a.output.out_dir, "toy", collect_provenance(command_line));
+  fmt::print("\nresults: {}\n", std::filesystem::absolute(csv).string());
   return all_equal ? 0 : 1;
 }
 

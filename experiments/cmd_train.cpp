@@ -44,11 +44,7 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--steps", a.steps, "optimizer steps of the whole run (a resumed run counts the steps already taken; a larger value extends a "
                  "finished run whose schedule is constant)")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--optimizer", a.optimizer, "adamw:lr=1e-5,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0"
-                 "[,decay_norms_and_biases=0] or sgd:lr=...,momentum=0,weight_decay=0 (torch.optim's update and "
-                 "defaults; weight decay on every trainable tensor unless decay_norms_and_biases=0, HF Trainer's groups)");
-  app.add_option("--optimizer-state-dtype", a.state_dtype, "fp64, fp32 or bf16: the optimizer states' dtype (default: "
-                 "each trainable tensor's own, as torch does)")->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  add_optimizer_options(app, a.optimizer, "the update of every step");
   app.add_option("--lr-schedule", a.lr_schedule, "constant|cosine[,warmup=K]: HF's get_constant/cosine_schedule_with_"
                  "warmup over --steps")->capture_default_str();
   app.add_option("--clip-grad-norm", a.clip_grad_norm, "clip the global gradient 2-norm to X as torch.nn.utils."
@@ -90,12 +86,12 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
           {"objective", objective.spec()},
           {"seed", r.setup.seed},
           {"data", a.data_dir},
-          {"batch", a.data_dir.empty() ? nlohmann::json({{"B", r.batch_size}, {"T", r.seq_len}, {"pad", r.pad_fraction},
+          {"batch", a.data_dir.empty() ? nlohmann::json({{"B", r.measure.batch_size()}, {"T", r.measure.seq_len()}, {"pad", r.pad_fraction},
                                                           {"prompt", r.prompt_fraction}, {"group", r.setup.group}})
                                        : nlohmann::json()},
           {"ref", r.ref_dir},
           {"optimizer", optimizer},
-          {"optimizer_state_dtype", a.state_dtype},
+          {"optimizer_state_dtype", a.optimizer.state_dtype},
           {"lr_schedule", a.lr_schedule},
           {"steps", a.steps},
           {"clip_grad_norm", a.clip_grad_norm},
@@ -133,15 +129,6 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
                                                 items[i].first, items[i].second));
 }
 
-// The refusal of a global batch that does not split over the ranks, with the sizes that would.
-std::string uneven_batch(int world, const std::string& source, std::int64_t rows) {
-  const auto below = rows / world * world, above = below + world;
-  return fmt::format("--nproc {}: the global batch ({}) has {} rows, which do not split evenly over {} ranks (each "
-                     "rank takes rows / {}); {} rows would{}", world, source, rows, world, world,
-                     below > 0 ? fmt::format("{} or {}", below, above) : std::to_string(above),
-                     below > 0 ? "" : " (at least one row per rank)");
-}
-
 // The step the latest complete checkpoint in `dir` reached (0 without one, or when its trainer.json does not read:
 // loading it later reports why).
 std::int64_t checkpoint_step(const fs::path& dir) {
@@ -170,17 +157,17 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     }
   const auto env = rank_from_environment();
   // Before the ranks start (once, not once per rank): a random global batch must split evenly over them.
-  if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.batch_size % a.ranks.nproc != 0)
-    throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(a.run.batch_size),
-                                             a.run.batch_size));
+  if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.measure.batch_size() % a.ranks.nproc != 0)
+    throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(a.run.measure.batch_size()),
+                                             a.run.measure.batch_size()));
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   const auto& r = a.run;
   auto ranks = join_ranks(a.ranks, env, r.setup);
   const int world = ranks.world, rank = ranks.rank;
   const auto device = ranks.device;
   const bool random = a.data_dir.empty();
-  if (random && r.seq_len == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
-  if (!random && r.seq_len != 0) throw std::invalid_argument("--seq and --data exclude each other");
+  if (random && r.measure.seq_len() == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
+  if (!random && r.measure.seq_len() != 0) throw std::invalid_argument("--seq and --data exclude each other");
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
@@ -196,7 +183,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
   TrainOptions options;
-  options.optimizer = *parse_optimizer_flags(a.optimizer.empty() ? "adamw" : a.optimizer, a.state_dtype);
+  options.optimizer = *a.optimizer.options();
   options.schedule = parse_lr_schedule(a.lr_schedule);
   options.total_steps = a.steps;
   options.grad_accum = a.grad_accum;
@@ -216,7 +203,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::unique_ptr<DataParallel> parallel;
   auto batch_for_step = [&](std::int64_t s) {
     const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
-    Batch batch = random ? objective->random_batch(model->config(), {r.batch_size, r.seq_len, r.pad_fraction,
+    Batch batch = random ? objective->random_batch(model->config(), {r.measure.batch_size(), r.measure.seq_len(), r.pad_fraction,
                                                                      r.prompt_fraction, r.setup.seed + std::uint64_t(s), r.setup.group})
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);

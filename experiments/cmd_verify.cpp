@@ -70,10 +70,9 @@ std::map<std::string, GroupError> group_errors(const GradComparison& cmp) {
 void add_verify_options(CLI::App& app, VerifyArgs& a) {
   add_setup_options(app, a.setup, {.dtype = false, .grad_dtype = false, .lora = false, .adapter = false, .group = false, .default_preset = "tiny"});
   app.add_option("--batch-file", a.batch_file, "batch (safetensors) instead of a random one")->check(CLI::ExistingFile);
-  app.add_option("--batch", a.batch_size, "rows of a random batch")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--seq", a.seq_len, "T of a random batch")->check(sbp::within(std::int64_t(2), std::int64_t(1) << 40))->capture_default_str();
-  app.add_option("--methods", a.methods, "semicolon-separated streamed methods besides standard (e.g. streambp;checkpoint;mst)")->capture_default_str();
-  app.add_option("--out", a.out_dir, "results folder (CSV + JSON)")->capture_default_str();
+  add_measure_options(app, a.measure, {});
+  add_methods_option(app, a.methods, "the methods verified besides standard BP (e.g. streambp;checkpoint;mst)");
+  add_output_options(app, a.output, "results folder (CSV + JSON)");
   app.add_flag("--mixed", a.mixed, "also run every method in bf16 mixed precision (base16m, stream16m, ...: bf16 compute, "
                "fp32 master weights and gradients, run --grad-dtype fp32), gated against base16m");
   app.add_flag("--gate", a.gate, "exit 1 when a method's l2 error against the fp64 oracle (||g - g_oracle|| / ||g_oracle||) "
@@ -104,7 +103,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   Model oracle_model(config, at::kDouble, bf16->parameters(), "bf16 weights");
   const auto source = a.batch_file.empty() ? std::string("random batch") : a.batch_file;
   Batch batch = a.batch_file.empty()
-                    ? objective->random_batch(config, {a.batch_size, a.seq_len, 0.0, objective->name() == "sft" ? 0.1 : 0.0, a.setup.seed, 0})
+                    ? objective->random_batch(config, {a.measure.batch_size(), a.measure.seq_len(), 0.0, objective->name() == "sft" ? 0.1 : 0.0, a.setup.seed, 0})
                     : read_batch_file(a.batch_file);
   validate_tokens(batch, config, source);
   complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.setup.seed);
@@ -125,7 +124,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   Model fp32(config, at::kFloat, bf16->parameters(), "bf16 weights");
   fp32.to(device);
   std::vector<std::string> specs = {"standard"};
-  for (const auto& m : split_list(a.methods, ';')) specs.push_back(make_method(m)->spec());
+  for (const auto& m : a.methods) specs.push_back(make_method(m)->spec());
   std::map<std::string, int> method_count;  // runs of each method per dtype: > 1 puts the options into the labels
   for (const auto& spec : specs) ++method_count[spec.substr(0, spec.find(':'))];
   std::unique_ptr<Model> mixed;  // the same bf16 weights as fp32 masters
@@ -204,8 +203,8 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   }
   fmt::print("Against base32 (the paper's Table 7 reference): Er_abs / Er_rel per module group\n\n{}\n", md_base32);
   fmt::print("Against the fp64 oracle: largest per-tensor l2 error (the gate's metric) per module group\n\n{}\n", md_oracle);
-  const auto csv = table.write(a.out_dir, "verify", collect_provenance(command_line, describe_device(device)));
-  fmt::print("results: {}\n", csv.string());
+  const auto csv = table.write(a.output.out_dir, "verify", collect_provenance(command_line, describe_device(device)));
+  fmt::print("results: {}\n", std::filesystem::absolute(csv).string());
   // The verdict last, where a reader (or CI's log) looks: every gated run, its worst ratio to the allowance.
   if (a.gate)
     fmt::print("gate: {}: {} run{} against standard BP in the same dtype; worst {:.3f} of the allowance ({})\n",

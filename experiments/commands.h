@@ -6,8 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "experiments/options.h"
 #include "experiments/ranks.h"
-#include "experiments/runner.h"
+#include "experiments/batches.h"
+#include "experiments/device.h"
+#include "experiments/measure.h"
+#include "experiments/setup.h"
 
 namespace CLI {
 class App;
@@ -18,13 +22,11 @@ namespace sbp {
 struct RunArgs {
   Setup setup;  // model, precision, LoRA, objective, device, threads, seed
   std::string method = "standard";
-  std::int64_t batch_size = 1, seq_len = 0;
+  MeasureOptions measure{.batch_sizes = {1}};  // --seq, --batch; run: --warmup, --repeats, --budget-bytes
   double pad_fraction = 0, prompt_fraction = 0;
   std::string batch_file, ref_dir, save_adapter;
   std::string save_grads, save_model, save_batch, json, timeline, op_profile;
   std::string profile;  // --profile cupti
-  std::int64_t budget_bytes = 0;
-  int warmup = 0, repeats = 1;
   bool force = false, model_only = false;
 };
 void add_run_options(CLI::App& app, RunArgs& args);
@@ -44,7 +46,8 @@ int run_command(const RunArgs& args, const std::string& command_line);
 struct TrainArgs {
   RunArgs run;  // model, method, objective, random batch, precision, LoRA, device, --save-model, --json
   std::int64_t steps = 1, grad_accum = 1, save_every = 0;
-  std::string optimizer = "adamw", state_dtype, lr_schedule = "constant";
+  OptimizerFlags optimizer{.spec = "adamw"};
+  std::string lr_schedule = "constant";
   double clip_grad_norm = 0;
   std::string data_dir, checkpoint_dir, resume_dir, metrics;
   RankFlags ranks;           // --nproc, --zero, --dist-timeout
@@ -64,9 +67,9 @@ int compare_command(const CompareArgs& args, const std::string& command_line);
 
 struct DemoArgs {
   Setup setup;  // default model: qwen3-small
-  std::string out_dir = "results/demo", seq_lens = "2048,4096", methods = "standard;checkpoint;streambp";
-  std::int64_t batch_size = 1, check_seq_len = 700;
-  int repeats = 2;
+  std::vector<std::string> methods = {"standard", "checkpoint", "streambp"};
+  MeasureOptions measure{.seq_lens = {2048, 4096}, .batch_sizes = {1}, .repeats = 2, .check_seq_len = 700};
+  OutputOptions output{.out_dir = "results/demo"};
 };
 void add_demo_options(CLI::App& app, DemoArgs& args);
 int demo_command(const DemoArgs& args, const std::string& command_line);
@@ -82,39 +85,38 @@ struct SweepPlan {
   RankFlags ranks;
 };
 int run_sweep(const SweepPlan& plan, const std::string& command_line);
-// A comma-separated list of positive integers given as `flag` ("--seq 1024,2048"); throws std::invalid_argument
-// naming the flag and the value otherwise.
-std::vector<std::int64_t> parse_sizes(const std::string& list, const std::string& flag);
-
 struct SweepArgs {
   std::string kind;  // seq, batch, partition
   Setup setup;       // default model: qwen3-small
-  std::string methods, seq_lens, batch_sizes;
-  std::string layer_chunks = "256,512,1024,1365", head_chunks = "256,1024";
-  std::int64_t check_seq_len = 300, budget_bytes = 0;
-  int repeats = 2;
-  std::string out_dir, resume;
-  RankFlags ranks;  // data-parallel points: --batch rows per rank
+  std::vector<std::string> methods;  // empty: the kind's (cmd_sweep.cpp)
+  MeasureOptions measure{.repeats = 2, .check_seq_len = 300};  // empty --seq/--batch: the kind's
+  std::vector<std::int64_t> layer_chunks = {256, 512, 1024, 1365}, head_chunks = {256, 1024};
+  OutputOptions output;  // empty: results/<kind>
+  std::string resume;
+  RankFlags ranks;  // data-parallel points: each rank takes --batch / N rows
 };
 void add_sweep_options(CLI::App& app, SweepArgs& args);
 int sweep_command(const SweepArgs& args, const std::string& command_line);
 
 struct MaxlenArgs {
   Setup setup;  // default model: qwen3-small
-  std::string methods = "checkpoint;mst;streambp", out_dir = "results/maxlen";
-  std::int64_t budget_bytes = 0, batch_size = 1, max_seq = std::int64_t(1) << 20;
+  std::vector<std::string> methods = {"checkpoint", "mst", "streambp"};
+  MeasureOptions measure{.batch_sizes = {1}};  // --batch, --budget-bytes (required)
+  OutputOptions output{.out_dir = "results/maxlen"};
+  std::int64_t max_seq = std::int64_t(1) << 20;
   double step = 0.02;
-  // Training: the optimizer whose states and update share the budget (empty: forward + backward only), and its
-  // state dtype (empty: the trainable tensors').
-  std::string optimizer, state_dtype;
+  // Training: the optimizer whose states and update share the budget (none: forward + backward only).
+  OptimizerFlags optimizer;
   bool model_only = false;
-  RankFlags ranks;  // data-parallel probes: --batch rows per rank, the budget per rank
+  RankFlags ranks;  // data-parallel probes: each rank takes --batch / N rows, the budget per rank
 };
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
 
 struct ConformArgs {
-  std::string impl, baseline = "hf", cases = "quick", objectives, dtypes, out_dir = "results/conform", work_dir;
+  std::string impl, baseline = "hf", cases = "quick", work_dir;
+  std::vector<std::string> objectives, dtypes;  // empty: every one of the matrix
+  OutputOptions output{.out_dir = "results/conform"};
   bool lora_only = false;
   double timeout = 300;  // seconds per case
 };
@@ -123,13 +125,13 @@ int conform_command(const ConformArgs& args, const std::string& command_line);
 
 struct ProjectArgs {
   std::int64_t budget_bytes = 80'000'000'000, lora_rank = 32;
-  std::string out_dir = "results/projection";
+  OutputOptions output{.out_dir = "results/projection"};
   // Folders of measured runs (peak / model): the projections' error bars. Empty: results/grid when it exists.
   std::vector<std::string> error_dirs;
   std::string error_presets = "qwen3";  // the runs that count: presets starting with this
-  // Training: the optimizer whose states and update share the budget (empty: forward + backward only), and its
-  // state dtype (empty: the trainable tensors', bf16 for the paper's pure-bf16 full training).
-  std::string optimizer, state_dtype;
+  // Training: the optimizer whose states and update share the budget (none: forward + backward only); its states
+  // in the trainable tensors' dtype unless --optimizer-state-dtype (bf16 for the paper's pure-bf16 full training).
+  OptimizerFlags optimizer;
   // Data-parallel training (the paper's Table 4): per-rank memory over each of these world sizes at this ZeRO stage.
   std::vector<int> world_sizes;  // empty: the single-GPU Table 3
   int zero = 0;
@@ -139,8 +141,9 @@ int project_command(const ProjectArgs& args, const std::string& command_line);
 
 struct ProfileArgs {
   Setup setup;  // default model: qwen3-small; CPU only
-  std::string methods = "checkpoint;streambp", out_dir = "results/profile";
-  std::int64_t seq_len = 4096, batch_size = 1;
+  std::vector<std::string> methods = {"checkpoint", "streambp"};
+  MeasureOptions measure{.seq_lens = {4096}, .batch_sizes = {1}};
+  OutputOptions output{.out_dir = "results/profile"};
   int steps = 2;
 };
 void add_profile_options(CLI::App& app, ProfileArgs& args);
@@ -157,8 +160,10 @@ int reproduce_command(const ReproduceArgs& args, const std::string& command_line
 struct VerifyArgs {
   Setup setup;  // default model: tiny; the dtypes are the verification's own; the device takes the fp32/bf16 runs,
                 // the fp64 oracle always runs on the CPU
-  std::string batch_file, methods = "streambp", out_dir = "results/verify";
-  std::int64_t batch_size = 1, seq_len = 512;
+  std::string batch_file;
+  std::vector<std::string> methods = {"streambp"};
+  MeasureOptions measure{.seq_lens = {512}, .batch_sizes = {1}};
+  OutputOptions output{.out_dir = "results/verify"};
   bool gate = false, mixed = false;
 };
 void add_verify_options(CLI::App& app, VerifyArgs& args);
@@ -166,7 +171,9 @@ int verify_command(const VerifyArgs& args, const std::string& command_line);
 
 struct ToyArgs {
   std::int64_t rows = 16384, dim = 1024;
-  std::string partitions = "1,4,16,64,256,1024", data = "integer", out_dir = "results/partition";
+  std::vector<std::int64_t> partitions = {1, 4, 16, 64, 256, 1024};
+  std::string data = "integer";
+  OutputOptions output{.out_dir = "results/partition"};
   int repeats = 3, threads = 0;
   std::uint64_t seed = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -37,6 +38,10 @@ std::string cpu_model() {
 }
 
 }  // namespace
+
+std::string harness_path(const std::string& relative) {
+  return (std::filesystem::path(STREAMBP_SOURCE_DIR) / relative).string();
+}
 
 Provenance collect_provenance(const std::string& command, const std::string& device) {
   Provenance p;

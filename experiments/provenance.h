@@ -19,6 +19,9 @@ struct Provenance {
 // `device`: describe_device() of the run's device ("cpu" or empty: nothing added to `machine`).
 Provenance collect_provenance(const std::string& command, const std::string& device = "cpu");
 nlohmann::json to_json(const Provenance& p);
+// A file of the harness's own checkout (the sources this binary was built from): "results/grid" there. The data a
+// command reads by default is found here, wherever it is run from.
+std::string harness_path(const std::string& relative);
 std::string shell_quote(const std::string& word);  // as a POSIX shell reads it back
 std::string shell_quote_argv(int argc, char** argv);
 

@@ -16,6 +16,14 @@
 
 namespace sbp {
 
+std::string uneven_batch(int world, const std::string& source, std::int64_t rows) {
+  const auto below = rows / world * world, above = below + world;
+  return fmt::format("--nproc {}: the global batch ({}) has {} {}, which do not split evenly over {} ranks (each "
+                     "rank takes rows / {}); {} rows would{}", world, source, rows, rows == 1 ? "row" : "rows", world, world,
+                     below > 0 ? fmt::format("{} or {}", below, above) : std::to_string(above),
+                     below > 0 ? "" : " (at least one row per rank)");
+}
+
 void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what) {
   app.add_option("--nproc", flags.nproc, "data-parallel ranks on this machine (Gloo on the CPU, NCCL with --device "
                  "cuda, one GPU per rank: cuda:(local rank mod GPU count), an index given in --device then ignored): "

@@ -11,7 +11,8 @@
 
 #include "core/training/communicator.h"
 #include "experiments/launch.h"
-#include "experiments/runner.h"
+#include "experiments/measure.h"
+#include "experiments/setup.h"
 
 namespace CLI {
 class App;
@@ -28,6 +29,11 @@ struct RankFlags {
 };
 // --nproc, --zero and --dist-timeout; `what` says what each rank does (for --nproc's help).
 void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what);
+
+// The refusal of a global batch of `rows` rows (from `source`: "--batch 3", a batch file) that does not split evenly
+// over `world` ranks, with the sizes that would: every command's --batch is the global batch, each rank takes
+// rows / world of it.
+std::string uneven_batch(int world, const std::string& source, std::int64_t rows);
 
 struct Ranks {
   int rank = 0, world = 1;

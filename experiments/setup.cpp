@@ -8,7 +8,8 @@
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "experiments/device.h"
-#include "experiments/runner.h"
+#include "core/model/checkpoint_io.h"
+#include "core/model/lora.h"
 
 namespace sbp {
 
@@ -68,6 +69,22 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   if (flags.device) add_device_option(app, s.device);
   app.add_option("--threads", s.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   if (flags.seed) app.add_option("--seed", s.seed, "seed of the random weights, adapters and batch");
+}
+
+std::unique_ptr<Model> build_model(const ModelSource& s, c10::ScalarType dtype, std::uint64_t seed) {
+  const int given = !s.preset.empty() + !s.config_file.empty() + !s.load_dir.empty();
+  if (given != 1) throw std::invalid_argument("give exactly one of --preset, --config, --load");
+  if (!s.load_dir.empty()) return load_model_dir(s.load_dir, dtype);
+  auto config = s.preset.empty() ? read_config_json(s.config_file) : preset_config(s.preset);
+  return std::make_unique<Model>(std::move(config), dtype, seed);
+}
+
+void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed) {
+  const auto requested = lora_spec.empty() ? LoraConfig{} : parse_lora_spec(lora_spec);
+  if (!adapter_dir.empty())
+    load_adapter_dir(model, adapter_dir, requested);
+  else if (requested.enabled())
+    model.add_lora(requested, seed);
 }
 
 std::unique_ptr<Model> build_model(const Setup& s) {

@@ -57,6 +57,12 @@ struct SetupFlags {
 };
 void add_setup_options(CLI::App& app, Setup& setup, SetupFlags flags = {});
 
+// The model of one source in `dtype` (a preset or config.json with random weights from `seed`, or an HF checkpoint):
+// throws std::invalid_argument unless exactly one of --preset, --config, --load is given.
+std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);
+// --lora SPEC and/or --adapter DIR on a freshly built model (nothing when both are empty).
+void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed);
+
 // The model the setup describes, on the CPU: source in model_dtype(), --lora/--adapter, then --grad-dtype.
 std::unique_ptr<Model> build_model(const Setup& setup);
 std::unique_ptr<Objective> build_objective(const Setup& setup);

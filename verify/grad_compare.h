@@ -93,7 +93,7 @@ double unit_roundoff(c10::ScalarType dtype);
 // as bf16): 1.64 measured (streamed LoRA A factors of a 4-layer d = 128 model at 64 chunks, ONEDNN_MAX_CPU_ISA=AVX2
 // on an AMX Xeon; 1.33 on an AMD EPYC: a streamed method rounds its chunk products where standard BP rounds one
 // product), so 2.5. fp32: 1.75 measured (accumulation order alone: a streamed method sums chunk shares in another
-// order), so 3. The faults of tests/test_negative_controls.cpp exceed the fp32 allowance by 10^5 and more and the
+// order), so 3. The faults of tests/unit/test_negative_controls.cpp exceed the fp32 allowance by 10^5 and more and the
 // bf16 one by at least 8.7x (the doubled head).
 constexpr double kLowPrecisionFalseFailure = 1e-6;
 double low_precision_noise_scale(c10::ScalarType dtype);

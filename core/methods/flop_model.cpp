@@ -55,7 +55,7 @@ double streambp_attention_flops(const Workload& w) {
   // chunk_attention scores a chunk's queries [s, s+c) against the prefix [0, s) in full and the diagonal block
   // causally (or, CUDA bf16, one bottom-right causal call over [0, s+c)): c·s + c(c+1)/2 pairs, so a pass over the
   // chunks covers the causal triangle's rows once, T(T+1)/2 pairs per head for any chunk size. Forward, step 2's
-  // re-forward, and the backward (tests/test_flop_model.cpp counts them).
+  // re-forward, and the backward (tests/unit/test_flop_model.cpp counts them).
   return flop_terms(w).attention * (2 + FlopTerms::kAttentionBackward);
 }
 

@@ -19,7 +19,7 @@ struct FlopTerms {
   double base_backward = 2, head_backward = 2;  // backward / forward: 2 when the weights train, 1 when frozen
   double first_layer_skipped = 0;  // what standard BP under LoRA never computes (flop_terms)
   // Flash backward: S recomputed, dV, dP, dQ, dK: 5 products of head_dim per pair vs the forward's 2 (ATen's CPU
-  // flash backward runs these five GEMMs per tile; tests/test_flop_model.cpp counts the pairs of every call).
+  // flash backward runs these five GEMMs per tile; tests/unit/test_flop_model.cpp counts the pairs of every call).
   static constexpr double kAttentionBackward = 2.5;
   // Forward (and backward) of projections with these base and adapter FLOPs.
   double projections(double base, double adapters, bool with_backward) const;

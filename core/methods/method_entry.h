@@ -44,6 +44,9 @@ struct MethodTestSpecs {
   // One setting with several chunks, the last one short: what the meter, FLOP, training and distributed tests
   // measure.
   std::function<std::string(std::int64_t T)> typical;
+  // The settings the memory-model tests hold within 3% of the meter, on tiny shapes at T = 512 to 2048: the
+  // defaults, and for a chunked method one with many chunks. Empty: the method's defaults alone.
+  std::vector<std::string> metered;
 };
 
 struct MethodEntry {

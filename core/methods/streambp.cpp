@@ -186,6 +186,8 @@ MethodEntry streambp_entry() {
   };
   // Four layer chunks and three head chunks, each last one short.
   e.tests.typical = [spec](std::int64_t T) { return spec(T / 4 + 1, T / 3 + 1); };
+  // 8 to 32 chunks of 64 tokens, and the defaults (one to four chunks).
+  e.tests.metered = {spec(64, 64), "streambp"};
   return e;
 }
 

@@ -17,7 +17,7 @@ class ChunkGradients;
 struct HeadResult;
 struct KVGradSums;
 // Not final: its protected virtual steps (attend, head_and_loss, stream_layer_backward, kv_path_backward,
-// accumulation_dtype) are where the negative controls' faulty subclasses (tests/faulty_methods.h) put their bugs.
+// accumulation_dtype) are where the negative controls' faulty subclasses (tests/support/faulty_methods.h) put their bugs.
 class StreamBP : public BackpropMethod {
  public:
   struct Options {

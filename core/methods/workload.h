@@ -1,6 +1,6 @@
 // What a step is asked to do, as the analytic models see it (Workload), and what they answer (MemoryEstimate): the
 // memory models of the methods (memory_terms.h), of the training step (core/training/training_memory.h) and the FLOP
-// models read a Workload; drivers fill it from a model, an objective and a batch (experiments/runner.h,
+// models read a Workload; drivers fill it from a model, an objective and a batch (experiments/batches.h,
 // make_workload) or by hand for a projection.
 #pragma once
 

@@ -10,7 +10,7 @@
 
 namespace sbp {
 
-// Not final: the negative controls' faulty subclasses (tests/faulty_objectives.h) override prepare_fields and
+// Not final: the negative controls' faulty subclasses (tests/support/faulty_objectives.h) override prepare_fields and
 // statistics_rest.
 class DpoObjective : public Objective {
  public:

@@ -12,7 +12,7 @@
 
 namespace sbp {
 
-// Not final: the negative control's faulty subclass (tests/faulty_objectives.h) overrides token_weights.
+// Not final: the negative control's faulty subclass (tests/support/faulty_objectives.h) overrides token_weights.
 class GrpoObjective : public Objective {
  public:
   // Defaults are TRL's current GRPOConfig (beta 0, epsilon 0.2 both sides, loss_type dapo, temperature 1, token

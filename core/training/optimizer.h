@@ -1,5 +1,5 @@
 // The optimizer of a training step (ARCHITECTURE.md §11): AdamW and SGD over the named trainable tensors, equal to
-// torch.optim.AdamW / torch.optim.SGD of torch 2.14.1 on CPU bit for bit (tests/optimizer_oracle.py), plus torch's
+// torch.optim.AdamW / torch.optim.SGD of torch 2.14.1 on CPU bit for bit (tests/oracle/optimizer_oracle.py), plus torch's
 // clip_grad_norm_. Specs: "adamw:lr=1e-3,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0.01,decay_norms_and_biases=0",
 // "sgd:lr=0.1,momentum=0.9,weight_decay=0"; every key is optional.
 #pragma once
@@ -106,7 +106,7 @@ struct ParamShape {
 struct OptimizerMemory {
   std::int64_t state_bytes = 0;
   // Extra bytes live at the worst moment of step(), on top of parameters, gradients and states (the CPU meter's
-  // peak during step() minus the bytes live before it, tests/test_optimizer.cpp).
+  // peak during step() minus the bytes live before it, tests/unit/test_optimizer.cpp).
   std::int64_t step_temporary_bytes = 0;
 };
 // Arithmetic, from names, shapes and dtypes only: what Optimizer(params, options) holds and what its step()

@@ -29,7 +29,7 @@
 #include "core/objectives/objective.h"
 #include "experiments/provenance.h"
 #include "experiments/results_table.h"
-#include "experiments/runner.h"
+#include "experiments/options.h"
 #include "verify/grad_compare.h"
 
 namespace {

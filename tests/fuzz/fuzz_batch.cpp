@@ -8,7 +8,7 @@
 #include "baselines/methods.h"
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
-#include "experiments/runner.h"
+#include "experiments/batches.h"
 #include "tests/fuzz/fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -15,7 +15,7 @@
 #include "core/objectives/objective.h"
 #include "core/training/trainer.h"
 #include "experiments/results_table.h"
-#include "experiments/runner.h"
+#include "experiments/batches.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {

@@ -1,6 +1,6 @@
 """The three objectives of the conformance protocol on an HF model's logits.
 
-SFT is HF's own loss. GRPO and DPO are TRL's formulas, written out as tests/lora_parity.py has them
+SFT is HF's own loss. GRPO and DPO are TRL's formulas, written out as tests/oracle/lora_parity.py has them
 (GRPOTrainer._compute_loss; DPOTrainer's sigmoid loss), not TRL's code: TRL is not in the project venv (installing
 it pulls datasets and pins of its own into an environment other work depends on), and its losses are trainer methods
 (`GRPOTrainer._compute_loss(self, model, inputs)` runs the model itself and reads the trainer's config, accelerator

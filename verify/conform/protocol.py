@@ -76,7 +76,7 @@ def quiet_hf():
 def patch_rms_norms_for_fp64():
     """HF's RMSNorm rounds its statistics to fp32 even in an fp64 model (`.to(torch.float32)`), which puts an fp64 HF
     run ~1e-7 from an exact fp64 computation. Upcast to *at least* fp32 instead: fp64 stays fp64, and fp32/bf16 are
-    unchanged (the same patch as tests/hf_parity.py). Applied in fp64 cases only."""
+    unchanged (the same patch as tests/oracle/hf_parity.py). Applied in fp64 cases only."""
     import importlib
 
     for module, cls_name in (("qwen3", "Qwen3RMSNorm"), ("qwen2", "Qwen2RMSNorm"), ("llama", "LlamaRMSNorm")):

@@ -1,0 +1,138 @@
+#include "experiments/batches.h"
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "core/io/safetensors.h"
+#include "core/methods/memory_model.h"
+#include "core/methods/streaming.h"
+#include "core/model/checkpoint_io.h"
+#include "profiler/calibration.h"
+#include "profiler/cpu_meter.h"
+#include "profiler/cuda_meter.h"
+
+namespace sbp {
+
+Batch read_batch_file(const std::filesystem::path& file) {
+  Batch batch;
+  for (const auto& t : read_safetensors(file)) {
+    if (t.name == "input_ids")
+      batch.input_ids = t.tensor;
+    else if (t.name == "attention_mask")
+      batch.attention_mask = t.tensor;
+    else
+      batch.fields[t.name] = t.tensor;  // the objective checks its own (names, shapes, dtypes)
+  }
+  if (!batch.input_ids.defined()) throw std::invalid_argument(file.string() + ": missing tensor 'input_ids'");
+  if (!batch.attention_mask.defined()) throw std::invalid_argument(file.string() + ": missing tensor 'attention_mask'");
+  return batch;
+}
+
+void write_batch_file(const Batch& b, const std::filesystem::path& file) {
+  TensorList tensors = {{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask}};
+  for (const auto& [name, tensor] : b.fields) tensors.push_back({name, tensor});
+  write_safetensors(file, tensors);
+}
+
+namespace {
+
+// Chunks of the reference pass: StreamBP's defaults (the pass is StreamBP's forward without checkpoints).
+constexpr std::int64_t kReferenceLayerChunk = 512, kReferenceHeadChunk = 1024;
+
+// The first architecture field in which two configs differ, or "".
+std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) {
+  const std::pair<const char*, std::pair<std::int64_t, std::int64_t>> fields[] = {
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"hidden_size", {a.hidden_size, b.hidden_size}},
+      {"intermediate_size", {a.intermediate_size, b.intermediate_size}},
+      {"num_hidden_layers", {a.num_hidden_layers, b.num_hidden_layers}},
+      {"num_attention_heads", {a.num_attention_heads, b.num_attention_heads}},
+      {"num_key_value_heads", {a.num_key_value_heads, b.num_key_value_heads}},
+      {"head_dim", {a.head_dim, b.head_dim}},
+      {"qk_norm", {a.qk_norm, b.qk_norm}},
+      {"attention_bias", {a.attention_bias, b.attention_bias}},
+      {"tie_word_embeddings", {a.tie_word_embeddings, b.tie_word_embeddings}}};
+  for (const auto& [name, values] : fields)
+    if (values.first != values.second)
+      return std::string(name) + " " + std::to_string(values.second) + " (the policy has " + std::to_string(values.first) + ")";
+  return "";
+}
+
+}  // namespace
+
+Workload make_workload(const Model& model, const Objective& objective, const Batch& batch) {
+  Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
+             objective.needs_statistics()};
+  w.threads = at::get_num_threads();
+  w.workspaces = machine_workspaces(model.device());
+  w.grad_dtype = model.grad_dtype();
+  const auto& lora = model.lora();
+  if (lora.enabled()) {
+    w.lora_rank = lora.rank;
+    w.lora_parameters = lora_parameter_count(model.config(), lora);  // ZeRO-3 empties the adapters between uses
+    for (const auto& t : lora.targets) (t == "gate" || t == "up" || t == "down" ? w.lora_mlp_targets : w.lora_attention_targets)++;
+    w.lora_targets.assign(lora.targets.begin(), lora.targets.end());
+  }
+  return w;
+}
+
+ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
+                             bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed) {
+  if (!ref_dir.empty() && batch.has("ref_logps"))
+    throw std::invalid_argument(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
+  const bool lora = model.lora().enabled();
+  if (random && objective.wants_policy_logps())
+    objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), seed,
+                                  /*reference_given=*/!ref_dir.empty() || lora);
+  ReferencePass pass;
+  if (!objective.needs_reference(batch)) {
+    if (!ref_dir.empty())
+      throw std::invalid_argument("--ref " + ref_dir + ": objective " + objective.spec() + " reads no reference log-probs");
+    return pass;
+  }
+  if (ref_dir.empty() && !lora)
+    throw std::invalid_argument(source + ": objective " + objective.name() + " needs ref_logps in the batch or --ref DIR (a reference model)");
+  // The pass runs where the policy lives, measured by that device's meter.
+  auto& cpu_meter = CpuMemoryMeter::install();
+  auto* cuda_meter = model.device().is_cuda() ? &CudaMemoryMeter::for_device(model.device().index()) : nullptr;
+  const auto live_bytes = [&] { return cuda_meter ? cuda_meter->current_bytes() : cpu_meter.current_bytes(); };
+  const auto before = live_bytes();
+  cuda_meter ? cuda_meter->reset_peak() : cpu_meter.reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  if (ref_dir.empty()) {  // LoRA: the base model is the reference, on its own hidden states
+    const Model::AdaptersDisabled base(model);
+    batch = objective.with_reference(batch, sequence_logps(model, batch.input_ids, objective.temperature(),
+                                                           kReferenceLayerChunk, kReferenceHeadChunk));
+  } else {
+    const auto reference = load_model_dir(ref_dir, dtype);
+    reference->to(model.device());
+    if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
+      throw std::invalid_argument(ref_dir + "/config.json: the reference model must have the policy's architecture and "
+                                  "vocabulary; it has " + diff);
+    batch = objective.with_reference(batch, sequence_logps(*reference, batch.input_ids, objective.temperature(),
+                                                           kReferenceLayerChunk, kReferenceHeadChunk));
+  }
+  pass.ran = true;
+  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  synchronize(model.device());
+  pass.peak_bytes = (cuda_meter ? cuda_meter->peak_bytes() : cpu_meter.peak_bytes()) - before;
+  auto workload = make_workload(model, objective, batch);
+  workload.lora_rank = workload.lora_parameters = 0;  // the reference computes the base function
+  pass.model = reference_pass_memory(workload, kReferenceLayerChunk, kReferenceHeadChunk,
+                                     /*separate_weights=*/!ref_dir.empty());
+  return pass;
+}
+
+Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
+                            std::int64_t group, std::uint64_t seed) {
+  auto batch = objective.random_batch(model.config(),
+                                      {batch_size, seq_len, 0.0, objective.name() == "sft" ? 0.1 : 0.0, seed, group})
+                   .to(model.device());
+  complete_batch(model, objective, batch, "random batch", true, "", model.dtype(), seed);
+  objective.prepare(batch, model.config(), "random batch");
+  return batch;
+}
+
+}  // namespace sbp

@@ -1,0 +1,46 @@
+// The batches a command runs on: batch files (safetensors) in and out, random batches completed with the log-probs
+// their objective needs (old and reference log-probs from a chunked no-grad pass), and the memory models' view of a
+// step on one (its Workload).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "core/methods/workload.h"
+#include "core/objectives/batch.h"
+#include "core/objectives/objective.h"
+#include "core/model/model.h"
+
+namespace sbp {
+
+// safetensors: input_ids and attention_mask (I64) and the objective's tensors (Batch::fields), by name.
+Batch read_batch_file(const std::filesystem::path& file);
+void write_batch_file(const Batch& batch, const std::filesystem::path& file);
+
+// The memory models' view of a run: shape, dtype, the (prepared) objective's buffers and statistics pass, LoRA.
+Workload make_workload(const Model& model, const Objective& objective, const Batch& batch);
+
+struct ReferencePass {
+  bool ran = false;
+  double seconds = 0;
+  std::int64_t peak_bytes = 0;  // bytes the pass added on top of what was live before it (reference weights included)
+  MemoryEstimate model;         // reference_pass_memory of the same workload
+};
+// The log-probs a batch needs beyond its tokens, filled in before the step (outside the measured BP):
+// - a random batch of an objective that wants them gets old_logps / synthetic ref_logps from the policy's own
+//   chunked no-grad pass (Objective::add_synthetic_logps);
+// - ref_logps from a reference model (`ref_dir`, an HF checkpoint of the same architecture and vocabulary), by a
+//   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them;
+//   under LoRA without --ref, the reference is the base model itself with its adapters disabled.
+// Throws std::invalid_argument (exit 2) when the reference is needed but not given, given but not used, or of
+// another architecture.
+ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
+                             bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed);
+
+// A random B x T batch on the model's device for the drivers' measurements (SFT: the first 10% of each row is prompt; GRPO/DPO draw
+// theirs), its log-probs completed and the objective prepared on it.
+Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
+                            std::int64_t group, std::uint64_t seed);
+
+}  // namespace sbp

@@ -1,0 +1,135 @@
+#include "experiments/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include "core/methods/phase.h"
+#include "core/training/trainer.h"
+#include "profiler/cuda_meter.h"
+
+namespace sbp {
+
+double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n, int repeats, c10::Device device) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const auto a = at::randn({n, n}, options), b = at::randn({n, n}, options);
+  auto out = at::mm(a, b);  // warm-up, and the output buffer
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    synchronize(device);
+    const auto start = std::chrono::steady_clock::now();
+    at::mm_out(out, a, b);
+    synchronize(device);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * double(n) * double(n) * double(n) / seconds);
+  }
+  return best;
+}
+
+double Measurement::median_seconds() const {
+  if (bp_seconds.empty()) return 0;
+  auto v = bp_seconds;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+namespace {
+
+// One step as the measurement sees it: its loss, BP seconds and phases.
+struct MeasuredStep {
+  double loss = 0, bp_seconds = 0;
+  std::vector<PhaseTime> phases;
+};
+
+// The measuring loop of measure_method and measure_training on either meter (CpuMemoryMeter and CudaMemoryMeter answer
+// the same calls). `owned_bytes` is what the step's peak counts besides what it allocates: the model's weights and,
+// in training, the optimizer's states as they are before the step.
+template <typename Meter, typename Step, typename Owned>
+Measurement measure_with(Meter& meter, Model& model, const Step& step, const Owned& owned_bytes, int warmup, int repeats,
+                         std::int64_t budget_bytes) {
+  Measurement m;
+  // The model's weights: the base and, under LoRA, the adapters (trainable weights the step also needs).
+  m.weight_bytes = model_weight_bytes(model);
+  for (int i = 0; i < warmup + repeats; ++i) {
+    model.zero_grad();  // the previous step's gradients are not part of this step's memory
+    meter.reset_peak();
+    const auto held = meter.current_bytes() - owned_bytes();  // live before the step, not the model's
+    if (budget_bytes > 0) meter.set_budget_bytes(budget_bytes + held);
+    try {
+      const MeasuredStep r = step();
+      meter.set_budget_bytes(0);
+      m.loss = r.loss;
+      m.phases = r.phases;
+      if (i >= warmup) m.bp_seconds.push_back(r.bp_seconds);
+    } catch (const c10::OutOfMemoryError& e) {
+      meter.set_budget_bytes(0);
+      m.status = "oom";
+      m.error = e.what_without_backtrace();
+    }
+    m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - held);
+    m.largest_allocation_bytes = std::max(m.largest_allocation_bytes, meter.largest_allocation_bytes());
+    m.phase_peaks = meter.phase_peaks();
+    for (auto& p : m.phase_peaks) p.peak_bytes -= held;
+    if (m.status != "passed") break;
+  }
+  return m;
+}
+
+template <typename Step, typename Owned>
+Measurement measure_on_device(Model& model, const Step& step, const Owned& owned_bytes, int warmup, int repeats,
+                              std::int64_t budget_bytes) {
+  if (model.device().is_cuda()) {
+    auto& meter = CudaMemoryMeter::for_device(model.device().index());
+    if (!meter.available()) throw std::runtime_error("CUDA memory meter: " + meter.reason());
+    const PhaseListenerScope listening(meter);  // per-phase peaks from the CUDA meter for this step
+    auto m = measure_with(meter, model, step, owned_bytes, warmup, repeats, budget_bytes);
+    m.reserved_peak_bytes = meter.reserved_peak_bytes();
+    return m;
+  }
+  return measure_with(CpuMemoryMeter::install(), model, step, owned_bytes, warmup, repeats, budget_bytes);
+}
+
+}  // namespace
+
+Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+                           int warmup, int repeats, std::int64_t budget_bytes) {
+  const auto weights = model_weight_bytes(model);
+  return measure_on_device(
+      model,
+      [&] {
+        const auto r = method.step(model, objective, batch);
+        return MeasuredStep{r.loss, r.bp_seconds, r.phases};
+      },
+      [&] { return weights; }, warmup, repeats, budget_bytes);
+}
+
+Measurement measure_training(Trainer& trainer, const Batch& batch, int warmup, int repeats, std::int64_t budget_bytes) {
+  const auto weights = model_weight_bytes(trainer.model());
+  return measure_on_device(
+      trainer.model(),
+      [&] {
+        const auto r = trainer.step(batch);
+        return MeasuredStep{r.loss, r.bp_seconds, {}};
+      },
+      [&] { return weights + trainer.held_bytes(); }, warmup, repeats, budget_bytes);
+}
+
+std::int64_t model_weight_bytes(const Model& model) {
+  std::int64_t bytes = 0;
+  for (const auto& p : model.parameters()) bytes += std::int64_t(p.tensor.nbytes());
+  for (const auto& p : model.adapters()) bytes += std::int64_t(p.tensor.nbytes());
+  return bytes;
+}
+
+std::string format_bytes(std::int64_t bytes) {
+  const double b = double(bytes);
+  if (std::abs(b) >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (std::abs(b) >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.1f} KiB", b / 1024.0);
+}
+
+}  // namespace sbp

@@ -1,0 +1,150 @@
+#include "experiments/options.h"
+
+#include <exception>
+#include <filesystem>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "baselines/methods.h"
+#include "experiments/cli_checks.h"
+
+namespace sbp {
+
+namespace {
+
+// A value that `parse` accepts, or the reason it gives (CLI11 prints "--flag: reason" and main exits 2).
+template <typename Parse>
+CLI::Validator accepted_by(Parse parse, const std::string& description) {
+  return CLI::Validator(
+      [parse](std::string& input) -> std::string {
+        try {
+          parse(input);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return {};
+      },
+      description);
+}
+
+// A spec make_method builds (the catalogue's methods and options, each value within its bounds).
+CLI::Validator method_spec() {
+  return accepted_by([](const std::string& spec) { make_method(spec); }, "method spec");
+}
+
+// --seq or --batch as one value or a comma-separated list, each within [lo, hi].
+void add_sizes(CLI::App& app, const std::string& flag, std::vector<std::int64_t>& values, Arity arity,
+               std::int64_t lo, std::int64_t hi, const std::string& what) {
+  if (arity == Arity::none) return;
+  auto* option = app.add_option(flag, values, arity == Arity::many ? what + " (comma-separated)" : what)
+                     ->check(sbp::within(lo, hi));
+  if (arity == Arity::many)
+    option->delimiter(',');
+  else
+    option->expected(1);
+  if (!values.empty()) option->default_str(join_values(values));
+}
+
+}  // namespace
+
+std::string join_values(const std::vector<std::int64_t>& values) {
+  std::string out;
+  for (const auto v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
+std::string join_values(const std::vector<std::string>& values, char separator) {
+  std::string out;
+  for (const auto& v : values) out += (out.empty() ? "" : std::string(1, separator)) + v;
+  return out;
+}
+
+void add_measure_options(CLI::App& app, MeasureOptions& m, MeasureFlags flags) {
+  add_sizes(app, "--seq", m.seq_lens, flags.seq, 2, std::int64_t(1) << 40, "sequence length T of a random batch");
+  add_sizes(app, "--batch", m.batch_sizes, flags.batch, 1, std::int64_t(1) << 40,
+            "rows B of the global batch (data-parallel: over all ranks; DPO: chosen + rejected, even)");
+  if (flags.warmup)
+    app.add_option("--warmup", m.warmup, "unmeasured steps before the measured ones")
+        ->check(CLI::NonNegativeNumber)->capture_default_str();
+  if (flags.repeats)
+    app.add_option("--repeats", m.repeats, "measured steps per method and point (median time)")
+        ->check(CLI::PositiveNumber)->capture_default_str();
+  if (flags.check_seq)
+    app.add_option("--check-seq", m.check_seq_len, "T of each method's fp64 gradient check against standard BP (0: "
+                   "none)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  if (flags.budget) {
+    auto* budget = app.add_option("--budget-bytes", m.budget_bytes, "memory budget: a step above it fails with status "
+                                  "oom (CPU: live tensor bytes as the meter counts them; CUDA: the caching allocator's "
+                                  "reserved bytes)");
+    if (flags.budget_required)
+      budget->required()->check(CLI::PositiveNumber);
+    else
+      budget->check(CLI::NonNegativeNumber);
+  }
+}
+
+void add_method_option(CLI::App& app, std::string& spec) {
+  app.add_option("--method", spec, "BP method spec: " + methods_usage())->required()->check(method_spec());
+}
+
+void add_methods_option(CLI::App& app, std::vector<std::string>& specs, const std::string& help) {
+  auto* option = app.add_option("--methods", specs, help + " (semicolon-separated specs: " + methods_usage() + ")")
+                     ->delimiter(';')->check(method_spec());
+  if (!specs.empty()) option->default_str(join_values(specs, ';'));
+}
+
+std::optional<OptimizerOptions> OptimizerFlags::options() const {
+  // Both flags were checked while parsing; this cannot throw on what the command line gave.
+  return parse_optimizer_flags(spec, state_dtype);
+}
+
+std::string OptimizerFlags::describe() const {
+  const auto o = options();
+  return o ? optimizer_spec(*o) + (state_dtype.empty() ? "" : ",state_dtype=" + state_dtype) : "";
+}
+
+void add_optimizer_options(CLI::App& app, OptimizerFlags& flags, const std::string& what) {
+  auto* optimizer =
+      app.add_option("--optimizer", flags.spec, "adamw:lr=1e-5,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0"
+                     "[,decay_norms_and_biases=0] or sgd:lr=...,momentum=0,weight_decay=0 (torch.optim's update and "
+                     "defaults; weight decay on every trainable tensor unless decay_norms_and_biases=0, HF Trainer's "
+                     "groups): " + what)
+          ->check(accepted_by([](const std::string& spec) { parse_optimizer_spec(spec); }, "optimizer spec"));
+  if (!flags.spec.empty()) optimizer->capture_default_str();
+  auto* state = app.add_option("--optimizer-state-dtype", flags.state_dtype, "fp64, fp32 or bf16: the optimizer "
+                               "states' dtype (default: each trainable tensor's own, as torch does)")
+                    ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+  if (flags.spec.empty()) state->needs(optimizer);
+}
+
+void add_output_options(CLI::App& app, OutputOptions& o, const std::string& help) {
+  auto* out = app.add_option("--out", o.out_dir, help + " (relative to the current directory; the last line prints where)");
+  if (!o.out_dir.empty()) out->capture_default_str();
+}
+
+void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag) {
+  if (!force && std::filesystem::exists(folder))
+    throw std::invalid_argument(flag + " " + folder.string() + ": file exists; results are never overwritten silently "
+                                "(choose another name, or pass --force)");
+}
+
+void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag) {
+  check_new_folder(file, force, flag);
+  // Before the work, not after it: an output whose folder does not exist would fail only when written.
+  const auto parent = std::filesystem::absolute(file).parent_path();
+  if (!std::filesystem::is_directory(parent))
+    throw std::invalid_argument(flag + " " + file.string() + ": the folder " + parent.string() +
+                                " does not exist (create it first)");
+}
+
+std::vector<std::string> split_list(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace sbp

@@ -1,0 +1,69 @@
+# `streambp conform` (issue #21) with implementations that need no Python packages:
+# (a) the harness's own StreamBP through the protocol (verify/conform/streambp_adapter.py) passes the quick matrix:
+#     fp64 against the oracle at 1e-10, fp32/bf16 against its own standard BP as the baseline; the CSV has a row per
+#     case with provenance, status passed;
+# (b) implementations that break the protocol are reported per case, naming the tensor or what happened, and the run
+#     goes on to the next case (tests/support/conform_faulty_adapter.py): a crash, no output, a renamed tensor, a NaN, an
+#     extra tensor, a hang (--timeout), and a gradient off by 1e-6 relative (the fp64 judgement's negative control)
+#     or 10% (the low-precision rule's); exit 1, and the results folder holds only whole files;
+# (c) bad input exits 2 naming it: an unknown dtype, a missing or malformed --cases file; a --cases file with one
+#     custom case (untied, MHA, no qk-norm, T = 50, chunks 7/5) passes.
+# ctest-timeout: 300
+source "$(dirname "$0")/../support/cli_common.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+ours=(python3 "$HERE/../../verify/conform/streambp_adapter.py" --streambp "$STREAMBP")
+impl="${ours[*]}"
+
+rows() {  # rows CSV STATUS: how many rows have this status
+  python3 -c "import csv,sys; print(sum(r['status'] == sys.argv[2] for r in csv.DictReader(open(sys.argv[1]))))" "$1" "$2"
+}
+
+# (a)
+"$STREAMBP" conform --impl "$impl" --baseline "$impl --method standard" --out ok >ok.txt 2>ok.log ||
+  fail "the harness's own StreamBP does not conform:\n$(cat ok.txt ok.log)"
+csv=$(ls ok/conform-*.csv)
+[[ $(rows "$csv" passed) -eq 9 && $(rows "$csv" failed) -eq 0 ]] || fail "quick matrix rows:\n$(cat "$csv")"
+grep -q "9 of 9 case(s) passed" ok.txt || fail "no summary:\n$(cat ok.txt)"
+echo "ok: StreamBP through the protocol passes the quick matrix"
+
+# (b)
+check_faulty() {  # check_faulty MODE PATTERN [conform flags]: every selected case fails, naming PATTERN
+  local mode=$1 pattern=$2 status=0
+  shift 2
+  "$STREAMBP" conform --impl "python3 $HERE/../support/conform_faulty_adapter.py $mode $STREAMBP" --baseline "$impl --method standard" \
+    --out "r-$mode" --work "w-$mode" "$@" >"$mode.txt" 2>"$mode.log" || status=$?
+  [[ $status -eq 1 ]] || fail "$mode: exit $status, expected 1\n$(cat "$mode.txt" "$mode.log")"
+  local csv total
+  csv=$(ls "r-$mode"/conform-*.csv)
+  total=$(($(rows "$csv" passed) + $(rows "$csv" failed)))
+  [[ $(rows "$csv" failed) -eq $total && $total -ge 2 ]] || fail "$mode: not every case failed:\n$(cat "$csv")"
+  [[ $(grep -cE -- "$pattern" "$mode.txt") -ge $total ]] || fail "$mode: '$pattern' not named per case:\n$(cat "$mode.txt")"
+  [[ -z $(find "r-$mode" -name '*.tmp*') ]] || fail "$mode: half-written results: $(ls -a "r-$mode")"
+  echo "ok: $mode fails all $total cases: $(grep -m1 -oE -- "$pattern.{0,60}" "$mode.txt")"
+}
+sft=(--objectives sft --dtypes fp64)
+check_faulty crash "exited with status 1: RuntimeError: the implementation crashed" "${sft[@]}"
+check_faulty nothing "wrote no grads.safetensors" "${sft[@]}"
+check_faulty rename "tensor '[^']+' missing; unexpected tensor '[^']+\.renamed'" "${sft[@]}"
+check_faulty nan "has 1 non-finite entries" "${sft[@]}"
+check_faulty extra "unexpected tensor 'model.not_a_parameter'" "${sft[@]}"
+check_faulty hang "timed out after 2 s" --objectives grpo,dpo --dtypes fp64 --timeout 2
+check_faulty perturb "FAIL +[0-9.e+-]+ model\." --objectives grpo,dpo --dtypes fp64
+# A failing line names its bar, so that a reader knows how far off the implementation is.
+grep -qE "FAIL .*normwise error [0-9.e+-]+ > the fp64 bar 1e-10" perturb.txt || fail "no fp64 bar:\n$(cat perturb.txt)"
+check_faulty perturb "FAIL +[0-9.e+-]+ model\." --dtypes fp32,bf16
+grep -qE "FAIL .*x the low-precision rule's bar" perturb.txt || fail "no low-precision bar:\n$(cat perturb.txt)"
+
+# (c)
+expect_exit_2 "an unknown dtype" "fp16x" "$STREAMBP" conform --impl true --dtypes fp16x
+expect_exit_2 "a missing cases file" "nope.json: cannot read it" "$STREAMBP" conform --impl true --cases nope.json
+echo '[{"name": "x", "sequence": 9}]' >bad.json
+expect_exit_2 "an unknown key" "case 0: unknown key 'sequence'" "$STREAMBP" conform --impl true --cases bad.json
+cat >mine.json <<'JSON'
+[{"name": "custom-untied-mha", "preset": "tiny-mha", "qk_norm": false, "tie_word_embeddings": false, "seq": 50,
+  "batch": 2, "layer_chunk": 7, "head_chunk": 5, "objective": "grpo:beta=0.04,loss_type=bnpo", "group": 2}]
+JSON
+"$STREAMBP" conform --impl "$impl" --cases mine.json --out mine >mine.txt 2>mine.log ||
+  fail "a custom case:\n$(cat mine.txt mine.log)"
+grep -q "custom-untied-mha .* PASS" mine.txt || fail "custom case not run:\n$(cat mine.txt)"
+echo "ok: a --cases file with a custom case"

@@ -1,0 +1,37 @@
+# `streambp conform` with the shipped HF adapters (issue #21; needs the venv's python: STREAMBP_PYTHON):
+# (a) HF gradient checkpointing passes the quick matrix (fp64 at 1e-10 against the harness's oracle; fp32/bf16 within
+#     the low-precision rule with HF standard BP in the same dtype as the baseline);
+# (b) the suite's negative control, verify/conform/wrong_per_chunk.py (per-chunk normalisation, DPO's skipped first
+#     token), fails every case whose chunks hold different target counts, naming the tensor; it passes only T = 2
+#     (one chunk: its mean is the batch's); every failure stands at least 5x beyond its bar (issue #28), so that no
+#     CPU's rounding can hide it.
+# Usage: cli_conform_hf.sh BINARY PYTHON
+# ctest-needs-python
+# ctest-timeout: 600
+source "$(dirname "$0")/../support/cli_common.sh"
+PY=$2
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+export STREAMBP_PYTHON=$PY
+
+"$STREAMBP" conform --impl hf-checkpointing --baseline hf --out ok >ok.txt 2>ok.log ||
+  fail "HF gradient checkpointing does not pass the quick matrix:\n$(cat ok.txt ok.log)"
+grep -q "9 of 9 case(s) passed" ok.txt || fail "quick matrix:\n$(cat ok.txt)"
+echo "ok: hf-checkpointing passes the quick matrix ($(grep -c ' PASS ' ok.txt) cases)"
+
+status=0
+"$STREAMBP" conform --impl "$PY $SRC/verify/conform/wrong_per_chunk.py" --baseline hf --out wrong >wrong.txt 2>wrong.log ||
+  status=$?
+[[ $status -eq 1 ]] || fail "the wrong adapter: exit $status, expected 1:\n$(cat wrong.txt wrong.log)"
+python3 - wrong/conform-*.csv <<'PY' || fail "the wrong adapter's verdicts:\n$(cat wrong.txt)"
+import csv, sys
+rows = {r["case"]: r for r in csv.DictReader(open(sys.argv[1]))}
+passed = sorted(c for c, r in rows.items() if r["status"] == "passed")
+assert passed == ["sft-T2"], passed
+for case, r in rows.items():
+    if case != "sft-T2":
+        # judged on its gradients (not a crash): the worst tensor is named and at least 5x beyond the bar (fp64: the
+        # normwise 1e-10; fp32/bf16: the low-precision rule's statistic, 1 at the allowance)
+        bar = 1e-10 if r["dtype"] == "fp64" else 1.0
+        assert r["worst_tensor"] and float(r["worst"]) >= 5 * bar, r
+print("ok: the wrong adapter fails", len(rows) - 1, "cases, each with its worst tensor")
+PY

@@ -1,0 +1,52 @@
+# Malformed input exits non-zero with a message that says what is wrong (STYLE rule 7).
+source "$(dirname "$0")/../support/cli_common.sh"
+
+"$STREAMBP" run --preset tiny --method standard --seq 8 --save-model "$WORK/M" --save-grads g.safetensors >/dev/null
+# A weights file cut in the middle of its data, as an interrupted copy leaves it: the message names the file.
+weights="$WORK/M/model.safetensors"
+truncate -s $(($(stat -c %s "$weights") / 2)) "$weights"
+expect_failure "truncated model.safetensors" "$weights" \
+  "$STREAMBP" run --load "$WORK/M" --method standard --seq 8
+
+expect_failure "unknown dtype" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
+# CLI11's own rejections are bad input too: exit 2, not its codes 105-113.
+expect_exit_2 "a value outside its set" "fp8" "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp8
+expect_exit_2 "an unknown flag" "--no-such-flag" "$STREAMBP" run --preset tiny --method standard --seq 8 --no-such-flag
+expect_exit_2 "a flag value of the wrong type" "--seq: 'eight' is not a whole number \\(expected one in \\[2, 2\\^40\\]\\)" \
+  "$STREAMBP" run --preset tiny --method standard --seq eight
+expect_exit_2 "a flag value out of range" "--seq: -5 is outside \\[2, 2\\^40\\]" "$STREAMBP" run --preset tiny --method standard --seq -5
+expect_exit_2 "a required option missing" "--method" "$STREAMBP" run --preset tiny --seq 8
+"$STREAMBP" run --help >/dev/null || fail "run --help must exit 0"
+# `sweep KIND --help` shows that kind's defaults (not the same text for every kind), `sweep --help` every kind's.
+"$STREAMBP" sweep batch --help >help-batch.txt || fail "sweep batch --help must exit 0"
+grep -q "sweep batch      --seq 2048  --batch 1,2,4" help-batch.txt || fail "sweep batch --help hides its defaults:\n$(tail -4 help-batch.txt)"
+! grep -q "sweep seq " help-batch.txt || fail "sweep batch --help shows seq's defaults:\n$(tail -4 help-batch.txt)"
+"$STREAMBP" sweep --help >help-sweep.txt || fail "sweep --help must exit 0"
+[[ $(grep -c "^  sweep " help-sweep.txt) == 3 ]] || fail "sweep --help does not show every kind's defaults"
+grep -q -- "--repeats INT:POSITIVE=2" help-sweep.txt || fail "sweep --help hides --repeats' default"
+expect_exit_2 "a mistyped method before a missing --seq" "unknown method 'nonsense'" \
+  "$STREAMBP" run --preset tiny --method nonsense
+expect_exit_2 "an output in a folder that does not exist" "--save-grads /nonexistent/x.safetensors: the folder /nonexistent does not exist" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads /nonexistent/x.safetensors
+expect_exit_2 "a mistyped command" "unknown command 'rnu' \\(did you mean run\\?\\)" "$STREAMBP" rnu --seq 8
+expect_exit_2 "--zero without ranks" "--zero 2 shards across data-parallel ranks" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --steps 1 --optimizer adamw:lr=1e-3 --zero 2
+# Mixed precision is bf16 (or fp16) compute with fp32 gradients; anything else is refused, naming both flags.
+expect_failure "--grad-dtype with fp64" "--grad-dtype fp32 with --dtype fp64" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp64 --grad-dtype fp32
+expect_failure "--grad-dtype narrower than --dtype" "--grad-dtype bf16 with --dtype fp32" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --dtype fp32 --grad-dtype bf16
+expect_failure "unknown method" "unknown method 'nosuch'" "$STREAMBP" run --preset tiny --method nosuch --seq 8
+expect_failure "unknown method option" "unknown option 'chunk'" \
+  "$STREAMBP" run --preset tiny --method streambp:chunk=4 --seq 8
+expect_failure "chunk below 1" "layer_chunk=0" \
+  "$STREAMBP" run --preset tiny --method streambp:layer_chunk=0 --seq 8
+# Found by fuzz_spec (tests/fuzz/regressions/spec): a rank beyond int64 was converted (undefined behaviour).
+expect_failure "LoRA rank beyond int64" "rank=1e30 must be an integer in \[1, 2\^53\]" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --lora rank=1e30
+expect_failure "unknown preset" "unknown preset 'nosuch'" "$STREAMBP" run --preset nosuch --method standard --seq 8
+expect_failure "no sequence length" "--seq" "$STREAMBP" run --preset tiny --method standard
+expect_failure "missing gradient file" "nosuch.safetensors" "$STREAMBP" compare g.safetensors nosuch.safetensors
+# Results are never overwritten silently.
+expect_failure "existing --save-grads" "g.safetensors" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads g.safetensors

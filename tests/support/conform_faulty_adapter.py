@@ -1,0 +1,63 @@
+"""Implementations that break the conformance protocol in the ways `streambp conform` must report (standard library
+only): MODE is crash (a traceback, exit 1), nothing (exit 0, no files), rename (one tensor under another name), nan
+(one entry NaN), extra (an unexpected tensor), hang (never returns: --timeout must end it), perturb (the protocol
+kept, one tensor's gradient scaled by 1 + 1e-6 in fp64 cases and by 1.1 otherwise: the judgement must fail it). The gradients of rename,
+nan and extra are the harness's own (streambp_adapter.py), then corrupted.
+
+Usage: python3 conform_faulty_adapter.py MODE STREAMBP_BIN CASE_DIR
+"""
+import json
+import math
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+mode, binary, case_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+if mode == "crash":
+    raise RuntimeError("the implementation crashed")
+if mode == "nothing":
+    sys.exit(0)
+if mode == "hang":
+    time.sleep(3600)
+
+adapter = Path(__file__).resolve().parents[2] / "verify" / "conform" / "streambp_adapter.py"
+subprocess.run([sys.executable, str(adapter), "--streambp", binary, str(case_dir)], check=True)
+grads = case_dir / "grads.safetensors"
+raw = grads.read_bytes()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+data = bytearray(raw[8 + n:])
+names = sorted(k for k in header if k != "__metadata__")
+if mode == "rename":
+    header[names[0] + ".renamed"] = header.pop(names[0])
+elif mode == "extra":
+    entry = dict(header[names[0]])
+    start, end = entry["data_offsets"]
+    entry["data_offsets"] = [len(data), len(data) + end - start]
+    data += data[start:end]
+    header["model.not_a_parameter"] = entry
+elif mode == "nan":
+    start, _ = header[names[0]]["data_offsets"]
+    fmt = {"F64": "<d", "F32": "<f"}[header[names[0]]["dtype"]]
+    struct.pack_into(fmt, data, start, math.nan)
+elif mode == "perturb":
+    name = names[-1]
+    fmt = {"F64": "<d", "F32": "<f", "BF16": None}[header[name]["dtype"]]
+    start, end = header[name]["data_offsets"]
+    if fmt is None:  # bf16: the upper half of an fp32
+        for at in range(start, end, 2):
+            (value,) = struct.unpack("<f", b"\0\0" + bytes(data[at:at + 2]))
+            data[at:at + 2] = struct.pack("<f", value * 1.1)[2:]
+    else:
+        size = struct.calcsize(fmt)
+        scale = 1 + 1e-6 if fmt == "<d" else 1.1
+        for at in range(start, end, size):
+            (value,) = struct.unpack_from(fmt, data, at)
+            struct.pack_into(fmt, data, at, value * scale)
+else:
+    sys.exit(f"unknown mode {mode}")
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+grads.write_bytes(struct.pack("<Q", len(text)) + text + bytes(data))

@@ -1,0 +1,297 @@
+// Data-parallel training is exact (issue #20, ARCHITECTURE.md §12): N ranks over Gloo, each back-propagating its rows of
+// every global batch with the gradients reduced once per group at its gradient-ready event (ZeRO 0: all-reduced;
+// 1: + optimizer states sharded, slices inside tensors; 2: + gradients reduce-scattered; 3: + parameters sharded,
+// gathered at each use), end 5 AdamW steps where
+// one process over the global batch ends, in fp64, with unequal target-token counts across ranks (right padding and
+// prompt masks differ by row). The ranks are threads of this process, each with its own model, method, objective,
+// Trainer and Gloo process group over a FileStore in a fresh temporary directory. The negative controls (the public
+// code's bugs and a reduction before a layer's last chunk) are test subclasses and must fail the same check.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "baselines/methods.h"
+#include "core/methods/streaming.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/training/c10d_communicator.h"
+#include "core/training/data_parallel.h"
+#include "core/training/trainer.h"
+#include "tests/support/faulty_methods.h"
+#include "tests/support/test_support.h"
+#include "verify/grad_compare.h"
+
+namespace {
+
+using sbp::Batch;
+
+struct Case {
+  std::string objective, lora;  // lora "": full fine-tuning
+  std::int64_t group = 0;
+};
+
+struct Result {
+  std::vector<double> losses;
+  sbp::TensorList params;
+  sbp::CollectiveStats all_reduce, all_gather;  // of the last step, rank 0
+  std::int64_t resident = 0;  // trainable elements present after the steps (ZeRO-3: none, until gathered)
+};
+
+constexpr int kSteps = 5;
+constexpr std::int64_t kRows = 24, kSeq = 21;  // 24 rows split over 2, 3 and 4 ranks (DPO: 12 pairs)
+
+sbp::TrainOptions options() {
+  sbp::TrainOptions o;
+  o.optimizer = sbp::parse_optimizer_spec("adamw:lr=2e-3,weight_decay=0.1");
+  o.schedule = sbp::parse_lr_schedule("cosine,warmup=1");
+  o.total_steps = kSteps;
+  o.clip_grad_norm = 0.5;
+  return o;
+}
+
+std::unique_ptr<sbp::Model> case_model(const Case& k) {
+  auto model = std::make_unique<sbp::Model>(sbp::test::tiny_config(), at::kDouble, 21);
+  if (!k.lora.empty()) model->add_lora(sbp::parse_lora_spec(k.lora), 22);
+  return model;
+}
+
+std::vector<Batch> case_batches(const Case& k) {
+  auto model = case_model(k);
+  auto objective = sbp::make_objective(k.objective);
+  std::vector<Batch> out;
+  for (int s = 0; s < kSteps; ++s)
+    out.push_back(sbp::test::objective_batch(*model, *objective, {kRows, kSeq, 0.4, 0.2, 300 + std::uint64_t(s), k.group}));
+  return out;
+}
+
+using MethodFactory = std::function<std::unique_ptr<sbp::BackpropMethod>()>;
+using ParallelFactory = std::function<std::unique_ptr<sbp::DataParallel>(sbp::Communicator&)>;
+
+MethodFactory method(const std::string& spec) {
+  return [spec] { return sbp::make_method(spec); };
+}
+
+ParallelFactory ddp(int zero_stage = 0) {
+  return [zero_stage](sbp::Communicator& c) { return std::make_unique<sbp::DataParallel>(c, zero_stage); };
+}
+
+// One process over the global batch.
+Result train_single(const Case& k, const std::vector<Batch>& batches) {
+  auto model = case_model(k);
+  auto bp = sbp::make_method("standard");
+  auto objective = sbp::make_objective(k.objective);
+  sbp::Trainer trainer(*model, *bp, *objective, options());
+  Result r;
+  for (const auto& b : batches) r.losses.push_back(trainer.step(b).loss);
+  for (const auto& p : model->trainable()) r.params.push_back({p.name, p.tensor.detach().clone()});
+  return r;
+}
+
+// `world` ranks as threads; rank 0's result. Correct data parallelism leaves every rank with the same parameters,
+// bitwise (checked unless `faulty`: a broken reduction may leave the ranks apart).
+Result train_parallel(const Case& k, const std::vector<Batch>& batches, int world, const MethodFactory& make_method,
+                      const ParallelFactory& make_parallel = ddp(), bool faulty = false) {
+  static std::mt19937_64 rng(std::random_device{}());
+  const auto dir = std::filesystem::temp_directory_path() / ("streambp-test-ranks-" + std::to_string(rng()));
+  std::filesystem::create_directories(dir);
+  std::vector<Result> results(world);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        auto comm = sbp::make_gloo_communicator({.rank = rank, .world_size = world, .file_store = (dir / "store").string(),
+                                                 .timeout = std::chrono::seconds(60)});
+        auto parallel = make_parallel(*comm);
+        auto model = case_model(k);
+        auto bp = make_method();
+        auto objective = sbp::make_objective(k.objective);
+        sbp::Trainer trainer(*model, *bp, *objective, options(), parallel.get());
+        auto& r = results[rank];
+        for (const auto& b : batches) {
+          comm->reset_stats();
+          r.losses.push_back(trainer.step(objective->split(b, world, "global batch").at(rank)).loss);
+        }
+        r.all_reduce = comm->stats().at("all_reduce");
+        if (comm->stats().count("all_gather")) r.all_gather = comm->stats().at("all_gather");
+        for (const auto& p : model->trainable()) r.resident += p.tensor.numel();
+        const sbp::DataParallel::WholeModel whole(*parallel, model->trainable());  // ZeRO-3: gathered
+        for (const auto& p : model->trainable()) r.params.push_back({p.name, p.tensor.detach().clone()});
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::filesystem::remove_all(dir);
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (int rank = 1; rank < world && !faulty; ++rank)
+    for (std::size_t i = 0; i < results[0].params.size(); ++i) {
+      INFO("rank " << rank << " " << results[0].params[i].name);
+      REQUIRE(at::equal(results[0].params[i].tensor, results[rank].params[i].tensor));
+    }
+  return results[0];
+}
+
+double difference(const Result& ref, const Result& other) {
+  return sbp::test::trajectory_difference(ref.losses, ref.params, other.losses, other.params);
+}
+
+// The intra-op threads of the process for the test's duration: one per rank-thread.
+struct OneThreadPerRank {
+  int before = at::get_num_threads();
+  OneThreadPerRank() { at::set_num_threads(1); }
+  ~OneThreadPerRank() { at::set_num_threads(before); }
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"sft", ""},
+      {"sft", "rank=4,alpha=8"},
+      {"grpo:beta=0.04,loss_type=grpo", "", 4},
+      {"grpo:loss_type=dapo,importance=sequence", "rank=4,alpha=8", 4},
+      {"dpo:beta=0.1,label_smoothing=0.1", ""},
+      {"dpo:beta=0.1", "rank=4,alpha=8"},
+  };
+  return all;
+}
+
+// The public code's bug: every rank normalises by its own target count (then the SUM over ranks is wrong whenever
+// the counts differ; an AVG would be wrong too).
+class PerRankNormalisation : public sbp::DataParallel {
+ public:
+  using DataParallel::DataParallel;
+  sbp::StepTotals global_totals(const sbp::StepTotals& local) override { return local; }
+};
+
+// The public code's other bug: the final norm and an untied lm_head are never averaged across ranks.
+class HeadLeftUnreduced : public sbp::DataParallel {
+ public:
+  using DataParallel::DataParallel;
+  void reduce(const sbp::GradientGroup& group) override {
+    if (group.name != "head") DataParallel::reduce(group);
+  }
+};
+
+// A layer reduced before its last chunk's contributions: the chunk loop's sums so far are committed and the layer's
+// event fired before the K/V path (step 3) adds W_k's and W_v's (then the real event reduces once more).
+class EarlyReducedStreamBP : public sbp::StreamBP {
+ public:
+  using StreamBP::StreamBP;
+
+ protected:
+  void kv_path_backward(const sbp::Model& model, int layer, const at::Tensor& h_in, const at::Tensor& dK,
+                        const at::Tensor& dV, at::Tensor& g, sbp::ChunkGradients& weights,
+                        sbp::PhaseClock& clock) const override {
+    weights.commit();
+    layer_ready(model, layer);
+    StreamBP::kv_path_backward(model, layer, h_in, dK, dV, g, weights, clock);
+  }
+};
+
+const std::string kStreamBP = "streambp:layer_chunk=5,head_chunk=7";
+
+}  // namespace
+
+TEST_CASE("data-parallel training with every method of the catalogue over 1-4 ranks, ZeRO 0-3, ends where one "
+          "process of standard BP over the global batch ends (fp64, 5 AdamW steps, SFT/GRPO/DPO, full and LoRA)",
+          "[distributed][exactness]") {
+  const OneThreadPerRank threads;
+  // Every method but the reference on 1 rank, and at every ZeRO stage on 2 ranks and at stages 0 and 3 on 4; on 3
+  // ranks (24 rows: 8 each) one method per stage in turn, to keep the test near a minute and a half.
+  std::vector<std::string> specs;
+  for (const auto& spec : sbp::typical_method_specs(kSeq))
+    if (spec != "standard") specs.push_back(spec);
+  struct Run {
+    int world, stage;
+    std::string spec;
+  };
+  std::vector<Run> runs;
+  for (const auto& spec : specs)
+    for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{1, 0}, {2, 0}, {2, 1}, {2, 2}, {2, 3}, {4, 0}, {4, 3}})
+      runs.push_back({world, stage, spec});
+  for (int stage = 0; stage <= 3; ++stage) runs.push_back({3, stage, specs[std::size_t(stage) % specs.size()]});
+  double worst = 0;
+  for (const auto& k : cases()) {
+    const auto batches = case_batches(k);
+    const auto reference = train_single(k, batches);
+    for (const auto& r : runs) {
+      const double err = difference(reference, train_parallel(k, batches, r.world, method(r.spec), ddp(r.stage)));
+      INFO(k.objective << " lora=" << k.lora << " " << r.spec << " world " << r.world << " ZeRO " << r.stage << ": " << err);
+      CHECK(err <= 1e-12);
+      worst = std::max(worst, err);
+    }
+  }
+  WARN("largest relative difference of losses and final tensors (6 cases x " << runs.size()
+       << " runs of the catalogue's methods over 1-4 ranks and ZeRO 0-3 x 5 steps): " << worst);
+}
+
+TEST_CASE("data-parallel negative controls fail the same check: per-rank normalisation, an unreduced head, a layer "
+          "reduced before its last chunk (DDP and ZeRO-3)", "[distributed][negative-control]") {
+  const OneThreadPerRank threads;
+  const Case sft{"sft", ""};
+  const auto batches = case_batches(sft);
+  const auto reference = train_single(sft, batches);
+  for (const int stage : {0, 3}) {
+    const auto per_rank = difference(reference, train_parallel(sft, batches, 2, method(kStreamBP), [stage](sbp::Communicator& c) {
+      return std::make_unique<PerRankNormalisation>(c, stage);
+    }, true));
+    const auto head = difference(reference, train_parallel(sft, batches, 2, method(kStreamBP), [stage](sbp::Communicator& c) {
+      return std::make_unique<HeadLeftUnreduced>(c, stage);
+    }, true));
+    const auto early = difference(reference, train_parallel(sft, batches, 2, [] {
+      return std::make_unique<EarlyReducedStreamBP>(sbp::StreamBP::Options{5, 7});
+    }, ddp(stage), true));
+    INFO("ZeRO " << stage << ": per-rank normalisation " << per_rank << ", head unreduced " << head << ", early reduction "
+                 << early);
+    CHECK(per_rank > 1e-6);
+    CHECK(head > 1e-6);
+    CHECK(early > 1e-6);
+  }
+}
+
+TEST_CASE("every method's gradient all-reduce moves standard BP's bytes in as many calls (one per group): StreamBP "
+          "reduces a layer once, after its last chunk", "[distributed]") {
+  const OneThreadPerRank threads;
+  for (const auto& k : {Case{"sft", ""}, Case{"sft", "rank=4,alpha=8"}}) {
+    const auto batches = case_batches(k);
+    const auto standard = train_parallel(k, batches, 2, method("standard")).all_reduce;
+    // Groups: the head (final norm; tiny is tied), 2 layers, the embedding; plus the step totals and the loss.
+    CHECK(standard.calls == (k.lora.empty() ? 4 : 2) + 2);
+    for (const auto& spec : sbp::typical_method_specs(kSeq)) {
+      const auto other = train_parallel(k, batches, 2, method(spec)).all_reduce;
+      INFO("lora=" << k.lora << ": standard " << standard.calls << " calls " << standard.bytes << " bytes, " << spec
+                   << " " << other.calls << " / " << other.bytes);
+      CHECK(other.bytes == standard.bytes);
+      CHECK(other.calls == standard.calls);
+    }
+  }
+}
+
+TEST_CASE("ZeRO-3: every method gathers each layer once for its forward and once for its backward (StreamBP: for its "
+          "whole chunk loop), as standard BP does (all-gather calls and bytes per step equal)", "[distributed]") {
+  const OneThreadPerRank threads;
+  for (const auto& k : {Case{"sft", ""}, Case{"sft", "rank=4,alpha=8"}}) {
+    const auto batches = case_batches(k);
+    const auto standard = train_parallel(k, batches, 2, method("standard"), ddp(3)).all_gather;
+    // tiny: 2 layers x (forward + backward) + the embedding and head once; LoRA trains no embedding or head.
+    CHECK(standard.calls == (k.lora.empty() ? 5 : 4));
+    for (const auto& spec : sbp::typical_method_specs(kSeq)) {
+      const auto other = train_parallel(k, batches, 2, method(spec), ddp(3)).all_gather;
+      INFO("lora=" << k.lora << ": standard " << standard.calls << " calls " << standard.bytes << " bytes, " << spec
+                   << " " << other.calls << " / " << other.bytes);
+      CHECK(other.bytes == standard.bytes);
+      CHECK(other.calls == standard.calls);
+    }
+    CHECK(train_parallel(k, batches, 2, method(kStreamBP), ddp(3)).resident == 0);  // freed between uses
+    CHECK(train_parallel(k, batches, 2, method(kStreamBP), ddp(2)).resident > 0);
+  }
+}

@@ -1,0 +1,189 @@
+// The per-rank memory model of data-parallel training (ARCHITECTURE.md §12, ZeRO 0-3) against the CPU meter. The meter counts
+// the whole process's allocations, so ranks as threads of one process would add up. Here one process is one rank: a
+// Communicator whose N ranks are all this one (IdenticalRanks below) gives the collectives their results' shapes and
+// allocates what Gloo's allocate through the CPU allocator, so the meter sees exactly one rank's bytes. That it does
+// is checked against real Gloo ranks (separate processes) in tests/cli_zero_memory.sh.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "baselines/methods.h"
+#include "core/methods/memory_model.h"
+#include "core/training/training_memory.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
+#include "core/training/data_parallel.h"
+#include "core/training/trainer.h"
+#include "experiments/batches.h"
+#include "experiments/measure.h"
+#include "profiler/cpu_meter.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+// N ranks that all hold this rank's batch and gradients, as seen by rank `rank`: the all-reduce multiplies by N, the
+// reduce-scatter returns N x this rank's block, the all-gather N copies of this rank's tensor (so the slices of the
+// other ranks are not what a real run would gather: these runs are for their bytes, not their values). What each
+// collective allocates through the CPU allocator is Gloo's (ProcessGroupGloo.cpp, torch 2.14): the all-reduce works
+// in place; the reduce-scatter all-reduces a clone of its input and copies this rank's block into the output; the
+// all-gather gathers into a flat buffer of the output's size and copies the output out of it.
+class IdenticalRanks final : public sbp::Communicator {
+ public:
+  IdenticalRanks(int world, int rank) : world_(world), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  bool copies_collective_buffers() const override { return true; }
+  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    for (auto& t : tensors) t.mul_(world_);
+  }
+  at::Tensor reduce_scatter_sum(const at::Tensor& input) override {
+    const auto in = input.contiguous().reshape({-1});
+    auto out = at::empty({in.numel() / world_}, in.options());
+    auto reduced = in.clone();  // Gloo's clone, all-reduced in place
+    reduced.mul_(world_);
+    out.copy_(reduced.chunk(world_)[rank_]);
+    return out;
+  }
+  at::Tensor all_gather(const at::Tensor& tensor) override {
+    const auto in = tensor.contiguous().reshape({-1});
+    auto out = at::empty({world_ * in.numel()}, in.options());
+    auto flat = at::empty({world_, in.numel()}, in.options());  // Gloo's flat output
+    flat.copy_(in.expand({world_, in.numel()}));
+    out.copy_(flat.reshape({-1}));
+    std::vector<std::int64_t> sizes = {world_};
+    sizes.insert(sizes.end(), tensor.sizes().begin(), tensor.sizes().end());
+    return out.view(sizes);
+  }
+  void barrier() override {}
+
+ private:
+  int world_, rank_;
+};
+
+struct Measured {
+  std::int64_t peak = 0;
+  sbp::MemoryEstimate model, single_process_model;
+};
+
+// Rank 0 of `world` ranks at ZeRO `stage` (rank 0's slices are the longest: the model is of it), AdamW steps of the
+// method on this rank's rows; the peak of all but the first (which allocates nothing more, but is not counted).
+Measured measure_rank(const std::string& spec, const std::string& lora, std::int64_t vocab, std::int64_t T, int world,
+                      int stage, c10::ScalarType dtype = at::kFloat) {
+  auto& meter = sbp::CpuMemoryMeter::install();
+  auto config = sbp::test::tiny_config();
+  config.vocab_size = vocab;
+  sbp::Model model(config, dtype, 91);
+  if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 93);
+  const auto batch = sbp::random_sft_batch(config, {2, T, 0.0, 0.1, 92});
+  auto method = sbp::make_method(spec);
+  sbp::SftObjective objective;
+  sbp::TrainOptions options;
+  options.optimizer = sbp::parse_optimizer_spec("adamw:lr=1e-3,weight_decay=0.1");
+  // bf16: the peak of several steps (the attention backward's per-worker scratch, see test_meter.cpp).
+  const int steps = dtype == at::kBFloat16 ? 4 : 3;
+  options.total_steps = steps;
+  options.clip_grad_norm = 0.5;
+  IdenticalRanks ranks(world, 0);
+  sbp::DataParallel parallel(ranks, stage);
+  sbp::Trainer trainer(model, *method, objective, options, &parallel);
+  objective.prepare(batch, config);
+  auto workload = sbp::make_workload(model, objective, batch);
+  auto single = workload;
+  trainer.add_optimizer_memory(workload);
+  sbp::add_optimizer_memory(single, model, options.optimizer);  // the negative control: one process's model
+  Measured out{0, sbp::training_memory(*method, workload), sbp::training_memory(*method, single)};
+  // ZeRO-3: the model's trainable tensors are empty between steps; the rank's parameters are its slices, which the
+  // trainer holds (held_bytes, with the optimizer's states).
+  const auto weights = sbp::model_weight_bytes(model);
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    meter.reset_peak();
+    // Held before the step but not the model's: the batch and what else the test keeps.
+    const auto held = meter.current_bytes() - weights - trainer.held_bytes();
+    trainer.step(batch);
+    if (s > 0) out.peak = std::max(out.peak, meter.peak_bytes() - held);
+  }
+  return out;
+}
+
+std::string describe(const sbp::MemoryEstimate& e) {
+  std::string text = e.moment + ":";
+  for (const auto& t : e.terms) text += " " + t.name + " " + std::to_string(t.bytes) + ";";
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("per-rank memory models of data-parallel training steps (ZeRO 0-3, 2 and 3 ranks, StreamBP and "
+          "checkpointing, full and LoRA) match the measured peaks within 3 percent", "[training][meter][memory-model]") {
+  // Three shapes: at T = 16 the peak is a gradient group's collective (V = 512: a layer's; V = 4096: the
+  // embedding's) or around the update (the optimizer step, the gradient norm over the slices, the all-gather of the
+  // updated slices); at V = 512, T = 256 it is in the BP, with the gradients of the reduced groups sharded (stages
+  // 2-3) and one layer's parameters gathered (stage 3).
+  struct Shape {
+    std::int64_t vocab, T;
+  };
+  int negative_controls = 0;
+  double worst = 0, closest_control = 1e9;  // the largest |measured / model - 1|; the smallest of the controls'
+  for (const auto& shape : {Shape{512, 16}, Shape{4096, 16}, Shape{512, 256}})
+    for (const int world : {2, 3})
+      for (const int stage : {0, 1, 2, 3})
+        for (const std::string spec : {"streambp:layer_chunk=64,head_chunk=64", "checkpoint"})
+          for (const std::string lora : {"", "rank=8"}) {
+            const auto m = measure_rank(spec, lora, shape.vocab, shape.T, world, stage);
+            const double ratio = double(m.peak) / double(m.model.total_bytes());
+            const double single_ratio = double(m.peak) / double(m.single_process_model.total_bytes());
+            INFO("V=" << shape.vocab << " T=" << shape.T << " world " << world << " ZeRO " << stage << " " << spec
+                      << " lora=" << lora << ": measured " << m.peak << ", model " << m.model.total_bytes()
+                      << " (ratio " << ratio << ") at " << describe(m.model) << " one process's model: ratio "
+                      << single_ratio);
+            CHECK(std::abs(ratio - 1.0) <= 0.03);
+            worst = std::max(worst, std::abs(ratio - 1.0));
+            // Negative control: the model of one process (the world size ignored) misses the sharding by far more
+            // than the tolerance wherever the optimizer's states are sharded and dominate (full fine-tuning; LoRA's
+            // adapters and their states are a few KiB beside the frozen base).
+            if (world == 3 && stage >= 1 && lora.empty()) {
+              CHECK(std::abs(single_ratio - 1.0) > 0.03);
+              closest_control = std::min(closest_control, std::abs(single_ratio - 1.0));
+              ++negative_controls;
+            }
+          }
+  CHECK(negative_controls == 3 * 3 * 2);
+  WARN("largest |measured / model - 1| over 96 runs: " << worst << "; the one-process model's smallest miss at "
+       "ZeRO 1-3 over 3 ranks: " << closest_control);
+}
+
+TEST_CASE("per-rank memory models of data-parallel training steps in pure bf16 (the paper's full training: bf16 "
+          "weights, gradients and AdamW states) match the measured peaks within 3 percent",
+          "[training][meter][memory-model]") {
+  struct Shape {
+    std::int64_t vocab, T;
+  };
+  double worst = 0;
+  int runs = 0;
+  // Three ranks only (two are in the fp32 case): bf16 steps are slow on a CPU without native bf16.
+  for (const auto& shape : {Shape{512, 16}, Shape{512, 256}})
+    for (const int world : {3})
+      for (const int stage : {0, 1, 2, 3})
+        for (const std::string spec : {"streambp:layer_chunk=64,head_chunk=64", "checkpoint"}) {
+          // Not checkpointing at T = 16: its own (one-process) model is 2.6% under there, at the down_proj weight
+          // gradient GEMM (948,672 modelled, 973,504 measured at ZeRO 0 on an AVX512-BF16 CPU; test_training.cpp skips
+          // T = 16 for it in bf16 too, issue #19's note).
+          if (spec == "checkpoint" && shape.T == 16) continue;
+          ++runs;
+          const auto m = measure_rank(spec, "", shape.vocab, shape.T, world, stage, at::kBFloat16);
+          const double ratio = double(m.peak) / double(m.model.total_bytes());
+          INFO("bf16 V=" << shape.vocab << " T=" << shape.T << " world " << world << " ZeRO " << stage << " " << spec
+                         << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio
+                         << ") at " << describe(m.model));
+          CHECK(std::abs(ratio - 1.0) <= 0.03);
+          worst = std::max(worst, std::abs(ratio - 1.0));
+        }
+  WARN("bf16: largest |measured / model - 1| over " << runs << " runs: " << worst);
+}

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "core/methods/layer_checkpoints.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
 #include "core/model/model.h"
@@ -11,22 +12,24 @@ namespace sbp {
 
 double CheckpointBackprop::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
-  std::vector<at::Tensor> inputs(L + 1);  // inputs[l]: [B, T, d] input of layer l; inputs[L]: last hidden state
+  // inputs: [B, T, d] the input of layer l, and the last hidden state; in the offload tier once read, with one
+  // (layer_checkpoints.h).
+  LayerCheckpoints inputs(L + 1, checkpoint_tier());
   {
     Phase phase(clock, "forward");
     at::NoGradGuard no_grad;
-    inputs[0] = model.embed(batch.input_ids);
+    inputs.set(0, model.embed(batch.input_ids));
     for (int l = 0; l < L; ++l) {
       const LayerInUse use(*this, model, l);
-      inputs[l + 1] = model.layer_forward(l, inputs[l]);
+      inputs.set(l + 1, model.layer_forward(l, inputs.get(l)));
+      inputs.done_reading(l);
     }
   }
   at::Tensor grad;  // dLoss/d(output of the current layer): [B, T, d]
   double loss = 0;
   {
     Phase phase(clock, "head");
-    auto h = inputs[L].detach().requires_grad_(true);
-    inputs[L].reset();
+    auto h = inputs.take(L).detach().requires_grad_(true);
     auto term = objective.chunk_loss(model.logits(model.final_norm(h)), 0);
     term.backward();
     loss = term.item<double>();
@@ -37,8 +40,7 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
     {
       Phase phase(clock, "layer");
       const LayerInUse use(*this, model, l);
-      auto h = inputs[l].detach().requires_grad_(true);
-      inputs[l].reset();  // the checkpoint is consumed by its own re-forward
+      auto h = inputs.take(l).detach().requires_grad_(true);  // the checkpoint is consumed by its own re-forward
       model.layer_forward(l, h).backward(grad);
       grad = h.grad();
     }

@@ -11,6 +11,7 @@ namespace sbp {
 class CheckpointBackprop final : public BackpropMethod {
  public:
   std::string spec() const override { return "checkpoint"; }
+  bool keeps_layer_checkpoints() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return checkpoint_flops(workload); }
  private:

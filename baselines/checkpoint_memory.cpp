@@ -18,7 +18,7 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
                        {"lm_head copy (compute dtype)", z.lm_head_copy()},
-                       {"checkpoints", (z.L + 1) * btd},
+                       {"checkpoints", z.checkpoints(z.L + 1)},
                        {"final norm", final_norm},
                        {"logits + loss", loss_peak_bytes(z.T, z)},
                        {"objective buffers", objective_bytes(w)}}};
@@ -97,7 +97,7 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
   if (z.g == z.s && z.lm_grad > 0)
     moments.push_back({"lm_head gradient GEMM",
                        {{"weights", z.weights},
-                        {"checkpoints", (z.L + 1) * btd},
+                        {"checkpoints", z.checkpoints(z.L + 1)},
                         {"final norm", final_norm},
                         {"logits gradient (model dtype)", z.B * z.T * z.V * z.s},
                         {"lm_head gradient + the GEMM's workspace",
@@ -105,7 +105,9 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
-  return largest(moments);
+  auto peak = largest(moments);
+  peak.host = checkpoint_host_terms(w);
+  return peak;
 }
 
 }  // namespace sbp

@@ -27,6 +27,7 @@ class MsT : public BackpropMethod {
   // Positions per mini-sequence: M mini-sequences of ceil(T / M) positions, the last one shorter.
   static std::int64_t mini_sequence_length(std::int64_t T, std::int64_t M) { return (T + M - 1) / M; }
   std::string spec() const override { return "mst:mini_seq=" + std::to_string(options_.mini_seq); }
+  bool keeps_layer_checkpoints() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return mst_flops(workload); }
 

@@ -21,6 +21,7 @@
 #include "core/training/training_memory.h"
 #include "core/training/data_parallel.h"
 #include "core/training/trainer.h"
+#include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 
@@ -36,6 +37,8 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   add_optimizer_options(app, a.optimizer, "search training steps (BP + optimizer update): the optimizer's states and "
                         "the update's temporaries share the budget; each measured probe is two steps of a fresh "
                         "optimizer (the second holds the states through its BP); default: forward + backward only");
+  add_offload_options(app, a.offload, "the budget is the device's (the meter's), and the tier's bytes are "
+                      "recorded beside each probe (host_peak_bytes, model_host_bytes)");
   app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
   add_rank_options(app, a.ranks, "each measuring its --batch / N rows of every probe's global batch under the "
                    "per-rank budget (needs --optimizer)");
@@ -78,6 +81,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   auto base_workload = make_workload(*model, *objective, batch_at(16));
+  base_workload.offload_checkpoints = a.offload.checkpoints();
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
   set_data_parallel(base_workload, ranks.comm ? ranks.world : a.ranks.nproc, a.ranks.zero, device);
   if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
@@ -89,7 +93,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
 
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
                       "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error",
-                      "world_size", "zero"});
+                      "world_size", "zero", "offload", "host_peak_bytes", "model_host_bytes"});
   const auto prov = collect_provenance(command_line, describe_device(device));
   if (!a.model_only && writer) std::filesystem::create_directories(a.output.out_dir);
   const auto csv = ResultsTable::new_path(a.output.out_dir, "maxlen", prov);
@@ -98,10 +102,13 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
+    const auto tier = make_offload(a.offload, device, *method);
+    method->offload_checkpoints_to(tier.get());
     const auto model_peak = [&](std::int64_t T) {
       const auto w = workload_at(T);
       return (optimizer ? training_memory(*method, w) : method->memory_model(w)).total_bytes();
     };
+    const auto model_host = [&](std::int64_t T) { return method->memory_model(workload_at(T)).host_bytes(); };
     // The model's answer: the largest T in [2, max_seq] whose modelled peak fits (the model grows with T).
     std::int64_t lo = 2, hi = a.max_seq;
     if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even T = 2 fits
@@ -119,10 +126,12 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     struct Probe {
       std::int64_t T;
       Measurement m;
+      std::int64_t host_peak_bytes = 0;  // the offload tier's
     };
     std::vector<Probe> probes;
     auto probe = [&](std::int64_t T) {
       const auto batch = batch_at(T);
+      if (tier) tier->reset_peak();
       auto m = [&] {
         if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.measure.budget_bytes);
         // Fresh states (and, data-parallel, fresh shards), freed after the probe.
@@ -140,7 +149,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                  m.status == "oom" ? std::string("over the budget")
                                    : fmt::format("fits: peak {} in {:.2f} s", format_bytes(m.peak_bytes), m.bp_seconds.at(0)),
                  elapsed);
-      probes.push_back({T, m});
+      probes.push_back({T, m, tier ? tier->peak_bytes() : 0});
       return m.status == "passed";
     };
     const auto up = [&](std::int64_t T) { return std::max(T + 1, std::int64_t(std::ceil(double(T) * (1 + a.step)))); };
@@ -169,7 +178,9 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                  {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", optimizer_column, std::to_string(rows),
                   std::to_string(p.T), std::to_string(a.measure.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
                   std::to_string(model_peak(p.T)), oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()),
-                  std::to_string(predicted), measured, error, std::to_string(ranks.world), std::to_string(ranks.zero)}});
+                  std::to_string(predicted), measured, error, std::to_string(ranks.world), std::to_string(ranks.zero),
+                  a.offload.describe(), tier && !oom ? std::to_string(p.host_peak_bytes) : "",
+                  tier ? std::to_string(model_host(p.T)) : ""}});
     }
     if (writer) table.write_to(csv, prov);  // after every method: a killed search keeps the methods it finished
     summary.push_back(fmt::format("{:<44} model T* = {:>8}   measured T* = {:>8} (T = {} over the budget)   model error {}",

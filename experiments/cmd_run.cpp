@@ -17,6 +17,7 @@
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "core/methods/streambp.h"
+#include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "profiler/calibration.h"
@@ -38,6 +39,7 @@ void add_model_options(CLI::App& app, RunArgs& a) {
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
   app.add_option("--json", a.json, "write the run record (JSON)");
   app.add_flag("--force", a.force, "overwrite existing output files");
+  add_offload_options(app, a.offload, "the peak printed is the device's, the tier's bytes beside it");
 }
 
 void add_run_options(CLI::App& app, RunArgs& a) {
@@ -83,6 +85,15 @@ void print_terms(const MemoryEstimate& est) {
   for (const auto& t : est.terms) fmt::print("            {:<{}}  {:>10}\n", t.name, width, format_bytes(t.bytes));
 }
 
+// The offload tier beside the device's peak: what the tier held at its own peak against the model's host terms.
+void print_offload(const OffloadOptions& o, const OffloadTier& tier, const MemoryEstimate& est) {
+  const auto host = est.host_bytes();
+  fmt::print("offload   {} in {}: {} held at the tier's peak, {} analytic{}\n", o.describe(), tier.describe(),
+             format_bytes(tier.peak_bytes()), format_bytes(host),
+             tier.peak_bytes() == host ? " (exact)" : fmt::format(" ({:+d} bytes)", tier.peak_bytes() - host));
+  for (const auto& t : est.host) fmt::print("  host    {}  {}\n", t.name, format_bytes(t.bytes));
+}
+
 // What the console and the record say of a step: a finished step is `unchecked`, as run compares no gradient
 // (`compare` and `verify` do); otherwise the measurement's own status (oom, error).
 std::string run_status(const Measurement& m) { return m.status == "passed" ? "unchecked" : m.status; }
@@ -94,11 +105,13 @@ void print_calibration(const Workload& w) {
     fmt::print("kernels   {} GEMMs {} ({})\n", dtype, choice.first, choice.second);
 }
 
-nlohmann::json terms_json(const MemoryEstimate& est) {
-  auto terms = nlohmann::json::array();
-  for (const auto& t : est.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
-  return terms;
+nlohmann::json terms_json_of(const std::vector<MemoryTerm>& terms) {
+  auto out = nlohmann::json::array();
+  for (const auto& t : terms) out.push_back({{"name", t.name}, {"bytes", t.bytes}});
+  return out;
 }
+
+nlohmann::json terms_json(const MemoryEstimate& est) { return terms_json_of(est.terms); }
 
 const char* chunk_attention_name(const Model& model) {
   return choose_chunk_attention(model.device().type(), model.dtype()).name();
@@ -106,7 +119,7 @@ const char* chunk_attention_name(const Model& model) {
 
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
-                   const MemoryEstimate& est) {
+                   const MemoryEstimate& est, const OffloadTier* tier) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.setup.source.describe(), model.config().num_parameters() / 1e6,
              precision_name(model.dtype(), model.grad_dtype()));
   if (model.lora().enabled()) {
@@ -136,6 +149,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
              format_bytes(est.total_bytes()), 100.0 * (double(m.peak_bytes) / double(est.total_bytes()) - 1.0),
              est.moment);
   print_terms(est);
+  if (tier) print_offload(a.offload, *tier, est);
   for (const auto& p : m.phase_peaks) {
     const double seconds = phase_seconds(m, p.name);
     fmt::print("  phase   {:<12} peak {:>12}  {:8.3f} s  x{}\n", p.name, format_bytes(p.peak_bytes), seconds, p.count);
@@ -150,12 +164,14 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
              method.spec(), batch.batch_size(), batch.seq_len(), format_bytes(est.total_bytes()), est.moment,
              workload.threads);
   print_terms(est);
+  for (const auto& t : est.host) fmt::print("  host    {}  {} (the offload tier)\n", t.name, format_bytes(t.bytes));
   print_calibration(workload);
   if (!a.json.empty()) {
     const nlohmann::json j = {{"status", "model-only"},
                               {"model_peak_bytes", est.total_bytes()},
                               {"model_peak_moment", est.moment},
                               {"model_terms", terms_json(est)},
+                              {"model_host_bytes", est.host_bytes()},
                               {"preset", a.setup.source.describe()},
                               {"method", method.spec()},
                               {"dtype", precision_name(workload.dtype, workload.gradient_dtype())},
@@ -195,6 +211,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
   auto [dtype, model, method, objective] = build_run_parts(a);
+  const auto tier = make_offload(a.offload, device, *method);  // its folder checked before any work
+  method->offload_checkpoints_to(tier.get());
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.measure.batch_size(), a.measure.seq_len(), a.pad_fraction,
@@ -205,7 +223,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   batch = batch.to(device);
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.setup.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
-  const auto workload = make_workload(*model, *objective, batch);
+  auto workload = make_workload(*model, *objective, batch);
+  workload.offload_checkpoints = tier != nullptr;
   if (a.model_only) return print_model_only(a, *method, workload, batch, command_line);
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
   if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
@@ -221,6 +240,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                                   : a.profile == "cupti" ? TimelineSource::cupti : TimelineSource::allocator);
   std::optional<OpProfile> op_profile;
   if (!a.op_profile.empty()) op_profile.emplace();
+  if (tier) tier->reset_peak();
   const auto m = measure_method(*model, *method, *objective, batch, a.measure.warmup, a.measure.repeats, a.measure.budget_bytes);
   std::vector<OpTime> op_times;
   if (op_profile) {
@@ -246,7 +266,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                               // The runtime's full words (cudaErrorInsufficientDriver ...) go to --json only.
                               : "; CUDA memory stats and CUPTI skipped: " + cuda_reason.substr(0, cuda_reason.find(':')));
   const auto est = method->memory_model(workload);
-  print_summary(a, *model, batch, *objective, *method, reference, m, est);
+  print_summary(a, *model, batch, *objective, *method, reference, m, est, tier.get());
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));
@@ -272,6 +292,11 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"model_peak_bytes", est.total_bytes()},
                         {"model_peak_moment", est.moment},
                         {"model_terms", terms_json(est)},
+                        {"offload", a.offload.describe()},
+                        {"offload_tier", tier ? nlohmann::json(tier->describe()) : nlohmann::json()},
+                        {"host_peak_bytes", tier ? nlohmann::json(tier->peak_bytes()) : nlohmann::json()},
+                        {"model_host_bytes", tier ? nlohmann::json(est.host_bytes()) : nlohmann::json()},
+                        {"model_host_terms", terms_json_of(est.host)},
                         {"calibration", calibration_json(*workload.workspaces)},
                         {"weight_bytes", m.weight_bytes},
                         {"bp_seconds", unless_oom(m.median_seconds())},

@@ -24,6 +24,7 @@
 #include "core/training/c10d_communicator.h"
 #include "core/training/data_parallel.h"
 #include "core/training/trainer.h"
+#include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
 #include "experiments/interrupt.h"
 #include "experiments/launch.h"
@@ -195,6 +196,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::unique_ptr<Model>& model = parts.model;
   std::unique_ptr<BackpropMethod>& method = parts.method;
   std::unique_ptr<Objective>& objective = parts.objective;
+  const auto tier = make_offload(r.offload, device, *method);  // its folder checked before any step
+  method->offload_checkpoints_to(tier.get());
   model->to(device);
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
@@ -357,6 +360,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       auto workload = make_workload(*model, *objective, micro.front());
       trainer.add_optimizer_memory(workload);
       workload.accumulating = a.grad_accum > 1;
+      workload.offload_checkpoints = tier != nullptr;
       estimate = training_memory(*method, workload);
     }
     model->zero_grad();  // the previous step's gradients are not part of this step
@@ -401,6 +405,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                format_bytes(peak), format_bytes(estimate->total_bytes()),
                world > 1 ? fmt::format(" per rank of {} ({})", world, ranks.zero == 0 ? "DDP" : fmt::format("ZeRO-{}", ranks.zero)) : "",
                100.0 * (double(peak) / double(estimate->total_bytes()) - 1.0), estimate->moment);
+  if (writer && tier && estimate && trainer.steps_taken() > start_step)
+    fmt::print(stderr, "offload   {} in {}: {} held at the tier's peak, {} analytic\n", r.offload.describe(),
+               tier->describe(), format_bytes(tier->peak_bytes()), format_bytes(estimate->host_bytes()));
   // Every rank's peak (also a barrier: every rank finished its steps before rank 0 reports).
   std::vector<std::int64_t> rank_peaks = {peak};
   if (comm) {
@@ -431,6 +438,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"model_peak_moment", estimate ? nlohmann::json(estimate->moment) : nlohmann::json()},
                               {"model_peak_terms", estimate ? terms_json(*estimate) : nlohmann::json()},
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
+                              {"offload", r.offload.describe()},
+                              {"host_peak_bytes", tier ? nlohmann::json(tier->peak_bytes()) : nlohmann::json()},
+                              {"model_host_bytes", tier && estimate ? nlohmann::json(estimate->host_bytes()) : nlohmann::json()},
                               {"method", method->spec()},
                               {"world_size", world},
                               {"zero", ranks.zero},

@@ -27,6 +27,7 @@ struct RunArgs {
   std::string batch_file, ref_dir, save_adapter;
   std::string save_grads, save_model, save_batch, json, timeline, op_profile;
   std::string profile;  // --profile cupti
+  OffloadOptions offload;  // --offload, --offload-dir
   bool force = false, model_only = false;
 };
 void add_run_options(CLI::App& app, RunArgs& args);
@@ -107,6 +108,7 @@ struct MaxlenArgs {
   double step = 0.02;
   // Training: the optimizer whose states and update share the budget (none: forward + backward only).
   OptimizerFlags optimizer;
+  OffloadOptions offload;  // the budget is the device's; the tier's bytes are reported beside it
   bool model_only = false;
   RankFlags ranks;  // data-parallel probes: each rank takes --batch / N rows, the budget per rank
 };

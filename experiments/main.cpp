@@ -1,6 +1,7 @@
 // streambp: the harness's command line. The commands are the table in command_table(); each one's options and work
 // are in experiments/cmd_<name>.cpp. Usage errors (CLI11's and the commands' std::invalid_argument) exit 2.
 #include <algorithm>
+#include <csignal>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -104,6 +105,8 @@ std::vector<Command> command_table() {
 int main(int argc, char** argv) {
   // Before any tensor exists, so that every byte is seen (ARCHITECTURE.md §7).
   sbp::CpuMemoryMeter::install();
+  // A file-size limit (ulimit -f) is a write that fails naming its file (the offload tier's, a result's), not a kill.
+  std::signal(SIGXFSZ, SIG_IGN);
   // A lowered ATen capability on an AMX CPU: oneDNN capped to match, before either reads its knob (core/model/gemm.h).
   if (const auto note = sbp::coherent_cpu_configuration(); !note.empty()) fmt::print(stderr, "{}\n", note);
 

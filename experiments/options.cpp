@@ -1,5 +1,6 @@
 #include "experiments/options.h"
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "baselines/methods.h"
+#include "core/offload/offload_tier.h"
 #include "experiments/cli_checks.h"
 
 namespace sbp {
@@ -41,8 +43,8 @@ void add_sizes(CLI::App& app, const std::string& flag, std::vector<std::int64_t>
                      ->check(sbp::within(lo, hi));
   if (arity == Arity::many)
     option->delimiter(',');
-  else
-    option->expected(1);
+  else  // one value; given twice, the last one counts (as for every other flag)
+    option->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   if (!values.empty()) option->default_str(join_values(values));
 }
 
@@ -116,6 +118,35 @@ void add_optimizer_options(CLI::App& app, OptimizerFlags& flags, const std::stri
                                "states' dtype (default: each trainable tensor's own, as torch does)")
                     ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   if (flags.spec.empty()) state->needs(optimizer);
+}
+
+bool OffloadOptions::checkpoints() const {
+  return std::find(kinds.begin(), kinds.end(), "checkpoints") != kinds.end();
+}
+
+std::string OffloadOptions::describe() const { return join_values(kinds, ','); }
+
+void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {
+  app.add_option("--offload", o.kinds, "what lives in the second memory tier (comma-separated): checkpoints (the layer "
+                 "inputs StreamBP, checkpointing and MsT keep: out once the forward has read them, back one layer ahead "
+                 "of their backward); " + what + ". A copy, never arithmetic: the run's numbers are the same bits "
+                 "(README: Offload)")
+      ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
+  app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
+                 "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
+                 "default: the system's temporary folder")->check(CLI::ExistingDirectory);
+}
+
+std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device device, const BackpropMethod& method) {
+  if (o.kinds.empty()) return nullptr;
+  for (const auto& kind : o.kinds)
+    if (kind != "checkpoints")
+      throw std::invalid_argument("--offload " + kind + ": not built yet; this harness offloads checkpoints so far "
+                                  "(gradients, optimizer states and parameters are issue #31's next steps)");
+  if (!method.keeps_layer_checkpoints())
+    throw std::invalid_argument("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
+                                "over the whole step); offload them with checkpoint, mst or streambp");
+  return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
 }
 
 void add_output_options(CLI::App& app, OutputOptions& o, const std::string& help) {

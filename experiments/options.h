@@ -7,9 +7,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <c10/core/Device.h>
 
 #include "core/training/optimizer.h"
 
@@ -18,6 +21,9 @@ class App;
 }
 
 namespace sbp {
+
+class BackpropMethod;
+class OffloadTier;
 
 // How many values a list flag takes in a command: none (not offered), one, or a comma-separated list.
 enum class Arity { none, one, many };
@@ -67,6 +73,22 @@ struct OutputOptions {
   std::string out_dir;  // --out: the results folder (CSV + JSON sidecars)
 };
 void add_output_options(CLI::App& app, OutputOptions& options, const std::string& help);
+
+// --offload KINDS and --offload-dir DIR: what moves to the second memory tier (core/offload/offload_tier.h) and, on
+// the CPU, the folder of its memory-mapped files.
+struct OffloadOptions {
+  std::vector<std::string> kinds;  // of checkpoints, grads, optimizer, params (checked while parsing)
+  std::string dir;                 // empty: the system's temporary folder
+  bool checkpoints() const;
+  std::string describe() const;  // "checkpoints", "" without offload: the results' offload column
+};
+// `what` says what the command does with it (for --offload's help).
+void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);
+// The tier these options ask for on `device`, for `method`, made before any work (nothing without --offload):
+// throws std::invalid_argument (exit 2) naming the flag for a kind this harness does not move yet, a method with
+// nothing to move, or a folder that is not writable or has no room.
+std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::Device device,
+                                          const BackpropMethod& method);
 
 // What every command checks of an output before its work starts.
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose

@@ -50,10 +50,9 @@ std::int64_t objective_bytes(const Workload& w) { return w.batch_size * w.seq_le
 // the head and of layers l..L-1. Their sum is linear in l, so its largest value is at l = L-1 or l = 0: a method's
 // layer moment is evaluated at both.
 std::vector<LayerState> layer_states(const Sizes& z) {
-  const auto btd = z.B * z.T * z.d * z.s;
   std::vector<LayerState> out;
   for (const auto l : {z.L - 1, std::int64_t(0)}) {
-    out.push_back({l, (l + 1) * btd, z.layer_gradients_at(l)});
+    out.push_back({l, z.checkpoints(l + 1), z.layer_gradients_at(l)});
     if (z.L == 1) break;
   }
   return out;
@@ -158,7 +157,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   const auto head_work = std::max({lm_block, grad_hn + grad_hn_workspace + z.lm_head_copy(), grad_hn + norm_backward});
   std::vector<MemoryEstimate> moments = {{"head backward",
                                           {{"weights", z.weights},
-                                           {"checkpoints", (z.L + 1) * btd},
+                                           {"checkpoints", z.checkpoints(z.L + 1)},
                                            {"dL/dH", btd},
                                            {"lm_head gradient", lm_gradient},
                                            {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z, true, true)},
@@ -168,7 +167,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   // with whatever the GEMM takes beyond its output, e.g. an fp32 copy of it on an AVX512_CORE CPU).
   moments.push_back({"head forward (logits GEMM)",
                      {{"weights", z.weights},
-                      {"checkpoints", (z.L + 1) * btd},
+                      {"checkpoints", z.checkpoints(z.L + 1)},
                       {"dL/dH", btd},
                       {"lm_head gradient", ch < z.T ? lm_gradient : 0},
                       {"head chunk", head_logits + z.B * ch * final_norm_bytes(z.d, z, true, true)},
@@ -178,7 +177,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   if (sums_wider)
     moments.push_back({"lm_head gradient commit",
                        {{"weights", z.weights},
-                        {"checkpoints", (z.L + 1) * btd},
+                        {"checkpoints", z.checkpoints(z.L + 1)},
                         {"dL/dH", btd},
                         {"lm_head gradient (fp32 sum + bf16)", z.lm_grad * (z.f + z.g) / z.g},
                         {"objective buffers", objective_bytes(w)}}});
@@ -186,7 +185,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
   if (w.statistics_pass && ch < z.T)
     moments.push_back({"statistics pass",
                        {{"weights", z.weights},
-                        {"checkpoints", (z.L + 1) * btd},
+                        {"checkpoints", z.checkpoints(z.L + 1)},
                         {"head chunk", z.B * ch * (z.V * z.f + z.d * (z.f + z.s))},
                         {"objective buffers", objective_bytes(w)}}});
   return moments;
@@ -201,6 +200,20 @@ std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
     throw std::logic_error("memory model of " + config.name + ": no kernel calibration attached to the workload (" +
                            call.describe() + ")");
   return workspaces->bytes(call);
+}
+
+std::vector<MemoryTerm> memory::checkpoint_host_terms(const Workload& w) {
+  if (!w.offload_checkpoints) return {};
+  const Sizes z(w);
+  // At the end of the forward every layer's input is in the tier (the last hidden state never goes: the head reads it
+  // at once); the backward takes them back one by one.
+  return {{"layer checkpoints H[0..L-1]", z.L * z.B * z.T * z.d * z.s}};
+}
+
+std::int64_t MemoryEstimate::host_bytes() const {
+  std::int64_t sum = 0;
+  for (const auto& t : host) sum += t.bytes;
+  return sum;
 }
 
 std::int64_t MemoryEstimate::total_bytes() const {

@@ -31,6 +31,7 @@ struct Sizes {
   // Mixed precision (g > s): a trainable master is cast to the compute dtype where it is used, and a graph keeps
   // that copy (linear saves its weight): cast bytes per trainable element, 0 when the masters are the weights.
   std::int64_t cast;
+  bool offload_checkpoints;
   explicit Sizes(const Workload& w)
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
@@ -44,7 +45,7 @@ struct Sizes {
         head_gradients(lora ? 0 : (V + 1) * d * g),
         layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
                         : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
-        cast(g > s ? s : 0), N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
+        cast(g > s ? s : 0), offload_checkpoints(w.offload_checkpoints), N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
         head_group(lora ? 0 : tied ? d * g : (V + 1) * d * g), embedding_group(lm_grad),
         largest_tensor(lora ? std::min(w.lora_parameters, w.lora_rank * std::max({w.config.intermediate_size, d,
                                                                                   w.config.q_width()}))
@@ -56,6 +57,11 @@ struct Sizes {
       rest_weights = weights - all_gradients + slice_elements(all_gradients) * g;  // trainable bytes = gradient bytes
       weights = rest_weights + embedding_group + head_group;
     }
+  }
+  // Bytes on the device of `alive` layer checkpoints ([B, T, d] each): all of them, or with offload the one in use
+  // and the one fetched ahead of it (layer_checkpoints.h).
+  std::int64_t checkpoints(std::int64_t alive) const {
+    return (offload_checkpoints ? std::min<std::int64_t>(alive, 2) : alive) * B * T * d * s;
   }
   // Compute-dtype copies of the trainable tensors a graph keeps (0 unless mixed precision).
   std::int64_t layer_copies() const { return layer_grad / g * cast; }
@@ -136,6 +142,8 @@ struct LayerState {
 std::vector<LayerState> layer_states(const Sizes& z);
 // The moment with the most bytes.
 MemoryEstimate largest(std::vector<MemoryEstimate> moments);
+// What a checkpointing method keeps in the offload tier (MemoryEstimate::host): nothing without offload.
+std::vector<MemoryTerm> checkpoint_host_terms(const Workload& w);
 // RoPE's cos and sin tables of `positions` positions.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
 // RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.

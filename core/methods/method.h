@@ -21,6 +21,7 @@
 namespace sbp {
 
 class Model;
+class OffloadTier;
 
 struct StepResult {
   double loss = 0;        // value of the objective (sum of the chunk terms for streamed methods)
@@ -74,6 +75,12 @@ class BackpropMethod {
   void on_gradient_ready(GradientReadyFn fn) { gradient_ready_ = std::move(fn); }
   // Called where the following steps start and stop using each group's parameters (empty: none).
   void on_parameter_use(ParameterUseFn fn) { parameter_use_ = std::move(fn); }
+  // The following steps keep their layer checkpoints in `tier` (null: on the device), for a method that keeps
+  // checkpoints (StreamBP, checkpointing, MsT: LayerCheckpoints); standard BP keeps a whole graph and ignores it. The
+  // tier outlives the steps. A copy, never arithmetic: the gradients are the same bits with and without it.
+  void offload_checkpoints_to(OffloadTier* tier) { checkpoint_tier_ = tier; }
+  // Whether the method keeps layer checkpoints that offload_checkpoints_to can move (false: it ignores the tier).
+  virtual bool keeps_layer_checkpoints() const { return false; }
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/methods/flop_model.h).
@@ -100,6 +107,7 @@ class BackpropMethod {
     ParameterUse use_;
   };
   bool tracks_parameter_use() const { return bool(parameter_use_); }
+  OffloadTier* checkpoint_tier() const { return checkpoint_tier_; }
   // The begin and end events of a layer, for a method whose uses are not one scope (standard BP: its backward runs
   // inside autograd).
   void layer_use(const Model& model, int layer, bool begin) const;
@@ -109,6 +117,7 @@ class BackpropMethod {
   void parameter_use(ParameterUse use) const;
   GradientReadyFn gradient_ready_;
   ParameterUseFn parameter_use_;
+  OffloadTier* checkpoint_tier_ = nullptr;
 };
 
 }  // namespace sbp

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/model/chunk_attention.h"
+#include "core/methods/layer_checkpoints.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
 #include "core/model/model.h"
@@ -43,31 +44,31 @@ c10::ScalarType StreamBP::accumulation_dtype(c10::ScalarType dtype) const {
 
 double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
-  const auto T = batch.seq_len();
 
   // Forward without a graph, itself chunked: keeps the input of every layer (H[l]: [B, T, d]) and the last hidden
-  // state H[L]; per chunk only the Q path, attention and MLP of c tokens exist.
-  std::vector<at::Tensor> H(L + 1);
+  // state H[L]; per chunk only the Q path, attention and MLP of c tokens exist. With an offload tier H[l] leaves the
+  // device once layer l has read it (layer_checkpoints.h).
+  LayerCheckpoints H(L + 1, checkpoint_tier());
   {
     Phase phase(clock, "forward");
     at::NoGradGuard no_grad;
-    H[0] = model.embed(batch.input_ids);
+    H.set(0, model.embed(batch.input_ids));
     for (int l = 0; l < L; ++l) {
       const LayerInUse use(*this, model, l);
-      H[l + 1] = layer_forward_chunked(model, l, H[l], options_.layer_chunk);
+      H.set(l + 1, layer_forward_chunked(model, l, H.get(l), options_.layer_chunk));
+      H.done_reading(l);
     }
   }
   // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
-  auto [loss, G] = head_and_loss(model, objective, H[L], clock);
-  H[L].reset();
+  auto [loss, G] = head_and_loss(model, objective, H.take(L), clock);
   head_ready(model);
 
   for (int l = L - 1; l >= 0; --l) {
     {
       const LayerInUse use(*this, model, l);  // gathered once for the whole chunk loop (ZeRO-3)
-      stream_layer_backward(model, l, H[l], G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
+      // The checkpoint dies with its layer: the only reference is this one.
+      stream_layer_backward(model, l, H.take(l), G, clock);  // G: dLoss/dH[l+1] in, dLoss/dH[l] out
     }
-    H[l].reset();  // a checkpoint is dead once its layer is done
     layer_ready(model, l);  // its chunk loop has committed the layer's sums
   }
   {

@@ -94,7 +94,9 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
                         {"objective buffers", objective_bytes(w)}}});
   moments.push_back(embedding_moment(w));
   for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
-  return largest(moments);
+  auto peak = largest(moments);
+  peak.host = checkpoint_host_terms(w);
+  return peak;
 }
 
 }  // namespace sbp

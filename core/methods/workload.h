@@ -22,9 +22,12 @@ struct MemoryTerm {
   std::int64_t bytes = 0;
 };
 struct MemoryEstimate {
-  std::string moment;  // when the peak happens, e.g. "head backward"
-  std::vector<MemoryTerm> terms;
-  std::int64_t total_bytes() const;
+  std::string moment;  // when the device's peak happens, e.g. "head backward"
+  std::vector<MemoryTerm> terms;  // on the device at that moment
+  // In the offload tier at its own peak (empty without offload): host memory on CUDA, memory-mapped files on the CPU.
+  std::vector<MemoryTerm> host;
+  std::int64_t total_bytes() const;  // the device's
+  std::int64_t host_bytes() const;
 };
 
 struct Workload {
@@ -45,6 +48,9 @@ struct Workload {
       if (t == target) return true;
     return false;
   }
+  // The layer checkpoints live in the offload tier (core/methods/layer_checkpoints.h): on the device only the one in
+  // use and the one fetched ahead of it.
+  bool offload_checkpoints = false;
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
   // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,

@@ -9,7 +9,10 @@ namespace sbp {
 
 using namespace memory;
 
-MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) {
+namespace {
+
+// The largest moment of the BP and the update, on the device.
+MemoryEstimate device_peak(const BackpropMethod& method, const Workload& w) {
   auto bp = method.memory_model(w);
   const Sizes z(w);
   // Not modelled moment by moment: a later micro-batch's BP beside the gradients the earlier ones left (each
@@ -52,6 +55,14 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) 
                               (w.collective_copies ? " and the backend's copy" : ""),
                           (z.N + 1 + (w.collective_copies ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}};
   return largest({bp, update, norm, gather});
+}
+
+}  // namespace
+
+MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) {
+  auto peak = device_peak(method, w);
+  peak.host = method.memory_model(w).host;  // the offload tier's peak is the BP's (the optimizer stays on the device)
+  return peak;
 }
 
 }  // namespace sbp

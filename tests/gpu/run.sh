@@ -47,6 +47,12 @@
 #     command end 1.7e-7 apart; SGD, because AdamW's first steps turn fp32 rounding of near-zero gradients into
 #     +-lr steps), and the progress line says "2 ranks (DDP, NCCL)" / "(ZeRO-2, NCCL)" / "(ZeRO-3, NCCL)". Never run yet: the first
 #     run is the first test of make_nccl_communicator and of DataParallel's tensors on the GPU.
+#  9. Checkpoints in pinned host memory (`--offload checkpoints`, core/offload/pinned_tier.cpp; never run yet):
+#     (a) StreamBP, checkpointing and MsT on qwen3-small, T = 4096, bf16: the gradients equal the run without offload
+#     bit for bit (`compare --rtol 0`), the tier held exactly its model's host bytes, and the device's peak sits within
+#     step 3's bounds of its model; (b) the copies overlap the kernels: in the CUPTI records of the StreamBP run the
+#     host-to-device copies of the prefetched checkpoints run while kernels run (printed; expected: all but the
+#     first overlap one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${1:-cuda}
@@ -164,5 +170,34 @@ else
       | tee "$OUT/ddp-compare-zero$zero.txt"
   done
 fi
+
+log "9a. checkpoints offloaded to pinned host memory: bitwise, the tier's bytes exact, the device peak against its model"
+for method in streambp checkpoint mst; do
+  common=(--device "$DEVICE" --preset qwen3-small --seq 4096 --dtype bf16 --method $method)
+  "$STREAMBP" run "${common[@]}" --save-grads "$OUT/offload-$method-plain.safetensors" >"$OUT/offload-$method-plain.txt"
+  "$STREAMBP" run "${common[@]}" --offload checkpoints --save-grads "$OUT/offload-$method.safetensors" \
+    --json "$OUT/offload-$method.json" | tee "$OUT/offload-$method.txt"
+  "$STREAMBP" compare "$OUT/offload-$method-plain.safetensors" "$OUT/offload-$method.safetensors" --rtol 0
+  "$PY" - "$OUT/offload-$method.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+ratio = r["peak_bytes"] / r["model_peak_bytes"]
+print(f'{r["method"]}: device peak {ratio:.3f} of its model; tier {r["host_peak_bytes"]} B, model {r["model_host_bytes"]} B')
+sys.exit(0 if r["host_peak_bytes"] == r["model_host_bytes"] and 0.9 <= ratio <= 1.3 else 1)
+EOF
+done
+
+log "9b. the checkpoint copies overlap the kernels (expected: every prefetch but the first overlaps a kernel)"
+"$STREAMBP" run --device "$DEVICE" --preset qwen3-small --seq 4096 --dtype bf16 --method streambp --offload checkpoints \
+  --profile cupti --timeline "$OUT/offload-cupti" --json "$OUT/offload-cupti.json" >"$OUT/offload-cupti.txt"
+"$PY" - "$OUT/offload-cupti.cupti.csv" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(l for l in open(sys.argv[1]) if not l.startswith("#")))
+kernels = [(int(r["start_ns"]), int(r["end_ns"])) for r in rows if r["kind"] == "kernel"]
+copies = [(int(r["start_ns"]), int(r["end_ns"])) for r in rows if r["kind"] == "memcpy" and "HtoD" in r["name"]]
+overlapping = sum(any(k0 < c1 and c0 < k1 for k0, k1 in kernels) for c0, c1 in copies)
+print(f"{len(copies)} host-to-device copies, {overlapping} of them overlap a kernel")
+sys.exit(0 if copies and overlapping >= len(copies) - 1 else 1)
+EOF
 
 log "all GPU checks passed; results in $OUT"

@@ -16,6 +16,7 @@
 #include "core/model/model.h"
 #include "core/objectives/sft.h"
 #include "core/model/lora.h"
+#include "core/offload/offload_tier.h"
 #include "core/methods/phase.h"
 #include "experiments/batches.h"
 #include "experiments/measure.h"
@@ -180,13 +181,15 @@ struct StepMemory {
 };
 StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, const std::string& spec,
                        std::int64_t T, std::int64_t B = 1, const std::string& lora = "",
-                       sbp::MemoryEstimate* estimate = nullptr, bool mixed = false) {
+                       sbp::MemoryEstimate* estimate = nullptr, bool mixed = false,
+                       sbp::OffloadTier* tier = nullptr) {
   sbp::Model model(config, dtype, 91);
   if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 93);
   if (mixed) model.set_grad_dtype(at::kFloat);
   const auto batch = sbp::random_sft_batch(config, {B, T, 0.0, 0.0, 92});
   sbp::SftObjective objective;
   auto method = sbp::make_method(spec);
+  method->offload_checkpoints_to(tier);
   StepMemory out;
   // bf16 on a CPU with native bf16 GEMMs: every intra-op worker of the flash backward takes oneDNN scratch per block
   // GEMM (2 x 354 KiB on tiny), and the model counts them at once, as a long call reaches. A short step on a busy CPU
@@ -195,7 +198,11 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
   const int repeats = dtype == at::kBFloat16 ? 4 : 1;
   out.measurement = sbp::measure_method(model, *method, objective, batch, 0, repeats, 0);
   out.largest_block_bytes = CpuMemoryMeter::install().largest_allocation_bytes();
-  if (estimate) *estimate = method->memory_model(sbp::make_workload(model, objective, batch));
+  if (estimate) {
+    auto workload = sbp::make_workload(model, objective, batch);
+    workload.offload_checkpoints = tier != nullptr;
+    *estimate = method->memory_model(workload);
+  }
   return out;
 }
 
@@ -427,6 +434,36 @@ TEST_CASE("the memory models hold under whatever kernels the CPU configuration p
                                   << double(m.measurement.peak_bytes) / double(estimate.total_bytes()));
       CHECK(matches_model(m.measurement.peak_bytes, estimate));
     }
+  }
+}
+
+TEST_CASE("the analytic memory models hold on the device with the checkpoints offloaded, within 3 percent",
+          "[meter][memory-model][offload]") {
+  // The tier's files are outside the meter's pool: what it sees is the device's. Both kinds of peak (logits: V = 4096,
+  // T = 512; layers: V = 512, T = 2048), fp32 and bf16, full and LoRA, every method of the catalogue that keeps
+  // checkpoints; on the device only the checkpoint in use and the one fetched ahead of it.
+  const sbp::test::TempDir dir("sbp_meter_offload_");
+  struct Shape {
+    std::int64_t vocab, T, B;
+    c10::ScalarType dtype;
+  };
+  for (const auto& w : {Shape{4096, 512, 2, at::kFloat}, Shape{512, 2048, 1, at::kFloat}, Shape{512, 1024, 2, at::kBFloat16}}) {
+    sbp::ModelConfig config = sbp::test::tiny_config();
+    config.vocab_size = w.vocab;
+    for (const std::string lora : {"", "rank=8"})
+      for (const auto& spec : sbp::metered_method_specs()) {
+        if (!sbp::make_method(spec)->keeps_layer_checkpoints()) continue;
+        const auto tier = sbp::make_file_tier(dir.path().string());
+        sbp::MemoryEstimate estimate;
+        const auto m = step_memory(config, w.dtype, spec, w.T, w.B, lora, &estimate, false, tier.get());
+        REQUIRE(m.measurement.status == "passed");
+        INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << spec << " lora="
+                                    << lora << ": measured " << m.measurement.peak_bytes << ", analytic "
+                                    << estimate.total_bytes() << " at " << estimate.moment << ", ratio "
+                                    << double(m.measurement.peak_bytes) / double(estimate.total_bytes()));
+        CHECK(matches_model(m.measurement.peak_bytes, estimate));
+        CHECK(tier->peak_bytes() == estimate.host_bytes());
+      }
   }
 }
 

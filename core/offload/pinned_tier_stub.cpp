@@ -1,0 +1,12 @@
+// The pinned-memory tier without the CUDA half (STREAMBP_WITH_CUDA off): a CUDA device cannot be reached here anyway.
+#include <stdexcept>
+
+#include "core/offload/offload_tier.h"
+
+namespace sbp {
+
+std::unique_ptr<OffloadTier> make_pinned_tier(c10::Device device) {
+  throw std::invalid_argument("--offload on " + device.str() + ": this build has no CUDA half (STREAMBP_WITH_CUDA=OFF)");
+}
+
+}  // namespace sbp

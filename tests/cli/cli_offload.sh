@@ -1,0 +1,93 @@
+# `--offload checkpoints` as a user runs it (issue #31):
+# (a) run: every method that keeps checkpoints gives the same gradients bit for bit with and without offload (fp32 and
+#     bf16, GRPO with LoRA too), the tier held exactly the model's host bytes, and the device no byte more;
+# (b) train: 3 AdamW steps, one process and 2 ranks at ZeRO-3, end on the same weights bit for bit with and without;
+# (c) maxlen records the tier's bytes beside every probe;
+# (d) bad input exits 2 naming the flag, the method or the folder, before any work; a folder that fills up mid-run
+#     (a file-size limit stands in for a full disk) stops the run with the folder named and nothing half-written.
+# ctest-timeout: 300
+source "$(dirname "$0")/../support/cli_common.sh"
+
+# (a) tiny with 6 layers, so that the checkpoints are a visible share of the peak.
+"$STREAMBP" run --preset tiny --method standard --seq 8 --save-model tiny >/dev/null
+python3 - <<'PY'
+import json
+c = json.load(open("tiny/config.json"))
+c["num_hidden_layers"] = 6
+json.dump(c, open("six.json", "w"))
+PY
+for dtype in fp32 bf16; do
+  for method in streambp:layer_chunk=16,head_chunk=24 checkpoint mst:mini_seq=3; do
+    name=${method%%:*}-$dtype
+    common=(--config six.json --dtype "$dtype" --method "$method" --batch 2 --seq 61 --seed 3 --threads 1)
+    "$STREAMBP" run "${common[@]}" --save-grads "$name.safetensors" --json "$name.json" >/dev/null
+    "$STREAMBP" run "${common[@]}" --offload checkpoints --save-grads "$name-off.safetensors" --json "$name-off.json" \
+      >"$name-off.txt" || fail "run --offload checkpoints ($name):\n$(cat "$name-off.txt")"
+    "$STREAMBP" compare "$name.safetensors" "$name-off.safetensors" --rtol 0 >/dev/null ||
+      fail "$name: the gradients differ with the checkpoints offloaded"
+    grep -q "^offload   checkpoints in memory-mapped files in .*(exact)" "$name-off.txt" ||
+      fail "$name: run does not report the tier's bytes against its model:\n$(cat "$name-off.txt")"
+  done
+done
+python3 - *.json <<'PY'
+import json, sys
+runs = {f: json.load(open(f)) for f in sys.argv[1:]}
+for f, r in runs.items():
+    if f.endswith("-off.json"):
+        plain = runs[f.replace("-off.json", ".json")]
+        assert r["loss"] == plain["loss"], (f, r["loss"], plain["loss"])
+        assert r["host_peak_bytes"] == r["model_host_bytes"] > 0, (f, r["host_peak_bytes"], r["model_host_bytes"])
+        # Never more on the device (two checkpoints at most instead of all of them; lower where they are part of the
+        # peak's moment, which at these small sizes is often layer 0's, where all the gradients exist).
+        assert r["peak_bytes"] <= plain["peak_bytes"], (f, r["peak_bytes"], plain["peak_bytes"])
+print("ok: losses equal, gradients bitwise equal, the tier held exactly its model's bytes, no device byte more")
+PY
+common=(--preset tiny --objective grpo:beta=0.04 --group 2 --lora rank=4,init=random --method streambp:layer_chunk=8,head_chunk=8
+        --batch 4 --seq 40 --threads 1)
+"$STREAMBP" run "${common[@]}" --save-grads g.safetensors >/dev/null
+"$STREAMBP" run "${common[@]}" --offload checkpoints --save-grads g-off.safetensors >/dev/null
+"$STREAMBP" compare g.safetensors g-off.safetensors --rtol 0 >/dev/null || fail "GRPO + LoRA: the gradients differ"
+echo "ok: GRPO with LoRA offloaded, bitwise"
+
+# (b)
+train=(train --preset tiny --method mst:mini_seq=4 --batch 4 --seq 48 --steps 3 --optimizer adamw:lr=1e-3 --threads 1)
+"$STREAMBP" "${train[@]}" --save-model plain >/dev/null 2>&1
+"$STREAMBP" "${train[@]}" --offload checkpoints --save-model off >train-off.txt 2>&1 ||
+  fail "train --offload checkpoints:\n$(cat train-off.txt)"
+cmp plain/model.safetensors off/model.safetensors || fail "train: the weights after 3 steps differ with offload"
+grep -q "^offload   checkpoints in" train-off.txt || fail "train does not report the tier:\n$(cat train-off.txt)"
+"$STREAMBP" "${train[@]}" --nproc 2 --zero 3 --save-model plain2 >/dev/null 2>&1
+"$STREAMBP" "${train[@]}" --nproc 2 --zero 3 --offload checkpoints --save-model off2 >/dev/null 2>&1 ||
+  fail "train --nproc 2 --zero 3 --offload checkpoints failed"
+cmp plain2/model.safetensors off2/model.safetensors || fail "2 ranks, ZeRO-3: the weights differ with offload"
+echo "ok: 3 training steps, 1 process and 2 ranks at ZeRO-3, bitwise the same with the checkpoints offloaded"
+
+# (c)
+"$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods "streambp:layer_chunk=64,head_chunk=64" \
+  --offload checkpoints --max-seq 4096 --out maxlen >maxlen.txt 2>&1 || fail "maxlen --offload:\n$(cat maxlen.txt)"
+python3 - maxlen/maxlen-*.csv <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+fit = [r for r in rows if r["role"] == "max"]
+assert fit and fit[0]["offload"] == "checkpoints", rows
+assert fit[0]["host_peak_bytes"] == fit[0]["model_host_bytes"] != "", fit[0]
+print("ok: maxlen --offload checkpoints records the tier's bytes:", fit[0]["seq_len"], fit[0]["host_peak_bytes"])
+PY
+
+# (d)
+base=(run --preset tiny --method streambp --seq 64)
+expect_exit_2 "an unknown kind" "--offload: .*everything" "$STREAMBP" "${base[@]}" --offload everything
+expect_exit_2 "a kind not built yet" "--offload grads: not built yet" "$STREAMBP" "${base[@]}" --offload grads
+expect_exit_2 "a method with nothing to offload" "--offload checkpoints: standard keeps no layer checkpoints" \
+  "$STREAMBP" run --preset tiny --method standard --seq 64 --offload checkpoints
+expect_exit_2 "a folder that does not exist" "--offload-dir.*no-such-dir" \
+  "$STREAMBP" "${base[@]}" --offload checkpoints --offload-dir no-such-dir
+expect_exit_2 "a folder that takes no files" "--offload-dir /proc: cannot create a file there" \
+  "$STREAMBP" "${base[@]}" --offload checkpoints --offload-dir /proc
+status=0
+(ulimit -f 8; "$STREAMBP" "${base[@]}" --seq 256 --offload checkpoints --offload-dir "$WORK" --json full.json) \
+  >full.txt 2>&1 || status=$?
+[[ $status -ne 0 && $status -lt 128 ]] || fail "a full offload folder: exit $status\n$(cat full.txt)"
+grep -q -- "--offload-dir $WORK: cannot reserve" full.txt || fail "a full offload folder is not named:\n$(cat full.txt)"
+[[ ! -e full.json ]] || fail "a run stopped by a full offload folder wrote its record"
+echo "ok: a full offload folder stops the run (exit $status), naming $WORK, with nothing written"

@@ -1,0 +1,199 @@
+// The offload tier (issue #31): a copy, never arithmetic. Every method that keeps layer checkpoints gives the same
+// bits with them in the tier as without, for every objective, dtype and LoRA; the tier holds exactly what the model
+// says at its peak and nothing after the step; a tier that reorders or loses a checkpoint is caught; a folder that
+// cannot take the files is an error naming it.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <sys/resource.h>
+
+#include "baselines/methods.h"
+#include "core/methods/layer_checkpoints.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/objectives/objective.h"
+#include "core/offload/offload_tier.h"
+#include "experiments/batches.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+struct Step {
+  double loss = 0;
+  sbp::TensorList gradients;
+};
+
+Step step_with(sbp::Model& model, const std::string& spec, sbp::Objective& objective, const sbp::Batch& batch,
+               sbp::OffloadTier* tier) {
+  auto method = sbp::make_method(spec);
+  method->offload_checkpoints_to(tier);
+  Step out;
+  out.loss = method->step(model, objective, batch).loss;
+  for (const auto& g : model.gradients()) out.gradients.push_back({g.name, g.tensor.clone()});
+  model.zero_grad();
+  return out;
+}
+
+// Bitwise: the same loss and every gradient the same bits (NaNs included, which at::equal would call different).
+void check_same_bits(const Step& a, const Step& b) {
+  CHECK(a.loss == b.loss);
+  REQUIRE(a.gradients.size() == b.gradients.size());
+  for (std::size_t i = 0; i < a.gradients.size(); ++i) {
+    INFO(a.gradients[i].name);
+    const auto& x = a.gradients[i].tensor;
+    const auto& y = b.gradients[i].tensor;
+    REQUIRE(x.sizes() == y.sizes());
+    CHECK(std::memcmp(x.contiguous().data_ptr(), y.contiguous().data_ptr(), x.nbytes()) == 0);
+  }
+}
+
+// The methods of the catalogue that keep layer checkpoints, at their typical setting.
+std::vector<std::string> checkpointing_methods(std::int64_t T) {
+  std::vector<std::string> out;
+  for (const auto& spec : sbp::typical_method_specs(T))
+    if (sbp::make_method(spec)->keeps_layer_checkpoints()) out.push_back(spec);
+  return out;
+}
+
+// A tier that breaks the copy: `swap` hands back the previous stored tensor for the second store (a reordering),
+// else the second store comes back as zeros (a lost checkpoint).
+class FaultyTier final : public sbp::OffloadTier {
+ public:
+  FaultyTier(std::unique_ptr<sbp::OffloadTier> real, bool swap) : real_(std::move(real)), swap_(swap) {}
+  std::string describe() const override { return "faulty"; }
+  at::Tensor store(const at::Tensor& device) override {
+    auto host = real_->store(device);
+    if (++stores_ == 2) {
+      if (swap_)
+        std::swap(host, previous_);
+      else
+        host.zero_();
+    }
+    previous_ = host;
+    return host;
+  }
+  at::Tensor fetch(const at::Tensor& host, c10::Device device) override { return real_->fetch(host, device); }
+
+ private:
+  std::unique_ptr<sbp::OffloadTier> real_;
+  bool swap_;
+  int stores_ = 0;
+  at::Tensor previous_;
+};
+
+}  // namespace
+
+TEST_CASE("every method that keeps checkpoints gives the same bits with them offloaded, for every objective, dtype "
+          "and LoRA", "[offload][exactness]") {
+  const sbp::test::TempDir dir("sbp_offload_");
+  constexpr std::int64_t T = 24;
+  for (const std::string objective_spec : {"sft", "grpo:beta=0.04,loss_type=grpo", "dpo:beta=0.1"})
+    for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16})
+      for (const std::string lora : {"", "rank=4,alpha=8,init=random"}) {
+        sbp::Model model(sbp::test::tiny_config(), dtype, 7);
+        if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 8);
+        auto objective = sbp::make_objective(objective_spec);
+        const auto batch = sbp::test::objective_batch(model, *objective, {4, T, 0.25, 0.2, 9, 2});
+        for (const auto& spec : checkpointing_methods(T)) {
+          INFO(objective_spec << " " << c10::toString(dtype) << " lora=" << lora << " " << spec);
+          const auto tier = sbp::make_file_tier(dir.path().string());
+          const auto on_device = step_with(model, spec, *objective, batch, nullptr);
+          const auto offloaded = step_with(model, spec, *objective, batch, tier.get());
+          check_same_bits(on_device, offloaded);
+          // Every checkpoint came back: the tier holds nothing after the step, and held L of them at its peak.
+          CHECK(tier->held_bytes() == 0);
+          CHECK(tier->peak_bytes() == model.config().num_hidden_layers * batch.batch_size() * T *
+                                          model.config().hidden_size * std::int64_t(c10::elementSize(dtype)));
+        }
+      }
+}
+
+TEST_CASE("the memory models' host term is what the tier holds at its peak, for every method and shape",
+          "[offload][memory-model]") {
+  const sbp::test::TempDir dir("sbp_offload_");
+  for (const auto& [B, T] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 40}, {3, 17}}) {
+    sbp::Model model(sbp::test::tiny_config(), at::kFloat, 11);
+    auto objective = sbp::make_objective("sft");
+    auto batch = sbp::test::objective_batch(model, *objective, {B, T, 0.0, 0.1, 12, 0});
+    for (const auto& spec : checkpointing_methods(T)) {
+      INFO(spec << " B=" << B << " T=" << T);
+      const auto tier = sbp::make_file_tier(dir.path().string());
+      auto method = sbp::make_method(spec);
+      method->offload_checkpoints_to(tier.get());
+      method->step(model, *objective, batch);
+      model.zero_grad();
+      objective->prepare(batch, model.config());
+      auto workload = sbp::make_workload(model, *objective, batch);
+      workload.offload_checkpoints = true;
+      CHECK(tier->peak_bytes() == method->memory_model(workload).host_bytes());
+      workload.offload_checkpoints = false;
+      CHECK(method->memory_model(workload).host_bytes() == 0);
+    }
+  }
+}
+
+TEST_CASE("a tier that reorders or loses a checkpoint fails the bitwise check", "[offload][negative-control]") {
+  const sbp::test::TempDir dir("sbp_offload_");
+  sbp::Model model(sbp::test::tiny_config(), at::kDouble, 7);
+  auto objective = sbp::make_objective("sft");
+  const auto batch = sbp::test::objective_batch(model, *objective, {2, 24, 0.0, 0.2, 9, 0});
+  for (const auto& spec : checkpointing_methods(24))
+    for (const bool swap : {true, false}) {
+      INFO(spec << (swap ? ": two checkpoints swapped" : ": one checkpoint lost"));
+      FaultyTier tier(sbp::make_file_tier(dir.path().string()), swap);
+      const auto on_device = step_with(model, spec, *objective, batch, nullptr);
+      const auto faulty = step_with(model, spec, *objective, batch, &tier);
+      bool differs = false;
+      for (std::size_t i = 0; i < on_device.gradients.size(); ++i)
+        differs = differs || !at::equal(on_device.gradients[i].tensor, faulty.gradients[i].tensor);
+      CHECK(differs);
+    }
+}
+
+TEST_CASE("the checkpoints leave the device once read and come back one layer ahead", "[offload]") {
+  const sbp::test::TempDir dir("sbp_offload_");
+  const auto tier = sbp::make_file_tier(dir.path().string());
+  sbp::LayerCheckpoints H(3, tier.get());
+  const auto h0 = at::arange(6, at::kFloat), h1 = h0 + 10, h2 = h0 + 20;
+  H.set(0, h0.clone());
+  H.set(1, h1.clone());
+  H.done_reading(0);  // layer 0 has read its input: in the tier now
+  CHECK_THROWS_AS(H.get(0), std::logic_error);
+  H.set(2, h2.clone());
+  H.done_reading(1);
+  CHECK(tier->held_bytes() == 2 * 6 * 4);
+  CHECK(at::equal(H.take(2), h2));  // never left; slot 1 fetched ahead
+  CHECK(at::equal(H.take(1), h1));
+  CHECK(tier->held_bytes() == 6 * 4);  // slot 1's copy is gone, slot 0's fetched ahead but its copy kept until taken
+  CHECK(at::equal(H.take(0), h0));
+  CHECK(tier->held_bytes() == 0);
+  CHECK_THROWS_AS(H.take(0), std::logic_error);  // taken once
+}
+
+TEST_CASE("an offload folder that does not exist, cannot take files or has no room is an error naming it",
+          "[offload]") {
+  CHECK_THROWS_WITH(sbp::make_file_tier("/no/such/folder"), Catch::Contains("/no/such/folder: no such folder"));
+  // /proc takes no files (the probe's file cannot be made): refused before any work.
+  CHECK_THROWS_WITH(sbp::make_file_tier("/proc"), Catch::Contains("--offload-dir /proc: cannot create a file there"));
+  // A file-size limit stands in for a full disk: the reservation fails (EFBIG) and the error names the folder. A
+  // process that ignores SIGXFSZ gets the error instead of being killed, as the streambp binary does.
+  const sbp::test::TempDir dir("sbp_offload_");
+  const auto tier = sbp::make_file_tier(dir.path().string());
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  rlimit small = old_limit;
+  small.rlim_cur = 64 * 1024;
+  setrlimit(RLIMIT_FSIZE, &small);
+  CHECK_THROWS_WITH(tier->store(at::zeros({1 << 20}, at::kFloat)),
+                    Catch::Contains("--offload-dir " + dir.path().string() + ": cannot reserve"));
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(tier->held_bytes() == 0);
+}

@@ -170,6 +170,13 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--zero", a.zero, "ZeRO stage of --world: 0 = DDP, 1 = optimizer states sharded, 2 = + gradients "
                  "reduce-scattered (the paper's Table 4), 3 = + parameters sharded (a layer gathered while in use, "
                  "the embedding and head for the whole step); default 0");
+  app.add_option("--offload", a.offload.kinds, "project beside ALST instead (Llama-3.1-8B and Qwen3-8B, full SFT with "
+                 "AdamW, one 80 GB and one 141 GB device): every checkpointing method without offload and with these "
+                 "kinds in the second tier (checkpoints so far)")
+      ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
+  app.add_option("--gpu-floor-bytes", a.gpu_floor_bytes, "with --offload: what a GPU holds beyond the models (CUDA "
+                 "context, library workspaces, fragmentation), taken off the budget and named in every row (an "
+                 "assumption; no GPU here measures it)")->check(CLI::NonNegativeNumber)->capture_default_str();
   add_output_options(app, a.output, "results folder");
 }
 
@@ -257,6 +264,7 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);
+  if (!a.offload.kinds.empty()) return project_offload(a, command_line);
   const auto optimizer = a.optimizer.options();
   const std::string optimizer_column = a.optimizer.describe();
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",

@@ -137,9 +137,14 @@ struct ProjectArgs {
   // Data-parallel training (the paper's Table 4): per-rank memory over each of these world sizes at this ZeRO stage.
   std::vector<int> world_sizes;  // empty: the single-GPU Table 3
   int zero = 0;
+  // Beside ALST (experiments/project_offload.cpp): what moves to the offload tier, and the GPU's own floor taken off
+  // the budget (a named assumption, not a measurement).
+  OffloadOptions offload;
+  std::int64_t gpu_floor_bytes = 2'000'000'000;
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);
+int project_offload(const ProjectArgs& args, const std::string& command_line);
 
 struct ProfileArgs {
   Setup setup;  // default model: qwen3-small; CPU only

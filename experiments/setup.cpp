@@ -38,7 +38,7 @@ void Setup::apply_threads() const {
 
 void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   const auto dtypes = CLI::IsMember({"fp64", "fp32", "bf16"});
-  const std::string presets = "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b)";
+  const std::string presets = "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b, llama-3.1-8b)";
   if (flags.default_preset) {
     app.add_option("--preset", s.source.preset, presets + "; default " + flags.default_preset + " when no --config/--load");
     app.parse_complete_callback([&s, preset = std::string(flags.default_preset)] { s.source = s.source.or_preset(preset); });

@@ -48,6 +48,28 @@ ModelConfig qwen3_small() {
   return c;
 }
 
+// Llama-3.1-8B's shape (meta-llama/Llama-3.1-8B config.json), for the projections beside ALST, which trains it: no q/k
+// norm, no biases, an untied head, rope_theta 5e5. Its RoPE is applied without the llama3 frequency scaling, which
+// changes no byte and no FLOP but the function past the original 8K positions: a random-weight model of this shape,
+// not a checkpoint of it (config.json refuses rope_scaling).
+ModelConfig llama31_8b() {
+  ModelConfig c;
+  c.name = "llama-3.1-8b";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = 131072;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 5e5;
+  c.qk_norm = false;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
 // Multi-head twins (as many K/V heads as query heads) of the two CPU presets: the memory models' MHA grid points.
 ModelConfig with_mha(ModelConfig c, const std::string& name) {
   c.name = name;
@@ -67,6 +89,7 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
       {"qwen3-8b", [] { return qwen3("qwen3-8b", 4096, 12288, 36, 32, false); }},
       {"qwen3-14b", [] { return qwen3("qwen3-14b", 5120, 17408, 40, 40, false); }},
       {"qwen3-32b", [] { return qwen3("qwen3-32b", 5120, 25600, 64, 64, false); }},
+      {"llama-3.1-8b", llama31_8b},
   };
   return table;
 }

@@ -74,6 +74,15 @@ assert fit[0]["host_peak_bytes"] == fit[0]["model_host_bytes"] != "", fit[0]
 print("ok: maxlen --offload checkpoints records the tier's bytes:", fit[0]["seq_len"], fit[0]["host_peak_bytes"])
 PY
 
+# `project --offload`: beside ALST, every method with and without, and what stops the goal.
+"$STREAMBP" project --offload checkpoints --out proj >proj.txt 2>&1 || fail "project --offload:\n$(cat proj.txt)"
+[[ $(grep -c "^| llama-3.1-8b | H100-80GB |" proj.txt) == 6 ]] || fail "project --offload: not 3 methods x 2 on Llama-3.1-8B:\n$(cat proj.txt)"
+grep -q "^Goal (issue #31)" proj.txt || fail "project --offload does not state the goal:\n$(tail -5 proj.txt)"
+ls proj/project-offload-*.csv >/dev/null || fail "project --offload wrote no CSV"
+expect_exit_2 "project with a kind not modelled" "--offload grads: project models checkpoints so far" \
+  "$STREAMBP" project --offload checkpoints,grads --out proj2
+echo "ok: project --offload checkpoints beside ALST"
+
 # (d)
 base=(run --preset tiny --method streambp --seq 64)
 expect_exit_2 "an unknown kind" "--offload: .*everything" "$STREAMBP" "${base[@]}" --offload everything

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include "core/methods/layer_checkpoints.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
 #include "core/model/model.h"
@@ -12,19 +11,9 @@ namespace sbp {
 
 double CheckpointBackprop::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
-  // inputs: [B, T, d] the input of layer l, and the last hidden state; in the offload tier once read, with one
-  // (layer_checkpoints.h).
-  LayerCheckpoints inputs(L + 1, checkpoint_tier());
-  {
-    Phase phase(clock, "forward");
-    at::NoGradGuard no_grad;
-    inputs.set(0, model.embed(batch.input_ids));
-    for (int l = 0; l < L; ++l) {
-      const LayerInUse use(*this, model, l);
-      inputs.set(l + 1, model.layer_forward(l, inputs.get(l)));
-      inputs.done_reading(l);
-    }
-  }
+  // inputs: [B, T, d] the input of layer l, and the last hidden state; in the offload tier once read, with one.
+  auto inputs = checkpointed_forward(model, batch, clock,
+                                     [&](int l, const at::Tensor& h) { return model.layer_forward(l, h); });
   at::Tensor grad;  // dLoss/d(output of the current layer): [B, T, d]
   double loss = 0;
   {

@@ -103,11 +103,7 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
                         {"lm_head gradient + the GEMM's workspace",
                          z.lm_grad + gemm_workspace_bytes(w, z.V, z.d, z.B * z.T, /*a_transposed=*/true)},
                         {"objective buffers", objective_bytes(w)}}});
-  moments.push_back(embedding_moment(w));
-  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
-  auto peak = largest(moments);
-  peak.host = checkpoint_host_terms(w);
-  return peak;
+  return checkpointing_peak(std::move(moments), w);
 }
 
 }  // namespace sbp

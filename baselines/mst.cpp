@@ -7,7 +7,6 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "core/methods/layer_checkpoints.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
 #include "core/model/model.h"
@@ -20,24 +19,16 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
   const auto T = batch.seq_len();
   const auto chunk = mini_sequence_length(T, options_.mini_seq);
 
-  // Checkpoints: H[l] the input of layer l, H[L] the last hidden state; in the offload tier once read, with one
-  // (layer_checkpoints.h).
-  LayerCheckpoints H(L + 1, checkpoint_tier());
-  {
-    Phase phase(clock, "forward");
-    at::NoGradGuard no_grad;
-    H.set(0, model.embed(batch.input_ids));
-    for (int l = 0; l < L; ++l) {
-      const LayerInUse use(*this, model, l);
-      const auto h_mid = model.attention_block(l, H.get(l));  // [B, T, d]
-      auto h_out = at::empty_like(h_mid);
-      for_each_chunk(T, chunk, [&](std::int64_t s, std::int64_t e) {
-        h_out.slice(1, s, e).copy_(model.mlp_block(l, h_mid.slice(1, s, e)));
-      });
-      H.set(l + 1, std::move(h_out));
-      H.done_reading(l);
-    }
-  }
+  // Checkpoints: H[l] the input of layer l, H[L] the last hidden state; in the offload tier once read, with one.
+  // Each layer's MLP runs in mini-sequences of its attention block's output.
+  auto H = checkpointed_forward(model, batch, clock, [&](int l, const at::Tensor& h) {
+    const auto h_mid = model.attention_block(l, h);  // [B, T, d]
+    auto h_out = at::empty_like(h_mid);
+    for_each_chunk(T, chunk, [&](std::int64_t s, std::int64_t e) {
+      h_out.slice(1, s, e).copy_(model.mlp_block(l, h_mid.slice(1, s, e)));
+    });
+    return h_out;
+  });
 
   auto [loss, G] = head_and_loss(model, objective, H.take(L), chunk, clock);
   head_ready(model);

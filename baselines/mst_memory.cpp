@@ -118,11 +118,7 @@ MemoryEstimate MsT::memory_model(const Workload& w) const {
       moments.push_back(q_norm);
     }
   }
-  moments.push_back(embedding_moment(w));
-  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
-  auto peak = largest(moments);
-  peak.host = checkpoint_host_terms(w);
-  return peak;
+  return checkpointing_peak(std::move(moments), w);
 }
 
 }  // namespace sbp

@@ -202,12 +202,15 @@ std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
   return workspaces->bytes(call);
 }
 
-std::vector<MemoryTerm> memory::checkpoint_host_terms(const Workload& w) {
-  if (!w.offload_checkpoints) return {};
+MemoryEstimate memory::checkpointing_peak(std::vector<MemoryEstimate> moments, const Workload& w) {
+  moments.push_back(embedding_moment(w));
+  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
+  auto peak = largest(std::move(moments));
   const Sizes z(w);
   // At the end of the forward every layer's input is in the tier (the last hidden state never goes: the head reads it
   // at once); the backward takes them back one by one.
-  return {{"layer checkpoints H[0..L-1]", z.L * z.B * z.T * z.d * z.s}};
+  if (w.offload_checkpoints) peak.host = {{"layer checkpoints H[0..L-1]", z.L * z.B * z.T * z.d * z.s}};
+  return peak;
 }
 
 std::int64_t MemoryEstimate::host_bytes() const {

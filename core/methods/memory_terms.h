@@ -142,8 +142,10 @@ struct LayerState {
 std::vector<LayerState> layer_states(const Sizes& z);
 // The moment with the most bytes.
 MemoryEstimate largest(std::vector<MemoryEstimate> moments);
-// What a checkpointing method keeps in the offload tier (MemoryEstimate::host): nothing without offload.
-std::vector<MemoryTerm> checkpoint_host_terms(const Workload& w);
+// The peak of a method that keeps layer checkpoints (StreamBP, checkpointing, MsT): its own moments with the embedding
+// backward's and data parallelism's, the largest of them on the device, and the checkpoints the offload tier holds at
+// its own peak (MemoryEstimate::host; nothing without offload).
+MemoryEstimate checkpointing_peak(std::vector<MemoryEstimate> moments, const Workload& w);
 // RoPE's cos and sin tables of `positions` positions.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
 // RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.

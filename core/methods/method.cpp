@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include <ATen/core/grad_mode.h>
+
 #include "core/methods/method_entry.h"
 #include "core/model/model.h"
 
@@ -33,6 +35,22 @@ void BackpropMethod::parameter_use(ParameterUse use) const {
 
 void BackpropMethod::layer_use(const Model& model, int layer, bool begin) const {
   if (parameter_use_) parameter_use({"layer." + std::to_string(layer), model.layer_trainable(layer), begin});
+}
+
+LayerCheckpoints BackpropMethod::checkpointed_forward(
+    const Model& model, const Batch& batch, PhaseClock& clock,
+    const std::function<at::Tensor(int layer, const at::Tensor& h)>& layer) const {
+  const int L = int(model.config().num_hidden_layers);
+  LayerCheckpoints H(L + 1, checkpoint_tier_);
+  Phase phase(clock, "forward");
+  at::NoGradGuard no_grad;
+  H.set(0, model.embed(batch.input_ids));
+  for (int l = 0; l < L; ++l) {
+    const LayerInUse use(*this, model, l);
+    H.set(l + 1, layer(l, H.get(l)));
+    H.done_reading(l);
+  }
+  return H;
 }
 
 BackpropMethod::LayerInUse::LayerInUse(const BackpropMethod& method, const Model& model, int layer)

@@ -14,6 +14,7 @@
 #include "core/objectives/batch.h"
 #include "core/model/config.h"
 #include "core/methods/kernel_workspace.h"
+#include "core/methods/layer_checkpoints.h"
 #include "core/objectives/objective.h"
 #include "core/methods/phase.h"
 #include "core/methods/workload.h"
@@ -108,6 +109,11 @@ class BackpropMethod {
   };
   bool tracks_parameter_use() const { return bool(parameter_use_); }
   OffloadTier* checkpoint_tier() const { return checkpoint_tier_; }
+  // The forward of a method that keeps layer checkpoints, without a graph: H[0] the embedding of the batch, H[l + 1] =
+  // layer(l, H[l]) while layer l's parameters are in use, each H[l] handed to the offload tier (if any) once read.
+  // Returns the L + 1 checkpoints for the backward to take.
+  LayerCheckpoints checkpointed_forward(const Model& model, const Batch& batch, PhaseClock& clock,
+                                        const std::function<at::Tensor(int layer, const at::Tensor& h)>& layer) const;
   // The begin and end events of a layer, for a method whose uses are not one scope (standard BP: its backward runs
   // inside autograd).
   void layer_use(const Model& model, int layer, bool begin) const;

@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include "core/model/chunk_attention.h"
-#include "core/methods/layer_checkpoints.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
 #include "core/model/model.h"
@@ -48,17 +47,9 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
   // Forward without a graph, itself chunked: keeps the input of every layer (H[l]: [B, T, d]) and the last hidden
   // state H[L]; per chunk only the Q path, attention and MLP of c tokens exist. With an offload tier H[l] leaves the
   // device once layer l has read it (layer_checkpoints.h).
-  LayerCheckpoints H(L + 1, checkpoint_tier());
-  {
-    Phase phase(clock, "forward");
-    at::NoGradGuard no_grad;
-    H.set(0, model.embed(batch.input_ids));
-    for (int l = 0; l < L; ++l) {
-      const LayerInUse use(*this, model, l);
-      H.set(l + 1, layer_forward_chunked(model, l, H.get(l), options_.layer_chunk));
-      H.done_reading(l);
-    }
-  }
+  auto H = checkpointed_forward(model, batch, clock, [&](int l, const at::Tensor& h) {
+    return layer_forward_chunked(model, l, h, options_.layer_chunk);
+  });
   // LM head + loss per head chunk: logits of c_h positions at a time. G: dLoss/dH[L].
   auto [loss, G] = head_and_loss(model, objective, H.take(L), clock);
   head_ready(model);

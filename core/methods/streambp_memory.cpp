@@ -92,11 +92,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
                         {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
                         {"layer chunk", chunk},
                         {"objective buffers", objective_bytes(w)}}});
-  moments.push_back(embedding_moment(w));
-  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
-  auto peak = largest(moments);
-  peak.host = checkpoint_host_terms(w);
-  return peak;
+  return checkpointing_peak(std::move(moments), w);
 }
 
 }  // namespace sbp

@@ -64,9 +64,10 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   model->to(device);
   const auto optimizer_column = a.optimizer.describe();
   // A training step's trainer: the schedule's horizon and accumulation do not change its memory.
-  const auto make_trainer = [&](BackpropMethod& method, DataParallel* parallel) {
+  const auto make_trainer = [&](BackpropMethod& method, DataParallel* parallel, OffloadTier* tier) {
     TrainOptions options;
     options.optimizer = *optimizer;
+    if (a.offload.optimizer()) options.optimizer_tier = tier;
     return Trainer(*model, method, *objective, options, parallel);
   };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
@@ -82,6 +83,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   auto base_workload = make_workload(*model, *objective, batch_at(16));
   base_workload.offload_checkpoints = a.offload.checkpoints();
+  base_workload.offload_optimizer = a.offload.optimizer();
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
   set_data_parallel(base_workload, ranks.comm ? ranks.world : a.ranks.nproc, a.ranks.zero, device);
   if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
@@ -102,13 +104,16 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
-    const auto tier = make_offload(a.offload, device, *method);
-    method->offload_checkpoints_to(tier.get());
+    const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value());
+    if (a.offload.checkpoints()) method->offload_checkpoints_to(tier.get());
     const auto model_peak = [&](std::int64_t T) {
       const auto w = workload_at(T);
       return (optimizer ? training_memory(*method, w) : method->memory_model(w)).total_bytes();
     };
-    const auto model_host = [&](std::int64_t T) { return method->memory_model(workload_at(T)).host_bytes(); };
+    const auto model_host = [&](std::int64_t T) {
+      const auto w = workload_at(T);
+      return (optimizer ? training_memory(*method, w) : method->memory_model(w)).host_bytes();
+    };
     // The model's answer: the largest T in [2, max_seq] whose modelled peak fits (the model grows with T).
     std::int64_t lo = 2, hi = a.max_seq;
     if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even T = 2 fits
@@ -137,7 +142,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
         // Fresh states (and, data-parallel, fresh shards), freed after the probe.
         std::unique_ptr<DataParallel> parallel;
         if (ranks.comm) parallel = std::make_unique<DataParallel>(*ranks.comm, ranks.zero);
-        auto trainer = make_trainer(*method, parallel.get());
+        auto trainer = make_trainer(*method, parallel.get(), tier.get());
         auto measured = measure_training_on_ranks(trainer, ranks, batch, 0, 2, a.measure.budget_bytes);
         if (parallel) parallel->unshard();  // ZeRO-3: the next probe starts from the whole model
         return measured;

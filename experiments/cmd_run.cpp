@@ -211,7 +211,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
   auto [dtype, model, method, objective] = build_run_parts(a);
-  const auto tier = make_offload(a.offload, device, *method);  // its folder checked before any work
+  const auto tier = make_offload(a.offload, device, *method, /*training=*/false);  // its folder checked first
   method->offload_checkpoints_to(tier.get());
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;

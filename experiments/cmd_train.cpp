@@ -196,8 +196,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::unique_ptr<Model>& model = parts.model;
   std::unique_ptr<BackpropMethod>& method = parts.method;
   std::unique_ptr<Objective>& objective = parts.objective;
-  const auto tier = make_offload(r.offload, device, *method);  // its folder checked before any step
-  method->offload_checkpoints_to(tier.get());
+  const auto tier = make_offload(r.offload, device, *method, /*training=*/true);  // its folder checked first
+  if (r.offload.checkpoints()) method->offload_checkpoints_to(tier.get());
+  if (r.offload.optimizer()) options.optimizer_tier = tier.get();
   model->to(device);
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
@@ -360,7 +361,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       auto workload = make_workload(*model, *objective, micro.front());
       trainer.add_optimizer_memory(workload);
       workload.accumulating = a.grad_accum > 1;
-      workload.offload_checkpoints = tier != nullptr;
+      workload.offload_checkpoints = r.offload.checkpoints();
+      workload.offload_optimizer = r.offload.optimizer();
       estimate = training_memory(*method, workload);
     }
     model->zero_grad();  // the previous step's gradients are not part of this step

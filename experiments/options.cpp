@@ -124,28 +124,36 @@ bool OffloadOptions::checkpoints() const {
   return std::find(kinds.begin(), kinds.end(), "checkpoints") != kinds.end();
 }
 
+bool OffloadOptions::optimizer() const {
+  return std::find(kinds.begin(), kinds.end(), "optimizer") != kinds.end();
+}
+
 std::string OffloadOptions::describe() const { return join_values(kinds, ','); }
 
 void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {
   app.add_option("--offload", o.kinds, "what lives in the second memory tier (comma-separated): checkpoints (the layer "
                  "inputs StreamBP, checkpointing and MsT keep: out once the forward has read them, back one layer ahead "
-                 "of their backward); " + what + ". A copy, never arithmetic: the run's numbers are the same bits "
-                 "(README: Offload)")
+                 "of their backward), optimizer (the optimizer's states, ZeRO-Offload: the update runs where they "
+                 "are); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
       ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
                  "default: the system's temporary folder")->check(CLI::ExistingDirectory);
 }
 
-std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device device, const BackpropMethod& method) {
+std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device device, const BackpropMethod& method,
+                                          bool training) {
   if (o.kinds.empty()) return nullptr;
   for (const auto& kind : o.kinds)
-    if (kind != "checkpoints")
-      throw std::invalid_argument("--offload " + kind + ": not built yet; this harness offloads checkpoints so far "
-                                  "(gradients, optimizer states and parameters are issue #31's next steps)");
-  if (!method.keeps_layer_checkpoints())
+    if (kind != "checkpoints" && kind != "optimizer")
+      throw std::invalid_argument("--offload " + kind + ": not built yet; this harness offloads checkpoints and "
+                                  "optimizer states so far (gradients and parameters are issue #31's next steps)");
+  if (o.checkpoints() && !method.keeps_layer_checkpoints())
     throw std::invalid_argument("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
                                 "over the whole step); offload them with checkpoint, mst or streambp");
+  if (o.optimizer() && !training)
+    throw std::invalid_argument("--offload optimizer: no optimizer step here (train, or maxlen --optimizer, keep "
+                                "optimizer states)");
   return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
 }
 

@@ -80,15 +80,17 @@ struct OffloadOptions {
   std::vector<std::string> kinds;  // of checkpoints, grads, optimizer, params (checked while parsing)
   std::string dir;                 // empty: the system's temporary folder
   bool checkpoints() const;
-  std::string describe() const;  // "checkpoints", "" without offload: the results' offload column
+  bool optimizer() const;
+  std::string describe() const;  // "checkpoints,optimizer", "" without offload: the results' offload column
 };
 // `what` says what the command does with it (for --offload's help).
 void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);
-// The tier these options ask for on `device`, for `method`, made before any work (nothing without --offload):
-// throws std::invalid_argument (exit 2) naming the flag for a kind this harness does not move yet, a method with
-// nothing to move, or a folder that is not writable or has no room.
+// The tier these options ask for on `device`, for `method` and, when `training`, its optimizer; made before any work
+// (nothing without --offload). Throws std::invalid_argument (exit 2) naming the flag for a kind this harness does not
+// move yet, checkpoints with a method that keeps none, optimizer states without an optimizer, or a folder that is not
+// writable or has no room.
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::Device device,
-                                          const BackpropMethod& method);
+                                          const BackpropMethod& method, bool training);
 
 // What every command checks of an output before its work starts.
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose

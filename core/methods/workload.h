@@ -51,6 +51,10 @@ struct Workload {
   // The layer checkpoints live in the offload tier (core/methods/layer_checkpoints.h): on the device only the one in
   // use and the one fetched ahead of it.
   bool offload_checkpoints = false;
+  // The optimizer's states live in the offload tier (Optimizer's states_tier): off the device, the update where they
+  // are (its temporaries on the device, as on the CPU; a GPU's would be the host's: counted on the device, an upper
+  // bound there).
+  bool offload_optimizer = false;
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
   // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,

@@ -31,6 +31,8 @@ class FileTier final : public OffloadTier {
   at::Tensor fetch(const at::Tensor& host, c10::Device device) override {
     return host.to(at::TensorOptions().device(device), /*non_blocking=*/false, /*copy=*/true);
   }
+  // A reserved file reads as zeros (posix_fallocate's blocks are zero-filled): no page is touched until used.
+  at::Tensor zeros(at::IntArrayRef sizes, c10::ScalarType dtype) override { return allocate(sizes, dtype); }
 
   // An uninitialised tensor backed by a file of its size: unnamed (O_TMPFILE; else made and unlinked at once), so
   // nothing is left behind however the run ends, and its blocks reserved up front (posix_fallocate), so that a full

@@ -29,6 +29,8 @@ class OffloadTier {
   virtual at::Tensor fetch(const at::Tensor& host, c10::Device device) = 0;
   // The current stream waits for fetch()'s copy into `fetched` (the CPU copies at once: nothing to wait for).
   virtual void ready(const at::Tensor& fetched) {}
+  // A host tensor of zeros that lives in the tier (the optimizer's states: the update runs where they are).
+  virtual at::Tensor zeros(at::IntArrayRef sizes, c10::ScalarType dtype) = 0;
 
   // Bytes of the tier's tensors alive now, and the most there were since the last reset_peak().
   std::int64_t held_bytes() const { return bytes_->held; }

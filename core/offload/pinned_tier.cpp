@@ -43,11 +43,7 @@ class PinnedTier final : public OffloadTier {
 
   at::Tensor store(const at::Tensor& device) override {
     const c10::cuda::CUDAGuard guard(device_);
-    auto host = at::empty(device.sizes(), device.options().device(c10::kCPU).pinned_memory(true));
-    forget_dead();
-    const auto bytes = std::int64_t(host.nbytes());
-    bytes_->add(bytes);
-    alive_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(host.storage().getWeakStorageImpl()), bytes});
+    auto host = tracked(at::empty(device.sizes(), device.options().device(c10::kCPU).pinned_memory(true)));
     Event made;
     made.record(c10::cuda::getCurrentCUDAStream(device_.index()));
     made.block(side_);
@@ -75,6 +71,10 @@ class PinnedTier final : public OffloadTier {
     return out;
   }
 
+  at::Tensor zeros(at::IntArrayRef sizes, c10::ScalarType dtype) override {
+    return tracked(at::zeros(sizes, at::TensorOptions().dtype(dtype).pinned_memory(true)));
+  }
+
   void ready(const at::Tensor& fetched) override {
     const auto it = pending_.find(fetched.data_ptr());
     if (it == pending_.end()) return;
@@ -84,8 +84,15 @@ class PinnedTier final : public OffloadTier {
 
  private:
   // The host allocator owns the pinned blocks (and the events that keep one from reuse while a copy runs), so their
-  // bytes are counted out when their storage is found dead, before the next store: the peak, reached at a store, is
-  // exact.
+  // bytes are counted out when their storage is found dead, before the next one is made: the peak, reached when one
+  // is made, is exact.
+  at::Tensor tracked(at::Tensor host) {
+    forget_dead();
+    const auto bytes = std::int64_t(host.nbytes());
+    bytes_->add(bytes);
+    alive_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(host.storage().getWeakStorageImpl()), bytes});
+    return host;
+  }
   void forget_dead() {
     std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, std::int64_t>> still;
     for (auto& [storage, bytes] : alive_)

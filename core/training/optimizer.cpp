@@ -15,6 +15,8 @@
 #include "core/io/dtype.h"
 #include "core/io/spec.h"
 
+#include "core/offload/offload_tier.h"
+
 namespace sbp {
 namespace {
 
@@ -52,6 +54,13 @@ c10::ScalarType state_dtype_of(const OptimizerOptions& options, c10::ScalarType 
 // `t` itself when it has `dtype` (torch's path: no copy), else a converted copy.
 at::Tensor in_dtype(const at::Tensor& t, c10::ScalarType dtype) {
   return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+// `t` where the update runs: in `dtype` on `state`'s device (a state in an offload tier on the host while `t` is on a
+// GPU: a host copy; the CPU's tier is the CPU: `t` itself).
+at::Tensor where_states_are(const at::Tensor& t, c10::ScalarType dtype, const at::Tensor& state) {
+  if (!state.defined() || state.device() == t.device()) return in_dtype(t, dtype);
+  return t.to(state.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
 }
 
 void check_options(const OptimizerOptions& o) {
@@ -143,7 +152,8 @@ bool decays_weight(const OptimizerOptions& options, const std::string& name) {
   return true;
 }
 
-Optimizer::Optimizer(TensorList params, OptimizerOptions options) : options_(std::move(options)) {
+Optimizer::Optimizer(TensorList params, OptimizerOptions options, OffloadTier* states_tier)
+    : options_(std::move(options)), states_in_tier_(states_tier != nullptr) {
   check_options(options_);
   std::set<std::string> names;
   for (auto& [name, param] : params) {
@@ -156,12 +166,16 @@ Optimizer::Optimizer(TensorList params, OptimizerOptions options) : options_(std
     slot.name = name;
     slot.param = param;
     slot.weight_decay = decays_weight(options_, name) ? options_.weight_decay : 0.0;
-    const auto state_options = param.options().dtype(state_dtype_of(options_, param.scalar_type()));
+    const auto state_dtype = state_dtype_of(options_, param.scalar_type());
+    const auto zeros = [&] {
+      return states_tier ? states_tier->zeros(param.sizes(), state_dtype)
+                         : at::zeros(param.sizes(), param.options().dtype(state_dtype));
+    };
     if (options_.kind == "adamw") {
-      slot.exp_avg = at::zeros(param.sizes(), state_options);
-      slot.exp_avg_sq = at::zeros(param.sizes(), state_options);
+      slot.exp_avg = zeros();
+      slot.exp_avg_sq = zeros();
     } else if (options_.momentum != 0) {
-      slot.momentum_buffer = at::zeros(param.sizes(), state_options);
+      slot.momentum_buffer = zeros();
     }
     slots_.push_back(std::move(slot));
   }
@@ -197,14 +211,14 @@ void Optimizer::adamw_update(Slot& slot, const at::Tensor& grad, double lr) {
   const double step_size = lr / bias_correction1;
   const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);
   {
-    const at::Tensor g = in_dtype(grad, dtype);
+    const at::Tensor g = where_states_are(grad, dtype, slot.exp_avg);
     slot.exp_avg.lerp_(g, 1 - o.beta1);
     slot.exp_avg_sq.mul_(py_float(o.beta2)).addcmul_(g, g, 1 - o.beta2);
   }
   at::Tensor denom = slot.exp_avg_sq.sqrt();
   denom.div_(py_float(bias_correction2_sqrt));  // two statements: one wrapped scalar alive at a time
   denom.add_(py_float(o.eps));
-  const at::Tensor p = in_dtype(slot.param, dtype);
+  const at::Tensor p = where_states_are(slot.param, dtype, slot.exp_avg);
   if (slot.weight_decay != 0) p.mul_(py_float(1 - lr * slot.weight_decay));
   p.addcdiv_(slot.exp_avg, denom, -step_size);
   if (!p.is_same(slot.param)) slot.param.copy_(p);
@@ -215,8 +229,8 @@ void Optimizer::adamw_update(Slot& slot, const at::Tensor& grad, double lr) {
 void Optimizer::sgd_update(Slot& slot, const at::Tensor& grad, double lr) {
   constexpr double dampening = 0;
   const auto dtype = state_dtype_of(options_, slot.param.scalar_type());
-  const at::Tensor p = in_dtype(slot.param, dtype);
-  at::Tensor g = in_dtype(grad, dtype);
+  const at::Tensor p = where_states_are(slot.param, dtype, slot.momentum_buffer);
+  at::Tensor g = where_states_are(grad, dtype, slot.momentum_buffer);
   if (slot.weight_decay != 0) g = g.add(p, slot.weight_decay);
   if (options_.momentum != 0) {
     if (slot.steps == 0)

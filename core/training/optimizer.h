@@ -17,6 +17,8 @@
 
 namespace sbp {
 
+class OffloadTier;
+
 struct OptimizerOptions {
   std::string kind = "adamw";  // "adamw" or "sgd"
   double lr = 1e-5, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
@@ -48,7 +50,10 @@ class Optimizer {
   // `params`: the trainable tensors (leaves; their grad() is read) under their HF/PEFT names, distinct. States are
   // allocated here (zeros), not at the first step as torch does: the same values, and a step never allocates
   // more than its temporaries. Throws std::invalid_argument on bad options, duplicate names or non-float tensors.
-  Optimizer(TensorList params, OptimizerOptions options);
+  // With `states_tier`, the states live in that offload tier (ZeRO-Offload) and every update runs where they are: on
+  // the CPU the same memory kind, so the same bits; from a GPU, on host copies of the gradient and parameter, the
+  // parameter copied back.
+  Optimizer(TensorList params, OptimizerOptions options, OffloadTier* states_tier = nullptr);
 
   // One update at learning rate `lr` of every parameter whose grad() is defined; the others are skipped and keep
   // their own step count, as torch's per-parameter "step" does. Each update is torch's, op for op:
@@ -75,6 +80,8 @@ class Optimizer {
   void load_state(const TensorList& state, const std::string& source);
 
   std::int64_t state_bytes() const;  // bytes of the state tensors, counted from the tensors
+  // Of those, the bytes on the parameters' device (none when the states are in an offload tier).
+  std::int64_t device_state_bytes() const { return states_in_tier_ ? 0 : state_bytes(); }
 
  private:
   struct Slot {
@@ -90,6 +97,7 @@ class Optimizer {
   OptimizerOptions options_;
   std::vector<Slot> slots_;
   std::int64_t steps_taken_ = 0;
+  bool states_in_tier_ = false;
 };
 
 // state() into a safetensors file (atomically; metadata: the optimizer spec and state dtype) and back.

@@ -74,7 +74,7 @@ Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, Tra
                  DataParallel* parallel)
     : model_(model), method_(method), objective_(objective), options_(std::move(options)), parallel_(parallel),
       optimizer_params_(parallel ? parallel->optimizer_params(model.trainable()) : model.trainable()),
-      optimizer_(optimizer_params_, options_.optimizer) {
+      optimizer_(optimizer_params_, options_.optimizer, options_.optimizer_tier) {
   if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
   if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
   if (!(options_.clip_grad_norm >= 0)) throw std::invalid_argument("--clip-grad-norm must be >= 0");
@@ -144,7 +144,7 @@ void Trainer::add_optimizer_memory(Workload& workload) const {
 }
 
 std::int64_t Trainer::held_bytes() const {
-  return optimizer_.state_bytes() + (parallel_ ? parallel_->sliced_parameter_bytes() : 0);
+  return optimizer_.device_state_bytes() + (parallel_ ? parallel_->sliced_parameter_bytes() : 0);
 }
 
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {

@@ -18,6 +18,7 @@ namespace sbp {
 
 class Model;
 class DataParallel;
+class OffloadTier;
 
 struct TrainOptions {
   OptimizerOptions optimizer;
@@ -25,6 +26,8 @@ struct TrainOptions {
   std::int64_t total_steps = 1;  // of the whole run (the schedule's horizon), resumed or not
   std::int64_t grad_accum = 1;   // micro-batches per step
   double clip_grad_norm = 0;     // 0: no clipping (the norm is still reported)
+  // The optimizer's states in this offload tier, the update where they are (null: on the device). Outlives the trainer.
+  OffloadTier* optimizer_tier = nullptr;
 };
 
 struct TrainStepResult {
@@ -63,8 +66,9 @@ class Trainer {
   // slices under ZeRO 1-3). Without a DataParallel: add_optimizer_memory of this trainer's model and optimizer.
   void add_optimizer_memory(Workload& workload) const;
   Model& model() const { return model_; }
-  // What the trainer holds between steps beside the model's tensors: the optimizer's states and, under ZeRO-3, this
-  // rank's parameter slices (a measured peak counts them as it counts the weights).
+  // What the trainer holds on the device between steps beside the model's tensors: the optimizer's states (none in an
+  // offload tier) and, under ZeRO-3, this rank's parameter slices (a measured peak counts them as it counts the
+  // weights).
   std::int64_t held_bytes() const;
 
   // Resumable checkpoints: DIR/checkpoint-NNNNNN/ holding the trainable tensors (trainable.safetensors, their own

@@ -1,7 +1,8 @@
 # `--offload checkpoints` as a user runs it (issue #31):
 # (a) run: every method that keeps checkpoints gives the same gradients bit for bit with and without offload (fp32 and
 #     bf16, GRPO with LoRA too), the tier held exactly the model's host bytes, and the device no byte more;
-# (b) train: 3 AdamW steps, one process and 2 ranks at ZeRO-3, end on the same weights bit for bit with and without;
+# (b) train: 3 AdamW steps end on the same weights bit for bit with and without offload: the checkpoints, the
+#     optimizer's states, both; one process, 2 ranks at ZeRO-1 and ZeRO-3; resumed from offloaded states;
 # (c) maxlen records the tier's bytes beside every probe;
 # (d) bad input exits 2 naming the flag, the method or the folder, before any work; a folder that fills up mid-run
 #     (a file-size limit stands in for a full disk) stops the run with the folder named and nothing half-written.
@@ -61,6 +62,28 @@ grep -q "^offload   checkpoints in" train-off.txt || fail "train does not report
   fail "train --nproc 2 --zero 3 --offload checkpoints failed"
 cmp plain2/model.safetensors off2/model.safetensors || fail "2 ranks, ZeRO-3: the weights differ with offload"
 echo "ok: 3 training steps, 1 process and 2 ranks at ZeRO-3, bitwise the same with the checkpoints offloaded"
+# The optimizer's states too (ZeRO-Offload): alone and with the checkpoints, on one process and on 2 ranks at ZeRO-1
+# (states sharded) and ZeRO-3; and a run resumed from a checkpoint of offloaded states ends where the whole run does.
+"$STREAMBP" "${train[@]}" --offload optimizer --save-model opt >opt.txt 2>&1 || fail "train --offload optimizer:\n$(cat opt.txt)"
+cmp plain/model.safetensors opt/model.safetensors || fail "train: the weights differ with the optimizer's states offloaded"
+grep -q "^offload   optimizer in" opt.txt || fail "train does not report the tier:\n$(cat opt.txt)"
+"$STREAMBP" "${train[@]}" --offload checkpoints,optimizer --save-model both >/dev/null 2>&1
+cmp plain/model.safetensors both/model.safetensors || fail "train: the weights differ with checkpoints and states offloaded"
+for zero in 1 3; do
+  "$STREAMBP" "${train[@]}" --nproc 2 --zero $zero --save-model "z$zero" >/dev/null 2>&1
+  "$STREAMBP" "${train[@]}" --nproc 2 --zero $zero --offload checkpoints,optimizer --save-model "z$zero-off" >/dev/null 2>&1 ||
+    fail "train --nproc 2 --zero $zero --offload checkpoints,optimizer failed"
+  cmp "z$zero/model.safetensors" "z$zero-off/model.safetensors" || fail "2 ranks, ZeRO-$zero: the weights differ with offload"
+done
+# (a constant schedule: a finished 2-step run extends to 4 steps as a 4-step run, README "Training")
+resume=(train --preset tiny --method streambp:layer_chunk=16,head_chunk=16 --batch 2 --seq 32
+        --optimizer adamw:lr=1e-3 --threads 1 --offload optimizer)
+"$STREAMBP" "${resume[@]}" --steps 4 --save-model whole >/dev/null 2>&1
+"$STREAMBP" "${resume[@]}" --steps 2 --checkpoint-dir ck --save-every 2 >/dev/null 2>&1 || fail "train 2 steps"
+"$STREAMBP" "${resume[@]}" --steps 4 --resume ck --save-model resumed >resumed.txt 2>&1 ||
+  fail "train --resume with offloaded states:\n$(cat resumed.txt)"
+cmp whole/model.safetensors resumed/model.safetensors || fail "a run resumed from offloaded states differs from the whole run"
+echo "ok: the optimizer's states offloaded, alone and with the checkpoints, 1 process, 2 ranks at ZeRO-1 and ZeRO-3, and resumed: bitwise"
 
 # (c)
 "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods "streambp:layer_chunk=64,head_chunk=64" \
@@ -75,18 +98,23 @@ print("ok: maxlen --offload checkpoints records the tier's bytes:", fit[0]["seq_
 PY
 
 # `project --offload`: beside ALST, every method with and without, and what stops the goal.
-"$STREAMBP" project --offload checkpoints --out proj >proj.txt 2>&1 || fail "project --offload:\n$(cat proj.txt)"
-[[ $(grep -c "^| llama-3.1-8b | H100-80GB |" proj.txt) == 6 ]] || fail "project --offload: not 3 methods x 2 on Llama-3.1-8B:\n$(cat proj.txt)"
+"$STREAMBP" project --offload checkpoints,optimizer --out proj >proj.txt 2>&1 || fail "project --offload:\n$(cat proj.txt)"
+[[ $(grep -c "^| llama-3.1-8b | H100-80GB |" proj.txt) == 12 ]] ||
+  fail "project --offload: not 3 methods x 4 offload sets on Llama-3.1-8B:\n$(cat proj.txt)"
 grep -q "^Goal (issue #31)" proj.txt || fail "project --offload does not state the goal:\n$(tail -5 proj.txt)"
 ls proj/project-offload-*.csv >/dev/null || fail "project --offload wrote no CSV"
-expect_exit_2 "project with a kind not modelled" "--offload grads: project models checkpoints so far" \
+expect_exit_2 "project with a kind not modelled" "--offload grads: project models checkpoints and optimizer states so far" \
   "$STREAMBP" project --offload checkpoints,grads --out proj2
-echo "ok: project --offload checkpoints beside ALST"
+echo "ok: project --offload checkpoints,optimizer beside ALST"
 
 # (d)
 base=(run --preset tiny --method streambp --seq 64)
 expect_exit_2 "an unknown kind" "--offload: .*everything" "$STREAMBP" "${base[@]}" --offload everything
 expect_exit_2 "a kind not built yet" "--offload grads: not built yet" "$STREAMBP" "${base[@]}" --offload grads
+expect_exit_2 "optimizer states where no optimizer steps" "--offload optimizer: no optimizer step here" \
+  "$STREAMBP" "${base[@]}" --offload optimizer
+expect_exit_2 "maxlen's optimizer states without --optimizer" "--offload optimizer: no optimizer step here" \
+  "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --offload optimizer --model-only
 expect_exit_2 "a method with nothing to offload" "--offload checkpoints: standard keeps no layer checkpoints" \
   "$STREAMBP" run --preset tiny --method standard --seq 64 --offload checkpoints
 expect_exit_2 "a folder that does not exist" "--offload-dir.*no-such-dir" \

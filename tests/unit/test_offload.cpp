@@ -19,6 +19,7 @@
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/offload/offload_tier.h"
+#include "core/training/trainer.h"
 #include "experiments/batches.h"
 #include "tests/support/test_support.h"
 
@@ -79,9 +80,16 @@ class FaultyTier final : public sbp::OffloadTier {
     return host;
   }
   at::Tensor fetch(const at::Tensor& host, c10::Device device) override { return real_->fetch(host, device); }
+  // The optimizer's states: the second one starts at ones instead of zeros (a state the tier loses or garbles).
+  at::Tensor zeros(at::IntArrayRef sizes, c10::ScalarType dtype) override {
+    auto state = real_->zeros(sizes, dtype);
+    if (++states_ == 2) state.fill_(1);
+    return state;
+  }
 
  private:
   std::unique_ptr<sbp::OffloadTier> real_;
+  int states_ = 0;
   bool swap_;
   int stores_ = 0;
   at::Tensor previous_;
@@ -196,4 +204,59 @@ TEST_CASE("an offload folder that does not exist, cannot take files or has no ro
   setrlimit(RLIMIT_FSIZE, &old_limit);
   std::signal(SIGXFSZ, old_handler);
   CHECK(tier->held_bytes() == 0);
+}
+
+namespace {
+
+// `steps` training steps of `spec` on tiny; the trained tensors afterwards.
+sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std::string& optimizer, sbp::OffloadTier* tier,
+                      bool checkpoints, bool states, int steps = 3) {
+  sbp::Model model(sbp::test::tiny_config(), dtype, 21);
+  auto method = sbp::make_method(spec);
+  if (checkpoints) method->offload_checkpoints_to(tier);
+  auto objective = sbp::make_objective("sft");
+  sbp::TrainOptions options;
+  options.optimizer = sbp::parse_optimizer_spec(optimizer);
+  options.total_steps = steps;
+  options.clip_grad_norm = 0.5;
+  if (states) options.optimizer_tier = tier;
+  sbp::Trainer trainer(model, *method, *objective, options);
+  for (int s = 0; s < steps; ++s)
+    trainer.step(sbp::test::objective_batch(model, *objective, {2, 24, 0.1, 0.2, std::uint64_t(30 + s), 0}));
+  sbp::TensorList out;
+  for (const auto& p : model.trainable()) out.push_back({p.name, p.tensor.detach().clone()});
+  return out;
+}
+
+bool same_bits(const sbp::TensorList& a, const sbp::TensorList& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].tensor.nbytes() != b[i].tensor.nbytes() ||
+        std::memcmp(a[i].tensor.contiguous().data_ptr(), b[i].tensor.contiguous().data_ptr(), a[i].tensor.nbytes()) != 0)
+      return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("training steps with the optimizer's states (and the checkpoints) offloaded end on the same bits",
+          "[offload][training][exactness]") {
+  const sbp::test::TempDir dir("sbp_offload_train_");
+  for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16})
+    for (const std::string optimizer : {"adamw:lr=1e-2,weight_decay=0.1", "sgd:lr=0.1,momentum=0.9"})
+      for (const auto& spec : checkpointing_methods(24)) {
+        INFO(c10::toString(dtype) << " " << optimizer << " " << spec);
+        const auto plain = train(spec, dtype, optimizer, nullptr, false, false);
+        for (const bool checkpoints : {false, true}) {
+          const auto tier = sbp::make_file_tier(dir.path().string());
+          CHECK(same_bits(plain, train(spec, dtype, optimizer, tier.get(), checkpoints, true)));
+        }
+      }
+}
+
+TEST_CASE("a tier that garbles an optimizer state fails the bitwise check", "[offload][training][negative-control]") {
+  const sbp::test::TempDir dir("sbp_offload_train_");
+  const auto plain = train("checkpoint", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
+  FaultyTier tier(sbp::make_file_tier(dir.path().string()), true);
+  CHECK_FALSE(same_bits(plain, train("checkpoint", at::kFloat, "adamw:lr=1e-2", &tier, false, true)));
 }

@@ -1,3 +1,5 @@
+// (Over 500 lines: every case that holds a method's memory model against the meter shares step_memory and
+// matches_model, the tolerance rule with its measured exception; the per-rank models live in test_zero_memory.cpp.)
 // The CPU memory meter (ARCHITECTURE.md §7) and what it proves about the methods: exact byte counts, phase attribution, the
 // budget, agreement with the kernel's RSS, StreamBP's O(T) memory, and the analytic memory models.
 #include <catch2/catch.hpp>

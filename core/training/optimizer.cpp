@@ -167,9 +167,10 @@ Optimizer::Optimizer(TensorList params, OptimizerOptions options, OffloadTier* s
     slot.param = param;
     slot.weight_decay = decays_weight(options_, name) ? options_.weight_decay : 0.0;
     const auto state_dtype = state_dtype_of(options_, param.scalar_type());
+    const at::Tensor& tensor = param;  // clang before 16 cannot capture a structured binding (the sanitized build)
     const auto zeros = [&] {
-      return states_tier ? states_tier->zeros(param.sizes(), state_dtype)
-                         : at::zeros(param.sizes(), param.options().dtype(state_dtype));
+      return states_tier ? states_tier->zeros(tensor.sizes(), state_dtype)
+                         : at::zeros(tensor.sizes(), tensor.options().dtype(state_dtype));
     };
     if (options_.kind == "adamw") {
       slot.exp_avg = zeros();

@@ -31,7 +31,11 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                        {"objective buffers", objective_bytes(w)}}};
   std::vector<MemoryEstimate> moments = data_parallel_moments(w, /*streamed=*/false);
   moments.push_back(head);
-  if (z.lora) return largest(moments);  // the frozen embedding has no backward
+  if (z.lora) {  // the frozen embedding has no backward
+    auto peak = largest(moments);
+    peak.host = offload_host_terms(w);
+    return peak;
+  }
   // Or the end of the backward (short sequences): every gradient exists, and autograd's embedding backward makes a
   // dense [V, d] gradient. Tied, it is added into the lm_head's; measured, that moment holds two [V, d] blocks beyond
   // the gradients (tiny at T = 2: model 963.5 KiB against 1.1 MiB with one), as much as an untied model's peak. In
@@ -46,7 +50,9 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                       {"dL/dH", z.B * z.T * z.d * z.s},
                       {"objective buffers", objective_bytes(w)}}};
   moments.push_back(end);
-  return largest(moments);
+  auto peak = largest(moments);
+  peak.host = offload_host_terms(w);  // its gradients, stored at their events after the backward
+  return peak;
 }
 
 }  // namespace sbp

@@ -68,6 +68,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     TrainOptions options;
     options.optimizer = *optimizer;
     if (a.offload.optimizer()) options.optimizer_tier = tier;
+    if (a.offload.gradients()) options.gradient_tier = tier;
     return Trainer(*model, method, *objective, options, parallel);
   };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
@@ -84,6 +85,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   auto base_workload = make_workload(*model, *objective, batch_at(16));
   base_workload.offload_checkpoints = a.offload.checkpoints();
   base_workload.offload_optimizer = a.offload.optimizer();
+  base_workload.offload_gradients = a.offload.gradients();
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
   set_data_parallel(base_workload, ranks.comm ? ranks.world : a.ranks.nproc, a.ranks.zero, device);
   if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
@@ -105,7 +107,10 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
     const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value());
-    if (a.offload.checkpoints()) method->offload_checkpoints_to(tier.get());
+    if (optimizer)
+      method->offload_checkpoints_to(a.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
+    else
+      offload_backprop(a.offload, *method, tier.get());
     const auto model_peak = [&](std::int64_t T) {
       const auto w = workload_at(T);
       return (optimizer ? training_memory(*method, w) : method->memory_model(w)).total_bytes();

@@ -212,7 +212,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
 
   auto [dtype, model, method, objective] = build_run_parts(a);
   const auto tier = make_offload(a.offload, device, *method, /*training=*/false);  // its folder checked first
-  method->offload_checkpoints_to(tier.get());
+  offload_backprop(a.offload, *method, tier.get());
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.measure.batch_size(), a.measure.seq_len(), a.pad_fraction,
@@ -224,7 +224,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.setup.seed);
   objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
   auto workload = make_workload(*model, *objective, batch);
-  workload.offload_checkpoints = tier != nullptr;
+  workload.offload_checkpoints = a.offload.checkpoints();
+  workload.offload_gradients = a.offload.gradients();
   if (a.model_only) return print_model_only(a, *method, workload, batch, command_line);
   if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
   if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());

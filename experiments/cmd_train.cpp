@@ -199,6 +199,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const auto tier = make_offload(r.offload, device, *method, /*training=*/true);  // its folder checked first
   if (r.offload.checkpoints()) method->offload_checkpoints_to(tier.get());
   if (r.offload.optimizer()) options.optimizer_tier = tier.get();
+  if (r.offload.gradients()) options.gradient_tier = tier.get();
   model->to(device);
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
@@ -363,6 +364,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       workload.accumulating = a.grad_accum > 1;
       workload.offload_checkpoints = r.offload.checkpoints();
       workload.offload_optimizer = r.offload.optimizer();
+      workload.offload_gradients = r.offload.gradients();
       estimate = training_memory(*method, workload);
     }
     model->zero_grad();  // the previous step's gradients are not part of this step

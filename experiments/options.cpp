@@ -128,13 +128,16 @@ bool OffloadOptions::optimizer() const {
   return std::find(kinds.begin(), kinds.end(), "optimizer") != kinds.end();
 }
 
+bool OffloadOptions::gradients() const { return std::find(kinds.begin(), kinds.end(), "grads") != kinds.end(); }
+
 std::string OffloadOptions::describe() const { return join_values(kinds, ','); }
 
 void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {
   app.add_option("--offload", o.kinds, "what lives in the second memory tier (comma-separated): checkpoints (the layer "
                  "inputs StreamBP, checkpointing and MsT keep: out once the forward has read them, back one layer ahead "
-                 "of their backward), optimizer (the optimizer's states, ZeRO-Offload: the update runs where they "
-                 "are); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
+                 "of their backward), grads (the gradients, at their group's gradient-ready event of the step's last "
+                 "micro-batch, after any data-parallel reduction), optimizer (the optimizer's states, ZeRO-Offload: "
+                 "the update runs where they are); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
       ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
@@ -145,9 +148,9 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device d
                                           bool training) {
   if (o.kinds.empty()) return nullptr;
   for (const auto& kind : o.kinds)
-    if (kind != "checkpoints" && kind != "optimizer")
-      throw std::invalid_argument("--offload " + kind + ": not built yet; this harness offloads checkpoints and "
-                                  "optimizer states so far (gradients and parameters are issue #31's next steps)");
+    if (kind == "params")
+      throw std::invalid_argument("--offload params: not built yet; this harness offloads checkpoints, grads and "
+                                  "optimizer states so far (parameters are issue #31's next step)");
   if (o.checkpoints() && !method.keeps_layer_checkpoints())
     throw std::invalid_argument("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
                                 "over the whole step); offload them with checkpoint, mst or streambp");
@@ -155,6 +158,13 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device d
     throw std::invalid_argument("--offload optimizer: no optimizer step here (train, or maxlen --optimizer, keep "
                                 "optimizer states)");
   return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
+}
+
+void offload_backprop(const OffloadOptions& o, BackpropMethod& method, OffloadTier* tier) {
+  if (!tier) return;
+  if (o.checkpoints()) method.offload_checkpoints_to(tier);
+  if (o.gradients())
+    method.on_gradient_ready([tier](const GradientGroup& group) { store_gradients(*tier, group.tensors); });
 }
 
 void add_output_options(CLI::App& app, OutputOptions& o, const std::string& help) {

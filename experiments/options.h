@@ -81,6 +81,7 @@ struct OffloadOptions {
   std::string dir;                 // empty: the system's temporary folder
   bool checkpoints() const;
   bool optimizer() const;
+  bool gradients() const;
   std::string describe() const;  // "checkpoints,optimizer", "" without offload: the results' offload column
 };
 // `what` says what the command does with it (for --offload's help).
@@ -91,6 +92,10 @@ void add_offload_options(CLI::App& app, OffloadOptions& options, const std::stri
 // writable or has no room.
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::Device device,
                                           const BackpropMethod& method, bool training);
+// A forward + backward without a Trainer (run, maxlen without --optimizer): what these options move, the method's
+// layer checkpoints and its gradients at their events, into `tier` (nothing when it is null). A Trainer takes the
+// gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction.
+void offload_backprop(const OffloadOptions& options, BackpropMethod& method, OffloadTier* tier);
 
 // What every command checks of an output before its work starts.
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose

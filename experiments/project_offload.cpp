@@ -1,8 +1,8 @@
 // `streambp project --offload KINDS`: the memory models beside Arctic Long Sequence Training (ALST, arXiv 2506.13996),
 // the longest exact single-device training published: Llama-3.1-8B and Qwen3-8B, full-parameter SFT with AdamW (pure
 // bf16: bf16 weights, gradients and states, the paper's full training), one sequence, on one 80 GB and one 141 GB
-// device. Rows: every method that keeps checkpoints, without offload and with each offload set asked for (checkpoints,
-// the optimizer's states, both), with the device's and the tier's bytes at the projected maximum T. The update's
+// device. Rows: every method that keeps checkpoints, without offload and with every combination of the kinds asked for
+// (checkpoints, gradients, the optimizer's states), with the device's and the tier's bytes at the projected maximum T. The update's
 // temporaries are counted on the device (an upper bound where the states are offloaded: a GPU's update then runs on
 // the host). A GPU holds things the CPU calibration cannot see (the CUDA context, cuBLAS and flash workspaces, the
 // caching allocator's fragmentation): one named term, --gpu-floor-bytes, taken off the budget and printed in every
@@ -48,9 +48,12 @@ const std::vector<std::string> kMethods = {"checkpoint", "mst:mini_seq=256", "st
 
 // What moves to the tier in a row.
 struct OffloadSet {
-  bool checkpoints = false, optimizer = false;
+  bool checkpoints = false, gradients = false, optimizer = false;
   std::string name() const {
-    return checkpoints && optimizer ? "checkpoints,optimizer" : checkpoints ? "checkpoints" : optimizer ? "optimizer" : "";
+    std::string out;
+    for (const auto& [on, kind] : {std::pair{checkpoints, "checkpoints"}, {gradients, "grads"}, {optimizer, "optimizer"}})
+      if (on) out += (out.empty() ? "" : ",") + std::string(kind);
+    return out;
   }
 };
 
@@ -67,6 +70,7 @@ Workload alst_workload(const ModelConfig& c, const Objective& objective, const O
   add_projected_optimizer(w, adamw);
   w.offload_checkpoints = offload.checkpoints;
   w.offload_optimizer = offload.optimizer;
+  w.offload_gradients = offload.gradients;
   return w;
 }
 
@@ -90,14 +94,18 @@ std::int64_t max_seq(const BackpropMethod& method, Workload w, std::int64_t budg
 
 int project_offload(const ProjectArgs& a, const std::string& command_line) {
   for (const auto& kind : a.offload.kinds)
-    if (kind != "checkpoints" && kind != "optimizer")
-      throw std::invalid_argument("--offload " + kind + ": project models checkpoints and optimizer states so far "
-                                  "(gradients and parameters are issue #31's next steps)");
-  // Every row without offload, then each kind asked for alone, then all of them.
-  std::vector<OffloadSet> sets = {{}};
-  if (a.offload.checkpoints()) sets.push_back({true, false});
-  if (a.offload.optimizer()) sets.push_back({false, true});
-  if (a.offload.checkpoints() && a.offload.optimizer()) sets.push_back({true, true});
+    if (kind == "params")
+      throw std::invalid_argument("--offload params: project models checkpoints, grads and optimizer states so far "
+                                  "(parameters are issue #31's next step)");
+  // Every combination of the kinds asked for, from none to all of them.
+  std::vector<OffloadSet> sets;
+  for (int bits = 0; bits < 8; ++bits) {
+    const OffloadSet set{bool(bits & 1), bool(bits & 2), bool(bits & 4)};
+    if ((set.checkpoints && !a.offload.checkpoints()) || (set.gradients && !a.offload.gradients()) ||
+        (set.optimizer && !a.offload.optimizer()))
+      continue;
+    sets.push_back(set);
+  }
   auto objective = make_objective("sft");
   fmt::print("Beside ALST: the longest sequence of full-parameter SFT with AdamW on one device, projected by the "
              "analytic memory models (bf16 weights, gradients and AdamW states on the device; one sequence)\n"
@@ -138,8 +146,9 @@ int project_offload(const ProjectArgs& a, const std::string& command_line) {
           if (preset == std::string("llama-3.1-8b") && device.bytes == 80'000'000'000 && T > best_8b_80) {
             best_8b_80 = T;
             best_what = method->spec() + (offload.name().empty() ? "" : " + offload of " + offload.name());
-            stop = fmt::format("{:.1f} GB of the {:.1f} GB left after the floor do not depend on T (weights, gradients "
-                               "and what of the AdamW states is on the device), and each 1K tokens costs {:.1f} MB there",
+            stop = fmt::format("{:.1f} GB of the {:.1f} GB left after the floor do not depend on T (the weights and what "
+                               "of the gradients and AdamW states is on the device), and each 1K tokens costs {:.1f} MB "
+                               "there",
                                fixed / 1e9, budget / 1e9, per_token * 1000 / 1e6);
           }
         }
@@ -152,8 +161,9 @@ int project_offload(const ProjectArgs& a, const std::string& command_line) {
   fmt::print("\nGoal (issue #31): StreamBP + offload at >= 1M tokens for an 8B model on one 80 GB device (2x ALST's "
              "500K). Best here for Llama-3.1-8B on 80 GB: {:.0f}K ({}); {}.\n", best_8b_80 / 1e3, best_what, stop);
   if (best_8b_80 < goal)
-    fmt::print("Short of the goal by {:.0f}K: what stays on the device does not depend on T; moving the gradients and "
-               "the parameters to the tier too (not built yet) is what remains.\n", (goal - double(best_8b_80)) / 1e3);
+    fmt::print("Short of the goal by {:.0f}K: what stays on the device does not depend on T; moving what of the "
+               "gradients, states and parameters is still there to the tier is what remains.\n",
+               (goal - double(best_8b_80)) / 1e3);
   else
     fmt::print("The goal is met on paper: {:.1f}x ALST's 500K. A GPU run has not measured it (tests/gpu/run.sh step 9 "
                "checks the tier's copies; no GPU here).\n", double(best_8b_80) / kAlstH100);

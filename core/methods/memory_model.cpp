@@ -206,11 +206,40 @@ MemoryEstimate memory::checkpointing_peak(std::vector<MemoryEstimate> moments, c
   moments.push_back(embedding_moment(w));
   for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
   auto peak = largest(std::move(moments));
-  const Sizes z(w);
-  // At the end of the forward every layer's input is in the tier (the last hidden state never goes: the head reads it
-  // at once); the backward takes them back one by one.
-  if (w.offload_checkpoints) peak.host = {{"layer checkpoints H[0..L-1]", z.L * z.B * z.T * z.d * z.s}};
+  peak.host = offload_host_terms(w);
   return peak;
+}
+
+// The tier's timeline: at the end of the forward every layer's input is there (the last hidden state never goes: the
+// head reads it at once); the backward takes them back one by one (H[l] leaves the tier when layer l's backward takes
+// it), while the gradients arrive at their events, the head's first, layer l's after its backward, the embedding's
+// last (a streamed method's; standard BP fires every event after its backward). After layer l's event the tier holds
+// H[0..l-1] and the gradients of the head and of layers l..L-1: linear in l, so the largest sum is at the head's event,
+// at layer L-1's or layer 0's, or at the end (every gradient).
+std::vector<MemoryTerm> memory::offload_host_terms(const Workload& w) {
+  const Sizes z(w);
+  const auto btd = z.B * z.T * z.d * z.s;
+  const auto checkpoints = [&](std::int64_t layers) { return w.offload_checkpoints ? layers * btd : 0; };
+  if (!w.offload_gradients) {
+    if (!w.offload_checkpoints) return {};
+    return {{"layer checkpoints H[0..L-1]", checkpoints(z.L)}};
+  }
+  const auto head = z.kept(z.head_group), layer = z.kept(z.layer_grad), embedding = z.kept(z.embedding_group);
+  std::vector<std::vector<MemoryTerm>> moments = {
+      {{"layer checkpoints H[0..L-1]", checkpoints(z.L)}, {"gradients of the head", head}},
+      {{"gradients (every group's)", head + z.L * layer + embedding}}};
+  for (const auto l : {z.L - 1, std::int64_t(0)})
+    moments.push_back({{"layer checkpoints H[0.." + std::to_string(l) + ")", checkpoints(l)},
+                       {"gradients of the head and layers " + std::to_string(l) + "..L-1", head + (z.L - l) * layer}});
+  const auto sum = [](const std::vector<MemoryTerm>& terms) {
+    std::int64_t s = 0;
+    for (const auto& t : terms) s += t.bytes;
+    return s;
+  };
+  auto terms = *std::max_element(moments.begin(), moments.end(),
+                                 [&](const auto& a, const auto& b) { return sum(a) < sum(b); });
+  std::erase_if(terms, [](const MemoryTerm& t) { return t.bytes == 0; });
+  return terms;
 }
 
 std::int64_t MemoryEstimate::host_bytes() const {

@@ -31,7 +31,7 @@ struct Sizes {
   // Mixed precision (g > s): a trainable master is cast to the compute dtype where it is used, and a graph keeps
   // that copy (linear saves its weight): cast bytes per trainable element, 0 when the masters are the weights.
   std::int64_t cast;
-  bool offload_checkpoints;
+  bool offload_checkpoints, offload_gradients;
   explicit Sizes(const Workload& w)
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
@@ -45,7 +45,8 @@ struct Sizes {
         head_gradients(lora ? 0 : (V + 1) * d * g),
         layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
                         : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
-        cast(g > s ? s : 0), offload_checkpoints(w.offload_checkpoints), N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
+        cast(g > s ? s : 0), offload_checkpoints(w.offload_checkpoints), offload_gradients(w.offload_gradients),
+        N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
         head_group(lora ? 0 : tied ? d * g : (V + 1) * d * g), embedding_group(lm_grad),
         largest_tensor(lora ? std::min(w.lora_parameters, w.lora_rank * std::max({w.config.intermediate_size, d,
                                                                                   w.config.q_width()}))
@@ -92,25 +93,30 @@ struct Sizes {
   // Elements of this rank's slices of a group of `bytes` gradient bytes: ceil(numel / N) of every tensor (rank 0's,
   // the longest). Counted on the group as a whole: each tensor's padding (< N elements) is left out.
   std::int64_t slice_elements(std::int64_t bytes) const { return (bytes / g + N - 1) / N; }
-  // What a group's gradients occupy once reduced: all of them (stages 0-1), or this rank's slice (stage 2).
-  std::int64_t reduced(std::int64_t bytes) const { return sharded_gradients() ? slice_elements(bytes) * g : bytes; }
+  // What a group's gradients occupy once reduced and kept: all of them (stages 0-1), or this rank's slice (stage 2).
+  std::int64_t kept(std::int64_t bytes) const { return sharded_gradients() ? slice_elements(bytes) * g : bytes; }
+  // What stays of them on the device after the group's event: what is kept, or nothing when the gradients are offloaded
+  // (the tier holds kept(bytes)).
+  std::int64_t reduced(std::int64_t bytes) const { return offload_gradients ? 0 : kept(bytes); }
+  // Whether a group's gradients shrink on the device at its event (sharded or offloaded).
+  bool gradients_leave() const { return sharded_gradients() || offload_gradients; }
   // Gradients alive after the head's event (the head_gradients of one process).
   std::int64_t head_after() const {
-    return sharded_gradients() ? reduced(head_group) + (tied ? lm_grad : 0) : head_gradients;
+    return gradients_leave() ? reduced(head_group) + (tied ? lm_grad : 0) : head_gradients;
   }
   // Gradients alive while layer l is back-propagated: the head's and the layers' after l (reduced) and layer l's own.
   std::int64_t layer_gradients_at(std::int64_t l) const {
-    return sharded_gradients() ? head_after() + (L - 1 - l) * reduced(layer_grad) + layer_grad
-                               : head_gradients + (L - l) * layer_grad;
+    return gradients_leave() ? head_after() + (L - 1 - l) * reduced(layer_grad) + layer_grad
+                             : head_gradients + (L - l) * layer_grad;
   }
   // Gradients alive in the embedding backward, before its event: every other group's reduced, the embedding's full.
   std::int64_t embedding_backward_gradients() const {
-    return sharded_gradients() ? head_after() + L * reduced(layer_grad) + (tied ? 0 : embedding_group) : all_gradients;
+    return gradients_leave() ? head_after() + L * reduced(layer_grad) + (tied ? 0 : embedding_group) : all_gradients;
   }
-  // Gradients the optimizer step sees: every group's reduced.
+  // Gradients the optimizer step sees on the device: every group's reduced.
   std::int64_t step_gradients() const {
-    return sharded_gradients() ? reduced(head_group) + L * reduced(layer_grad) + reduced(embedding_group)
-                               : all_gradients;
+    return gradients_leave() ? reduced(head_group) + L * reduced(layer_grad) + reduced(embedding_group)
+                             : all_gradients;
   }
   // What a group's collective allocates at its event: stages 0-1 all-reduce a flat copy of its gradients (at::cat);
   // stage 2 packs them into a zeroed [N, slice] buffer and reduce-scatters it into the [slice] it keeps, the backend
@@ -146,6 +152,9 @@ MemoryEstimate largest(std::vector<MemoryEstimate> moments);
 // backward's and data parallelism's, the largest of them on the device, and the checkpoints the offload tier holds at
 // its own peak (MemoryEstimate::host; nothing without offload).
 MemoryEstimate checkpointing_peak(std::vector<MemoryEstimate> moments, const Workload& w);
+// What the offload tier holds at its own peak during a step (empty without offload): the layer checkpoints (methods
+// that keep them) and the gradients stored at their events, at the moment their sum is largest.
+std::vector<MemoryTerm> offload_host_terms(const Workload& w);
 // RoPE's cos and sin tables of `positions` positions.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
 // RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.

@@ -55,6 +55,10 @@ struct Workload {
   // are (its temporaries on the device, as on the CPU; a GPU's would be the host's: counted on the device, an upper
   // bound there).
   bool offload_optimizer = false;
+  // The gradients leave the device at their group's gradient-ready event of the step's last micro-batch (the reduced
+  // ones when data-parallel: this rank's slices at ZeRO 2-3) and live in the offload tier until the next step frees
+  // them; between micro-batches they stay on the device, where the method adds into them.
+  bool offload_gradients = false;
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
   // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -55,6 +56,14 @@ class OffloadTier {
 // CUDA (pinned_tier.cpp; `dir` unused). Throws std::invalid_argument naming the folder when it does not exist, is not
 // writable or has no room for a page, and naming the device when it has no tier.
 std::unique_ptr<OffloadTier> make_offload_tier(c10::Device device, const std::string& dir);
+
+// Gradient offload: each of `params`' gradients moved into the tier (its grad() becomes the tier's copy, the device's
+// is dropped). Called at a group's gradient-ready event, when the method no longer adds into it; the update then reads
+// it where it is (Optimizer: from a GPU, a device copy of one tensor at a time).
+inline void store_gradients(OffloadTier& tier, const std::vector<at::Tensor>& params) {
+  for (const auto& p : params)
+    if (p.grad().defined()) p.mutable_grad() = tier.store(p.grad());
+}
 std::unique_ptr<OffloadTier> make_file_tier(const std::string& dir);
 std::unique_ptr<OffloadTier> make_pinned_tier(c10::Device device);
 

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/accumulate.h>
 
+#include "core/offload/offload_tier.h"
 #include "core/training/optimizer.h"
 
 namespace sbp {
@@ -204,7 +205,7 @@ StepTotals DataParallel::global_totals(const StepTotals& local) {
   return {t[0][0].item<std::int64_t>(), t[0][1].item<std::int64_t>()};
 }
 
-void DataParallel::reduce(const GradientGroup& group) {
+void DataParallel::reduce(const GradientGroup& group, OffloadTier* tier) {
   at::NoGradGuard no_grad;
   auto grads = group_gradients(group);
   if (grads.empty()) return;
@@ -220,6 +221,7 @@ void DataParallel::reduce(const GradientGroup& group) {
       g.copy_(flat[0].slice(0, offset, offset + g.numel()).view(g.sizes()));
       offset += g.numel();
     }
+    if (tier) store_gradients(*tier, group.tensors);
     return;
   }
   // Stage 2: block q of the buffer holds every tensor's slice q (each padded to its slice length), so that the
@@ -243,7 +245,8 @@ void DataParallel::reduce(const GradientGroup& group) {
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const auto& p = group.tensors[i];
     const auto s = slice_of(grads[i].numel(), rank);
-    shard_grads_[key(p)] = mine.slice(0, offset, offset + (s.end - s.start));
+    const auto slice = mine.slice(0, offset, offset + (s.end - s.start));
+    shard_grads_[key(p)] = tier ? tier->store(slice) : slice;
     offset += s.padded;
     p.mutable_grad().reset();  // the full-size gradient is not kept (the bucket is one group)
   }

@@ -27,6 +27,8 @@
 
 namespace sbp {
 
+class OffloadTier;
+
 class DataParallel {
  public:
   DataParallel(Communicator& communicator, int zero_stage = 0);
@@ -73,8 +75,8 @@ class DataParallel {
   virtual StepTotals global_totals(const StepTotals& local);
   // At a group's gradient-ready event: stages 0-1 sum its gradients over the ranks in place, as one flat all-reduce;
   // stage 2 reduce-scatters them into the owners' slices and frees the full gradients. A gradient a rank lacks
-  // counts as zeros.
-  virtual void reduce(const GradientGroup& group);
+  // counts as zeros. With `tier`, what the rank keeps (the full gradients, or its slices) then moves there.
+  virtual void reduce(const GradientGroup& group, OffloadTier* tier = nullptr);
   // The step's loss over ranks (each rank's share is already normalised by the global totals).
   double global_loss(double local);
 

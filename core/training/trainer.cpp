@@ -21,6 +21,7 @@
 #include "core/training/data_parallel.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
+#include "core/offload/offload_tier.h"
 
 namespace sbp {
 
@@ -101,8 +102,15 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
     for (std::size_t k = 0; k < micro.size(); ++k) {
       // Data-parallel: each group is reduced over ranks when its gradient is final for the step, i.e. at its event
       // of the last micro-batch.
-      if (parallel_ && k + 1 == micro.size())
-        method_.on_gradient_ready([this](const GradientGroup& group) { parallel_->reduce(group); });
+      // Gradient offload at the same events: before them the method still adds into the gradients (the earlier
+      // micro-batches' stay on the device, so that every sum is the one of a run without offload).
+      if (k + 1 == micro.size() && (parallel_ || options_.gradient_tier))
+        method_.on_gradient_ready([this](const GradientGroup& group) {
+          if (parallel_)
+            parallel_->reduce(group, options_.gradient_tier);
+          else
+            store_gradients(*options_.gradient_tier, group.tensors);
+        });
       const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
       out.loss += r.loss;
       out.bp_seconds += r.bp_seconds;

@@ -28,6 +28,10 @@ struct TrainOptions {
   double clip_grad_norm = 0;     // 0: no clipping (the norm is still reported)
   // The optimizer's states in this offload tier, the update where they are (null: on the device). Outlives the trainer.
   OffloadTier* optimizer_tier = nullptr;
+  // The gradients moved into this offload tier at their groups' gradient-ready events of the step's last micro-batch
+  // (after the data-parallel reduction: what this rank keeps), read there by the clipping and the update (null: on the
+  // device). Outlives the trainer.
+  OffloadTier* gradient_tier = nullptr;
 };
 
 struct TrainStepResult {

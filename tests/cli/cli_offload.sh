@@ -1,8 +1,10 @@
-# `--offload checkpoints` as a user runs it (issue #31):
+# `--offload` as a user runs it (issue #31):
 # (a) run: every method that keeps checkpoints gives the same gradients bit for bit with and without offload (fp32 and
-#     bf16, GRPO with LoRA too), the tier held exactly the model's host bytes, and the device no byte more;
+#     bf16, GRPO with LoRA too), the tier held exactly the model's host bytes, and the device no byte more; the
+#     gradients offloaded too (standard BP's alone);
 # (b) train: 3 AdamW steps end on the same weights bit for bit with and without offload: the checkpoints, the
-#     optimizer's states, both; one process, 2 ranks at ZeRO-1 and ZeRO-3; resumed from offloaded states;
+#     optimizer's states, the gradients, all three; one process, 2 ranks at ZeRO-1, 2 and 3; resumed from offloaded
+#     states;
 # (c) maxlen records the tier's bytes beside every probe;
 # (d) bad input exits 2 naming the flag, the method or the folder, before any work; a folder that fills up mid-run
 #     (a file-size limit stands in for a full disk) stops the run with the folder named and nothing half-written.
@@ -49,6 +51,19 @@ common=(--preset tiny --objective grpo:beta=0.04 --group 2 --lora rank=4,init=ra
 "$STREAMBP" run "${common[@]}" --offload checkpoints --save-grads g-off.safetensors >/dev/null
 "$STREAMBP" compare g.safetensors g-off.safetensors --rtol 0 >/dev/null || fail "GRPO + LoRA: the gradients differ"
 echo "ok: GRPO with LoRA offloaded, bitwise"
+for method in standard streambp:layer_chunk=16,head_chunk=24; do
+  kinds=grads
+  [[ $method == standard ]] || kinds=checkpoints,grads
+  common=(--config six.json --method "$method" --batch 2 --seq 61 --seed 3 --threads 1)
+  "$STREAMBP" run "${common[@]}" --save-grads plain.safetensors >/dev/null
+  "$STREAMBP" run "${common[@]}" --offload $kinds --save-grads grads-off.safetensors >grads-off.txt ||
+    fail "run --offload $kinds ($method):\n$(cat grads-off.txt)"
+  "$STREAMBP" compare plain.safetensors grads-off.safetensors --rtol 0 >/dev/null ||
+    fail "$method: the gradients differ with --offload $kinds"
+  grep -q "^offload   $kinds in memory-mapped files in .*(exact)" grads-off.txt ||
+    fail "$method: run does not report the tier's bytes against its model:\n$(cat grads-off.txt)"
+done
+echo "ok: the gradients offloaded (standard BP; StreamBP with its checkpoints), bitwise, the tier as modelled"
 
 # (b)
 train=(train --preset tiny --method mst:mini_seq=4 --batch 4 --seq 48 --steps 3 --optimizer adamw:lr=1e-3 --threads 1)
@@ -69,10 +84,16 @@ cmp plain/model.safetensors opt/model.safetensors || fail "train: the weights di
 grep -q "^offload   optimizer in" opt.txt || fail "train does not report the tier:\n$(cat opt.txt)"
 "$STREAMBP" "${train[@]}" --offload checkpoints,optimizer --save-model both >/dev/null 2>&1
 cmp plain/model.safetensors both/model.safetensors || fail "train: the weights differ with checkpoints and states offloaded"
-for zero in 1 3; do
+"$STREAMBP" "${train[@]}" --offload grads --save-model grads >grads.txt 2>&1 || fail "train --offload grads:\n$(cat grads.txt)"
+cmp plain/model.safetensors grads/model.safetensors || fail "train: the weights differ with the gradients offloaded"
+"$STREAMBP" "${train[@]}" --offload checkpoints,grads,optimizer --grad-accum 2 --save-model all >all.txt 2>&1 ||
+  fail "train --offload checkpoints,grads,optimizer --grad-accum 2:\n$(cat all.txt)"
+"$STREAMBP" "${train[@]}" --grad-accum 2 --save-model accum >/dev/null 2>&1
+cmp accum/model.safetensors all/model.safetensors || fail "train --grad-accum 2: the weights differ with all offloaded"
+for zero in 1 2 3; do
   "$STREAMBP" "${train[@]}" --nproc 2 --zero $zero --save-model "z$zero" >/dev/null 2>&1
-  "$STREAMBP" "${train[@]}" --nproc 2 --zero $zero --offload checkpoints,optimizer --save-model "z$zero-off" >/dev/null 2>&1 ||
-    fail "train --nproc 2 --zero $zero --offload checkpoints,optimizer failed"
+  "$STREAMBP" "${train[@]}" --nproc 2 --zero $zero --offload checkpoints,grads,optimizer --save-model "z$zero-off" \
+    >/dev/null 2>&1 || fail "train --nproc 2 --zero $zero --offload checkpoints,grads,optimizer failed"
   cmp "z$zero/model.safetensors" "z$zero-off/model.safetensors" || fail "2 ranks, ZeRO-$zero: the weights differ with offload"
 done
 # (a constant schedule: a finished 2-step run extends to 4 steps as a 4-step run, README "Training")
@@ -83,34 +104,35 @@ resume=(train --preset tiny --method streambp:layer_chunk=16,head_chunk=16 --bat
 "$STREAMBP" "${resume[@]}" --steps 4 --resume ck --save-model resumed >resumed.txt 2>&1 ||
   fail "train --resume with offloaded states:\n$(cat resumed.txt)"
 cmp whole/model.safetensors resumed/model.safetensors || fail "a run resumed from offloaded states differs from the whole run"
-echo "ok: the optimizer's states offloaded, alone and with the checkpoints, 1 process, 2 ranks at ZeRO-1 and ZeRO-3, and resumed: bitwise"
+echo "ok: the optimizer's states and gradients offloaded, alone and with the checkpoints, 1 process (with gradient accumulation), 2 ranks at ZeRO-1, 2 and 3, and resumed: bitwise"
 
 # (c)
 "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods "streambp:layer_chunk=64,head_chunk=64" \
-  --offload checkpoints --max-seq 4096 --out maxlen >maxlen.txt 2>&1 || fail "maxlen --offload:\n$(cat maxlen.txt)"
+  --offload checkpoints,grads --max-seq 4096 --out maxlen >maxlen.txt 2>&1 || fail "maxlen --offload:\n$(cat maxlen.txt)"
 python3 - maxlen/maxlen-*.csv <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 fit = [r for r in rows if r["role"] == "max"]
-assert fit and fit[0]["offload"] == "checkpoints", rows
+assert fit and fit[0]["offload"] == "checkpoints,grads", rows
 assert fit[0]["host_peak_bytes"] == fit[0]["model_host_bytes"] != "", fit[0]
-print("ok: maxlen --offload checkpoints records the tier's bytes:", fit[0]["seq_len"], fit[0]["host_peak_bytes"])
+print("ok: maxlen --offload checkpoints,grads records the tier's bytes:", fit[0]["seq_len"], fit[0]["host_peak_bytes"])
 PY
 
 # `project --offload`: beside ALST, every method with and without, and what stops the goal.
-"$STREAMBP" project --offload checkpoints,optimizer --out proj >proj.txt 2>&1 || fail "project --offload:\n$(cat proj.txt)"
-[[ $(grep -c "^| llama-3.1-8b | H100-80GB |" proj.txt) == 12 ]] ||
-  fail "project --offload: not 3 methods x 4 offload sets on Llama-3.1-8B:\n$(cat proj.txt)"
+"$STREAMBP" project --offload checkpoints,grads,optimizer --out proj >proj.txt 2>&1 ||
+  fail "project --offload:\n$(cat proj.txt)"
+[[ $(grep -c "^| llama-3.1-8b | H100-80GB |" proj.txt) == 24 ]] ||
+  fail "project --offload: not 3 methods x 8 offload sets on Llama-3.1-8B:\n$(cat proj.txt)"
 grep -q "^Goal (issue #31)" proj.txt || fail "project --offload does not state the goal:\n$(tail -5 proj.txt)"
 ls proj/project-offload-*.csv >/dev/null || fail "project --offload wrote no CSV"
-expect_exit_2 "project with a kind not modelled" "--offload grads: project models checkpoints and optimizer states so far" \
-  "$STREAMBP" project --offload checkpoints,grads --out proj2
-echo "ok: project --offload checkpoints,optimizer beside ALST"
+expect_exit_2 "project with a kind not modelled" "--offload params: project models checkpoints, grads and optimizer" \
+  "$STREAMBP" project --offload checkpoints,params --out proj2
+echo "ok: project --offload checkpoints,grads,optimizer beside ALST"
 
 # (d)
 base=(run --preset tiny --method streambp --seq 64)
 expect_exit_2 "an unknown kind" "--offload: .*everything" "$STREAMBP" "${base[@]}" --offload everything
-expect_exit_2 "a kind not built yet" "--offload grads: not built yet" "$STREAMBP" "${base[@]}" --offload grads
+expect_exit_2 "a kind not built yet" "--offload params: not built yet" "$STREAMBP" "${base[@]}" --offload params
 expect_exit_2 "optimizer states where no optimizer steps" "--offload optimizer: no optimizer step here" \
   "$STREAMBP" "${base[@]}" --offload optimizer
 expect_exit_2 "maxlen's optimizer states without --optimizer" "--offload optimizer: no optimizer step here" \

@@ -176,8 +176,8 @@ class PerRankNormalisation : public sbp::DataParallel {
 class HeadLeftUnreduced : public sbp::DataParallel {
  public:
   using DataParallel::DataParallel;
-  void reduce(const sbp::GradientGroup& group) override {
-    if (group.name != "head") DataParallel::reduce(group);
+  void reduce(const sbp::GradientGroup& group, sbp::OffloadTier* tier) override {
+    if (group.name != "head") DataParallel::reduce(group, tier);
   }
 };
 

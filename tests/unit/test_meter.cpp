@@ -184,7 +184,7 @@ struct StepMemory {
 StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, const std::string& spec,
                        std::int64_t T, std::int64_t B = 1, const std::string& lora = "",
                        sbp::MemoryEstimate* estimate = nullptr, bool mixed = false,
-                       sbp::OffloadTier* tier = nullptr) {
+                       sbp::OffloadTier* tier = nullptr, bool offload_gradients = false) {
   sbp::Model model(config, dtype, 91);
   if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 93);
   if (mixed) model.set_grad_dtype(at::kFloat);
@@ -192,6 +192,8 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
   sbp::SftObjective objective;
   auto method = sbp::make_method(spec);
   method->offload_checkpoints_to(tier);
+  if (tier && offload_gradients)
+    method->on_gradient_ready([tier](const sbp::GradientGroup& group) { sbp::store_gradients(*tier, group.tensors); });
   StepMemory out;
   // bf16 on a CPU with native bf16 GEMMs: every intra-op worker of the flash backward takes oneDNN scratch per block
   // GEMM (2 x 354 KiB on tiny), and the model counts them at once, as a long call reaches. A short step on a busy CPU
@@ -202,7 +204,8 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
   out.largest_block_bytes = CpuMemoryMeter::install().largest_allocation_bytes();
   if (estimate) {
     auto workload = sbp::make_workload(model, objective, batch);
-    workload.offload_checkpoints = tier != nullptr;
+    workload.offload_checkpoints = tier && method->keeps_layer_checkpoints();
+    workload.offload_gradients = tier && offload_gradients;
     *estimate = method->memory_model(workload);
   }
   return out;
@@ -439,11 +442,12 @@ TEST_CASE("the memory models hold under whatever kernels the CPU configuration p
   }
 }
 
-TEST_CASE("the analytic memory models hold on the device with the checkpoints offloaded, within 3 percent",
-          "[meter][memory-model][offload]") {
+TEST_CASE("the analytic memory models hold on the device with the checkpoints and gradients offloaded, within 3 "
+          "percent", "[meter][memory-model][offload]") {
   // The tier's files are outside the meter's pool: what it sees is the device's. Both kinds of peak (logits: V = 4096,
-  // T = 512; layers: V = 512, T = 2048), fp32 and bf16, full and LoRA, every method of the catalogue that keeps
-  // checkpoints; on the device only the checkpoint in use and the one fetched ahead of it.
+  // T = 512; layers: V = 512, T = 2048), fp32 and bf16, full and LoRA, every method of the catalogue: those that keep
+  // checkpoints with them offloaded (on the device only the checkpoint in use and the one fetched ahead of it) and
+  // then with the gradients too (a group's leave at its event); standard BP with its gradients offloaded.
   const sbp::test::TempDir dir("sbp_meter_offload_");
   struct Shape {
     std::int64_t vocab, T, B;
@@ -453,19 +457,20 @@ TEST_CASE("the analytic memory models hold on the device with the checkpoints of
     sbp::ModelConfig config = sbp::test::tiny_config();
     config.vocab_size = w.vocab;
     for (const std::string lora : {"", "rank=8"})
-      for (const auto& spec : sbp::metered_method_specs()) {
-        if (!sbp::make_method(spec)->keeps_layer_checkpoints()) continue;
-        const auto tier = sbp::make_file_tier(dir.path().string());
-        sbp::MemoryEstimate estimate;
-        const auto m = step_memory(config, w.dtype, spec, w.T, w.B, lora, &estimate, false, tier.get());
-        REQUIRE(m.measurement.status == "passed");
-        INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << spec << " lora="
-                                    << lora << ": measured " << m.measurement.peak_bytes << ", analytic "
-                                    << estimate.total_bytes() << " at " << estimate.moment << ", ratio "
-                                    << double(m.measurement.peak_bytes) / double(estimate.total_bytes()));
-        CHECK(matches_model(m.measurement.peak_bytes, estimate));
-        CHECK(tier->peak_bytes() == estimate.host_bytes());
-      }
+      for (const auto& spec : sbp::metered_method_specs())
+        for (const bool gradients : {false, true}) {
+          if (!gradients && !sbp::make_method(spec)->keeps_layer_checkpoints()) continue;
+          const auto tier = sbp::make_file_tier(dir.path().string());
+          sbp::MemoryEstimate estimate;
+          const auto m = step_memory(config, w.dtype, spec, w.T, w.B, lora, &estimate, false, tier.get(), gradients);
+          REQUIRE(m.measurement.status == "passed");
+          INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << spec << " lora="
+                                      << lora << " gradients=" << gradients << ": measured " << m.measurement.peak_bytes << ", analytic "
+                                      << estimate.total_bytes() << " at " << estimate.moment << ", ratio "
+                                      << double(m.measurement.peak_bytes) / double(estimate.total_bytes()));
+          CHECK(matches_model(m.measurement.peak_bytes, estimate));
+          CHECK(tier->peak_bytes() == estimate.host_bytes());
+        }
   }
 }
 

@@ -1,7 +1,8 @@
-// The offload tier (issue #31): a copy, never arithmetic. Every method that keeps layer checkpoints gives the same
-// bits with them in the tier as without, for every objective, dtype and LoRA; the tier holds exactly what the model
-// says at its peak and nothing after the step; a tier that reorders or loses a checkpoint is caught; a folder that
-// cannot take the files is an error naming it.
+// The offload tier (issue #31): a copy, never arithmetic. Every method gives the same bits with its layer checkpoints
+// and gradients in the tier as without, for every objective, dtype and LoRA, and training steps with the optimizer's
+// states there too; the tier holds exactly what the model says at its peak and nothing after the step; a tier that
+// reorders or loses a checkpoint, loses a gradient or garbles a state is caught; a folder that cannot take the files
+// is an error naming it.
 #include <catch2/catch.hpp>
 
 #include <csignal>
@@ -30,10 +31,14 @@ struct Step {
   sbp::TensorList gradients;
 };
 
+// One step of `spec`, its checkpoints in `tier` (for a method that keeps them) and, with `gradients`, its gradients
+// moved there at their events.
 Step step_with(sbp::Model& model, const std::string& spec, sbp::Objective& objective, const sbp::Batch& batch,
-               sbp::OffloadTier* tier) {
+               sbp::OffloadTier* tier, bool gradients = false) {
   auto method = sbp::make_method(spec);
   method->offload_checkpoints_to(tier);
+  if (tier && gradients)
+    method->on_gradient_ready([tier](const sbp::GradientGroup& group) { sbp::store_gradients(*tier, group.tensors); });
   Step out;
   out.loss = method->step(model, objective, batch).loss;
   for (const auto& g : model.gradients()) out.gradients.push_back({g.name, g.tensor.clone()});
@@ -97,8 +102,8 @@ class FaultyTier final : public sbp::OffloadTier {
 
 }  // namespace
 
-TEST_CASE("every method that keeps checkpoints gives the same bits with them offloaded, for every objective, dtype "
-          "and LoRA", "[offload][exactness]") {
+TEST_CASE("every method gives the same bits with its checkpoints and gradients offloaded, for every objective, "
+          "dtype and LoRA", "[offload][exactness]") {
   const sbp::test::TempDir dir("sbp_offload_");
   constexpr std::int64_t T = 24;
   for (const std::string objective_spec : {"sft", "grpo:beta=0.04,loss_type=grpo", "dpo:beta=0.1"})
@@ -108,42 +113,67 @@ TEST_CASE("every method that keeps checkpoints gives the same bits with them off
         if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 8);
         auto objective = sbp::make_objective(objective_spec);
         const auto batch = sbp::test::objective_batch(model, *objective, {4, T, 0.25, 0.2, 9, 2});
-        for (const auto& spec : checkpointing_methods(T)) {
+        for (const auto& spec : sbp::typical_method_specs(T)) {
           INFO(objective_spec << " " << c10::toString(dtype) << " lora=" << lora << " " << spec);
-          const auto tier = sbp::make_file_tier(dir.path().string());
           const auto on_device = step_with(model, spec, *objective, batch, nullptr);
-          const auto offloaded = step_with(model, spec, *objective, batch, tier.get());
-          check_same_bits(on_device, offloaded);
-          // Every checkpoint came back: the tier holds nothing after the step, and held L of them at its peak.
-          CHECK(tier->held_bytes() == 0);
-          CHECK(tier->peak_bytes() == model.config().num_hidden_layers * batch.batch_size() * T *
-                                          model.config().hidden_size * std::int64_t(c10::elementSize(dtype)));
+          if (sbp::make_method(spec)->keeps_layer_checkpoints()) {
+            const auto tier = sbp::make_file_tier(dir.path().string());
+            check_same_bits(on_device, step_with(model, spec, *objective, batch, tier.get()));
+            // Every checkpoint came back: the tier holds nothing after the step, and held L of them at its peak.
+            CHECK(tier->held_bytes() == 0);
+            CHECK(tier->peak_bytes() == model.config().num_hidden_layers * batch.batch_size() * T *
+                                            model.config().hidden_size * std::int64_t(c10::elementSize(dtype)));
+          }
+          // The gradients (and the checkpoints of a method that keeps them): the gradients read from the tier.
+          const auto tier = sbp::make_file_tier(dir.path().string());
+          check_same_bits(on_device, step_with(model, spec, *objective, batch, tier.get(), /*gradients=*/true));
+          CHECK(tier->held_bytes() == 0);  // the gradients were dropped with the step's (model.zero_grad)
         }
       }
 }
 
-TEST_CASE("the memory models' host term is what the tier holds at its peak, for every method and shape",
+TEST_CASE("the memory models' host term is what the tier holds at its peak, for every method, offload set and shape",
           "[offload][memory-model]") {
+  // Shapes where each candidate of the tier's peak wins: the checkpoints at the head's event (long T, few
+  // gradients: LoRA), layer L-1's event, every gradient at the end (short T); tied and untied (the lm_head in the
+  // head's group).
   const sbp::test::TempDir dir("sbp_offload_");
-  for (const auto& [B, T] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 40}, {3, 17}}) {
-    sbp::Model model(sbp::test::tiny_config(), at::kFloat, 11);
-    auto objective = sbp::make_objective("sft");
-    auto batch = sbp::test::objective_batch(model, *objective, {B, T, 0.0, 0.1, 12, 0});
-    for (const auto& spec : checkpointing_methods(T)) {
-      INFO(spec << " B=" << B << " T=" << T);
-      const auto tier = sbp::make_file_tier(dir.path().string());
-      auto method = sbp::make_method(spec);
-      method->offload_checkpoints_to(tier.get());
-      method->step(model, *objective, batch);
-      model.zero_grad();
-      objective->prepare(batch, model.config());
-      auto workload = sbp::make_workload(model, *objective, batch);
-      workload.offload_checkpoints = true;
-      CHECK(tier->peak_bytes() == method->memory_model(workload).host_bytes());
-      workload.offload_checkpoints = false;
-      CHECK(method->memory_model(workload).host_bytes() == 0);
-    }
-  }
+  for (const bool tied : {true, false})
+    for (const std::string lora : {"", "rank=4"})
+      for (const auto& [B, T] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 40}, {3, 17}, {2, 160}}) {
+        auto config = sbp::test::tiny_config();
+        config.tie_word_embeddings = tied;
+        sbp::Model model(config, at::kFloat, 11);
+        if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 13);
+        auto objective = sbp::make_objective("sft");
+        auto batch = sbp::test::objective_batch(model, *objective, {B, T, 0.0, 0.1, 12, 0});
+        for (const auto& spec : sbp::typical_method_specs(T))
+          for (const bool checkpoints : {false, true})
+            for (const bool gradients : {false, true}) {
+              const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
+              if ((checkpoints && !keeps) || (!checkpoints && !gradients)) continue;
+              INFO(spec << " tied=" << tied << " lora=" << lora << " B=" << B << " T=" << T
+                        << " checkpoints=" << checkpoints << " gradients=" << gradients);
+              const auto tier = sbp::make_file_tier(dir.path().string());
+              auto method = sbp::make_method(spec);
+              if (checkpoints) method->offload_checkpoints_to(tier.get());
+              if (gradients)
+                method->on_gradient_ready([&](const sbp::GradientGroup& g) { sbp::store_gradients(*tier, g.tensors); });
+              method->step(model, *objective, batch);
+              model.zero_grad();
+              objective->prepare(batch, model.config());
+              auto workload = sbp::make_workload(model, *objective, batch);
+              workload.offload_checkpoints = checkpoints;
+              workload.offload_gradients = gradients;
+              const auto estimate = method->memory_model(workload);
+              std::string terms;
+              for (const auto& t : estimate.host) terms += t.name + " " + std::to_string(t.bytes) + "; ";
+              INFO("model: " << terms);
+              CHECK(tier->peak_bytes() == estimate.host_bytes());
+              workload.offload_checkpoints = workload.offload_gradients = false;
+              CHECK(method->memory_model(workload).host_bytes() == 0);
+            }
+      }
 }
 
 TEST_CASE("a tier that reorders or loses a checkpoint fails the bitwise check", "[offload][negative-control]") {
@@ -210,7 +240,7 @@ namespace {
 
 // `steps` training steps of `spec` on tiny; the trained tensors afterwards.
 sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std::string& optimizer, sbp::OffloadTier* tier,
-                      bool checkpoints, bool states, int steps = 3) {
+                      bool checkpoints, bool states, bool gradients = false, int steps = 3) {
   sbp::Model model(sbp::test::tiny_config(), dtype, 21);
   auto method = sbp::make_method(spec);
   if (checkpoints) method->offload_checkpoints_to(tier);
@@ -220,6 +250,7 @@ sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std:
   options.total_steps = steps;
   options.clip_grad_norm = 0.5;
   if (states) options.optimizer_tier = tier;
+  if (gradients) options.gradient_tier = tier;
   sbp::Trainer trainer(model, *method, *objective, options);
   for (int s = 0; s < steps; ++s)
     trainer.step(sbp::test::objective_batch(model, *objective, {2, 24, 0.1, 0.2, std::uint64_t(30 + s), 0}));
@@ -239,17 +270,24 @@ bool same_bits(const sbp::TensorList& a, const sbp::TensorList& b) {
 
 }  // namespace
 
-TEST_CASE("training steps with the optimizer's states (and the checkpoints) offloaded end on the same bits",
-          "[offload][training][exactness]") {
+TEST_CASE("training steps with the optimizer's states, the gradients and the checkpoints offloaded end on the same "
+          "bits", "[offload][training][exactness]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
+  struct Set {
+    bool checkpoints, states, gradients;
+  };
   for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16})
     for (const std::string optimizer : {"adamw:lr=1e-2,weight_decay=0.1", "sgd:lr=0.1,momentum=0.9"})
-      for (const auto& spec : checkpointing_methods(24)) {
-        INFO(c10::toString(dtype) << " " << optimizer << " " << spec);
+      for (const auto& spec : sbp::typical_method_specs(24)) {
         const auto plain = train(spec, dtype, optimizer, nullptr, false, false);
-        for (const bool checkpoints : {false, true}) {
+        const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
+        for (const auto& set : {Set{false, true, false}, Set{true, true, false}, Set{false, false, true},
+                                Set{false, true, true}, Set{true, true, true}}) {
+          if (set.checkpoints && !keeps) continue;
+          INFO(c10::toString(dtype) << " " << optimizer << " " << spec << " checkpoints=" << set.checkpoints
+                                    << " states=" << set.states << " gradients=" << set.gradients);
           const auto tier = sbp::make_file_tier(dir.path().string());
-          CHECK(same_bits(plain, train(spec, dtype, optimizer, tier.get(), checkpoints, true)));
+          CHECK(same_bits(plain, train(spec, dtype, optimizer, tier.get(), set.checkpoints, set.states, set.gradients)));
         }
       }
 }
@@ -259,4 +297,12 @@ TEST_CASE("a tier that garbles an optimizer state fails the bitwise check", "[of
   const auto plain = train("checkpoint", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
   FaultyTier tier(sbp::make_file_tier(dir.path().string()), true);
   CHECK_FALSE(same_bits(plain, train("checkpoint", at::kFloat, "adamw:lr=1e-2", &tier, false, true)));
+}
+
+TEST_CASE("a tier that loses a gradient fails the bitwise check", "[offload][training][negative-control]") {
+  // The second gradient stored (the first layer's first tensor: the head's group is stored first) comes back as zeros.
+  const sbp::test::TempDir dir("sbp_offload_train_");
+  const auto plain = train("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
+  FaultyTier tier(sbp::make_file_tier(dir.path().string()), /*swap=*/false);
+  CHECK_FALSE(same_bits(plain, train("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, true)));
 }

@@ -55,8 +55,8 @@ for method in standard streambp:layer_chunk=16,head_chunk=24; do
   kinds=grads
   [[ $method == standard ]] || kinds=checkpoints,grads
   common=(--config six.json --method "$method" --batch 2 --seq 61 --seed 3 --threads 1)
-  "$STREAMBP" run "${common[@]}" --save-grads plain.safetensors >/dev/null
-  "$STREAMBP" run "${common[@]}" --offload $kinds --save-grads grads-off.safetensors >grads-off.txt ||
+  "$STREAMBP" run "${common[@]}" --save-grads plain.safetensors --force >/dev/null
+  "$STREAMBP" run "${common[@]}" --offload $kinds --save-grads grads-off.safetensors --force >grads-off.txt ||
     fail "run --offload $kinds ($method):\n$(cat grads-off.txt)"
   "$STREAMBP" compare plain.safetensors grads-off.safetensors --rtol 0 >/dev/null ||
     fail "$method: the gradients differ with --offload $kinds"

@@ -51,6 +51,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const auto rows = a.measure.batch_size();  // the global batch
   if (rows % a.ranks.nproc != 0)
     throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(rows), rows));
+  check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.zero);
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
   Setup setup = a.setup;
@@ -86,6 +87,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   base_workload.offload_checkpoints = a.offload.checkpoints();
   base_workload.offload_optimizer = a.offload.optimizer();
   base_workload.offload_gradients = a.offload.gradients();
+  base_workload.offload_parameters = a.offload.parameters();
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
   set_data_parallel(base_workload, ranks.comm ? ranks.world : a.ranks.nproc, a.ranks.zero, device);
   if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
@@ -106,7 +108,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
-    const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value());
+    const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value(), a.ranks.zero);
     if (optimizer)
       method->offload_checkpoints_to(a.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
     else
@@ -146,7 +148,8 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
         if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.measure.budget_bytes);
         // Fresh states (and, data-parallel, fresh shards), freed after the probe.
         std::unique_ptr<DataParallel> parallel;
-        if (ranks.comm) parallel = std::make_unique<DataParallel>(*ranks.comm, ranks.zero);
+        if (ranks.comm)
+          parallel = std::make_unique<DataParallel>(*ranks.comm, ranks.zero, a.offload.parameters() ? tier.get() : nullptr);
         auto trainer = make_trainer(*method, parallel.get(), tier.get());
         auto measured = measure_training_on_ranks(trainer, ranks, batch, 0, 2, a.measure.budget_bytes);
         if (parallel) parallel->unshard();  // ZeRO-3: the next probe starts from the whole model

@@ -161,6 +161,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.measure.batch_size() % a.ranks.nproc != 0)
     throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(a.run.measure.batch_size()),
                                              a.run.measure.batch_size()));
+  check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.zero);
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   const auto& r = a.run;
   auto ranks = join_ranks(a.ranks, env, r.setup);
@@ -196,7 +197,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::unique_ptr<Model>& model = parts.model;
   std::unique_ptr<BackpropMethod>& method = parts.method;
   std::unique_ptr<Objective>& objective = parts.objective;
-  const auto tier = make_offload(r.offload, device, *method, /*training=*/true);  // its folder checked first
+  const auto tier = make_offload(r.offload, device, *method, /*training=*/true, a.ranks.zero);  // its folder first
   if (r.offload.checkpoints()) method->offload_checkpoints_to(tier.get());
   if (r.offload.optimizer()) options.optimizer_tier = tier.get();
   if (r.offload.gradients()) options.gradient_tier = tier.get();
@@ -233,7 +234,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   Communicator* comm = ranks.comm.get();
   if (comm) {
     check_ranks_agree(*comm, fingerprint, method->spec());
-    parallel = std::make_unique<DataParallel>(*comm, ranks.zero);
+    parallel = std::make_unique<DataParallel>(*comm, ranks.zero, r.offload.parameters() ? tier.get() : nullptr);
   }
   Trainer trainer(*model, *method, *objective, options, parallel.get());
   std::int64_t start_step = 0;
@@ -365,6 +366,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       workload.offload_checkpoints = r.offload.checkpoints();
       workload.offload_optimizer = r.offload.optimizer();
       workload.offload_gradients = r.offload.gradients();
+      workload.offload_parameters = r.offload.parameters();
       estimate = training_memory(*method, workload);
     }
     model->zero_grad();  // the previous step's gradients are not part of this step

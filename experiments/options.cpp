@@ -130,6 +130,8 @@ bool OffloadOptions::optimizer() const {
 
 bool OffloadOptions::gradients() const { return std::find(kinds.begin(), kinds.end(), "grads") != kinds.end(); }
 
+bool OffloadOptions::parameters() const { return std::find(kinds.begin(), kinds.end(), "params") != kinds.end(); }
+
 std::string OffloadOptions::describe() const { return join_values(kinds, ','); }
 
 void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {
@@ -137,20 +139,24 @@ void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& wh
                  "inputs StreamBP, checkpointing and MsT keep: out once the forward has read them, back one layer ahead "
                  "of their backward), grads (the gradients, at their group's gradient-ready event of the step's last "
                  "micro-batch, after any data-parallel reduction), optimizer (the optimizer's states, ZeRO-Offload: "
-                 "the update runs where they are); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
+                 "the update runs where they are), params (ZeRO-3's parameter slices, with --zero 3: each use's "
+                 "all-gather reads them there); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
       ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
                  "default: the system's temporary folder")->check(CLI::ExistingDirectory);
 }
 
+void check_offload_kinds(const OffloadOptions& o, bool training, int zero_stage) {
+  if (o.parameters() && (!training || zero_stage != 3))
+    throw std::invalid_argument("--offload params: the parameters move as ZeRO-3's slices, fetched per layer at its "
+                                "use: training on ranks, --nproc N --zero 3 (one process's parameters: not built yet)");
+}
+
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device device, const BackpropMethod& method,
-                                          bool training) {
+                                          bool training, int zero_stage) {
   if (o.kinds.empty()) return nullptr;
-  for (const auto& kind : o.kinds)
-    if (kind == "params")
-      throw std::invalid_argument("--offload params: not built yet; this harness offloads checkpoints, grads and "
-                                  "optimizer states so far (parameters are issue #31's next step)");
+  check_offload_kinds(o, training, zero_stage);
   if (o.checkpoints() && !method.keeps_layer_checkpoints())
     throw std::invalid_argument("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
                                 "over the whole step); offload them with checkpoint, mst or streambp");

@@ -82,16 +82,19 @@ struct OffloadOptions {
   bool checkpoints() const;
   bool optimizer() const;
   bool gradients() const;
+  bool parameters() const;
   std::string describe() const;  // "checkpoints,optimizer", "" without offload: the results' offload column
 };
 // `what` says what the command does with it (for --offload's help).
 void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);
 // The tier these options ask for on `device`, for `method` and, when `training`, its optimizer; made before any work
-// (nothing without --offload). Throws std::invalid_argument (exit 2) naming the flag for a kind this harness does not
-// move yet, checkpoints with a method that keeps none, optimizer states without an optimizer, or a folder that is not
-// writable or has no room.
+// (nothing without --offload). Throws std::invalid_argument (exit 2) naming the flag for checkpoints with a method
+// that keeps none, optimizer states without an optimizer, parameters other than ZeRO-3's slices (`zero_stage`: the
+// --zero of the ranks, 0 for one process), or a folder that is not writable or has no room.
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::Device device,
-                                          const BackpropMethod& method, bool training);
+                                          const BackpropMethod& method, bool training, int zero_stage = 0);
+// The part of make_offload's checks that needs no method or folder: a launcher runs it before any rank starts.
+void check_offload_kinds(const OffloadOptions& options, bool training, int zero_stage);
 // A forward + backward without a Trainer (run, maxlen without --optimizer): what these options move, the method's
 // layer checkpoints and its gradients at their events, into `tier` (nothing when it is null). A Trainer takes the
 // gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction.

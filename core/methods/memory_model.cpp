@@ -218,6 +218,16 @@ MemoryEstimate memory::checkpointing_peak(std::vector<MemoryEstimate> moments, c
 // at layer L-1's or layer 0's, or at the end (every gradient).
 std::vector<MemoryTerm> memory::offload_host_terms(const Workload& w) {
   const Sizes z(w);
+  auto terms = offload_host_moment(w);
+  // ZeRO-3's parameter slices: in the tier the whole step.
+  if (w.offload_parameters && z.sharded_parameters())
+    terms.push_back({"parameter slices (ZeRO-3)", z.slice_elements(z.all_gradients) * z.g});
+  return terms;
+}
+
+// What of the checkpoints and gradients the tier holds at its peak.
+std::vector<MemoryTerm> memory::offload_host_moment(const Workload& w) {
+  const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
   const auto checkpoints = [&](std::int64_t layers) { return w.offload_checkpoints ? layers * btd : 0; };
   if (!w.offload_gradients) {

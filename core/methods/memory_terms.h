@@ -55,7 +55,8 @@ struct Sizes {
     // BP's "weights"), a layer's only while it is in use (gathered_layer), none but the slices between steps.
     rest_weights = weights;
     if (sharded_parameters()) {
-      rest_weights = weights - all_gradients + slice_elements(all_gradients) * g;  // trainable bytes = gradient bytes
+      // trainable bytes = gradient bytes; the slices in the tier with parameter offload
+      rest_weights = weights - all_gradients + (w.offload_parameters ? 0 : slice_elements(all_gradients) * g);
       weights = rest_weights + embedding_group + head_group;
     }
   }
@@ -155,6 +156,7 @@ MemoryEstimate checkpointing_peak(std::vector<MemoryEstimate> moments, const Wor
 // What the offload tier holds at its own peak during a step (empty without offload): the layer checkpoints (methods
 // that keep them) and the gradients stored at their events, at the moment their sum is largest.
 std::vector<MemoryTerm> offload_host_terms(const Workload& w);
+std::vector<MemoryTerm> offload_host_moment(const Workload& w);  // the checkpoints' and gradients' part of it
 // RoPE's cos and sin tables of `positions` positions.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
 // RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.

@@ -59,6 +59,9 @@ struct Workload {
   // ones when data-parallel: this rank's slices at ZeRO 2-3) and live in the offload tier until the next step frees
   // them; between micro-batches they stay on the device, where the method adds into them.
   bool offload_gradients = false;
+  // ZeRO-3 (zero_stage 3, world_size > 1): this rank's parameter slices live in the offload tier; a layer's gather
+  // reads them from there.
+  bool offload_parameters = false;
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
   // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,

@@ -35,10 +35,13 @@ std::vector<at::Tensor> DataParallel::group_gradients(const GradientGroup& group
   return grads;
 }
 
-DataParallel::DataParallel(Communicator& communicator, int zero_stage)
-    : communicator_(communicator), stage_(zero_stage) {
+DataParallel::DataParallel(Communicator& communicator, int zero_stage, OffloadTier* parameter_tier)
+    : communicator_(communicator), stage_(zero_stage), parameter_tier_(parameter_tier) {
   if (zero_stage < 0 || zero_stage > 3)
     throw std::invalid_argument("--zero " + std::to_string(zero_stage) + ": the stages are 0 (DDP), 1, 2 and 3");
+  if (parameter_tier && zero_stage != 3)
+    throw std::invalid_argument("--offload params: the parameters move as ZeRO-3's slices (--zero 3), not at stage " +
+                                std::to_string(zero_stage));
 }
 
 at::TensorOptions DataParallel::on_device(at::ScalarType dtype) const {
@@ -59,7 +62,8 @@ TensorList DataParallel::optimizer_params(const TensorList& trainable) {
     const auto s = slice_of(p.numel(), communicator_.rank());
     auto shard = p.detach().view({-1}).slice(0, s.start, s.end);  // stages 1-2: writes land in the model's tensor
     if (stage_ == 3) {
-      shard = shard.clone();  // the rank's part of the parameter, the only one it keeps
+      // The rank's part of the parameter, the only one it keeps (in the tier with parameter offload).
+      shard = parameter_tier_ ? parameter_tier_->store(shard) : shard.clone();
       residence_[key(p)] = {p.sizes().vec(), 0};
       free_data(p);
     }
@@ -117,7 +121,7 @@ TensorList DataParallel::sliced_state(const TensorList& whole) {
 
 std::int64_t DataParallel::sliced_parameter_bytes() const {
   std::int64_t bytes = 0;
-  if (stage_ == 3)
+  if (stage_ == 3 && !parameter_tier_)
     for (const auto& [k, shard] : shards_) bytes += std::int64_t(shard.nbytes());
   return bytes;
 }

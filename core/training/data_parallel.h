@@ -31,7 +31,9 @@ class OffloadTier;
 
 class DataParallel {
  public:
-  DataParallel(Communicator& communicator, int zero_stage = 0);
+  // `parameter_tier` (ZeRO-3 only): this rank's parameter slices live in that offload tier, the update runs on them
+  // there, and a use's all-gather reads them from it (parameter offload).
+  DataParallel(Communicator& communicator, int zero_stage = 0, OffloadTier* parameter_tier = nullptr);
   virtual ~DataParallel() = default;
   Communicator& communicator() const { return communicator_; }
   int zero_stage() const { return stage_; }
@@ -68,7 +70,8 @@ class DataParallel {
   // Stage 3: every tensor whole again and no longer sharded (every rank takes part); for a driver that measures
   // with a fresh DataParallel per probe on one model. Other stages: nothing.
   void unshard();
-  // Stage 3: the bytes of this rank's parameter slices, held between steps (the model's tensors then hold none).
+  // Stage 3: the bytes of this rank's parameter slices held on the device between steps (the model's tensors then hold
+  // none; with a parameter tier, neither do they).
   std::int64_t sliced_parameter_bytes() const;
 
   // The step's totals over every rank's micro-batches (one all-reduce).
@@ -103,6 +106,7 @@ class DataParallel {
 
   Communicator& communicator_;
   int stage_;
+  OffloadTier* parameter_tier_;
   std::map<const void*, at::Tensor> shard_grads_;  // stage 2: by the tensor's impl, this rank's reduced slice
   std::map<const void*, at::Tensor> shards_;       // stages 1-2: the optimizer's view of each tensor's slice
                                                    // stage 3: the slice itself (the tensor's data is empty when unused)

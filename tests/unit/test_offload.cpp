@@ -284,6 +284,7 @@ TEST_CASE("training steps with the optimizer's states, the gradients and the che
         for (const auto& set : {Set{false, true, false}, Set{true, true, false}, Set{false, false, true},
                                 Set{false, true, true}, Set{true, true, true}}) {
           if (set.checkpoints && !keeps) continue;
+          if (set.gradients && optimizer.starts_with("sgd")) continue;  // SGD reads them as AdamW does: once
           INFO(c10::toString(dtype) << " " << optimizer << " " << spec << " checkpoints=" << set.checkpoints
                                     << " states=" << set.states << " gradients=" << set.gradients);
           const auto tier = sbp::make_file_tier(dir.path().string());

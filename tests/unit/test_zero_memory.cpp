@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -76,7 +77,7 @@ struct Measured {
 // method on this rank's rows; the peak of all but the first (which allocates nothing more, but is not counted).
 // What moves to the offload tier (issue #31).
 struct Offload {
-  bool checkpoints = false, optimizer = false, gradients = false;
+  bool checkpoints = false, optimizer = false, gradients = false, parameters = false;
 };
 
 Measured measure_rank(const std::string& spec, const std::string& lora, std::int64_t vocab, std::int64_t T, int world,
@@ -100,13 +101,14 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
   if (offload.optimizer) options.optimizer_tier = tier;
   if (offload.gradients) options.gradient_tier = tier;
   IdenticalRanks ranks(world, 0);
-  sbp::DataParallel parallel(ranks, stage);
+  sbp::DataParallel parallel(ranks, stage, offload.parameters ? tier : nullptr);
   sbp::Trainer trainer(model, *method, objective, options, &parallel);
   objective.prepare(batch, config);
   auto workload = sbp::make_workload(model, objective, batch);
   workload.offload_checkpoints = tier && offload.checkpoints;
   workload.offload_optimizer = tier && offload.optimizer;
   workload.offload_gradients = tier && offload.gradients;
+  workload.offload_parameters = tier && offload.parameters;
   auto single = workload;
   trainer.add_optimizer_memory(workload);
   sbp::add_optimizer_memory(single, model, options.optimizer);  // the negative control: one process's model
@@ -201,8 +203,8 @@ TEST_CASE("per-rank memory models of data-parallel training steps in pure bf16 (
   WARN("bf16: largest |measured / model - 1| over " << runs << " runs: " << worst);
 }
 
-TEST_CASE("per-rank memory models of data-parallel training with the checkpoints, the gradients and the optimizer's "
-          "states offloaded (ZeRO 0-3, 2 ranks, every method that keeps checkpoints, full and LoRA) hold on the device "
+TEST_CASE("per-rank memory models of data-parallel training with the checkpoints, the gradients, the optimizer's "
+          "states and (ZeRO-3) the parameter slices offloaded (ZeRO 0-3, 2 ranks, every method that keeps checkpoints, full and LoRA) hold on the device "
           "within 3 percent, the tier to the byte", "[training][meter][memory-model][offload]") {
   // V = 512, T = 256: the peak is in the BP, where the checkpoints are, beside the sharded gradients (stages 2-3) and
   // one gathered layer (stage 3); V = 4096, T = 16: around the update, where the states and gradients are. Every rank
@@ -212,17 +214,19 @@ TEST_CASE("per-rank memory models of data-parallel training with the checkpoints
   int runs = 0;
   for (const auto& [vocab, T] : std::vector<std::pair<std::int64_t, std::int64_t>>{{512, 256}, {4096, 16}})
     for (const auto& offload : {Offload{true, false, false}, Offload{false, true, false}, Offload{true, true, false},
-                                Offload{false, false, true}, Offload{true, true, true}})
+                                Offload{false, false, true}, Offload{true, true, true}, Offload{false, false, false, true},
+                                Offload{true, true, true, true}})
       for (const int stage : {0, 1, 2, 3})
         for (const std::string spec : {"streambp:layer_chunk=64,head_chunk=64", "checkpoint", "mst:mini_seq=8"})
           for (const std::string lora : {"", "rank=8"}) {
             // Nothing moves near the update; the gradients alone near the checkpoints change little.
             if (vocab == 4096 && offload.checkpoints && !offload.optimizer) continue;
+            if (offload.parameters && stage != 3) continue;  // the parameters move as ZeRO-3's slices
             const auto tier = sbp::make_file_tier(dir.path().string());
             const auto m = measure_rank(spec, lora, vocab, T, 2, stage, at::kFloat, tier.get(), offload);
             const double ratio = double(m.peak) / double(m.model.total_bytes());
             INFO("V=" << vocab << " T=" << T << " offload checkpoints=" << offload.checkpoints << " optimizer="
-                      << offload.optimizer << " gradients=" << offload.gradients << " ZeRO " << stage << " " << spec << " lora=" << lora << ": measured "
+                      << offload.optimizer << " gradients=" << offload.gradients << " parameters=" << offload.parameters << " ZeRO " << stage << " " << spec << " lora=" << lora << ": measured "
                       << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio << ") at "
                       << describe(m.model) << "; tier " << tier->peak_bytes() << ", model " << m.model.host_bytes());
             CHECK(std::abs(ratio - 1.0) <= 0.03);
@@ -231,4 +235,81 @@ TEST_CASE("per-rank memory models of data-parallel training with the checkpoints
             ++runs;
           }
   WARN("offload, 2 ranks: largest |measured / model - 1| over " << runs << " runs: " << worst);
+}
+
+namespace {
+
+// Rank 0's trained tensors after 3 AdamW steps of `spec` at ZeRO-3 on IdenticalRanks, its parameter slices (and, with
+// `all`, its checkpoints, gradients and states) in `tier`: the slices the optimizer updated, gathered whole.
+sbp::TensorList trained_at_zero3(const std::string& spec, c10::ScalarType dtype, const std::string& lora,
+                                 sbp::OffloadTier* tier, bool all) {
+  auto config = sbp::test::tiny_config();
+  sbp::Model model(config, dtype, 71);
+  if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 73);
+  auto method = sbp::make_method(spec);
+  sbp::SftObjective objective;
+  sbp::TrainOptions options;
+  options.optimizer = sbp::parse_optimizer_spec("adamw:lr=1e-2,weight_decay=0.1");
+  options.total_steps = 3;
+  options.clip_grad_norm = 0.5;
+  if (all) {
+    method->offload_checkpoints_to(tier);
+    options.optimizer_tier = options.gradient_tier = tier;
+  }
+  IdenticalRanks ranks(2, 0);
+  sbp::DataParallel parallel(ranks, 3, tier);
+  sbp::Trainer trainer(model, *method, objective, options, &parallel);
+  for (int s = 0; s < 3; ++s) trainer.step(sbp::random_sft_batch(config, {2, 24, 0.1, 0.2, std::uint64_t(80 + s)}));
+  const sbp::DataParallel::WholeModel whole(parallel, model.trainable());
+  sbp::TensorList out;
+  for (const auto& p : model.trainable()) out.push_back({p.name, p.tensor.detach().clone()});
+  return out;
+}
+
+bool same_bits(const sbp::TensorList& a, const sbp::TensorList& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].tensor.nbytes() != b[i].tensor.nbytes() ||
+        std::memcmp(a[i].tensor.contiguous().data_ptr(), b[i].tensor.contiguous().data_ptr(), a[i].tensor.nbytes()) != 0)
+      return false;
+  return true;
+}
+
+// A tier whose `bad`-th stored tensor comes back as zeros (a parameter slice lost).
+class LosingTier final : public sbp::OffloadTier {
+ public:
+  LosingTier(std::unique_ptr<sbp::OffloadTier> real, int bad) : real_(std::move(real)), bad_(bad) {}
+  std::string describe() const override { return "losing"; }
+  at::Tensor store(const at::Tensor& device) override {
+    auto host = real_->store(device);
+    if (++stores_ == bad_) host.zero_();
+    return host;
+  }
+  at::Tensor fetch(const at::Tensor& host, c10::Device device) override { return real_->fetch(host, device); }
+  at::Tensor zeros(at::IntArrayRef sizes, c10::ScalarType dtype) override { return real_->zeros(sizes, dtype); }
+
+ private:
+  std::unique_ptr<sbp::OffloadTier> real_;
+  int bad_, stores_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 with the parameter slices offloaded (alone, and with everything else) ends on the same bits, for "
+          "every method, fp32 and bf16, full and LoRA", "[training][offload][exactness]") {
+  const sbp::test::TempDir dir("sbp_zero3_params_");
+  for (const auto dtype : {at::kFloat, at::kBFloat16})
+    for (const std::string lora : {"", "rank=4,init=random"})
+      for (const auto& spec : sbp::typical_method_specs(24)) {
+        INFO(c10::toString(dtype) << " lora=" << lora << " " << spec);
+        const auto plain = trained_at_zero3(spec, dtype, lora, nullptr, false);
+        for (const bool all : {false, true}) {
+          const auto tier = sbp::make_file_tier(dir.path().string());
+          CHECK(same_bits(plain, trained_at_zero3(spec, dtype, lora, tier.get(), all)));
+        }
+      }
+  // The negative control: one slice lost on its way into the tier.
+  LosingTier losing(sbp::make_file_tier(dir.path().string()), 3);
+  CHECK_FALSE(same_bits(trained_at_zero3("streambp", at::kFloat, "", nullptr, false),
+                        trained_at_zero3("streambp", at::kFloat, "", &losing, false)));
 }

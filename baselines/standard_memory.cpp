@@ -21,8 +21,11 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                       (z.lora ? full_sequence_layer_bytes_per_token(w, false) -
                                     full_sequence_layer_bytes_per_token(w, false, /*input_saved=*/false)
                               : 0);
+  // ZeRO-3 or parameter offload: each layer's parameters are on the device only while in use, but the graph saves
+  // them (views of the gathered or fetched storage) in the forward, so every layer's stays until its backward.
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
+                       {"the layers' parameters the graph keeps (ZeRO-3 gathered, or fetched)", z.L * z.gathered_layer()},
                        {"weight copies (compute dtype)", z.all_copies()},
                        {"layer activations", z.B * z.T * layers},
                        {"RoPE tables", z.L * rope_table_bytes(w, z.T)},

@@ -51,7 +51,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const auto rows = a.measure.batch_size();  // the global batch
   if (rows % a.ranks.nproc != 0)
     throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(rows), rows));
-  check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.zero);
+  check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.nproc, a.ranks.zero);
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
   Setup setup = a.setup;
@@ -70,6 +70,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     options.optimizer = *optimizer;
     if (a.offload.optimizer()) options.optimizer_tier = tier;
     if (a.offload.gradients()) options.gradient_tier = tier;
+    if (a.offload.parameters() && !parallel) options.parameter_tier = tier;  // on ranks: DataParallel's
     return Trainer(*model, method, *objective, options, parallel);
   };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
@@ -108,7 +109,8 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
     const auto spec = method->spec();
-    const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value(), a.ranks.zero);
+    const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value(), a.ranks.nproc,
+                                   a.ranks.zero);
     if (optimizer)
       method->offload_checkpoints_to(a.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
     else

@@ -161,7 +161,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.measure.batch_size() % a.ranks.nproc != 0)
     throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(a.run.measure.batch_size()),
                                              a.run.measure.batch_size()));
-  check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.zero);
+  check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.nproc, a.ranks.zero);
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   const auto& r = a.run;
   auto ranks = join_ranks(a.ranks, env, r.setup);
@@ -197,10 +197,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::unique_ptr<Model>& model = parts.model;
   std::unique_ptr<BackpropMethod>& method = parts.method;
   std::unique_ptr<Objective>& objective = parts.objective;
-  const auto tier = make_offload(r.offload, device, *method, /*training=*/true, a.ranks.zero);  // its folder first
+  const auto tier = make_offload(r.offload, device, *method, /*training=*/true, a.ranks.nproc, a.ranks.zero);  // its folder first
   if (r.offload.checkpoints()) method->offload_checkpoints_to(tier.get());
   if (r.offload.optimizer()) options.optimizer_tier = tier.get();
   if (r.offload.gradients()) options.gradient_tier = tier.get();
+  Trainer* trainer_of_steps = nullptr;  // set once made: batch_for_step runs inside the steps
   model->to(device);
   const auto files = random ? std::vector<fs::path>{} : batch_files(a.data_dir);
   // The global batch of step s (0-based): file s mod n, or a random batch seeded by seed + s (step 0 is `run`'s
@@ -218,9 +219,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     // A random batch's synthetic log-probs are drawn for the whole global batch (then split), so that every rank
     // count trains on the same numbers; a file's reference pass runs on this rank's rows only.
     const auto complete = [&] {
-      // ZeRO-3: the log-probs need the whole model (every rank takes part in gathering it).
-      std::optional<DataParallel::WholeModel> whole;
-      if (parallel) whole.emplace(*parallel, model->trainable());
+      // ZeRO-3, parameter offload: the log-probs need the whole model (every rank takes part in gathering it).
+      const Trainer::WholeModel whole(*trainer_of_steps);
       complete_batch(*model, *objective, batch, source, random, r.ref_dir, dtype, r.setup.seed + std::uint64_t(s));
     };
     batch = batch.to(device);
@@ -236,7 +236,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     check_ranks_agree(*comm, fingerprint, method->spec());
     parallel = std::make_unique<DataParallel>(*comm, ranks.zero, r.offload.parameters() ? tier.get() : nullptr);
   }
+  if (r.offload.parameters() && !parallel) options.parameter_tier = tier.get();  // on ranks: DataParallel's
   Trainer trainer(*model, *method, *objective, options, parallel.get());
+  trainer_of_steps = &trainer;
   std::int64_t start_step = 0;
   if (!a.resume_dir.empty()) {
     const auto latest = Trainer::latest_checkpoint(a.resume_dir);
@@ -421,9 +423,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                                  at::TensorOptions(at::kLong).device(comm->device()))).cpu();
     rank_peaks.assign(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel());
   }
-  // ZeRO-3: the final model is whole on every rank before rank 0 writes it.
-  std::optional<DataParallel::WholeModel> whole;
-  if (parallel) whole.emplace(*parallel, model->trainable());
+  // ZeRO-3, parameter offload: the final model is whole (on every rank) before rank 0 writes it.
+  const Trainer::WholeModel whole(trainer);
   if (!writer) return 0;
   if (world > 1 && metered && trainer.steps_taken() > start_step) {
     std::string list;

@@ -139,24 +139,27 @@ void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& wh
                  "inputs StreamBP, checkpointing and MsT keep: out once the forward has read them, back one layer ahead "
                  "of their backward), grads (the gradients, at their group's gradient-ready event of the step's last "
                  "micro-batch, after any data-parallel reduction), optimizer (the optimizer's states, ZeRO-Offload: "
-                 "the update runs where they are), params (ZeRO-3's parameter slices, with --zero 3: each use's "
-                 "all-gather reads them there); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
+                 "the update runs where they are), params (the trainable tensors, fetched per layer where a method "
+                 "uses them and updated in the tier; on ranks ZeRO-3's slices, with --zero 3); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
       ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
                  "default: the system's temporary folder")->check(CLI::ExistingDirectory);
 }
 
-void check_offload_kinds(const OffloadOptions& o, bool training, int zero_stage) {
-  if (o.parameters() && (!training || zero_stage != 3))
-    throw std::invalid_argument("--offload params: the parameters move as ZeRO-3's slices, fetched per layer at its "
-                                "use: training on ranks, --nproc N --zero 3 (one process's parameters: not built yet)");
+void check_offload_kinds(const OffloadOptions& o, bool training, int ranks, int zero_stage) {
+  if (o.parameters() && !training)
+    throw std::invalid_argument("--offload params: no optimizer step here (train, or maxlen --optimizer, update "
+                                "parameters that live in the tier)");
+  if (o.parameters() && ranks > 1 && zero_stage != 3)
+    throw std::invalid_argument("--offload params: on ranks the parameters move as ZeRO-3's slices (--zero 3), not at "
+                                "ZeRO-" + std::to_string(zero_stage));
 }
 
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device device, const BackpropMethod& method,
-                                          bool training, int zero_stage) {
+                                          bool training, int ranks, int zero_stage) {
   if (o.kinds.empty()) return nullptr;
-  check_offload_kinds(o, training, zero_stage);
+  check_offload_kinds(o, training, ranks, zero_stage);
   if (o.checkpoints() && !method.keeps_layer_checkpoints())
     throw std::invalid_argument("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
                                 "over the whole step); offload them with checkpoint, mst or streambp");

@@ -89,12 +89,13 @@ struct OffloadOptions {
 void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);
 // The tier these options ask for on `device`, for `method` and, when `training`, its optimizer; made before any work
 // (nothing without --offload). Throws std::invalid_argument (exit 2) naming the flag for checkpoints with a method
-// that keeps none, optimizer states without an optimizer, parameters other than ZeRO-3's slices (`zero_stage`: the
-// --zero of the ranks, 0 for one process), or a folder that is not writable or has no room.
+// that keeps none, optimizer states without an optimizer, parameters without training steps or on ranks below ZeRO-3
+// (`ranks`, `zero_stage`: --nproc and --zero), or a folder that is not writable or has no room.
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::Device device,
-                                          const BackpropMethod& method, bool training, int zero_stage = 0);
+                                          const BackpropMethod& method, bool training, int ranks = 1,
+                                          int zero_stage = 0);
 // The part of make_offload's checks that needs no method or folder: a launcher runs it before any rank starts.
-void check_offload_kinds(const OffloadOptions& options, bool training, int zero_stage);
+void check_offload_kinds(const OffloadOptions& options, bool training, int ranks, int zero_stage);
 // A forward + backward without a Trainer (run, maxlen without --optimizer): what these options move, the method's
 // layer checkpoints and its gradients at their events, into `tier` (nothing when it is null). A Trainer takes the
 // gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction.

@@ -2,7 +2,7 @@
 // the longest exact single-device training published: Llama-3.1-8B and Qwen3-8B, full-parameter SFT with AdamW (pure
 // bf16: bf16 weights, gradients and states, the paper's full training), one sequence, on one 80 GB and one 141 GB
 // device. Rows: every method that keeps checkpoints, without offload and with every combination of the kinds asked for
-// (checkpoints, gradients, the optimizer's states), with the device's and the tier's bytes at the projected maximum T. The update's
+// (checkpoints, gradients, the optimizer's states, the parameters), with the device's and the tier's bytes at the projected maximum T. The update's
 // temporaries are counted on the device (an upper bound where the states are offloaded: a GPU's update then runs on
 // the host). A GPU holds things the CPU calibration cannot see (the CUDA context, cuBLAS and flash workspaces, the
 // caching allocator's fragmentation): one named term, --gpu-floor-bytes, taken off the budget and printed in every
@@ -48,10 +48,11 @@ const std::vector<std::string> kMethods = {"checkpoint", "mst:mini_seq=256", "st
 
 // What moves to the tier in a row.
 struct OffloadSet {
-  bool checkpoints = false, gradients = false, optimizer = false;
+  bool checkpoints = false, gradients = false, optimizer = false, parameters = false;
   std::string name() const {
     std::string out;
-    for (const auto& [on, kind] : {std::pair{checkpoints, "checkpoints"}, {gradients, "grads"}, {optimizer, "optimizer"}})
+    for (const auto& [on, kind] : {std::pair{checkpoints, "checkpoints"}, {gradients, "grads"}, {optimizer, "optimizer"},
+                                   {parameters, "params"}})
       if (on) out += (out.empty() ? "" : ",") + std::string(kind);
     return out;
   }
@@ -71,6 +72,7 @@ Workload alst_workload(const ModelConfig& c, const Objective& objective, const O
   w.offload_checkpoints = offload.checkpoints;
   w.offload_optimizer = offload.optimizer;
   w.offload_gradients = offload.gradients;
+  w.offload_parameters = offload.parameters;
   return w;
 }
 
@@ -93,22 +95,19 @@ std::int64_t max_seq(const BackpropMethod& method, Workload w, std::int64_t budg
 }  // namespace
 
 int project_offload(const ProjectArgs& a, const std::string& command_line) {
-  for (const auto& kind : a.offload.kinds)
-    if (kind == "params")
-      throw std::invalid_argument("--offload params: project models checkpoints, grads and optimizer states so far "
-                                  "(parameters are issue #31's next step)");
   // Every combination of the kinds asked for, from none to all of them.
   std::vector<OffloadSet> sets;
-  for (int bits = 0; bits < 8; ++bits) {
-    const OffloadSet set{bool(bits & 1), bool(bits & 2), bool(bits & 4)};
+  for (int bits = 0; bits < 16; ++bits) {
+    const OffloadSet set{bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8)};
     if ((set.checkpoints && !a.offload.checkpoints()) || (set.gradients && !a.offload.gradients()) ||
-        (set.optimizer && !a.offload.optimizer()))
+        (set.optimizer && !a.offload.optimizer()) || (set.parameters && !a.offload.parameters()))
       continue;
     sets.push_back(set);
   }
   auto objective = make_objective("sft");
   fmt::print("Beside ALST: the longest sequence of full-parameter SFT with AdamW on one device, projected by the "
-             "analytic memory models (bf16 weights, gradients and AdamW states on the device; one sequence)\n"
+             "analytic memory models (bf16 weights, gradients and AdamW states: on the device unless offloaded; one "
+             "sequence)\n"
              "GPU floor: {:.1f} GB taken off every budget (CUDA context, cuBLAS/flash workspaces, allocator "
              "fragmentation: assumed, --gpu-floor-bytes; no GPU here measures it)\n\n",
              double(a.gpu_floor_bytes) / 1e9);
@@ -146,9 +145,8 @@ int project_offload(const ProjectArgs& a, const std::string& command_line) {
           if (preset == std::string("llama-3.1-8b") && device.bytes == 80'000'000'000 && T > best_8b_80) {
             best_8b_80 = T;
             best_what = method->spec() + (offload.name().empty() ? "" : " + offload of " + offload.name());
-            stop = fmt::format("{:.1f} GB of the {:.1f} GB left after the floor do not depend on T (the weights and what "
-                               "of the gradients and AdamW states is on the device), and each 1K tokens costs {:.1f} MB "
-                               "there",
+            stop = fmt::format("{:.1f} GB of the {:.1f} GB left after the floor do not depend on T (what of the weights, "
+                               "gradients and AdamW states is on the device), and each 1K tokens costs {:.1f} MB there",
                                fixed / 1e9, budget / 1e9, per_token * 1000 / 1e6);
           }
         }

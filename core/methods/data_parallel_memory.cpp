@@ -54,7 +54,7 @@ std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool strea
 // inside autograd's backward; its moments count every layer gathered at the end instead (standard_memory).
 std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool streamed) {
   const Sizes z(w);
-  if (!z.sharded_parameters()) return {};
+  if (!z.parameters_leave()) return {};
   const auto btd = z.B * z.T * z.d * z.s;
   std::vector<MemoryEstimate> out;
   if (z.embedding_group + z.head_group > 0)

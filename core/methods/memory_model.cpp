@@ -219,7 +219,8 @@ MemoryEstimate memory::checkpointing_peak(std::vector<MemoryEstimate> moments, c
 std::vector<MemoryTerm> memory::offload_host_terms(const Workload& w) {
   const Sizes z(w);
   auto terms = offload_host_moment(w);
-  // ZeRO-3's parameter slices: in the tier the whole step.
+  // The trainable tensors (one process) or ZeRO-3's slices of them: in the tier the whole step.
+  if (z.offloaded_parameters) terms.push_back({"trainable parameters", z.all_gradients});
   if (w.offload_parameters && z.sharded_parameters())
     terms.push_back({"parameter slices (ZeRO-3)", z.slice_elements(z.all_gradients) * z.g});
   return terms;

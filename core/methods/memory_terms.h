@@ -54,7 +54,10 @@ struct Sizes {
     // ZeRO-3: the trainable tensors are this rank's slices, the embedding and head gathered for the whole step (the
     // BP's "weights"), a layer's only while it is in use (gathered_layer), none but the slices between steps.
     rest_weights = weights;
-    if (sharded_parameters()) {
+    // One process's parameter offload (ParameterHome) is ZeRO-3 with nothing kept on the device: the trainable tensors
+    // in the tier between uses, fetched where ZeRO-3 gathers.
+    offloaded_parameters = w.offload_parameters && N == 1;
+    if (parameters_leave()) {
       // trainable bytes = gradient bytes; the slices in the tier with parameter offload
       rest_weights = weights - all_gradients + (w.offload_parameters ? 0 : slice_elements(all_gradients) * g);
       weights = rest_weights + embedding_group + head_group;
@@ -80,14 +83,18 @@ struct Sizes {
   std::int64_t largest_tensor;               // elements of the largest trainable tensor (the [V, d] embedding)
   bool sharded_gradients() const { return N > 1 && stage >= 2; }
   bool sharded_parameters() const { return N > 1 && stage >= 3; }
+  bool offloaded_parameters = false;  // one process's, in the tier (Workload::offload_parameters)
+  // Whether the trainable tensors are on the device only while in use (ZeRO-3's gathers, one process's fetches).
+  bool parameters_leave() const { return sharded_parameters() || offloaded_parameters; }
   // The weights held between steps (ZeRO-3: the frozen base and the trainable slices; else `weights`).
   std::int64_t rest_weights = 0;
   // ZeRO-3: a decoder layer's trainable tensors gathered in full while it is in use (its forward; its backward, the
   // whole chunk loop for StreamBP), beside its slices: "one layer of extra memory".
-  std::int64_t gathered_layer() const { return sharded_parameters() ? layer_grad : 0; }
+  std::int64_t gathered_layer() const { return parameters_leave() ? layer_grad : 0; }
   // ZeRO-3's gather of a group of `bytes` (DataParallel::use): this rank's [slice] packed and the [N, slice] gathered
   // (with the backend's copy while it runs), then the full tensors made from it while it is alive.
   std::int64_t gather_buffers(std::int64_t bytes, bool copies) const {
+    if (offloaded_parameters) return bytes;  // one process: the fetched tensors themselves
     const auto slice = slice_elements(bytes) * g;
     return std::max((N + 1 + (copies ? N : 0)) * slice, N * slice + bytes);
   }

@@ -23,7 +23,8 @@ class OffloadTier {
   virtual std::string describe() const = 0;
 
   // `device` copied into the tier (a new host tensor); the caller then drops its device tensor, whose memory the copy
-  // no longer needs (on CUDA the copy is ordered after the work that made it, and holds it until done).
+  // no longer needs (on CUDA the copy is ordered after the work that made it, and holds it until done). Read the host
+  // tensor directly only after the device is synchronised (CUDA: the copy may still run; fetch() is always ordered).
   virtual at::Tensor store(const at::Tensor& device) = 0;
   // A new tensor on `device` with `host`'s contents. The copy may still be running when this returns (CUDA: on the
   // tier's stream, overlapping the work queued before it): ready() before the first use.

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/accumulate.h>
 
+#include "core/methods/phase.h"
 #include "core/offload/offload_tier.h"
 #include "core/training/optimizer.h"
 
@@ -71,6 +72,8 @@ TensorList DataParallel::optimizer_params(const TensorList& trainable) {
     by_name_[name] = p;
     out.push_back({name, shard});
   }
+  // The slices' copies into the tier done before the optimizer or a gather reads them on the host.
+  if (parameter_tier_ && !trainable.empty()) synchronize(trainable.front().tensor.device());
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "core/training/training_memory.h"
 #include "core/training/optimizer_shard.h"
 #include "core/training/data_parallel.h"
+#include "core/training/parameter_home.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
 #include "core/offload/offload_tier.h"
@@ -71,10 +72,25 @@ std::string checkpoint_name(std::int64_t step) {
 
 }  // namespace
 
+namespace {
+
+std::unique_ptr<ParameterHome> make_home(const Model& model, const TrainOptions& options, const DataParallel* parallel) {
+  if (!options.parameter_tier) return nullptr;
+  if (parallel)
+    throw std::invalid_argument("parameter offload on ranks: the tier goes to DataParallel (ZeRO-3's slices), not to "
+                                "TrainOptions::parameter_tier");
+  return std::make_unique<ParameterHome>(model.trainable(), *options.parameter_tier);
+}
+
+}  // namespace
+
 Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
                  DataParallel* parallel)
     : model_(model), method_(method), objective_(objective), options_(std::move(options)), parallel_(parallel),
-      optimizer_params_(parallel ? parallel->optimizer_params(model.trainable()) : model.trainable()),
+      home_(make_home(model, options_, parallel)),
+      optimizer_params_(parallel ? parallel->optimizer_params(model.trainable())
+                        : home_  ? home_->optimizer_params()
+                                 : model.trainable()),
       optimizer_(optimizer_params_, options_.optimizer, options_.optimizer_tier) {
   if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
   if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
@@ -97,8 +113,10 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   {
     const StepTotalsScope scope(objective_, totals);
     const MethodEvents events(method_);
-    // ZeRO-3: the method's parameter uses gather and free the sharded parameters.
+    // ZeRO-3: the method's parameter uses gather and free the sharded parameters; one process's offloaded parameters
+    // are fetched and dropped at the same events.
     if (parallel_) method_.on_parameter_use([this](const ParameterUse& use) { parallel_->use(use); });
+    if (home_) method_.on_parameter_use([this](const ParameterUse& use) { home_->use(use); });
     for (std::size_t k = 0; k < micro.size(); ++k) {
       // Data-parallel: each group is reduced over ranks when its gradient is final for the step, i.e. at its event
       // of the last micro-batch.
@@ -121,6 +139,7 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   // Without clipping the norm is still reported: a coefficient of exactly 1 leaves every gradient bit as it was.
   const double max_norm =
       options_.clip_grad_norm > 0 ? options_.clip_grad_norm : std::numeric_limits<double>::infinity();
+  if (home_) home_->attach_gradients();  // the homes are what is clipped and updated
   if (parallel_) {
     out.grad_norm = parallel_->clip_grad_norm(optimizer_params_, max_norm);
   } else {
@@ -131,13 +150,47 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   out.lr = lr_at(options_.schedule, options_.optimizer.lr, optimizer_.steps_taken(), options_.total_steps);
   optimizer_.step(out.lr);
   if (parallel_) parallel_->gather_updated();  // ZeRO 1-2: every rank's updated slices into the full tensors
+  if (home_) home_->detach_gradients();
   synchronize(model_.device());
   out.optimizer_seconds = seconds_since(start);
   out.step = optimizer_.steps_taken();
   return out;
 }
 
+Trainer::~Trainer() = default;
+Trainer::Trainer(Trainer&&) = default;
+
+Trainer::WholeModel::WholeModel(const Trainer& trainer, bool keep) : trainer_(trainer), keep_(keep) {
+  if (trainer_.parallel_ && trainer_.parallel_->zero_stage() == 3) {
+    ParameterUse use{"model", {}, true};
+    for (const auto& p : trainer_.model_.trainable()) use.tensors.push_back(p.tensor);
+    trainer_.parallel_->use(use);
+  }
+  if (trainer_.home_) trainer_.home_->use(trainer_.home_->whole(true));
+}
+
+Trainer::WholeModel::~WholeModel() {
+  if (trainer_.parallel_ && trainer_.parallel_->zero_stage() == 3) {
+    if (keep_) trainer_.parallel_->keep_slices();
+    ParameterUse use{"model", {}, false};
+    for (const auto& p : trainer_.model_.trainable()) use.tensors.push_back(p.tensor);
+    trainer_.parallel_->use(use);
+  }
+  if (trainer_.home_) {
+    if (keep_) trainer_.home_->keep();
+    trainer_.home_->use(trainer_.home_->whole(false));
+  }
+}
+
 void Trainer::add_optimizer_memory(Workload& workload) const {
+  if (home_) {  // the model's tensors are empty between uses: the homes' shapes
+    std::vector<ParamShape> shapes;
+    for (const auto& p : optimizer_params_) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
+    const auto m = optimizer_memory(options_.optimizer, shapes);
+    workload.optimizer_state_bytes = m.state_bytes;
+    workload.optimizer_update_bytes = m.step_temporary_bytes;
+    return;
+  }
   if (!parallel_) return sbp::add_optimizer_memory(workload, model_, options_.optimizer);
   workload.world_size = parallel_->communicator().world_size();
   workload.zero_stage = parallel_->zero_stage();
@@ -167,8 +220,7 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
   // ZeRO: the ranks' slices assembled into whole tensors (every rank takes part), so that a checkpoint is the same
   // file whatever the world size and stage, and resumes on any.
   const bool sharded = parallel_ && parallel_->zero_stage() > 0;
-  std::optional<DataParallel::WholeModel> whole;
-  if (sharded) whole.emplace(*parallel_, model_.trainable());
+  const WholeModel whole(*this);
   const auto state = sharded ? parallel_->whole_state(optimizer_.state()) : optimizer_.state();
   if (parallel_ && parallel_->communicator().rank() != 0) return {};
   fs::create_directories(dir);
@@ -201,10 +253,11 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
 }
 
 nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
-  // ZeRO-3: the tensors whole while their values are checked and written, then kept as this rank's slices.
+  // ZeRO-3 and parameter offload: the tensors whole while their values are checked and written, then kept as this
+  // rank's slices or in their homes.
   const bool sharded = parallel_ && parallel_->zero_stage() > 0;
-  std::optional<DataParallel::WholeModel> whole;
-  if (sharded) whole.emplace(*parallel_, model_.trainable());
+  std::optional<WholeModel> whole;
+  whole.emplace(*this, /*keep=*/true);
   const auto meta_file = checkpoint / "trainer.json";
   if (!fs::exists(meta_file)) throw std::invalid_argument(checkpoint.string() + ": not a training checkpoint (no trainer.json)");
   nlohmann::json meta;
@@ -247,7 +300,7 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   }
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < trainable.size(); ++i) trainable[i].tensor.copy_(*source[i]);
-  if (sharded) parallel_->keep_slices();
+  whole.reset();  // the values kept (ZeRO-3's slices, the homes)
   return meta.at("run");
 }
 

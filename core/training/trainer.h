@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -19,6 +20,7 @@ namespace sbp {
 class Model;
 class DataParallel;
 class OffloadTier;
+class ParameterHome;
 
 struct TrainOptions {
   OptimizerOptions optimizer;
@@ -32,6 +34,9 @@ struct TrainOptions {
   // (after the data-parallel reduction: what this rank keeps), read there by the clipping and the update (null: on the
   // device). Outlives the trainer.
   OffloadTier* gradient_tier = nullptr;
+  // One process (no DataParallel): the trainable tensors live in this offload tier between their uses
+  // (ParameterHome), the update runs on them there. Data-parallel, the tier goes to DataParallel (ZeRO-3's slices).
+  OffloadTier* parameter_tier = nullptr;
 };
 
 struct TrainStepResult {
@@ -56,6 +61,23 @@ class Trainer {
   // gradients summed over ranks at their gradient-ready events, the objective normalised by the global totals).
   Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
           DataParallel* parallel = nullptr);
+  ~Trainer();  // with parameter offload: the model's tensors whole on the device again
+  Trainer(Trainer&&);
+
+  // While alive, every trainable tensor is whole on the device: ZeRO-3's slices gathered (every rank takes part), one
+  // process's offloaded parameters fetched (a pass outside a step: reference log-probs, saving the model). With
+  // `keep`, values written into the model's tensors meanwhile become the kept ones (slices, homes) at its end.
+  class WholeModel {
+   public:
+    explicit WholeModel(const Trainer& trainer, bool keep = false);
+    ~WholeModel();
+    WholeModel(const WholeModel&) = delete;
+    WholeModel& operator=(const WholeModel&) = delete;
+
+   private:
+    const Trainer& trainer_;
+    bool keep_;
+  };
 
   // One optimizer step on a global batch (prepared log-probs included, see complete_batch): split into
   // options.grad_accum micro-batches (Objective::split), each back-propagated with the step's totals.
@@ -94,7 +116,8 @@ class Trainer {
   Objective& objective_;
   TrainOptions options_;
   DataParallel* parallel_;
-  TensorList optimizer_params_;  // the trainable tensors, or (ZeRO 1-2) this rank's slices of them
+  std::unique_ptr<ParameterHome> home_;  // one process's parameter offload
+  TensorList optimizer_params_;  // the trainable tensors, (ZeRO 1-3) this rank's slices of them, or their homes
   Optimizer optimizer_;
 };
 

@@ -52,7 +52,8 @@
 #     bit for bit (`compare --rtol 0`), the tier held exactly its model's host bytes, and the device's peak sits within
 #     step 3's bounds of its model; (b) the copies overlap the kernels: in the CUPTI records of the StreamBP run the
 #     host-to-device copies of the prefetched checkpoints run while kernels run (printed; expected: all but the
-#     first overlap one).
+#     first overlap one); (c) the gradients too, in `run` (bitwise) and in 3 training steps (the weights bitwise; the
+#     update on the device: with the optimizer's states offloaded it runs on the host CPU, whose arithmetic differs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${1:-cuda}
@@ -178,6 +179,9 @@ for method in streambp checkpoint mst; do
   "$STREAMBP" run "${common[@]}" --offload checkpoints --save-grads "$OUT/offload-$method.safetensors" \
     --json "$OUT/offload-$method.json" | tee "$OUT/offload-$method.txt"
   "$STREAMBP" compare "$OUT/offload-$method-plain.safetensors" "$OUT/offload-$method.safetensors" --rtol 0
+  "$STREAMBP" run "${common[@]}" --offload checkpoints,grads --save-grads "$OUT/offload-grads-$method.safetensors" \
+    | tee "$OUT/offload-grads-$method.txt"
+  "$STREAMBP" compare "$OUT/offload-$method-plain.safetensors" "$OUT/offload-grads-$method.safetensors" --rtol 0
   "$PY" - "$OUT/offload-$method.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -199,5 +203,12 @@ overlapping = sum(any(k0 < c1 and c0 < k1 for k0, k1 in kernels) for c0, c1 in c
 print(f"{len(copies)} host-to-device copies, {overlapping} of them overlap a kernel")
 sys.exit(0 if copies and overlapping >= len(copies) - 1 else 1)
 EOF
+
+log "9c. training with the checkpoints and gradients in pinned host memory: the weights after 3 AdamW steps bitwise"
+train=(train --device "$DEVICE" --preset qwen3-small --seq 2048 --dtype bf16 --method streambp --steps 3
+       --optimizer adamw:lr=1e-4)
+"$STREAMBP" "${train[@]}" --save-model "$OUT/offload-train-plain" >/dev/null
+"$STREAMBP" "${train[@]}" --offload checkpoints,grads --save-model "$OUT/offload-train" | tee "$OUT/offload-train.txt"
+cmp "$OUT/offload-train-plain/model.safetensors" "$OUT/offload-train/model.safetensors"
 
 log "all GPU checks passed; results in $OUT"

@@ -20,8 +20,12 @@
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/offload/offload_tier.h"
+#include "core/objectives/sft.h"
 #include "core/training/trainer.h"
+#include "core/training/training_memory.h"
 #include "experiments/batches.h"
+#include "experiments/measure.h"
+#include "profiler/cpu_meter.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -240,7 +244,7 @@ namespace {
 
 // `steps` training steps of `spec` on tiny; the trained tensors afterwards.
 sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std::string& optimizer, sbp::OffloadTier* tier,
-                      bool checkpoints, bool states, bool gradients = false, int steps = 3) {
+                      bool checkpoints, bool states, bool gradients = false, bool parameters = false, int steps = 3) {
   sbp::Model model(sbp::test::tiny_config(), dtype, 21);
   auto method = sbp::make_method(spec);
   if (checkpoints) method->offload_checkpoints_to(tier);
@@ -251,9 +255,11 @@ sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std:
   options.clip_grad_norm = 0.5;
   if (states) options.optimizer_tier = tier;
   if (gradients) options.gradient_tier = tier;
+  if (parameters) options.parameter_tier = tier;
   sbp::Trainer trainer(model, *method, *objective, options);
   for (int s = 0; s < steps; ++s)
     trainer.step(sbp::test::objective_batch(model, *objective, {2, 24, 0.1, 0.2, std::uint64_t(30 + s), 0}));
+  const sbp::Trainer::WholeModel whole(trainer);  // parameter offload: the values are in the tier between steps
   sbp::TensorList out;
   for (const auto& p : model.trainable()) out.push_back({p.name, p.tensor.detach().clone()});
   return out;
@@ -270,11 +276,11 @@ bool same_bits(const sbp::TensorList& a, const sbp::TensorList& b) {
 
 }  // namespace
 
-TEST_CASE("training steps with the optimizer's states, the gradients and the checkpoints offloaded end on the same "
-          "bits", "[offload][training][exactness]") {
+TEST_CASE("training steps with the optimizer's states, the gradients, the parameters and the checkpoints offloaded "
+          "end on the same bits", "[offload][training][exactness]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
   struct Set {
-    bool checkpoints, states, gradients;
+    bool checkpoints, states, gradients, parameters = false;
   };
   for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16})
     for (const std::string optimizer : {"adamw:lr=1e-2,weight_decay=0.1", "sgd:lr=0.1,momentum=0.9"})
@@ -282,13 +288,17 @@ TEST_CASE("training steps with the optimizer's states, the gradients and the che
         const auto plain = train(spec, dtype, optimizer, nullptr, false, false);
         const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
         for (const auto& set : {Set{false, true, false}, Set{true, true, false}, Set{false, false, true},
-                                Set{false, true, true}, Set{true, true, true}}) {
+                                Set{false, true, true}, Set{true, true, true}, Set{false, false, false, true},
+                                Set{true, true, true, true}}) {
           if (set.checkpoints && !keeps) continue;
-          if (set.gradients && optimizer.starts_with("sgd")) continue;  // SGD reads them as AdamW does: once
+          // SGD reads the gradients and parameters as AdamW does: their sets once, with AdamW.
+          if ((set.gradients || set.parameters) && optimizer.starts_with("sgd")) continue;
           INFO(c10::toString(dtype) << " " << optimizer << " " << spec << " checkpoints=" << set.checkpoints
-                                    << " states=" << set.states << " gradients=" << set.gradients);
+                                    << " states=" << set.states << " gradients=" << set.gradients
+                                    << " parameters=" << set.parameters);
           const auto tier = sbp::make_file_tier(dir.path().string());
-          CHECK(same_bits(plain, train(spec, dtype, optimizer, tier.get(), set.checkpoints, set.states, set.gradients)));
+          CHECK(same_bits(plain, train(spec, dtype, optimizer, tier.get(), set.checkpoints, set.states, set.gradients,
+                                       set.parameters)));
         }
       }
 }
@@ -306,4 +316,92 @@ TEST_CASE("a tier that loses a gradient fails the bitwise check", "[offload][tra
   const auto plain = train("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
   FaultyTier tier(sbp::make_file_tier(dir.path().string()), /*swap=*/false);
   CHECK_FALSE(same_bits(plain, train("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, true)));
+}
+
+TEST_CASE("a tier that loses a parameter fails the bitwise check", "[offload][training][negative-control]") {
+  // The second tensor stored (the parameters go in at the trainer's construction) comes back as zeros.
+  const sbp::test::TempDir dir("sbp_offload_train_");
+  const auto plain = train("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
+  FaultyTier tier(sbp::make_file_tier(dir.path().string()), /*swap=*/false);
+  CHECK_FALSE(same_bits(plain, train("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, false, true)));
+}
+
+namespace {
+
+// One process's training steps with `offload` moved to a tier: the measured device peak (the meter) beside the
+// model's (training_memory), and the tier's peak beside the model's host term.
+struct Offloaded {
+  bool checkpoints = false, states = false, gradients = false, parameters = false;
+};
+struct MeteredTraining {
+  std::int64_t peak = 0, host_peak = 0;
+  sbp::MemoryEstimate model;
+};
+MeteredTraining metered_training(const std::string& spec, const std::string& lora, std::int64_t vocab, std::int64_t T,
+                                 const Offloaded& offload, const std::string& dir) {
+  auto& meter = sbp::CpuMemoryMeter::install();
+  auto config = sbp::test::tiny_config();
+  config.vocab_size = vocab;
+  sbp::Model model(config, at::kFloat, 91);
+  if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 93);
+  const auto batch = sbp::random_sft_batch(config, {2, T, 0.0, 0.1, 92});
+  const auto tier = sbp::make_file_tier(dir);
+  auto method = sbp::make_method(spec);
+  if (offload.checkpoints) method->offload_checkpoints_to(tier.get());
+  sbp::SftObjective objective;
+  sbp::TrainOptions options;
+  options.optimizer = sbp::parse_optimizer_spec("adamw:lr=1e-3,weight_decay=0.1");
+  options.total_steps = 3;
+  options.clip_grad_norm = 0.5;
+  if (offload.states) options.optimizer_tier = tier.get();
+  if (offload.gradients) options.gradient_tier = tier.get();
+  if (offload.parameters) options.parameter_tier = tier.get();
+  objective.prepare(batch, config);
+  auto workload = sbp::make_workload(model, objective, batch);
+  sbp::Trainer trainer(model, *method, objective, options);
+  workload.offload_checkpoints = offload.checkpoints;
+  workload.offload_optimizer = offload.states;
+  workload.offload_gradients = offload.gradients;
+  workload.offload_parameters = offload.parameters;
+  trainer.add_optimizer_memory(workload);
+  MeteredTraining out;
+  out.model = sbp::training_memory(*method, workload);
+  const auto weights = sbp::model_weight_bytes(model);  // the frozen base's and what is not offloaded
+  for (int s = 0; s < 3; ++s) {
+    model.zero_grad();
+    meter.reset_peak();
+    tier->reset_peak();
+    const auto held = meter.current_bytes() - weights - trainer.held_bytes();
+    trainer.step(batch);
+    if (s > 0) {
+      out.peak = std::max(out.peak, meter.peak_bytes() - held);
+      out.host_peak = std::max(out.host_peak, tier->peak_bytes());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("one process's training with its parameters (and everything else) offloaded holds on the device within 3 "
+          "percent of its model, the tier to the byte", "[offload][training][meter][memory-model]") {
+  // V = 512, T = 256: the peak in the BP; V = 4096, T = 16: around the update. Every method of the catalogue.
+  const sbp::test::TempDir dir("sbp_offload_params_");
+  for (const auto& [vocab, T] : std::vector<std::pair<std::int64_t, std::int64_t>>{{512, 256}, {4096, 16}})
+    for (const std::string lora : {"", "rank=8"})
+      for (const auto& spec : sbp::metered_method_specs()) {
+        const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
+        for (const auto& offload : {Offloaded{false, false, false, true}, Offloaded{keeps, true, true, true}}) {
+          const auto m = metered_training(spec, lora, vocab, T, offload, dir.path().string());
+          const double ratio = double(m.peak) / double(m.model.total_bytes());
+          std::string terms;
+          for (const auto& t : m.model.terms) terms += t.name + " " + std::to_string(t.bytes) + "; ";
+          INFO("V=" << vocab << " T=" << T << " " << spec << " lora=" << lora << " all=" << offload.states
+                    << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio << ") at "
+                    << m.model.moment << ": " << terms << " tier " << m.host_peak << ", model "
+                    << m.model.host_bytes());
+          CHECK(std::abs(ratio - 1.0) <= 0.03);
+          CHECK(m.host_peak == m.model.host_bytes());
+        }
+      }
 }

@@ -1,12 +1,11 @@
 // The per-rank memory model of data-parallel training (ARCHITECTURE.md §12, ZeRO 0-3) against the CPU meter. The meter counts
 // the whole process's allocations, so ranks as threads of one process would add up. Here one process is one rank: a
-// Communicator whose N ranks are all this one (IdenticalRanks below) gives the collectives their results' shapes and
+// Communicator whose N ranks are all this one (tests/support/identical_ranks.h) gives the collectives their results' shapes and
 // allocates what Gloo's allocate through the CPU allocator, so the meter sees exactly one rank's bytes. That it does
 // is checked against real Gloo ranks (separate processes) in tests/cli_zero_memory.sh.
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -24,49 +23,10 @@
 #include "experiments/batches.h"
 #include "experiments/measure.h"
 #include "profiler/cpu_meter.h"
+#include "tests/support/identical_ranks.h"
 #include "tests/support/test_support.h"
 
 namespace {
-
-// N ranks that all hold this rank's batch and gradients, as seen by rank `rank`: the all-reduce multiplies by N, the
-// reduce-scatter returns N x this rank's block, the all-gather N copies of this rank's tensor (so the slices of the
-// other ranks are not what a real run would gather: these runs are for their bytes, not their values). What each
-// collective allocates through the CPU allocator is Gloo's (ProcessGroupGloo.cpp, torch 2.14): the all-reduce works
-// in place; the reduce-scatter all-reduces a clone of its input and copies this rank's block into the output; the
-// all-gather gathers into a flat buffer of the output's size and copies the output out of it.
-class IdenticalRanks final : public sbp::Communicator {
- public:
-  IdenticalRanks(int world, int rank) : world_(world), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  c10::Device device() const override { return c10::Device(c10::kCPU); }
-  bool copies_collective_buffers() const override { return true; }
-  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors) t.mul_(world_);
-  }
-  at::Tensor reduce_scatter_sum(const at::Tensor& input) override {
-    const auto in = input.contiguous().reshape({-1});
-    auto out = at::empty({in.numel() / world_}, in.options());
-    auto reduced = in.clone();  // Gloo's clone, all-reduced in place
-    reduced.mul_(world_);
-    out.copy_(reduced.chunk(world_)[rank_]);
-    return out;
-  }
-  at::Tensor all_gather(const at::Tensor& tensor) override {
-    const auto in = tensor.contiguous().reshape({-1});
-    auto out = at::empty({world_ * in.numel()}, in.options());
-    auto flat = at::empty({world_, in.numel()}, in.options());  // Gloo's flat output
-    flat.copy_(in.expand({world_, in.numel()}));
-    out.copy_(flat.reshape({-1}));
-    std::vector<std::int64_t> sizes = {world_};
-    sizes.insert(sizes.end(), tensor.sizes().begin(), tensor.sizes().end());
-    return out.view(sizes);
-  }
-  void barrier() override {}
-
- private:
-  int world_, rank_;
-};
 
 struct Measured {
   std::int64_t peak = 0;
@@ -100,7 +60,7 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
   options.clip_grad_norm = 0.5;
   if (offload.optimizer) options.optimizer_tier = tier;
   if (offload.gradients) options.gradient_tier = tier;
-  IdenticalRanks ranks(world, 0);
+  sbp::test::IdenticalRanks ranks(world, 0);
   sbp::DataParallel parallel(ranks, stage, offload.parameters ? tier : nullptr);
   sbp::Trainer trainer(model, *method, objective, options, &parallel);
   objective.prepare(batch, config);
@@ -237,79 +197,3 @@ TEST_CASE("per-rank memory models of data-parallel training with the checkpoints
   WARN("offload, 2 ranks: largest |measured / model - 1| over " << runs << " runs: " << worst);
 }
 
-namespace {
-
-// Rank 0's trained tensors after 3 AdamW steps of `spec` at ZeRO-3 on IdenticalRanks, its parameter slices (and, with
-// `all`, its checkpoints, gradients and states) in `tier`: the slices the optimizer updated, gathered whole.
-sbp::TensorList trained_at_zero3(const std::string& spec, c10::ScalarType dtype, const std::string& lora,
-                                 sbp::OffloadTier* tier, bool all) {
-  auto config = sbp::test::tiny_config();
-  sbp::Model model(config, dtype, 71);
-  if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 73);
-  auto method = sbp::make_method(spec);
-  sbp::SftObjective objective;
-  sbp::TrainOptions options;
-  options.optimizer = sbp::parse_optimizer_spec("adamw:lr=1e-2,weight_decay=0.1");
-  options.total_steps = 3;
-  options.clip_grad_norm = 0.5;
-  if (all) {
-    method->offload_checkpoints_to(tier);
-    options.optimizer_tier = options.gradient_tier = tier;
-  }
-  IdenticalRanks ranks(2, 0);
-  sbp::DataParallel parallel(ranks, 3, tier);
-  sbp::Trainer trainer(model, *method, objective, options, &parallel);
-  for (int s = 0; s < 3; ++s) trainer.step(sbp::random_sft_batch(config, {2, 24, 0.1, 0.2, std::uint64_t(80 + s)}));
-  const sbp::DataParallel::WholeModel whole(parallel, model.trainable());
-  sbp::TensorList out;
-  for (const auto& p : model.trainable()) out.push_back({p.name, p.tensor.detach().clone()});
-  return out;
-}
-
-bool same_bits(const sbp::TensorList& a, const sbp::TensorList& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].tensor.nbytes() != b[i].tensor.nbytes() ||
-        std::memcmp(a[i].tensor.contiguous().data_ptr(), b[i].tensor.contiguous().data_ptr(), a[i].tensor.nbytes()) != 0)
-      return false;
-  return true;
-}
-
-// A tier whose `bad`-th stored tensor comes back as zeros (a parameter slice lost).
-class LosingTier final : public sbp::OffloadTier {
- public:
-  LosingTier(std::unique_ptr<sbp::OffloadTier> real, int bad) : real_(std::move(real)), bad_(bad) {}
-  std::string describe() const override { return "losing"; }
-  at::Tensor store(const at::Tensor& device) override {
-    auto host = real_->store(device);
-    if (++stores_ == bad_) host.zero_();
-    return host;
-  }
-  at::Tensor fetch(const at::Tensor& host, c10::Device device) override { return real_->fetch(host, device); }
-  at::Tensor zeros(at::IntArrayRef sizes, c10::ScalarType dtype) override { return real_->zeros(sizes, dtype); }
-
- private:
-  std::unique_ptr<sbp::OffloadTier> real_;
-  int bad_, stores_ = 0;
-};
-
-}  // namespace
-
-TEST_CASE("ZeRO-3 with the parameter slices offloaded (alone, and with everything else) ends on the same bits, for "
-          "every method, fp32 and bf16, full and LoRA", "[training][offload][exactness]") {
-  const sbp::test::TempDir dir("sbp_zero3_params_");
-  for (const auto dtype : {at::kFloat, at::kBFloat16})
-    for (const std::string lora : {"", "rank=4,init=random"})
-      for (const auto& spec : sbp::typical_method_specs(24)) {
-        INFO(c10::toString(dtype) << " lora=" << lora << " " << spec);
-        const auto plain = trained_at_zero3(spec, dtype, lora, nullptr, false);
-        for (const bool all : {false, true}) {
-          const auto tier = sbp::make_file_tier(dir.path().string());
-          CHECK(same_bits(plain, trained_at_zero3(spec, dtype, lora, tier.get(), all)));
-        }
-      }
-  // The negative control: one slice lost on its way into the tier.
-  LosingTier losing(sbp::make_file_tier(dir.path().string()), 3);
-  CHECK_FALSE(same_bits(trained_at_zero3("streambp", at::kFloat, "", nullptr, false),
-                        trained_at_zero3("streambp", at::kFloat, "", &losing, false)));
-}

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -244,13 +245,15 @@ TEST_CASE("an offload folder that does not exist, cannot take files or has no ro
 
 namespace {
 
-// `steps` training steps of `spec` on tiny; the trained tensors afterwards.
+// `steps` training steps of `spec` on tiny (of `objective_spec`, with `lora` adapters); the trained tensors afterwards.
 sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std::string& optimizer, sbp::OffloadTier* tier,
-                      bool checkpoints, bool states, bool gradients = false, bool parameters = false, int steps = 3) {
+                      bool checkpoints, bool states, bool gradients = false, bool parameters = false, int steps = 3,
+                      const std::string& objective_spec = "sft", const std::string& lora = "") {
   sbp::Model model(sbp::test::tiny_config(), dtype, 21);
+  if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 23);
   auto method = sbp::make_method(spec);
   if (checkpoints) method->offload_checkpoints_to(tier);
-  auto objective = sbp::make_objective("sft");
+  auto objective = sbp::make_objective(objective_spec);
   sbp::TrainOptions options;
   options.optimizer = sbp::parse_optimizer_spec(optimizer);
   options.total_steps = steps;
@@ -259,8 +262,14 @@ sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std:
   if (gradients) options.gradient_tier = tier;
   if (parameters) options.parameter_tier = tier;
   sbp::Trainer trainer(model, *method, *objective, options);
-  for (int s = 0; s < steps; ++s)
-    trainer.step(sbp::test::objective_batch(model, *objective, {2, 24, 0.1, 0.2, std::uint64_t(30 + s), 0}));
+  for (int s = 0; s < steps; ++s) {
+    std::optional<sbp::Batch> batch;
+    {
+      const sbp::Trainer::WholeModel whole(trainer);  // GRPO's and DPO's log-probs read the current weights
+      batch = sbp::test::objective_batch(model, *objective, {2, 24, 0.1, 0.2, std::uint64_t(30 + s), 0});
+    }
+    trainer.step(*batch);
+  }
   const sbp::Trainer::WholeModel whole(trainer);  // parameter offload: the values are in the tier between steps
   sbp::TensorList out;
   for (const auto& p : model.trainable()) out.push_back({p.name, p.tensor.detach().clone()});
@@ -305,6 +314,24 @@ TEST_CASE("training steps with the optimizer's states, the gradients, the parame
       }
 }
 
+TEST_CASE("training steps of every objective, full and LoRA, with everything offloaded end on the same bits",
+          "[offload][training][exactness]") {
+  const sbp::test::TempDir dir("sbp_offload_train_");
+  for (const std::string objective : {"sft", "grpo:beta=0.04,loss_type=grpo", "dpo:beta=0.1"})
+    for (const std::string lora : {"", "rank=4,alpha=8,init=random"})
+      for (const auto dtype : {at::kFloat, at::kBFloat16})
+        for (const auto& spec : sbp::typical_method_specs(24)) {
+          if (objective == "sft" && lora.empty()) continue;  // the test above
+          INFO(objective << " lora=" << lora << " " << c10::toString(dtype) << " " << spec);
+          const auto plain = train(spec, dtype, "adamw:lr=1e-2,weight_decay=0.1", nullptr, false, false, false, false, 3,
+                                   objective, lora);
+          const auto tier = sbp::make_file_tier(dir.path().string());
+          const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
+          CHECK(same_bits(plain, train(spec, dtype, "adamw:lr=1e-2,weight_decay=0.1", tier.get(), keeps, true, true, true,
+                                       3, objective, lora)));
+        }
+}
+
 TEST_CASE("a tier that garbles an optimizer state fails the bitwise check", "[offload][training][negative-control]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
   const auto plain = train("checkpoint", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
@@ -340,11 +367,11 @@ struct MeteredTraining {
   sbp::MemoryEstimate model;
 };
 MeteredTraining metered_training(const std::string& spec, const std::string& lora, std::int64_t vocab, std::int64_t T,
-                                 const Offloaded& offload, const std::string& dir) {
+                                 c10::ScalarType dtype, const Offloaded& offload, const std::string& dir) {
   auto& meter = sbp::CpuMemoryMeter::install();
   auto config = sbp::test::tiny_config();
   config.vocab_size = vocab;
-  sbp::Model model(config, at::kFloat, 91);
+  sbp::Model model(config, dtype, 91);
   if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 93);
   const auto batch = sbp::random_sft_batch(config, {2, T, 0.0, 0.1, 92});
   const auto tier = sbp::make_file_tier(dir);
@@ -353,7 +380,9 @@ MeteredTraining metered_training(const std::string& spec, const std::string& lor
   sbp::SftObjective objective;
   sbp::TrainOptions options;
   options.optimizer = sbp::parse_optimizer_spec("adamw:lr=1e-3,weight_decay=0.1");
-  options.total_steps = 3;
+  // bf16: the peak of several steps (the attention backward's per-worker scratch, see test_meter.cpp).
+  const int steps = dtype == at::kBFloat16 ? 4 : 3;
+  options.total_steps = steps;
   options.clip_grad_norm = 0.5;
   if (offload.states) options.optimizer_tier = tier.get();
   if (offload.gradients) options.gradient_tier = tier.get();
@@ -369,7 +398,7 @@ MeteredTraining metered_training(const std::string& spec, const std::string& lor
   MeteredTraining out;
   out.model = sbp::training_memory(*method, workload);
   const auto weights = sbp::model_weight_bytes(model);  // the frozen base's and what is not offloaded
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < steps; ++s) {
     model.zero_grad();
     meter.reset_peak();
     tier->reset_peak();
@@ -387,25 +416,30 @@ MeteredTraining metered_training(const std::string& spec, const std::string& lor
 
 TEST_CASE("one process's training with its parameters (and everything else) offloaded holds on the device within 3 "
           "percent of its model, the tier to the byte", "[offload][training][meter][memory-model]") {
-  // V = 512, T = 256: the peak in the BP; V = 4096, T = 16: around the update. Every method of the catalogue.
+  // V = 512, T = 256: the peak in the BP; V = 4096, T = 16: around the update; fp32 and, where the peak is in the BP,
+  // bf16 (the paper's pure bf16 training; around a bf16 update at T = 16 standard BP's and checkpointing's training
+  // models are 10-21% under the meter without any offload, a gap of their own left for another issue). Every method.
   const sbp::test::TempDir dir("sbp_offload_params_");
   for (const auto& [vocab, T] : std::vector<std::pair<std::int64_t, std::int64_t>>{{512, 256}, {4096, 16}})
-    for (const std::string lora : {"", "rank=8"})
-      for (const auto& spec : sbp::metered_method_specs()) {
-        const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
-        for (const auto& offload : {Offloaded{false, false, false, true}, Offloaded{keeps, true, true, true}}) {
-          const auto m = metered_training(spec, lora, vocab, T, offload, dir.path().string());
-          const double ratio = double(m.peak) / double(m.model.total_bytes());
-          std::string terms;
-          for (const auto& t : m.model.terms) terms += t.name + " " + std::to_string(t.bytes) + "; ";
-          INFO("V=" << vocab << " T=" << T << " " << spec << " lora=" << lora << " all=" << offload.states
-                    << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio << ") at "
-                    << m.model.moment << ": " << terms << " tier " << m.host_peak << ", model "
-                    << m.model.host_bytes());
-          CHECK(std::abs(ratio - 1.0) <= 0.03);
-          CHECK(m.host_peak == m.model.host_bytes());
+    for (const auto dtype : {at::kFloat, at::kBFloat16})
+      for (const std::string lora : {"", "rank=8"})
+        for (const auto& spec : sbp::metered_method_specs()) {
+          if (dtype == at::kBFloat16 && T == 16) continue;
+          const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
+          for (const auto& offload : {Offloaded{false, false, false, true}, Offloaded{keeps, true, true, true}}) {
+            const auto m = metered_training(spec, lora, vocab, T, dtype, offload, dir.path().string());
+            const double ratio = double(m.peak) / double(m.model.total_bytes());
+            std::string terms;
+            for (const auto& t : m.model.terms) terms += t.name + " " + std::to_string(t.bytes) + "; ";
+            INFO(c10::toString(dtype) << " V=" << vocab << " T=" << T << " " << spec << " lora=" << lora
+                      << " all=" << offload.states
+                      << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio << ") at "
+                      << m.model.moment << ": " << terms << " tier " << m.host_peak << ", model "
+                      << m.model.host_bytes());
+            CHECK(std::abs(ratio - 1.0) <= 0.03);
+            CHECK(m.host_peak == m.model.host_bytes());
+          }
         }
-      }
 }
 
 namespace {

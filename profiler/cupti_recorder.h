@@ -96,6 +96,14 @@ struct CuptiTimeline {
 CuptiTimeline cupti_memory_timeline(const std::vector<CuptiRecord>& records, int device,
                                     const std::string& memory_kind = "device");
 
+// The recording's memory copies in `direction` ("HtoD": an offload tier's fetches) beside its kernels: how many there
+// were and how many ran, for some time, while a kernel of the same device ran (a copy that overlaps compute; one that
+// waits for the kernels before it and holds back the ones after does not). Touching intervals do not overlap.
+struct CopyOverlap {
+  std::int64_t copies = 0, overlapping = 0;
+};
+CopyOverlap copy_overlap(const std::vector<CuptiRecord>& records, const std::string& direction);
+
 // CSV with header kind,name,start_ns,end_ns,bytes,address,device; a name with a comma or quote is quoted. The last
 // line is "# " + cupti_losses(recording) (pandas: read_csv(..., comment="#")).
 void write_cupti_csv(const CuptiRecording& recording, std::ostream& out);

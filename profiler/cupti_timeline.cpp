@@ -44,4 +44,17 @@ CuptiTimeline cupti_memory_timeline(const std::vector<CuptiRecord>& records, int
   return timeline;
 }
 
+CopyOverlap copy_overlap(const std::vector<CuptiRecord>& records, const std::string& direction) {
+  CopyOverlap out;
+  for (const auto& copy : records) {
+    if (copy.kind != "memcpy" || copy.name != direction) continue;
+    ++out.copies;
+    const bool overlaps = std::any_of(records.begin(), records.end(), [&](const CuptiRecord& k) {
+      return k.kind == "kernel" && k.device == copy.device && k.start_ns < copy.end_ns && copy.start_ns < k.end_ns;
+    });
+    if (overlaps) ++out.overlapping;
+  }
+  return out;
+}
+
 }  // namespace sbp

@@ -68,6 +68,11 @@ void DeviceTimeline::stop_and_write(const std::string& prefix) {
       write_timeline_csv(cupti_memory_timeline(recording.records, s.device.index()).events, csv);
       write_cupti_chrome_trace(recording, trace);
       fmt::print("timeline  CUPTI: {} records; {}\n", recording.records.size(), cupti_losses(recording));
+      // An offload tier's fetches: whether they ran beside the kernels (ARCHITECTURE.md §15) or held them back.
+      for (const auto* direction : {"HtoD", "DtoH"})
+        if (const auto o = copy_overlap(recording.records, direction); o.copies > 0)
+          fmt::print("timeline  CUPTI: {} {} copies, {} of them while a kernel ran\n", o.copies, direction,
+                     o.overlapping);
       break;
     }
   }

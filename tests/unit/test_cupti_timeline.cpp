@@ -204,3 +204,30 @@ TEST_CASE("cupti writers accept no records", "[cupti]") {
   CHECK(parsed.at("traceEvents").empty());
   CHECK(parsed.at("otherData").at("dropped_records") == 0);
 }
+
+// The offload tier's prefetch check (tests/gpu/run.sh step 9b reads the line it prints) on hand-made records: a fetch
+// during a kernel overlaps; fetches serialised between kernels (what a tier that synchronised on the critical path
+// would show) do not; another device's kernel and a kernel that only touches the copy do not count.
+TEST_CASE("copy_overlap counts the copies that ran while a kernel of their device ran", "[cupti][offload]") {
+  const std::vector<sbp::CuptiRecord> overlapped = {
+      {"kernel", "layer 7 backward", 1'000, 5'000, 0, 0, 0},
+      {"memcpy", "HtoD", 2'000, 3'000, 1 << 20, 0, 0},        // the prefetch of H[6] while layer 7 runs
+      {"memcpy", "DtoH", 4'000, 6'000, 1 << 20, 0, 0},        // a store that outlasts the kernel
+      {"kernel", "layer 6 backward", 6'000, 9'000, 0, 0, 0},
+      {"memcpy", "HtoD", 7'000, 8'000, 1 << 20, 0, 0}};
+  const auto in = sbp::copy_overlap(overlapped, "HtoD");
+  CHECK(in.copies == 2);
+  CHECK(in.overlapping == 2);
+  CHECK(sbp::copy_overlap(overlapped, "DtoH").overlapping == 1);
+  // Negative control: the same copies, each between two kernels.
+  const std::vector<sbp::CuptiRecord> serialised = {
+      {"kernel", "layer 7 backward", 1'000, 2'000, 0, 0, 0},
+      {"memcpy", "HtoD", 2'000, 3'000, 1 << 20, 0, 0},        // touches both kernels, overlaps neither
+      {"kernel", "layer 6 backward", 3'000, 4'000, 0, 0, 0},
+      {"kernel", "another device's", 4'000, 9'000, 0, 0, 1},
+      {"memcpy", "HtoD", 5'000, 6'000, 1 << 20, 0, 0}};
+  const auto out = sbp::copy_overlap(serialised, "HtoD");
+  CHECK(out.copies == 2);
+  CHECK(out.overlapping == 0);
+  CHECK(sbp::copy_overlap({}, "HtoD").copies == 0);
+}

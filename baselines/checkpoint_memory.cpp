@@ -91,18 +91,19 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
       moments.push_back(down);
     }
   }
-  // Short sequences: the lm_head's weight gradient GEMM (grad^T · normed hidden states, [V, d] output) with its
-  // workspace (on an AVX512_CORE CPU in bf16 an fp32 copy of the output: qwen3-small bf16, T = 64: 661 MiB measured,
-  // 395 MiB modelled without it); then the end of the step, when every gradient exists.
-  if (z.g == z.s && z.lm_grad > 0)
-    moments.push_back({"lm_head gradient GEMM",
-                       {{"weights", z.weights},
-                        {"checkpoints", z.checkpoints(z.L + 1)},
-                        {"final norm", final_norm},
-                        {"logits gradient (model dtype)", z.B * z.T * z.V * z.s},
-                        {"lm_head gradient + the GEMM's workspace",
-                         z.lm_grad + gemm_workspace_bytes(w, z.V, z.d, z.B * z.T, /*a_transposed=*/true)},
-                        {"objective buffers", objective_bytes(w)}}});
+  // Short sequences: the lm_head's backward GEMMs (head_gemm_terms), with their workspaces (on an AVX512_CORE CPU
+  // in bf16 an fp32 copy of the output: qwen3-small bf16, T = 64: 661 MiB measured, 395 MiB modelled without it);
+  // then the end of the step, when every gradient exists.
+  {
+    MemoryEstimate gemms{"lm_head backward GEMMs",
+                         {{"weights", z.weights},
+                          {"lm_head copy (compute dtype)", z.lm_head_copy()},
+                          {"checkpoints", z.checkpoints(z.L + 1)},
+                          {"final norm", final_norm},
+                          {"objective buffers", objective_bytes(w)}}};
+    for (const auto& t : head_gemm_terms(w)) gemms.terms.push_back(t);
+    moments.push_back(gemms);
+  }
   return checkpointing_peak(std::move(moments), w);
 }
 

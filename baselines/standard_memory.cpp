@@ -21,11 +21,13 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                       (z.lora ? full_sequence_layer_bytes_per_token(w, false) -
                                     full_sequence_layer_bytes_per_token(w, false, /*input_saved=*/false)
                               : 0);
-  // ZeRO-3 or parameter offload: each layer's parameters are on the device only while in use, but the graph saves
-  // them (views of the gathered or fetched storage) in the forward, so every layer's stays until its backward.
+  // ZeRO-3 or parameter offload: each layer's parameters are on the device only while in use, but at::linear's graph
+  // saves them (views of the gathered or fetched storage) in the forward, so every layer's stays until its backward
+  // (not the widened narrow-dtype linear's: Workload::graph_keeps_weight_views).
+  const auto kept_layers = w.graph_keeps_weight_views ? z.L * z.gathered_layer() : 0;
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
-                       {"the layers' parameters the graph keeps (ZeRO-3 gathered, or fetched)", z.L * z.gathered_layer()},
+                       {"the layers' parameters the graph keeps (ZeRO-3 gathered, or fetched)", kept_layers},
                        {"weight copies (compute dtype)", z.all_copies()},
                        {"layer activations", z.B * z.T * layers},
                        {"RoPE tables", z.L * rope_table_bytes(w, z.T)},
@@ -34,6 +36,16 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                        {"objective buffers", objective_bytes(w)}}};
   std::vector<MemoryEstimate> moments = data_parallel_moments(w, /*streamed=*/false);
   moments.push_back(head);
+  // Then the lm_head's GEMMs, the loss's tensors gone (the peak at short T and a large vocabulary).
+  {
+    auto gemms = head;
+    gemms.moment = "lm_head backward GEMMs";
+    gemms.terms.erase(std::remove_if(gemms.terms.begin(), gemms.terms.end(),
+                                     [](const MemoryTerm& t) { return t.name == "logits + loss"; }),
+                      gemms.terms.end());
+    for (const auto& t : head_gemm_terms(w)) gemms.terms.push_back(t);
+    moments.push_back(gemms);
+  }
   if (z.lora) {  // the frozen embedding has no backward
     auto peak = largest(moments);
     peak.host = offload_host_terms(w);

@@ -9,6 +9,7 @@
 #include "core/methods/memory_model.h"
 #include "core/methods/streaming.h"
 #include "core/model/checkpoint_io.h"
+#include "core/model/gemm.h"
 #include "profiler/calibration.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
@@ -66,6 +67,7 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
   Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
              objective.needs_statistics()};
   w.threads = at::get_num_threads();
+  w.graph_keeps_weight_views = !(model.device().is_cpu() && gemm_paths(model.dtype()).any_widened());
   w.workspaces = machine_workspaces(model.device());
   w.grad_dtype = model.grad_dtype();
   const auto& lora = model.lora();

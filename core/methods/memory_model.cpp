@@ -27,6 +27,25 @@ std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z, bool input_kep
 // gradient coming from nll_loss and the gradient it produces, all [B, c, V] in compute dtype.
 std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * c * z.V * z.f; }
 
+// The hidden states' gradient (dlogits · W, [B·T, d]) and, in full fine-tuning, the weight's (dlogits^T · hn, [V, d]).
+// Counted as if both outputs were alive under the larger workspace (autograd runs them one after the other; d(hn) is
+// small beside [V, d] where this moment matters). In mixed precision the weight's product (compute dtype) is then
+// widened into the fp32 gradient by the cast's backward, the GEMMs' node done: its workspace and the logits' gradient
+// gone (native bf16 paths, tiny V = 4096, T = 16: 4% over with the logits' gradient beside the widening). At a short T with a large vocabulary this is the backward's
+// peak: the log-softmax moment's [B, T, V] tensors are small there, and a narrow dtype's GEMM workspace can exceed its
+// output (tiny V = 4096, T = 16, bf16, standard BP: the meter read 17% above the log-softmax moment).
+std::vector<MemoryTerm> head_gemm_terms(const Workload& w) {
+  const Sizes z(w);
+  const auto rows = z.B * z.T;
+  const auto lm_elements = z.lm_grad / z.g;
+  auto workspace = gemm_workspace_bytes(w, rows, z.d, z.V, false);
+  if (lm_elements > 0) workspace = std::max(workspace, gemm_workspace_bytes(w, z.V, z.d, rows, /*a_transposed=*/true));
+  return {{"the GEMMs' outputs: the hidden states' gradient, the lm_head's", (rows * z.d + lm_elements) * z.s},
+          {"the logits' gradient (model dtype) and the larger GEMM workspace, or after them the widened lm_head "
+           "gradient",
+           std::max(rows * z.V * z.s + workspace, z.cast ? lm_elements * z.g : 0)}};
+}
+
 // The attention backward's scratch over `queries` x `keys` in `dtype`, from the calibration. On the CPU (ATen's
 // FlashAttentionKernel.cpp) it is per thread: the attention weights of a block of queries x keys and their gradient
 // in the accumulation dtype (plus a bf16 copy of both for bf16), and whatever the block GEMMs' library takes for

@@ -141,6 +141,9 @@ std::int64_t norm_bytes(std::int64_t width, const Sizes& z);
 std::int64_t final_norm_bytes(std::int64_t width, const Sizes& z, bool input_kept, bool output_held = false);
 // Cross-entropy over c positions at its worst moment.
 std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z);
+// The lm_head's backward over the whole sequence (autograd's linear backward, after the loss's): the logits' gradient
+// in the model dtype, and its two GEMMs' outputs and the larger workspace.
+std::vector<MemoryTerm> head_gemm_terms(const Workload& w);
 // Kernel workspaces, from the workload's calibration: the attention backward's scratch, a GEMM's.
 std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
                                      bool causal);

@@ -64,6 +64,11 @@ struct Workload {
   bool offload_parameters = false;
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
+  // Whether a linear's graph saves a view of its weight: at::linear's does, so a weight fetched or gathered for the
+  // forward (ZeRO-3, parameter offload) stays alive until the layer's backward in a method that keeps the whole
+  // graph; the widened narrow-dtype linear on the CPU (core/model/gemm.h) saves the parameter itself, which the drop
+  // after its use empties. Set from the running machine's GEMM paths (make_workload); true for a GPU.
+  bool graph_keeps_weight_views = true;
   // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,
   // or none (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
   std::shared_ptr<const KernelWorkspaces> workspaces;

@@ -7,10 +7,12 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "baselines/methods.h"
 #include "core/objectives/sft.h"
 #include "core/methods/streaming.h"
+#include "core/methods/workload.h"
 #include "verify/grad_compare.h"
 
 namespace sbp::test {
@@ -86,6 +88,17 @@ double trajectory_difference(const std::vector<double>& losses_a, const TensorLi
   const auto cmp = compare_gradients(params_a, params_b);
   if (!cmp.problems.empty()) throw std::runtime_error("trajectory_difference: " + cmp.problems.front());
   return std::max(worst, cmp.max_normwise_rel());
+}
+
+bool matches_model(std::int64_t measured, const MemoryEstimate& estimate) {
+  const double model = double(estimate.total_bytes());
+  if (std::abs(double(measured) / model - 1.0) <= 0.03) return true;
+  std::int64_t scratch = 0;
+  for (const auto& t : estimate.terms)
+    if (t.name == "attention kernel scratch") scratch = t.bytes;
+  const auto threads = std::max<std::int64_t>(1, at::get_num_threads());
+  const double lowest = model - double(scratch) * double(threads - 1) / double(threads);
+  return double(measured) <= 1.03 * model && double(measured) >= 0.97 * lowest;
 }
 
 }  // namespace sbp::test

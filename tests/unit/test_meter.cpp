@@ -1,5 +1,5 @@
 // (Over 500 lines: every case that holds a method's memory model against the meter shares step_memory and
-// matches_model, the tolerance rule with its measured exception; the per-rank models live in test_zero_memory.cpp.)
+// test_support's matches_model, the tolerance rule with its measured exception; the per-rank models live in test_zero_memory.cpp.)
 // The CPU memory meter (ARCHITECTURE.md §7) and what it proves about the methods: exact byte counts, phase attribution, the
 // budget, agreement with the kernel's RSS, StreamBP's O(T) memory, and the analytic memory models.
 #include <catch2/catch.hpp>
@@ -213,21 +213,7 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
 
 }  // namespace
 
-// Whether a measured peak matches its model within 3 percent. Where the model's moment holds the attention
-// kernel's per-worker scratch (all workers at once: the calibration's coincident peak), a step in which the workers
-// did not overlap reads lower by up to the other workers' share of it; that much lower also matches. (Seen twice in
-// CI, never in a direct run: MsT LoRA bf16, V = 4096, T = 512, 2,875,020 bytes against 3,012,104 in every one of
-// four steps of one process.)
-bool matches_model(std::int64_t measured, const sbp::MemoryEstimate& estimate) {
-  const double model = double(estimate.total_bytes());
-  if (std::abs(double(measured) / model - 1.0) <= 0.03) return true;
-  std::int64_t scratch = 0;
-  for (const auto& t : estimate.terms)
-    if (t.name == "attention kernel scratch") scratch = t.bytes;
-  const auto threads = std::max<std::int64_t>(1, at::get_num_threads());
-  const double lowest = model - double(scratch) * double(threads - 1) / double(threads);
-  return double(measured) <= 1.03 * model && double(measured) >= 0.97 * lowest;
-}
+using sbp::test::matches_model;
 
 // Attention that materialises scores needs at least one head's [T, T] tile (SDPA's unfused path makes all heads'
 // [B, n_h, T, T] at once). A largest block below T*T*elem therefore proves that no score matrix of even one head ever

@@ -188,10 +188,6 @@ TEST_CASE("the memory models of training steps match the measured peaks within 3
     for (const auto& precision : {Precision{at::kFloat, false}, Precision{at::kBFloat16, false}, Precision{at::kBFloat16, true}})
       for (const std::string lora : {"", "rank=8"})
         for (const auto& [optimizer, spec] : runs) {
-            // Not at T = 16 for the whole-sequence methods: standard BP's own (BP) model is 4-7% under in bf16 under
-            // ONEDNN_MAX_CPU_ISA=AVX512_CORE there (262,536 bytes of a head-backward GEMM buffer it does not see;
-            // test_meter.cpp's grid starts at T = 512). Open in issue #19's note.
-            if (shape.T == 16 && (spec == "standard" || spec == "checkpoint")) continue;
             auto config = sbp::test::tiny_config();
             config.vocab_size = shape.vocab;
             sbp::Model model(config, precision.dtype, 91);

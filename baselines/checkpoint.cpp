@@ -19,7 +19,7 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
   {
     Phase phase(clock, "head");
     auto h = inputs.take(L).detach().requires_grad_(true);
-    auto term = objective.chunk_loss(model.logits(model.final_norm(h)), 0);
+    auto term = rank_loss(model, objective, model.logits(model.final_norm(h)));
     term.backward();
     loss = term.item<double>();
     grad = h.grad();
@@ -37,7 +37,7 @@ double CheckpointBackprop::backprop(Model& model, Objective& objective, const Ba
   }
   {
     Phase phase(clock, "embedding");
-    model.embed_backward(batch.input_ids, grad);
+    model.embed_backward(rank_tokens(model, batch), grad);
   }
   embedding_ready(model);
   return loss;

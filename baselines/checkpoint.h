@@ -12,6 +12,7 @@ class CheckpointBackprop final : public BackpropMethod {
  public:
   std::string spec() const override { return "checkpoint"; }
   bool keeps_layer_checkpoints() const override { return true; }
+  bool runs_sequence_shards() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return checkpoint_flops(workload); }
  private:

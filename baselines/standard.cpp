@@ -17,7 +17,7 @@ double StandardBackprop::backprop(Model& model, Objective& objective, const Batc
   std::vector<bool> in_backward(L, false);
   {
     Phase phase(clock, "forward");
-    auto h = model.embed(batch.input_ids);  // [B, T, d]
+    auto h = model.embed(rank_tokens(model, batch));  // [B, T, d] (a sequence-parallel rank's: [B, t, d])
     for (int l = 0; l < L; ++l) {
       {
         const LayerInUse use(*this, model, l);
@@ -29,7 +29,7 @@ double StandardBackprop::backprop(Model& model, Objective& objective, const Batc
           in_backward[l] = true;
         });
     }
-    loss = objective.chunk_loss(model.logits(model.final_norm(h)), 0);
+    loss = rank_loss(model, objective, model.logits(model.final_norm(h)));
   }
   const auto end_uses = [&] {
     for (int l = 0; l < L; ++l)

@@ -10,6 +10,7 @@ namespace sbp {
 class StandardBackprop final : public BackpropMethod {
  public:
   std::string spec() const override { return "standard"; }
+  bool runs_sequence_shards() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return standard_flops(workload); }
  private:

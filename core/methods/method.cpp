@@ -5,11 +5,15 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/methods/method_entry.h"
+#include "core/model/context_attention.h"
 #include "core/model/model.h"
 
 namespace sbp {
 
 StepResult BackpropMethod::step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options) {
+  if (model.sequence_exchange() && !runs_sequence_shards())
+    throw std::invalid_argument("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
+                                "BP and checkpointing do)");
   if (!options.accumulate) model.zero_grad();
   objective.prepare(batch, model.config());
   PhaseClock clock;
@@ -44,13 +48,37 @@ LayerCheckpoints BackpropMethod::checkpointed_forward(
   LayerCheckpoints H(L + 1, checkpoint_tier_);
   Phase phase(clock, "forward");
   at::NoGradGuard no_grad;
-  H.set(0, model.embed(batch.input_ids));
+  H.set(0, model.embed(rank_tokens(model, batch)));
   for (int l = 0; l < L; ++l) {
     const LayerInUse use(*this, model, l);
     H.set(l + 1, layer(l, H.get(l)));
     H.done_reading(l);
   }
   return H;
+}
+
+at::Tensor BackpropMethod::rank_tokens(const Model& model, const Batch& batch) {
+  const auto* exchange = model.sequence_exchange();
+  if (!exchange) return batch.input_ids;
+  const auto positions = at::tensor(exchange->shard().positions(), at::kLong).to(batch.input_ids.device());
+  return batch.input_ids.index_select(1, positions);
+}
+
+at::Tensor BackpropMethod::rank_loss(const Model& model, const Objective& objective, const at::Tensor& logits) {
+  const auto* exchange = model.sequence_exchange();
+  if (!exchange) return objective.chunk_loss(logits, 0);
+  // A row term couples positions across ranks: its statistic would need the group's sum first.
+  if (objective.needs_statistics())
+    throw std::invalid_argument("sequence parallelism: objective " + objective.name() +
+                                " sums a statistic over the whole sequence; its group-wide pass is not built yet");
+  at::Tensor loss;
+  std::int64_t offset = 0;
+  for (const auto& b : exchange->shard().blocks) {
+    auto term = objective.chunk_loss(logits.narrow(1, offset, b.length()), b.start);
+    offset += b.length();
+    loss = loss.defined() ? loss + term : term;
+  }
+  return loss;
 }
 
 BackpropMethod::LayerInUse::LayerInUse(const BackpropMethod& method, const Model& model, int layer)

@@ -82,6 +82,9 @@ class BackpropMethod {
   void offload_checkpoints_to(OffloadTier* tier) { checkpoint_tier_ = tier; }
   // Whether the method keeps layer checkpoints that offload_checkpoints_to can move (false: it ignores the tier).
   virtual bool keeps_layer_checkpoints() const { return false; }
+  // Whether the method runs on one rank's shard of a sequence split over a sequence-parallel group
+  // (Model::set_sequence_exchange; ARCHITECTURE.md §16). step() refuses the others while an exchange is set.
+  virtual bool runs_sequence_shards() const { return false; }
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/methods/flop_model.h).
@@ -114,6 +117,13 @@ class BackpropMethod {
   // Returns the L + 1 checkpoints for the backward to take.
   LayerCheckpoints checkpointed_forward(const Model& model, const Batch& batch, PhaseClock& clock,
                                         const std::function<at::Tensor(int layer, const at::Tensor& h)>& layer) const;
+  // The tokens this process back-propagates: the batch's, or on a sequence-parallel rank its shard's positions of
+  // every row ([B, t]). The batch stays whole on every rank: the objective is prepared on the whole sequence, so its
+  // targets are shifted before any split and its normalisers count every rank's tokens.
+  static at::Tensor rank_tokens(const Model& model, const Batch& batch);
+  // The objective's term for logits of rank_tokens' positions ([B, t, V]): one chunk at 0, or block by block at each
+  // block's global start.
+  static at::Tensor rank_loss(const Model& model, const Objective& objective, const at::Tensor& logits);
   // The begin and end events of a layer, for a method whose uses are not one scope (standard BP: its backward runs
   // inside autograd).
   void layer_use(const Model& model, int layer, bool begin) const;

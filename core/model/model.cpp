@@ -11,6 +11,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/model/chunk_attention.h"
+#include "core/model/context_attention.h"
 #include "core/model/gemm.h"
 #include "core/model/vector_math.h"
 #include "core/io/dtype.h"
@@ -366,6 +367,25 @@ at::Tensor Model::mlp_block(int layer, const at::Tensor& h_mid) const {
 at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
   const auto& w = layers_.at(layer);
   const auto hn = rms_norm(h, w.input_norm);
+  if (sequence_) {
+    // This rank's shard: each block's q and K/V at its global positions, the K/V of the whole sequence gathered (K
+    // and V in one exchange), the shard's queries attended over them.
+    const auto& shard = sequence_->shard();
+    TORCH_CHECK(h.size(1) == shard.length(), "attention_block: ", h.size(1), " positions on rank ", shard.rank,
+                " whose shard has ", shard.length());
+    std::vector<at::Tensor> qs, ks, vs;
+    std::int64_t offset = 0;
+    for (const auto& b : shard.blocks) {
+      const auto hb = hn.narrow(1, offset, b.length());
+      offset += b.length();
+      auto [k, v] = kv_from_normed(w, hb, b.start);
+      ks.push_back(k), vs.push_back(v), qs.push_back(q_from_normed(w, hb, b.start));
+    }
+    const auto kv = gather_sequence(*sequence_, at::stack({at::cat(ks, 2), at::cat(vs, 2)}));
+    const auto q = at::cat(qs, 2);
+    const auto o = shard_attention(q, kv[0], kv[1], shard, 1.0 / std::sqrt(double(config_.head_dim)));
+    return h + project(w, "o", o.transpose(1, 2).reshape({h.size(0), h.size(1), q.size(1) * q.size(3)}), w.o_w, w.o_b);
+  }
   const auto [k, v] = kv_from_normed(w, hn, 0);
   return h + project(w, "o", attend(q_from_normed(w, hn, 0), k, v, 0), w.o_w, w.o_b);
 }

@@ -23,6 +23,7 @@
 namespace sbp {
 
 struct KVGradSums;  // core/model/chunk_attention.h
+class KVExchange;   // core/model/context_attention.h
 
 struct LayerWeights {
   at::Tensor input_norm;            // [d]
@@ -145,6 +146,13 @@ class Model {
   std::vector<at::Tensor> head_trainable() const;
   std::vector<at::Tensor> embedding_trainable() const;
 
+  // Sequence parallelism (ARCHITECTURE.md §16): while an exchange is set, attention_block works on this rank's shard
+  // of the sequence ([B, t, d], the shard's positions in order): RoPE at each block's global positions, the K/V
+  // all-gathered over the group and the queries attended causally over them (shard_attention); the K/V gradients
+  // reduce-scattered in the backward. Every other piece is position-wise and unchanged. nullptr: one process.
+  void set_sequence_exchange(KVExchange* exchange) { sequence_ = exchange; }
+  KVExchange* sequence_exchange() const { return sequence_; }
+
  private:
   void register_parameters();
   void attach_adapters();  // layers_[i].lora from adapters_
@@ -171,6 +179,7 @@ class Model {
   LoraConfig lora_;
   std::vector<NamedTensor> adapters_;
   mutable bool adapters_enabled_ = true;
+  KVExchange* sequence_ = nullptr;
 };
 
 // "model.layers.{i}." prefix etc. live in model.cpp; this lists (name, shape) for a config, in HF order.

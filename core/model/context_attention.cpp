@@ -1,0 +1,55 @@
+#include "core/model/context_attention.h"
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "core/model/chunk_attention.h"
+
+namespace sbp {
+
+namespace {
+
+struct GatherSequence : public torch::autograd::Function<GatherSequence> {
+  // The exchange travels as an address: AutogradContext keeps IValues only, and the exchange outlives the graph.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local, KVExchange* exchange) {
+    ctx->saved_data["exchange"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(exchange));
+    return exchange->gather(local);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* exchange = reinterpret_cast<KVExchange*>(static_cast<std::intptr_t>(ctx->saved_data["exchange"].toInt()));
+    return {exchange->scatter_sum(grads[0].contiguous()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor gather_sequence(KVExchange& exchange, const at::Tensor& local) {
+  return GatherSequence::apply(local, &exchange);
+}
+
+at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SequenceShard& shard,
+                           double scale) {
+  TORCH_CHECK(q.size(2) == shard.length(), "shard_attention: ", q.size(2), " queries for a shard of ", shard.length(),
+              " positions");
+  TORCH_CHECK(k.size(2) == shard.seq_len && v.size(2) == shard.seq_len, "shard_attention: K/V of ", k.size(2),
+              " positions for a sequence of ", shard.seq_len);
+  std::vector<at::Tensor> outs;
+  std::int64_t offset = 0;
+  for (const auto& b : shard.blocks) {
+    const auto qb = q.narrow(2, offset, b.length());
+    offset += b.length();
+    if (b.start == 0) {  // the square causal block: SDPA's own rule
+      outs.push_back(at::scaled_dot_product_attention(qb, k.narrow(2, 0, b.end), v.narrow(2, 0, b.end), {}, 0.0,
+                                                      /*is_causal=*/true, scale, /*enable_gqa=*/true));
+    } else {
+      outs.push_back(chunk_attention(qb, k.narrow(2, 0, b.end), v.narrow(2, 0, b.end), b.start, scale));
+    }
+  }
+  return outs.size() == 1 ? outs.front() : at::cat(outs, 2);
+}
+
+}  // namespace sbp

@@ -1,0 +1,33 @@
+// Which positions of a sequence one rank of a sequence-parallel group holds (issue #32, ARCHITECTURE.md §16). The
+// causal triangle is balanced by a zig-zag split: the sequence is cut into 2N parts of near-equal length (the first
+// T mod 2N one position longer) and rank r holds parts r and 2N-1-r, so that a rank with early queries (few keys)
+// also holds late ones (many keys). T need not divide by N or 2N (a part may be empty when T < 2N), but every rank
+// needs a position: T >= N.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace sbp {
+
+struct SequenceShard {
+  struct Block {
+    std::int64_t start = 0, end = 0;  // global positions [start, end)
+    std::int64_t length() const { return end - start; }
+  };
+  int rank = 0, world = 1;
+  std::int64_t seq_len = 0;  // the whole sequence's
+  std::vector<Block> blocks;  // this rank's, ascending, non-empty
+
+  std::int64_t length() const;  // positions this rank holds
+  // The global position of each local position, in order ([length()] int64 values).
+  std::vector<std::int64_t> positions() const;
+  // Keys x queries of the causal triangle this rank computes: sum over its positions p of p + 1.
+  std::int64_t causal_pairs() const;
+};
+
+SequenceShard zigzag_shard(std::int64_t seq_len, int rank, int world);
+// Every rank's shard, rank order.
+std::vector<SequenceShard> zigzag_shards(std::int64_t seq_len, int world);
+
+}  // namespace sbp

@@ -1,0 +1,82 @@
+#include "core/training/sequence_parallel.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace sbp {
+
+namespace {
+
+std::int64_t longest(const std::vector<SequenceShard>& shards) {
+  std::int64_t n = 0;
+  for (const auto& s : shards) n = std::max(n, s.length());
+  return n;
+}
+
+// [..., t, hd] -> [..., padded, hd], zeros after t.
+at::Tensor pad_positions(const at::Tensor& x, std::int64_t padded) {
+  const auto t = x.size(-2);
+  if (t == padded) return x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes[sizes.size() - 2] = padded;
+  auto out = at::zeros(sizes, x.options());
+  out.narrow(-2, 0, t).copy_(x);
+  return out;
+}
+
+}  // namespace
+
+SequenceParallel::SequenceParallel(Communicator& comm, std::int64_t seq_len)
+    : SequenceParallel(comm, zigzag_shards(seq_len, comm.world_size())) {}
+
+SequenceParallel::SequenceParallel(Communicator& comm, std::vector<SequenceShard> split)
+    : comm_(comm), shards_(std::move(split)), padded_(longest(shards_)) {
+  TORCH_CHECK(int(shards_.size()) == comm.world_size(), "SequenceParallel: ", shards_.size(), " shards for ",
+              comm.world_size(), " ranks");
+  shard_ = shards_.at(std::size_t(comm.rank()));
+}
+
+at::Tensor SequenceParallel::gather(const at::Tensor& local) {
+  TORCH_CHECK(local.size(-2) == shard_.length(), "SequenceParallel::gather: ", local.size(-2), " positions on rank ",
+              shard_.rank, ", whose shard has ", shard_.length());
+  const auto all = comm_.all_gather(pad_positions(local, padded_));  // [N, ..., padded, hd]
+  // Every rank's blocks, placed by their global start: together they tile [0, T).
+  std::vector<std::pair<std::int64_t, at::Tensor>> pieces;
+  for (const auto& s : shards_) {
+    std::int64_t offset = 0;
+    for (const auto& b : s.blocks) {
+      pieces.emplace_back(b.start, all[s.rank].narrow(-2, offset, b.length()));
+      offset += b.length();
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<at::Tensor> ordered;
+  for (auto& p : pieces) ordered.push_back(p.second);
+  return at::cat(ordered, -2);
+}
+
+at::Tensor SequenceParallel::scatter_sum(const at::Tensor& whole) {
+  TORCH_CHECK(whole.size(-2) == shard_.seq_len, "SequenceParallel::scatter_sum: ", whole.size(-2),
+              " positions for a sequence of ", shard_.seq_len);
+  // Block r of the input: rank r's positions, in its shard order, padded.
+  std::vector<at::Tensor> blocks;
+  for (const auto& s : shards_) {
+    std::vector<at::Tensor> parts;
+    for (const auto& b : s.blocks) parts.push_back(whole.narrow(-2, b.start, b.length()));
+    blocks.push_back(pad_positions(at::cat(parts, -2), padded_));  // every shard has a position (zigzag_shard)
+  }
+  auto sizes = whole.sizes().vec();
+  sizes[sizes.size() - 2] = padded_;
+  const auto mine = comm_.reduce_scatter_sum(at::stack(blocks)).view(sizes);
+  return mine.narrow(-2, 0, shard_.length());
+}
+
+ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t position_bytes) {
+  const auto padded = longest(zigzag_shards(seq_len, world));
+  return {padded * position_bytes, std::int64_t(world) * padded * position_bytes};
+}
+
+}  // namespace sbp

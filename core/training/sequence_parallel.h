@@ -1,0 +1,43 @@
+// The K/V exchange of a sequence-parallel group over a Communicator (issue #32, ARCHITECTURE.md §16): one all-gather
+// of the layer's K and V together in the forward, one reduce-scatter of their gradients in the backward. Shards of
+// unequal length (T not divisible by 2N) travel padded to the longest; the padding is never read.
+//
+// Per layer and step, with t the longest shard, B·n_kv·hd·elem bytes per position and K and V stacked: all_gather one
+// call of 2·t positions handed in; reduce_scatter one call of N·2·t positions handed in (collective_bytes).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/model/context_attention.h"
+#include "core/training/communicator.h"
+
+namespace sbp {
+
+class SequenceParallel final : public KVExchange {
+ public:
+  // `comm`: the group (its ranks are the shards'); it must outlive this. The zig-zag split of seq_len positions, or
+  // any split given as every rank's shard in rank order (blocks of all ranks tiling [0, seq_len)).
+  SequenceParallel(Communicator& comm, std::int64_t seq_len);
+  SequenceParallel(Communicator& comm, std::vector<SequenceShard> split);
+  const SequenceShard& shard() const override { return shard_; }
+  at::Tensor gather(const at::Tensor& local) override;
+  at::Tensor scatter_sum(const at::Tensor& whole) override;
+  // The longest shard's positions: what every rank's share is padded to.
+  std::int64_t padded_length() const { return padded_; }
+
+ private:
+  Communicator& comm_;
+  SequenceShard shard_;
+  std::vector<SequenceShard> shards_;
+  std::int64_t padded_ = 0;
+};
+
+// Bytes handed to the collectives of one exchange of a [..., t, hd] tensor whose per-position slice has
+// `position_bytes` bytes: {all_gather, reduce_scatter} on one rank, the analytic count the accounting test checks.
+struct ExchangeBytes {
+  std::int64_t all_gather = 0, reduce_scatter = 0;
+};
+ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t position_bytes);
+
+}  // namespace sbp

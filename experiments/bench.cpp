@@ -192,7 +192,7 @@ void layer_chunk(benchmark::State& state, Bench& bench) {
   const auto params = model.layer_trainable(kLayer);
   // StreamBP's own chunk body (the last chunk of step 2: the most keys), not a copy of it.
   const sbp::StreamBP streambp({c, c});
-  time_iterations(state, bench, [&] { streambp.layer_chunk_backward(model, kLayer, h_in, s, T, K, V, sums, grad_out, params); });
+  time_iterations(state, bench, [&] { streambp.layer_chunk_backward(model, kLayer, h_in, s, T, s, K, V, sums, grad_out, params); });
   const auto d = m.hidden_size;
   set_rates(state, c,
             projection_flops(c, d, m.q_width()) + projection_flops(c, m.q_width(), d) +
@@ -226,7 +226,7 @@ void kv_chunk(benchmark::State& state, Bench& bench) {
   const auto params = model.layer_trainable(kLayer);
   // StreamBP's own step-3 chunk body, on the second chunk's rows.
   const sbp::StreamBP streambp({c, c});
-  time_iterations(state, bench, [&] { streambp.kv_chunk_backward(model, kLayer, h_in, s, 2 * c, dK, dV, params); });
+  time_iterations(state, bench, [&] { streambp.kv_chunk_backward(model, kLayer, h_in, s, 2 * c, s, dK, dV, params); });
   set_rates(state, c, 2 * projection_flops(c, m.hidden_size, m.kv_width()));
 }
 

@@ -11,6 +11,7 @@
 #include "core/model/chunk_attention.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
+#include "core/model/context_attention.h"
 #include "core/model/model.h"
 #include "core/methods/streaming.h"
 
@@ -64,7 +65,7 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
   }
   {
     Phase phase(clock, "embedding");
-    model.embed_backward(batch.input_ids, G);  // tied: adds into the lm_head gradient (one tensor)
+    model.embed_backward(rank_tokens(model, batch), G);  // tied: adds into the lm_head gradient (one tensor)
   }
   embedding_ready(model);
   return loss;
@@ -72,9 +73,11 @@ double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch
 
 void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
                                      PhaseClock& clock) const {
-  const auto T = h_in.size(1);
+  const auto T = h_in.size(1);  // a sequence-parallel rank: its shard's positions
   const auto c = options_.layer_chunk;
-  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph.
+  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph. A
+  // sequence-parallel rank computes its shard's and gathers the rest (kv_chunked); dK/dV then sum, over the whole
+  // sequence, what this rank's queries give, and the group's sum reaches each rank's positions after the chunk loop.
   at::Tensor K, V;  // [B, n_kv, T, hd]
   {
     Phase phase(clock, "kv_recompute");
@@ -93,14 +96,22 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
   {
     Phase phase(clock, "layer");
-    for_each_chunk(T, c, [&](std::int64_t s, std::int64_t e) {
-      const auto grads = layer_chunk_backward(model, layer, h_in, s, e, K, V, sums, g.slice(1, s, e), params);
+    for_each_rank_chunk(model, T, c, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+      const auto grads =
+          layer_chunk_backward(model, layer, h_in, s, e, position, K, V, sums, g.slice(1, s, e), params);
       g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
       weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
     });
   }
   K.reset();
   V.reset();
+  if (auto* exchange = model.sequence_exchange()) {
+    // Once per layer, after the last chunk (never per chunk): the group's sums at this rank's positions.
+    Phase phase(clock, "kv_exchange");
+    const auto mine = exchange->scatter_sum(at::stack({dK, dV}));  // [2, B, n_kv, t, hd]
+    dK = mine[0];
+    dV = mine[1];
+  }
 
   // Step 3: dK/dV through the K/V path.
   kv_path_backward(model, layer, h_in, dK, dV, g, weights, clock);
@@ -114,20 +125,21 @@ void StreamBP::kv_path_backward(const Model& model, int layer, const at::Tensor&
   // it to the model dtype here is its only rounding.
   Phase phase(clock, "kv_path");
   const auto& params = weights.params();
-  for_each_chunk(h_in.size(1), options_.layer_chunk, [&](std::int64_t s, std::int64_t e) {
-    const auto grads = kv_chunk_backward(model, layer, h_in, s, e, dK, dV, params);
+  for_each_rank_chunk(model, h_in.size(1), options_.layer_chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+    const auto grads = kv_chunk_backward(model, layer, h_in, s, e, position, dK, dV, params);
     g.slice(1, s, e).add_(grads[0]);
     weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
   });
 }
 
 std::vector<at::Tensor> StreamBP::layer_chunk_backward(const Model& model, int layer, const at::Tensor& h_in,
-                                                       std::int64_t s, std::int64_t e, const at::Tensor& K,
+                                                       std::int64_t s, std::int64_t e, std::int64_t position,
+                                                       const at::Tensor& K,
                                                        const at::Tensor& V, const KVGradSums& sums,
                                                        const at::Tensor& grad_out,
                                                        const std::vector<at::Tensor>& params) const {
   auto h = leaf(h_in.slice(1, s, e));  // [B, c, d]
-  const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, s), K, V, s, sums));
+  const auto out = model.after_attention(layer, h, attend(model, model.q(layer, h, position), K, V, position, sums));
   std::vector<at::Tensor> inputs = {h};
   inputs.insert(inputs.end(), params.begin(), params.end());
   // The prefix's dK/dV go into `sums` (attend's backward), not into these gradients.
@@ -136,10 +148,11 @@ std::vector<at::Tensor> StreamBP::layer_chunk_backward(const Model& model, int l
 }
 
 std::vector<at::Tensor> StreamBP::kv_chunk_backward(const Model& model, int layer, const at::Tensor& h_in,
-                                                    std::int64_t s, std::int64_t e, const at::Tensor& dK,
+                                                    std::int64_t s, std::int64_t e, std::int64_t position,
+                                                    const at::Tensor& dK,
                                                     const at::Tensor& dV, const std::vector<at::Tensor>& params) const {
   auto h = leaf(h_in.slice(1, s, e));
-  const auto [k, v] = model.kv(layer, h, s);
+  const auto [k, v] = model.kv(layer, h, position);
   std::vector<at::Tensor> inputs = {h};
   inputs.insert(inputs.end(), params.begin(), params.end());
   return torch::autograd::grad({k, v}, inputs,

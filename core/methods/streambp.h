@@ -28,24 +28,26 @@ class StreamBP : public BackpropMethod {
   explicit StreamBP(Options options) : options_(options) {}
   std::string spec() const override;
   bool keeps_layer_checkpoints() const override { return true; }
+  bool runs_sequence_shards() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return streambp_flops(workload); }
   const Options& options() const { return options_; }
 
   // The two chunk bodies of a layer's streamed backward, written once: the method's loops call them, and the bench
   // (experiments/bench.cpp) times them. `params` are the layer's trainable tensors; each returns the gradient of the
-  // chunk's rows of the layer input, then those of `params` (undefined where a tensor is unused).
-  // Step 2, rows [s, s + c) of the layer input h_in: the Q path, attention over K/V[..., :s + c] (the prefix's dK/dV
-  // added into `sums`), o_proj and the MLP with a graph, back-propagated from grad_out ([B, c, d]).
+  // chunk's rows of the layer input, then those of `params` (undefined where a tensor is unused). `position`: the
+  // global position of row s (s itself but on a sequence-parallel rank, whose rows are its shard's).
+  // Step 2, rows [s, e) of the layer input h_in: the Q path, attention over K/V[..., :position + c] (the prefix's
+  // dK/dV added into `sums`), o_proj and the MLP with a graph, back-propagated from grad_out ([B, c, d]).
   std::vector<at::Tensor> layer_chunk_backward(const Model& model, int layer, const at::Tensor& h_in, std::int64_t s,
-                                               std::int64_t e, const at::Tensor& K, const at::Tensor& V,
-                                               const KVGradSums& sums, const at::Tensor& grad_out,
-                                               const std::vector<at::Tensor>& params) const;
+                                               std::int64_t e, std::int64_t position, const at::Tensor& K,
+                                               const at::Tensor& V, const KVGradSums& sums,
+                                               const at::Tensor& grad_out, const std::vector<at::Tensor>& params) const;
   // Step 3, the same rows: k and v recomputed with a graph and back-propagated from dK/dV's rows (rounded to the
   // model dtype here, their only rounding).
   std::vector<at::Tensor> kv_chunk_backward(const Model& model, int layer, const at::Tensor& h_in, std::int64_t s,
-                                            std::int64_t e, const at::Tensor& dK, const at::Tensor& dV,
-                                            const std::vector<at::Tensor>& params) const;
+                                            std::int64_t e, std::int64_t position, const at::Tensor& dK,
+                                            const at::Tensor& dV, const std::vector<at::Tensor>& params) const;
 
  protected:
   // The LM head + loss per head chunk (streamed_head): the loss and dLoss/dH[L]; commits the head's gradients.

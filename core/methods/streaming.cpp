@@ -1,29 +1,52 @@
 #include "core/methods/streaming.h"
 
+#include <stdexcept>
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "core/model/context_attention.h"
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/methods/phase.h"
 
 namespace sbp {
 
+void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
+                         const std::function<void(std::int64_t s, std::int64_t e, std::int64_t position)>& f) {
+  const auto* exchange = model.sequence_exchange();
+  if (!exchange) {
+    for_each_chunk(T, c, [&](std::int64_t s, std::int64_t e) { f(s, e, s); });
+    return;
+  }
+  TORCH_CHECK(T == exchange->shard().length(), "for_each_rank_chunk: ", T, " rows for a shard of ",
+              exchange->shard().length(), " positions");
+  std::int64_t offset = 0;
+  for (const auto& b : exchange->shard().blocks) {
+    for_each_chunk(b.length(), c, [&](std::int64_t s, std::int64_t e) { f(offset + s, offset + e, b.start + s); });
+    offset += b.length();
+  }
+}
+
 std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
   at::NoGradGuard no_grad;
-  at::Tensor K, V;  // [B, n_kv, T, hd]
-  for_each_chunk(h.size(1), chunk, [&](std::int64_t s, std::int64_t e) {
-    const auto [k, v] = model.kv(layer, h.slice(1, s, e), s);
+  at::Tensor K, V;  // [B, n_kv, T, hd] (a sequence-parallel rank: its shard's positions, then gathered)
+  for_each_rank_chunk(model, h.size(1), chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+    const auto kv = model.kv(layer, h.slice(1, s, e), position);
     if (!K.defined()) {
-      auto sizes = k.sizes().vec();
+      auto sizes = kv.first.sizes().vec();
       sizes[2] = h.size(1);
-      K = at::empty(sizes, k.options());
-      V = at::empty(sizes, v.options());
+      K = at::empty(sizes, kv.first.options());
+      V = at::empty(sizes, kv.second.options());
     }
-    K.slice(2, s, e).copy_(k);
-    V.slice(2, s, e).copy_(v);
+    K.slice(2, s, e).copy_(kv.first);
+    V.slice(2, s, e).copy_(kv.second);
   });
+  if (auto* exchange = model.sequence_exchange()) {
+    const auto whole = exchange->gather(at::stack({K, V}));  // K and V in one exchange
+    return {whole[0], whole[1]};
+  }
   return {K, V};
 }
 
@@ -34,9 +57,10 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
   const at::Tensor& K = kv.first;
   const at::Tensor& V = kv.second;
   auto out = at::empty_like(h);
-  for_each_chunk(h.size(1), layer_chunk, [&](std::int64_t s, std::int64_t e) {
+  for_each_rank_chunk(model, h.size(1), layer_chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     const auto hc = h.slice(1, s, e);
-    const auto o = model.attend(model.q(layer, hc, s), K.slice(2, 0, e), V.slice(2, 0, e), s);
+    const auto keys = position + (e - s);  // the prefix [0, position + c)
+    const auto o = model.attend(model.q(layer, hc, position), K.slice(2, 0, keys), V.slice(2, 0, keys), position);
     out.slice(1, s, e).copy_(model.after_attention(layer, hc, o));
   });
   return out;
@@ -55,7 +79,10 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
                          PhaseClock& clock) {
   const auto T = h_last.size(1);
   // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
-  // not the whole sequence.
+  // not the whole sequence; on a sequence-parallel rank their sum over the group, which is not built.
+  if (objective.needs_statistics() && model.sequence_exchange())
+    throw std::invalid_argument("sequence parallelism: objective " + objective.name() +
+                                " sums a statistic over the whole sequence; its group-wide pass is not built yet");
   if (objective.needs_statistics() && head_chunk < T) {
     Phase phase(clock, "statistics");
     statistics_pass(model, objective, h_last, head_chunk);
@@ -70,7 +97,7 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
   ChunkGradients norm_grads(norm);
   at::Tensor lm_sum;  // [V, d]
   Model::HeadBuffers buffers;  // the [B, c_h, V] blocks every chunk reuses (see Model::HeadBuffers)
-  for_each_chunk(T, head_chunk, [&](std::int64_t s, std::int64_t e) {
+  for_each_rank_chunk(model, T, head_chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     auto h = h_last.slice(1, s, e).detach().requires_grad_(true);  // [B, c_h, d]
     const auto hn = model.final_norm(h);                              // with a graph: final norm weight and h
     at::Tensor logits;  // [B, c_h, V], compute dtype; becomes dLoss/dlogits
@@ -78,7 +105,7 @@ HeadResult streamed_head(const Model& model, Objective& objective, const at::Ten
       at::NoGradGuard no_grad;
       logits = model.logits(hn, &buffers);
     }
-    out.loss += objective.chunk_loss_and_grad(logits, s);
+    out.loss += objective.chunk_loss_and_grad(logits, position);
     const auto grad_hn = model.logits_backward(logits, hn, lm_sum, &buffers);  // [B, c_h, d]
     logits.reset();  // a view: the block stays for the next chunk, through the final norm's backward
     std::vector<at::Tensor> inputs = {h};

@@ -25,9 +25,16 @@ void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
   for (std::int64_t s = 0; s < T; s += c) f(s, std::min(T, s + c));
 }
 
+// Chunks of at most c of the positions this process holds, h's rows [0, T): f(s, e, position) with [s, e) the rows
+// and `position` the global position of row s. One process: position == s. On a sequence-parallel rank
+// (Model::sequence_exchange) the rows are its shard's positions in order and a chunk never crosses one of its blocks.
+void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
+                         const std::function<void(std::int64_t s, std::int64_t e, std::int64_t position)>& f);
+
 // K and V of decoder layer `layer` for the whole sequence h [B, T, d], without a graph, c tokens at a time (the
 // projection, k-norm and RoPE are position-wise): [B, n_kv, T, hd] each, with chunk-sized temporaries only (the
 // whole-sequence call made a normed [B, T, d] copy and several [B, T, n_kv*hd] temporaries at once).
+// On a sequence-parallel rank h is its shard and the result the whole sequence's, gathered over the group.
 std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk);
 
 // Decoder layer `layer` on h [B, T, d] without a graph, c tokens at a time: K/V of the whole sequence once, then the

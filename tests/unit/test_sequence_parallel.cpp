@@ -267,12 +267,16 @@ double sequence_parallel_error(int world, const ModelCase& c, Fault fault = Faul
 
 }  // namespace
 
-TEST_CASE("standard BP and checkpointing over a sequence split on N ranks, their gradients summed over the group, equal "
-          "one process of standard BP over the whole sequence in fp64: N = 2, 3, 4, GQA with fewer KV heads than ranks "
-          "and MHA, T not divisible, padded rows and masked prompts, full and LoRA, SFT and GRPO (token importance)",
+TEST_CASE("standard BP, checkpointing and StreamBP over a sequence split on N ranks, their gradients summed over the "
+          "group, equal one process of standard BP over the whole sequence in fp64: N = 2, 3, 4, GQA with fewer KV "
+          "heads than ranks and MHA, T not divisible, padded rows and masked prompts, full and LoRA, SFT and GRPO "
+          "(token importance)",
           "[sequence-parallel][distributed]") {
   double worst = 0;
-  for (const std::string method : {"standard", "checkpoint"})
+  // StreamBP: chunks inside the shard's blocks (a block of T = 37 over 4 ranks has 4-5 positions), several per block
+  // and one per block.
+  for (const std::string method : {"standard", "checkpoint", "streambp:layer_chunk=2,head_chunk=3",
+                                   "streambp:layer_chunk=64,head_chunk=64"})
     for (const int world : {2, 3, 4})
       for (const auto& c : {ModelCase{37, 1, "", method}, ModelCase{37, 4, "", method},
                             ModelCase{48, 2, "rank=8", method}, ModelCase{41, 2, "", method, "grpo"},

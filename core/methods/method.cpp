@@ -64,20 +64,25 @@ at::Tensor BackpropMethod::rank_tokens(const Model& model, const Batch& batch) {
   return batch.input_ids.index_select(1, positions);
 }
 
-at::Tensor BackpropMethod::rank_loss(const Model& model, const Objective& objective, const at::Tensor& logits) {
-  const auto* exchange = model.sequence_exchange();
+at::Tensor BackpropMethod::rank_loss(const Model& model, Objective& objective, const at::Tensor& logits) {
+  auto* exchange = model.sequence_exchange();
   if (!exchange) return objective.chunk_loss(logits, 0);
-  // A row term couples positions across ranks: its statistic would need the group's sum first.
-  if (objective.needs_statistics())
-    throw std::invalid_argument("sequence parallelism: objective " + objective.name() +
-                                " sums a statistic over the whole sequence; its group-wide pass is not built yet");
-  at::Tensor loss;
-  std::int64_t offset = 0;
-  for (const auto& b : exchange->shard().blocks) {
-    auto term = objective.chunk_loss(logits.narrow(1, offset, b.length()), b.start);
-    offset += b.length();
-    loss = loss.defined() ? loss + term : term;
+  const auto& shard = exchange->shard();
+  if (objective.needs_statistics()) {
+    // A row term couples positions across ranks: its statistics summed over the group first (each block's logits
+    // copied, as the pass overwrites what it reads).
+    at::NoGradGuard no_grad;
+    shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
+      auto copy = logits.narrow(1, offset, b.length()).clone();
+      objective.accumulate_statistics(copy, b.start);
+    });
+    objective.finish_statistics([&](at::Tensor& s) { exchange->sum_over_group(s); });
   }
+  at::Tensor loss;
+  shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
+    auto term = objective.chunk_loss(logits.narrow(1, offset, b.length()), b.start);
+    loss = loss.defined() ? loss + term : term;
+  });
   return loss;
 }
 

@@ -123,7 +123,8 @@ class BackpropMethod {
   static at::Tensor rank_tokens(const Model& model, const Batch& batch);
   // The objective's term for logits of rank_tokens' positions ([B, t, V]): one chunk at 0, or block by block at each
   // block's global start.
-  static at::Tensor rank_loss(const Model& model, const Objective& objective, const at::Tensor& logits);
+  // An objective with a row term (DPO, GRPO's sequence importance) first sums its statistics over the group.
+  static at::Tensor rank_loss(const Model& model, Objective& objective, const at::Tensor& logits);
   // The begin and end events of a layer, for a method whose uses are not one scope (standard BP: its backward runs
   // inside autograd).
   void layer_use(const Model& model, int layer, bool begin) const;

@@ -22,11 +22,9 @@ void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
   }
   TORCH_CHECK(T == exchange->shard().length(), "for_each_rank_chunk: ", T, " rows for a shard of ",
               exchange->shard().length(), " positions");
-  std::int64_t offset = 0;
-  for (const auto& b : exchange->shard().blocks) {
+  exchange->shard().for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
     for_each_chunk(b.length(), c, [&](std::int64_t s, std::int64_t e) { f(offset + s, offset + e, b.start + s); });
-    offset += b.length();
-  }
+  });
 }
 
 std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
@@ -68,22 +66,21 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
 
 void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk) {
   at::NoGradGuard no_grad;
-  for_each_chunk(h_last.size(1), head_chunk, [&](std::int64_t s, std::int64_t e) {
+  for_each_rank_chunk(model, h_last.size(1), head_chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     auto logits = model.logits(model.final_norm(h_last.slice(1, s, e)));  // [B, c_h, V]
-    objective.accumulate_statistics(logits, s);
+    objective.accumulate_statistics(logits, position);
   });
-  objective.finish_statistics();
+  auto* exchange = model.sequence_exchange();
+  if (!exchange) return objective.finish_statistics();
+  objective.finish_statistics([&](at::Tensor& s) { exchange->sum_over_group(s); });
 }
 
 HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
                          PhaseClock& clock) {
   const auto T = h_last.size(1);
   // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
-  // not the whole sequence; on a sequence-parallel rank their sum over the group, which is not built.
-  if (objective.needs_statistics() && model.sequence_exchange())
-    throw std::invalid_argument("sequence parallelism: objective " + objective.name() +
-                                " sums a statistic over the whole sequence; its group-wide pass is not built yet");
-  if (objective.needs_statistics() && head_chunk < T) {
+  // not the whole sequence (a sequence-parallel rank never holds it: their sum over the group).
+  if (objective.needs_statistics() && (head_chunk < T || model.sequence_exchange())) {
     Phase phase(clock, "statistics");
     statistics_pass(model, objective, h_last, head_chunk);
   }

@@ -215,6 +215,18 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                       : chunk_attention_with(*choice.blocks, q, k, v, q_start, scale, sums);
 }
 
+at::Tensor prefix_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
+                            double scale, const KVGradSums* sums) {
+  if (q_start == 0 && !sums) {
+    // Query at absolute position q_start+i sees keys j <= q_start+i (bottom-right aligned). SDPA's is_causal=true
+    // aligns top-left: right for the square block at 0 only, and a [c, e] mask elsewhere would compute the masked
+    // half of the diagonal block. chunk_attention does neither.
+    const bool gqa = k.size(1) != q.size(1);
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
+  }
+  return chunk_attention(q, k, v, q_start, scale, sums);
+}
+
 at::Tensor chunk_attention_with(const AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k,
                                 const at::Tensor& v, std::int64_t q_start, double scale, const KVGradSums* sums) {
   TORCH_CHECK((q_start > 0 || sums) && k.size(2) == q_start + q.size(2), "chunk_attention: keys must be [0, q_start + c)");

@@ -34,4 +34,9 @@ struct KVGradSums {
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
                            double scale, const KVGradSums* sums = nullptr);
 
+// The same for any q_start, the one dispatch every caller shares: the square block at 0 (without sums) goes to SDPA's
+// causal kernel, whose top-left rule then coincides with the bottom-right one; every other chunk to chunk_attention.
+at::Tensor prefix_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
+                            double scale, const KVGradSums* sums = nullptr);
+
 }  // namespace sbp

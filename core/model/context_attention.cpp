@@ -38,17 +38,10 @@ at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(k.size(2) == shard.seq_len && v.size(2) == shard.seq_len, "shard_attention: K/V of ", k.size(2),
               " positions for a sequence of ", shard.seq_len);
   std::vector<at::Tensor> outs;
-  std::int64_t offset = 0;
-  for (const auto& b : shard.blocks) {
-    const auto qb = q.narrow(2, offset, b.length());
-    offset += b.length();
-    if (b.start == 0) {  // the square causal block: SDPA's own rule
-      outs.push_back(at::scaled_dot_product_attention(qb, k.narrow(2, 0, b.end), v.narrow(2, 0, b.end), {}, 0.0,
-                                                      /*is_causal=*/true, scale, /*enable_gqa=*/true));
-    } else {
-      outs.push_back(chunk_attention(qb, k.narrow(2, 0, b.end), v.narrow(2, 0, b.end), b.start, scale));
-    }
-  }
+  shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
+    outs.push_back(prefix_attention(q.narrow(2, offset, b.length()), k.narrow(2, 0, b.end), v.narrow(2, 0, b.end),
+                                    b.start, scale));
+  });
   return outs.size() == 1 ? outs.front() : at::cat(outs, 2);
 }
 

@@ -24,6 +24,8 @@ class KVExchange {
   // The whole sequence's [..., T, hd] made on this rank -> the SUM over the group's ranks at this rank's positions
   // [..., t, hd].
   virtual at::Tensor scatter_sum(const at::Tensor& whole) = 0;
+  // `values` summed over the group's ranks in place (an objective's row statistics: each rank saw its positions).
+  virtual void sum_over_group(at::Tensor& values) = 0;
 };
 
 // Differentiable gather: the forward is exchange.gather, the backward exchange.scatter_sum. `exchange` must outlive
@@ -32,7 +34,7 @@ at::Tensor gather_sequence(KVExchange& exchange, const at::Tensor& local);
 
 // This rank's queries q [B, n_h, t, hd] (its positions, shard order) over the whole sequence's k, v
 // [B, n_kv, T, hd]: each block [s, e) of the shard attends to keys [0, e) with the causal rule aligned at s
-// (chunk_attention; SDPA's causal kernel for a block at s = 0). Differentiable in q, k and v.
+// (prefix_attention). Differentiable in q, k and v.
 at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SequenceShard& shard,
                            double scale);
 

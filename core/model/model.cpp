@@ -337,18 +337,7 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const KVGradSums* sums) const {
   const auto B = q.size(0), c = q.size(2), e = k.size(2);
   TORCH_CHECK(e == q_start + c, "attend: keys must be the prefix [0, q_start + c) = [0, ", q_start + c, "), got ", e);
-  const double scale = 1.0 / std::sqrt(double(config_.head_dim));
-  const bool gqa = config_.num_key_value_heads != config_.num_attention_heads;
-  at::Tensor o;  // [B, n_h, c, hd]
-  if (q_start == 0 && !sums) {
-    // Square block: SDPA's top-left causal rule coincides with the bottom-right one.
-    o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
-  } else {
-    // Query at absolute position q_start+i sees keys j <= q_start+i (bottom-right aligned). SDPA's is_causal=true
-    // would align top-left and hide most of the prefix from every chunk after the first; a [c, e] mask would be
-    // right but computes the masked half of the diagonal block. chunk_attention does neither.
-    o = chunk_attention(q, k, v, q_start, scale, sums);
-  }
+  const auto o = prefix_attention(q, k, v, q_start, 1.0 / std::sqrt(double(config_.head_dim)), sums);  // [B, n_h, c, hd]
   return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
 }
 
@@ -374,13 +363,11 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
     TORCH_CHECK(h.size(1) == shard.length(), "attention_block: ", h.size(1), " positions on rank ", shard.rank,
                 " whose shard has ", shard.length());
     std::vector<at::Tensor> qs, ks, vs;
-    std::int64_t offset = 0;
-    for (const auto& b : shard.blocks) {
+    shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
       const auto hb = hn.narrow(1, offset, b.length());
-      offset += b.length();
-      auto [k, v] = kv_from_normed(w, hb, b.start);
-      ks.push_back(k), vs.push_back(v), qs.push_back(q_from_normed(w, hb, b.start));
-    }
+      auto kv = kv_from_normed(w, hb, b.start);
+      ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, b.start));
+    });
     const auto kv = gather_sequence(*sequence_, at::stack({at::cat(ks, 2), at::cat(vs, 2)}));
     const auto q = at::cat(qs, 2);
     const auto o = shard_attention(q, kv[0], kv[1], shard, 1.0 / std::sqrt(double(config_.head_dim)));

@@ -20,6 +20,15 @@ struct SequenceShard {
   std::vector<Block> blocks;  // this rank's, ascending, non-empty
 
   std::int64_t length() const;  // positions this rank holds
+  // f(block, offset) for each block in order, `offset` its first local position (the rows before it on this rank).
+  template <typename F>
+  void for_each_block(F&& f) const {
+    std::int64_t offset = 0;
+    for (const auto& b : blocks) {
+      f(b, offset);
+      offset += b.length();
+    }
+  }
   // The global position of each local position, in order ([length()] int64 values).
   std::vector<std::int64_t> positions() const;
   // Keys x queries of the causal triangle this rank computes: sum over its positions p of p + 1.

@@ -161,6 +161,11 @@ void Objective::accumulate_statistics(at::Tensor& logits, std::int64_t start) {
   statistics_ += row_statistics(logps_in_place(logits, start).to(at::kDouble), start);  // fp64, as chunk_term
 }
 
+void Objective::finish_statistics(const std::function<void(at::Tensor&)>& group_sum) {
+  if (group_sum) group_sum(statistics_);
+  statistics_ready_ = true;
+}
+
 at::Tensor Objective::chunk_loss(const at::Tensor& logits, std::int64_t start) const {
   return chunk_term(logps(logits, start), start);
 }

@@ -36,22 +36,18 @@ SequenceParallel::SequenceParallel(Communicator& comm, std::vector<SequenceShard
     : comm_(comm), shards_(std::move(split)), padded_(longest(shards_)) {
   TORCH_CHECK(int(shards_.size()) == comm.world_size(), "SequenceParallel: ", shards_.size(), " shards for ",
               comm.world_size(), " ranks");
-  shard_ = shards_.at(std::size_t(comm.rank()));
 }
 
 at::Tensor SequenceParallel::gather(const at::Tensor& local) {
-  TORCH_CHECK(local.size(-2) == shard_.length(), "SequenceParallel::gather: ", local.size(-2), " positions on rank ",
-              shard_.rank, ", whose shard has ", shard_.length());
+  TORCH_CHECK(local.size(-2) == shard().length(), "SequenceParallel::gather: ", local.size(-2), " positions on rank ",
+              shard().rank, ", whose shard has ", shard().length());
   const auto all = comm_.all_gather(pad_positions(local, padded_));  // [N, ..., padded, hd]
   // Every rank's blocks, placed by their global start: together they tile [0, T).
   std::vector<std::pair<std::int64_t, at::Tensor>> pieces;
-  for (const auto& s : shards_) {
-    std::int64_t offset = 0;
-    for (const auto& b : s.blocks) {
+  for (const auto& s : shards_)
+    s.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
       pieces.emplace_back(b.start, all[s.rank].narrow(-2, offset, b.length()));
-      offset += b.length();
-    }
-  }
+    });
   std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<at::Tensor> ordered;
   for (auto& p : pieces) ordered.push_back(p.second);
@@ -59,8 +55,8 @@ at::Tensor SequenceParallel::gather(const at::Tensor& local) {
 }
 
 at::Tensor SequenceParallel::scatter_sum(const at::Tensor& whole) {
-  TORCH_CHECK(whole.size(-2) == shard_.seq_len, "SequenceParallel::scatter_sum: ", whole.size(-2),
-              " positions for a sequence of ", shard_.seq_len);
+  TORCH_CHECK(whole.size(-2) == shard().seq_len, "SequenceParallel::scatter_sum: ", whole.size(-2),
+              " positions for a sequence of ", shard().seq_len);
   // Block r of the input: rank r's positions, in its shard order, padded.
   std::vector<at::Tensor> blocks;
   for (const auto& s : shards_) {
@@ -71,7 +67,12 @@ at::Tensor SequenceParallel::scatter_sum(const at::Tensor& whole) {
   auto sizes = whole.sizes().vec();
   sizes[sizes.size() - 2] = padded_;
   const auto mine = comm_.reduce_scatter_sum(at::stack(blocks)).view(sizes);
-  return mine.narrow(-2, 0, shard_.length());
+  return mine.narrow(-2, 0, shard().length());
+}
+
+void SequenceParallel::sum_over_group(at::Tensor& values) {
+  std::vector<at::Tensor> one = {values};
+  comm_.all_reduce_sum(one);
 }
 
 ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t position_bytes) {

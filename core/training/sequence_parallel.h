@@ -20,15 +20,15 @@ class SequenceParallel final : public KVExchange {
   // any split given as every rank's shard in rank order (blocks of all ranks tiling [0, seq_len)).
   SequenceParallel(Communicator& comm, std::int64_t seq_len);
   SequenceParallel(Communicator& comm, std::vector<SequenceShard> split);
-  const SequenceShard& shard() const override { return shard_; }
+  const SequenceShard& shard() const override { return shards_[std::size_t(comm_.rank())]; }
   at::Tensor gather(const at::Tensor& local) override;
   at::Tensor scatter_sum(const at::Tensor& whole) override;
+  void sum_over_group(at::Tensor& values) override;
   // The longest shard's positions: what every rank's share is padded to.
   std::int64_t padded_length() const { return padded_; }
 
  private:
   Communicator& comm_;
-  SequenceShard shard_;
   std::vector<SequenceShard> shards_;
   std::int64_t padded_ = 0;
 };

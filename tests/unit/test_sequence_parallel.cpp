@@ -54,22 +54,31 @@ double relative(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
 }
 
-// A fault in the exchange, for the negative controls: the backward keeps this rank's own share of the K/V gradients
-// at its positions instead of the group's SUM (a missing reduction).
-class LocalOnlyExchange final : public sbp::KVExchange {
+// Faults in the exchange, for the negative controls: the backward keeps this rank's own share of the K/V gradients at
+// its positions instead of the group's SUM (a missing reduction), or an objective's row statistics stay this rank's
+// (a missing group-wide statistics pass). The collectives still run: the other ranks wait for them.
+class FaultyExchange final : public sbp::KVExchange {
  public:
-  explicit LocalOnlyExchange(sbp::SequenceParallel& inner) : inner_(inner) {}
+  FaultyExchange(sbp::SequenceParallel& inner, bool local_kv, bool local_statistics)
+      : inner_(inner), local_kv_(local_kv), local_statistics_(local_statistics) {}
   const sbp::SequenceShard& shard() const override { return inner_.shard(); }
   at::Tensor gather(const at::Tensor& local) override { return inner_.gather(local); }
   at::Tensor scatter_sum(const at::Tensor& whole) override {
-    inner_.scatter_sum(whole);  // the collective still runs: the other ranks wait for it
+    auto summed = inner_.scatter_sum(whole);
+    if (!local_kv_) return summed;
     std::vector<at::Tensor> parts;
     for (const auto& b : shard().blocks) parts.push_back(whole.narrow(-2, b.start, b.length()));
     return at::cat(parts, -2);
   }
+  void sum_over_group(at::Tensor& values) override {
+    auto copy = values.clone();
+    inner_.sum_over_group(copy);
+    if (!local_statistics_) values.copy_(copy);
+  }
 
  private:
   sbp::SequenceParallel& inner_;
+  bool local_kv_, local_statistics_;
 };
 
 struct Shape {
@@ -101,7 +110,7 @@ double sharded_attention_error(int world, const Shape& shape, bool local_only = 
   run_ranks(world, [&](sbp::Communicator& comm) {
     sbp::SequenceParallel sp = truncating ? sbp::SequenceParallel(comm, truncating_split(shape.T, world))
                                           : sbp::SequenceParallel(comm, shape.T);
-    LocalOnlyExchange faulty(sp);
+    FaultyExchange faulty(sp, /*local_kv=*/true, /*local_statistics=*/false);
     sbp::KVExchange& exchange = local_only ? static_cast<sbp::KVExchange&>(faulty) : sp;
     const auto& shard = sp.shard();
     const auto index = at::tensor(shard.positions(), at::kLong);
@@ -204,13 +213,15 @@ enum class Fault {
   shift_after_split,
   // A per-rank mean: each rank normalises by its own shard's target count instead of the whole sequence's.
   per_rank_normaliser,
+  // A row term's statistics (DPO's log-prob sums, GRPO's sequence log-ratio) of this rank's positions only.
+  rank_statistics,
 };
 
 struct ModelCase {
   std::int64_t T, kv_heads;
   std::string lora;  // "": full fine-tuning
   std::string method = "standard";
-  std::string objective = "sft";  // SFT, or GRPO with token-level importance (no term over a whole row)
+  std::string objective = "sft";  // SFT, GRPO (token or sequence importance), DPO
 };
 
 // The method on `world` ranks, each on its zig-zag shard of every row (the global batch on every rank: the objective
@@ -236,10 +247,11 @@ double sequence_parallel_error(int world, const ModelCase& c, Fault fault = Faul
   run_ranks(world, [&](sbp::Communicator& comm) {
     auto model = make_model();
     sbp::SequenceParallel sp(comm, c.T);
-    model->set_sequence_exchange(&sp);
-    auto local = batch;  // the faults are of SFT's labels
-    auto& labels = local.fields[c.objective == "sft" ? "labels" : "completion_mask"];
-    labels = labels.clone();
+    FaultyExchange faulty(sp, /*local_kv=*/false, /*local_statistics=*/true);
+    model->set_sequence_exchange(fault == Fault::rank_statistics ? static_cast<sbp::KVExchange*>(&faulty) : &sp);
+    auto local = batch;
+    auto& labels = local.fields[c.objective == "sft" ? "labels" : "completion_mask"];  // the label faults are SFT's
+    if (fault == Fault::shift_after_split || fault == Fault::per_rank_normaliser) labels = labels.clone();
     if (fault == Fault::shift_after_split)
       for (const auto& b : sp.shard().blocks)
         if (b.end < c.T) labels.select(1, b.end).fill_(-100);
@@ -269,8 +281,8 @@ double sequence_parallel_error(int world, const ModelCase& c, Fault fault = Faul
 
 TEST_CASE("standard BP, checkpointing and StreamBP over a sequence split on N ranks, their gradients summed over the "
           "group, equal one process of standard BP over the whole sequence in fp64: N = 2, 3, 4, GQA with fewer KV "
-          "heads than ranks and MHA, T not divisible, padded rows and masked prompts, full and LoRA, SFT and GRPO "
-          "(token importance)",
+          "heads than ranks and MHA, T not divisible, padded rows and masked prompts, full and LoRA, SFT, GRPO (token "
+          "and sequence importance) and DPO (row statistics summed over the group)",
           "[sequence-parallel][distributed]") {
   double worst = 0;
   // StreamBP: chunks inside the shard's blocks (a block of T = 37 over 4 ranks has 4-5 positions), several per block
@@ -280,17 +292,19 @@ TEST_CASE("standard BP, checkpointing and StreamBP over a sequence split on N ra
     for (const int world : {2, 3, 4})
       for (const auto& c : {ModelCase{37, 1, "", method}, ModelCase{37, 4, "", method},
                             ModelCase{48, 2, "rank=8", method}, ModelCase{41, 2, "", method, "grpo"},
-                            ModelCase{41, 2, "rank=8", method, "grpo"}}) {
+                            ModelCase{41, 2, "rank=8", method, "grpo"},
+                            ModelCase{41, 1, "", method, "grpo:importance=sequence"},
+                            ModelCase{43, 2, "", method, "dpo"}, ModelCase{43, 2, "rank=8", method, "dpo"}}) {
         const auto e = sequence_parallel_error(world, c);
         INFO(method << " on " << world << " ranks, " << c.objective << ", T " << c.T << ", KV heads " << c.kv_heads
                     << ", lora '" << c.lora << "': " << e);
         CHECK(e <= 1e-12);
         worst = std::max(worst, e);
       }
-  WARN("sequence-parallel SFT and GRPO: largest relative difference " << worst);
+  WARN("sequence-parallel SFT, GRPO and DPO: largest relative difference " << worst);
 }
 
-TEST_CASE("a method or objective that cannot run on a sequence shard yet is refused, not silently wrong",
+TEST_CASE("a method that cannot run on a sequence shard is refused, not silently wrong",
           "[sequence-parallel][distributed]") {
   auto config = sbp::test::tiny_config();
   const auto batch = sbp::random_sft_batch(config, {1, 16, 0.0, 0.0, 92});
@@ -301,24 +315,22 @@ TEST_CASE("a method or objective that cannot run on a sequence shard yet is refu
     for (const auto& spec : sbp::metered_method_specs())
       if (!sbp::make_method(spec)->runs_sequence_shards())
         CHECK_THROWS_WITH(sbp::test::run_step(model, spec, batch), Catch::Contains("sequence-parallel"));
-    // DPO's row term and GRPO's sequence-level importance sum over the whole sequence (the group-wide statistics
-    // pass is not built).
-    for (const std::string name : {"grpo:importance=sequence", "dpo"}) {
-      auto objective = sbp::make_objective(name);
-      model.set_sequence_exchange(nullptr);
-      const auto rows = sbp::test::objective_batch(model, *objective, {2, 16, 0.0, 0.0, 92});
-      model.set_sequence_exchange(&sp);
-      CHECK_THROWS_WITH(sbp::test::run_step(model, "standard", *objective, rows),
-                        Catch::Contains("sums a statistic over the whole sequence"));
-    }
   });
 }
 
-TEST_CASE("negative controls: labels shifted after the split and a per-rank normaliser fail the sequence-parallel gate",
+TEST_CASE("negative controls: labels shifted after the split, a per-rank normaliser and row statistics of a rank's "
+          "own positions fail the sequence-parallel gate",
           "[sequence-parallel][distributed][negative-control]") {
   const double shifted = sequence_parallel_error(2, {37, 1, ""}, Fault::shift_after_split);
   const double per_rank = sequence_parallel_error(2, {37, 1, ""}, Fault::per_rank_normaliser);
   WARN("shift after the split: " << shifted << "; per-rank normaliser: " << per_rank);
   CHECK(shifted > 1e-3);
   CHECK(per_rank > 1e-3);
+  // The row statistics of a rank's own positions: wrong coefficients on every rank, for StreamBP's streamed head too.
+  for (const std::string method : {"standard", "streambp:layer_chunk=4,head_chunk=4"})
+    for (const std::string objective : {"dpo", "grpo:importance=sequence"}) {
+      const double rank_statistics = sequence_parallel_error(2, {43, 2, "", method, objective}, Fault::rank_statistics);
+      INFO(method << ", " << objective << ": " << rank_statistics);
+      CHECK(rank_statistics > 1e-3);
+    }
 }

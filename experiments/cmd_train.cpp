@@ -61,6 +61,7 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--resume", a.resume_dir, "continue from the latest complete checkpoint in DIR (from step 0 when it "
                  "has none); checkpoints then also go there unless --checkpoint-dir says otherwise");
   add_rank_options(app, a.ranks, "each back-propagating its rows of every global batch");
+  add_sequence_parallel_option(app, a.ranks);
   app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
                  "bytes) and its JSON sidecar with provenance; a resumed run keeps the rows up to its checkpoint");
 }
@@ -113,7 +114,9 @@ std::string eta_text(double seconds) {
 
 const char* kMetricsHeader =
     "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes,world_size,zero,all_reduce_calls,"
-    "all_reduce_bytes,reduce_scatter_calls,reduce_scatter_bytes,all_gather_calls,all_gather_bytes";
+    "all_reduce_bytes,reduce_scatter_calls,reduce_scatter_bytes,all_gather_calls,all_gather_bytes,sp,"
+    "sp_all_gather_calls,sp_all_gather_bytes,sp_reduce_scatter_calls,sp_reduce_scatter_bytes,sp_all_reduce_calls,"
+    "sp_all_reduce_bytes";
 
 // The ranks must run the same thing: every fingerprint entry (and the method) hashed and gathered; the first that
 // differs is named with the ranks that disagree.
@@ -157,9 +160,14 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       return 0;
     }
   const auto env = rank_from_environment();
-  // Before the ranks start (once, not once per rank): a random global batch must split evenly over them.
-  if (a.ranks.nproc > 1 && !env && a.data_dir.empty() && a.run.measure.batch_size() % a.ranks.nproc != 0)
-    throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(a.run.measure.batch_size()),
+  // Before the ranks start (once, not once per rank): the ranks form sequence-parallel groups, and a random global
+  // batch splits evenly over the data-parallel ones.
+  if (!env)
+    if (const auto problem = sequence_layout_problem(a.ranks.nproc, a.ranks.sp); !problem.empty())
+      throw std::invalid_argument(problem);
+  const int data_parts = a.ranks.nproc / std::max(a.ranks.sp, 1);
+  if (data_parts > 1 && !env && a.data_dir.empty() && a.run.measure.batch_size() % data_parts != 0)
+    throw std::invalid_argument(uneven_batch(data_parts, "--batch " + std::to_string(a.run.measure.batch_size()),
                                              a.run.measure.batch_size()));
   check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.nproc, a.ranks.zero);
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
@@ -214,8 +222,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                                                      r.prompt_fraction, r.setup.seed + std::uint64_t(s), r.setup.group})
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);
-    if (world > 1 && batch.batch_size() % world != 0)
-      throw std::invalid_argument(uneven_batch(world, source, batch.batch_size()));
+    if (ranks.data_world() > 1 && batch.batch_size() % ranks.data_world() != 0)
+      throw std::invalid_argument(uneven_batch(ranks.data_world(), source, batch.batch_size()));
     // A random batch's synthetic log-probs are drawn for the whole global batch (then split), so that every rank
     // count trains on the same numbers; a file's reference pass runs on this rank's rows only.
     const auto complete = [&] {
@@ -225,7 +233,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     };
     batch = batch.to(device);
     if (random) complete();
-    if (world > 1) batch = objective->split(batch, world, source).at(std::size_t(rank));
+    if (ranks.data_world() > 1)
+      batch = objective->split(batch, ranks.data_world(), source).at(std::size_t(ranks.data_rank()));
     if (!random) complete();
     return std::pair{batch, source};
   };
@@ -237,6 +246,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     parallel = std::make_unique<DataParallel>(*comm, ranks.zero, r.offload.parameters() ? tier.get() : nullptr);
   }
   if (r.offload.parameters() && !parallel) options.parameter_tier = tier.get();  // on ranks: DataParallel's
+  options.sequence_group = ranks.sequence.get();
   Trainer trainer(*model, *method, *objective, options, parallel.get());
   trainer_of_steps = &trainer;
   std::int64_t start_step = 0;
@@ -359,7 +369,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   watch_interrupts();
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
-    if (!estimate) {
+    if (!estimate && ranks.sp == 1) {  // the per-rank models of sequence parallelism are not built: no estimate
       const auto micro = objective->split(batch, a.grad_accum, source);
       objective->prepare(micro.front(), model->config(), source);
       auto workload = make_workload(*model, *objective, micro.front());
@@ -377,11 +387,16 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     // process holds (the batch, the data's files).
     const auto held = meter.current_bytes() - weight_bytes - trainer.held_bytes();
     if (comm) comm->reset_stats();
+    if (ranks.sequence) ranks.sequence->reset_stats();
     const auto t = trainer.step(batch, source);
-    const auto stats_of = [&](const char* kind) {
-      return comm && comm->stats().count(kind) ? comm->stats().at(kind) : CollectiveStats{};
+    const auto stats_of = [](const Communicator* c, const char* kind) {
+      return c && c->stats().count(kind) ? c->stats().at(kind) : CollectiveStats{};
     };
-    const auto reduced = stats_of("all_reduce"), scattered = stats_of("reduce_scatter"), gathered = stats_of("all_gather");
+    const auto reduced = stats_of(comm, "all_reduce"), scattered = stats_of(comm, "reduce_scatter"),
+               gathered = stats_of(comm, "all_gather");
+    const Communicator* group = ranks.sequence.get();
+    const auto sp_gathered = stats_of(group, "all_gather"), sp_scattered = stats_of(group, "reduce_scatter"),
+               sp_reduced = stats_of(group, "all_reduce");
     const auto step_peak = meter.peak_bytes() - held;
     peak = std::max(peak, step_peak);
     if (s == start_step) first_loss = t.loss;
@@ -393,11 +408,12 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       fmt::print(stderr, "step {}/{}  loss {:.6g}  grad_norm {:.4g}  lr {:.4g}  {:.0f} tok/s  peak {}  ETA {}\n", t.step,
                a.steps, t.loss, t.grad_norm, t.lr, double(t.tokens) / (t.bp_seconds + t.optimizer_seconds),
                metered ? format_bytes(step_peak) : "-", eta_text(per_step * double(a.steps - t.step)));
-    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{},{},{},{},{},{}", t.step,
-                                      t.loss, t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
+    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                                      t.step, t.loss, t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
                                       metered ? std::to_string(step_peak) : "", world, ranks.zero,
                                       reduced.calls, reduced.bytes, scattered.calls, scattered.bytes, gathered.calls,
-                                      gathered.bytes));
+                                      gathered.bytes, ranks.sp, sp_gathered.calls, sp_gathered.bytes,
+                                      sp_scattered.calls, sp_scattered.bytes, sp_reduced.calls, sp_reduced.bytes));
     write_metrics();
     const bool last = t.step == a.steps;
     // Every rank takes part (ZeRO gathers its slices into whole tensors); rank 0 writes.

@@ -42,10 +42,31 @@ void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what) 
                  "collective) before it fails")->check(CLI::PositiveNumber);
 }
 
+void add_sequence_parallel_option(CLI::App& app, RankFlags& flags) {
+  app.add_option("--sp", flags.sp, "sequence parallelism: each sequence split over N ranks (groups of N consecutive "
+                 "ranks; --nproc / N data-parallel groups, each its rows of the global batch): a zig-zag split of the "
+                 "positions, every layer's K/V all-gathered over the group and their gradients reduce-scattered; the "
+                 "gradients summed over all ranks as --nproc alone does. Standard BP, checkpointing and StreamBP run "
+                 "on a shard; --nproc must be a multiple of N")
+      ->check(sbp::within(1, 1024));
+}
+
+std::string sequence_layout_problem(int world, int sp) {
+  if (sp <= 1) return "";
+  if (world == 1)
+    return fmt::format("--sp {} splits each sequence over {} ranks, and this is one process: add --nproc {} (or a "
+                       "multiple of it), or run under torchrun", sp, sp, sp);
+  if (world % sp != 0)
+    return fmt::format("--sp {}: {} ranks do not form groups of {} (--nproc, or torchrun's WORLD_SIZE, must be a "
+                       "multiple of --sp, e.g. {})", sp, world, sp, (world / sp + 1) * sp);
+  return "";
+}
+
 std::string Ranks::describe() const {
   if (world == 1) return "";
-  return fmt::format(", {} ranks ({}, {})", world, zero == 0 ? "DDP" : fmt::format("ZeRO-{}", zero),
-                     device.is_cuda() ? "NCCL" : "Gloo");
+  return fmt::format(", {} ranks ({}, {}){}", world, zero == 0 ? "DDP" : fmt::format("ZeRO-{}", zero),
+                     device.is_cuda() ? "NCCL" : "Gloo",
+                     sp > 1 ? fmt::format(", each sequence over {} ({} data-parallel)", sp, data_world()) : "");
 }
 
 Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, const Setup& setup) {
@@ -56,6 +77,8 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
     throw std::invalid_argument(fmt::format("--zero {} shards across data-parallel ranks, and this is one process: add "
                                             "--nproc N (N >= 2) or run under torchrun, or drop --zero", flags.zero));
   ranks.zero = ranks.world > 1 ? flags.zero : 0;
+  if (const auto problem = sequence_layout_problem(ranks.world, flags.sp); !problem.empty())
+    throw std::invalid_argument(problem);
   // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
   if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);
   setup.apply_threads();
@@ -77,6 +100,19 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
                                      .timeout = std::chrono::seconds(flags.dist_timeout)};
   ranks.comm = ranks.device.is_cuda() ? make_nccl_communicator(rendezvous, ranks.device.index())
                                       : make_gloo_communicator(rendezvous);
+  // Every rank forms the same groups: a rank given another --sp (torchrun's ranks each have their own command line)
+  // would wait for a group the others never form. Compared before any is formed.
+  const auto all = ranks.comm->all_gather(at::full({1}, flags.sp, at::TensorOptions(at::kLong).device(ranks.comm->device()))).cpu();
+  for (int other = 1; other < ranks.world; ++other)
+    if (all[other].item<std::int64_t>() != all[0].item<std::int64_t>())
+      throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", other,
+                                              all[other].item<std::int64_t>(), all[0].item<std::int64_t>()));
+  if (flags.sp > 1) {
+    ranks.sp = flags.sp;
+    std::vector<int> members;
+    for (int i = 0; i < flags.sp; ++i) members.push_back(ranks.data_rank() * flags.sp + i);
+    ranks.sequence = ranks.comm->subgroup("sp" + std::to_string(ranks.data_rank()), members);
+  }
   return ranks;
 }
 

@@ -26,9 +26,14 @@ struct RankFlags {
   int nproc = 1;           // ranks on this machine (--nproc); under torchrun, the environment's
   int zero = 0;            // ZeRO stage (--zero): 0 = DDP, 1 = + optimizer states sharded, 2 = + gradients, 3 = + parameters
   int dist_timeout = 300;  // seconds a collective or the rendezvous may take before the rank gives up
+  int sp = 1;              // ranks each sequence is split over (--sp; train only)
 };
 // --nproc, --zero and --dist-timeout; `what` says what each rank does (for --nproc's help).
 void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what);
+// --sp, for a command whose steps run on sequence shards (train).
+void add_sequence_parallel_option(CLI::App& app, RankFlags& flags);
+// Why `world` ranks cannot run with --sp `sp` (empty when they can): a command checks it before launching its ranks.
+std::string sequence_layout_problem(int world, int sp);
 
 // The refusal of a global batch of `rows` rows (from `source`: "--batch 3", a batch file) that does not split evenly
 // over `world` ranks, with the sizes that would: every command's --batch is the global batch, each rank takes
@@ -40,6 +45,12 @@ struct Ranks {
   int zero = 0;  // the stage when world > 1, else 0
   c10::Device device = c10::Device(c10::kCPU);
   std::unique_ptr<Communicator> comm;  // none for one process
+  // Sequence parallelism: groups of sp consecutive ranks split each sequence of the rows they share; `sequence` is
+  // this rank's group (none when sp == 1). The gradients are summed over every rank (comm).
+  int sp = 1;
+  std::unique_ptr<Communicator> sequence;
+  int data_rank() const { return rank / sp; }    // which rows of the global batch: a group's ranks share them
+  int data_world() const { return world / sp; }  // the global batch splits into this many parts
   bool writer() const { return rank == 0; }  // rank 0 writes every output and prints the progress
   std::string describe() const;              // ", 2 ranks (ZeRO-2, Gloo)" or ""
 };

@@ -1,5 +1,6 @@
 #include "core/training/c10d_communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <stdexcept>
@@ -7,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -29,10 +31,17 @@ std::string first_line(std::string message) {
 // Any c10d backend (ProcessGroupGloo, ProcessGroupNCCL): the collectives as the Communicator states them.
 class BackendCommunicator final : public Communicator {
  public:
-  BackendCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const RendezvousOptions& o, c10::Device device,
-                      bool copies_buffers)
+  // Forms the group of rank o.rank in o.world_size through `store` (the whole group's, or a subgroup's prefix of it).
+  BackendCommunicator(detail::BackendFactory factory, c10::intrusive_ptr<c10d::Store> store, const RendezvousOptions& o,
+                      c10::Device device, bool copies_buffers)
       : rank_(o.rank), world_(o.world_size), device_(device), copies_buffers_(copies_buffers),
-        group_(std::move(backend)) {}
+        factory_(std::move(factory)), store_(std::move(store)), options_(o) {
+    try {
+      group_ = factory_(store_, rank_, world_);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
+    }
+  }
   // NCCL wants its group ended explicitly (its destructor otherwise warns and aborts): shut down cleanly after normal
   // use, as destroy_process_group does; aborted while an exception unwinds, when a collective may be stuck on a dead
   // peer. Both are no-ops for Gloo.
@@ -94,6 +103,18 @@ class BackendCommunicator final : public Communicator {
 
   void barrier() override { wait("barrier", group_->barrier()); }
 
+  std::unique_ptr<Communicator> subgroup(const std::string& name, const std::vector<int>& members) override {
+    const auto me = std::find(members.begin(), members.end(), rank_);
+    TORCH_CHECK(me != members.end() && std::is_sorted(members.begin(), members.end()), "subgroup ", name, ": rank ",
+                rank_, " is not among its members");
+    auto o = options_;
+    o.rank = int(me - members.begin());
+    o.world_size = int(members.size());
+    if (!o.file_store.empty()) o.file_store += " (subgroup " + name + ")";  // for messages: the store is store_'s
+    return std::make_unique<BackendCommunicator>(factory_, c10::make_intrusive<c10d::PrefixStore>(name, store_), o,
+                                                 device_, copies_buffers_);
+  }
+
  private:
   // Gloo reports a dead or stalled peer from wait() (its own exception types, std::runtime_error underneath); NCCL's
   // wait() only orders the current stream after the collective and throws when the work already failed (its watchdog
@@ -121,6 +142,9 @@ class BackendCommunicator final : public Communicator {
   int rank_, world_;
   c10::Device device_;
   bool copies_buffers_;
+  detail::BackendFactory factory_;  // and the store: to form subgroups
+  c10::intrusive_ptr<c10d::Store> store_;
+  RendezvousOptions options_;
   c10::intrusive_ptr<c10d::Backend> group_;
 };
 
@@ -144,10 +168,15 @@ c10::intrusive_ptr<c10d::Store> make_store(const RendezvousOptions& o) {
   return store;
 }
 
-std::unique_ptr<Communicator> make_backend_communicator(c10::intrusive_ptr<c10d::Backend> backend,
-                                                        const RendezvousOptions& options, c10::Device device,
-                                                        bool copies_buffers) {
-  return std::make_unique<BackendCommunicator>(std::move(backend), options, device, copies_buffers);
+std::unique_ptr<Communicator> make_backend_communicator(const BackendFactory& factory, const RendezvousOptions& options,
+                                                        c10::Device device, bool copies_buffers) {
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = make_store(options);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(rendezvous_failure(options, e.what()));
+  }
+  return std::make_unique<BackendCommunicator>(factory, std::move(store), options, device, copies_buffers);
 }
 
 std::string rendezvous_failure(const RendezvousOptions& options, const std::string& what) {
@@ -161,14 +190,13 @@ std::string rendezvous_failure(const RendezvousOptions& options, const std::stri
 }  // namespace detail
 
 std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousOptions& o) {
-  try {
-    auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
+  const auto timeout = o.timeout;
+  const detail::BackendFactory gloo = [timeout](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(detail::make_store(o), o.rank, o.world_size, options);
-    return detail::make_backend_communicator(std::move(group), o, c10::Device(c10::kCPU), /*copies_buffers=*/true);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
-  }
+    return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options));
+  };
+  return detail::make_backend_communicator(gloo, o, c10::Device(c10::kCPU), /*copies_buffers=*/true);
 }
 
 }  // namespace sbp

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,13 @@ class Communicator {
   // and its all-gather gathers into a flat buffer it then copies out of (ProcessGroupGloo.cpp, torch 2.14); NCCL
   // reads and writes the tensors it is given. Either way nothing a collective allocates outlives its call.
   virtual bool copies_collective_buffers() const { return false; }
+  // A group of the ranks `members` of this one (ascending, this rank among them), formed through this group's
+  // rendezvous under `name`; every member calls it with the same arguments, no other rank takes part. A
+  // sequence-parallel group's collectives run there, beside the data-parallel ones on the whole group (ARCHITECTURE.md
+  // §16). Its accounting is its own. Throws std::logic_error where the implementation forms none.
+  virtual std::unique_ptr<Communicator> subgroup(const std::string& name, const std::vector<int>& /*members*/) {
+    throw std::logic_error("this communicator forms no subgroup (" + name + ")");
+  }
 
   // Per collective kind ("all_reduce", "reduce_scatter", "all_gather"), since construction or the last reset.
   const std::map<std::string, CollectiveStats>& stats() const { return stats_; }

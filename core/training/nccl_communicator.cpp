@@ -41,19 +41,20 @@ std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousOptions& o,
     throw std::runtime_error("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
                              ": NCCL needs a CUDA device per rank, and " + why);
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_index));
-  try {
-    c10::cuda::set_device(device.index());  // NCCL's streams and this thread's kernels on the rank's device
+  c10::cuda::set_device(device.index());  // NCCL's streams and this thread's kernels on the rank's device
+  const auto timeout = o.timeout;
+  const detail::BackendFactory nccl = [timeout, device](const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                         int size) {
     auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = o.timeout;
-    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(detail::make_store(o), o.rank, o.world_size, options);
+    options->timeout = timeout;
+    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
     // As init_process_group(device_id=...): the group is bound to the device (barrier() uses it) and its NCCL
     // communicator formed now, so a rank that never arrives fails here rather than in the first collective.
     group->setBoundDeviceId(device);
     group->eagerConnectSingleDevice(device);
-    return detail::make_backend_communicator(std::move(group), o, device, /*copies_buffers=*/false);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
-  }
+    return c10::intrusive_ptr<c10d::Backend>(std::move(group));
+  };
+  return detail::make_backend_communicator(nccl, o, device, /*copies_buffers=*/false);
 }
 
 }  // namespace sbp

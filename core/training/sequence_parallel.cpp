@@ -80,4 +80,14 @@ ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t posit
   return {padded * position_bytes, std::int64_t(world) * padded * position_bytes};
 }
 
+std::map<std::string, CollectiveStats> sequence_step_collectives(const SequenceStep& s) {
+  const auto exchange = exchange_bytes(s.seq_len, s.world, s.position_bytes);
+  const auto per_step = s.micro_batches * s.layers;
+  std::map<std::string, CollectiveStats> out;
+  out["all_gather"] = {1 + per_step * s.gathers_per_layer, 8 + per_step * s.gathers_per_layer * exchange.all_gather};
+  out["reduce_scatter"] = {per_step, per_step * exchange.reduce_scatter};
+  if (s.statistics_bytes > 0) out["all_reduce"] = {s.micro_batches, s.micro_batches * s.statistics_bytes};
+  return out;
+}
+
 }  // namespace sbp

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/model/context_attention.h"
@@ -39,5 +41,20 @@ struct ExchangeBytes {
   std::int64_t all_gather = 0, reduce_scatter = 0;
 };
 ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t position_bytes);
+
+// What one training step of a rank moves on its sequence-parallel group (Trainer with TrainOptions::sequence_group).
+struct SequenceStep {
+  std::int64_t seq_len = 0;
+  int world = 1;  // the group's ranks
+  int layers = 0;
+  std::int64_t micro_batches = 1;
+  std::int64_t position_bytes = 0;  // K and V of one position of every row: 2 * rows * n_kv * head_dim * element bytes
+  int gathers_per_layer = 1;        // forward passes over each layer: standard BP 1; checkpointing, StreamBP 2
+  std::int64_t statistics_bytes = 0;  // an objective's row statistics (rows * 8, fp64), 0 without a row term
+};
+// Calls and bytes per collective kind, as Communicator::stats() counts them: per micro-batch and layer
+// gathers_per_layer all-gathers and one reduce-scatter (exchange_bytes), per micro-batch one all-reduce of the row
+// statistics (if any), per step one all-gather of the sequence length (the ranks' agreement, 8 bytes).
+std::map<std::string, CollectiveStats> sequence_step_collectives(const SequenceStep& step);
 
 }  // namespace sbp

@@ -20,6 +20,7 @@
 #include "core/training/optimizer_shard.h"
 #include "core/training/data_parallel.h"
 #include "core/training/parameter_home.h"
+#include "core/training/sequence_parallel.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
 #include "core/offload/offload_tier.h"
@@ -63,6 +64,34 @@ class MethodEvents {
   BackpropMethod& method_;
 };
 
+// While alive, the model attends this rank's shard of sequences of T positions split over `group` (null: whole
+// sequences). The group's ranks must split the same sequences: their T is compared first (once per step), so that a
+// rank handed another batch fails naming it instead of waiting in a collective of another shape.
+class SequenceScope {
+ public:
+  SequenceScope(Model& model, Communicator* group, std::int64_t T, const std::string& source) : model_(model) {
+    if (!group) return;
+    const auto all = group->all_gather(at::full({1}, T, at::TensorOptions(at::kLong).device(group->device()))).cpu();
+    for (int r = 1; r < group->world_size(); ++r)
+      if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>())
+        throw std::invalid_argument(source + ": rank " + std::to_string(r) + " of the sequence-parallel group holds " +
+                                    "sequences of " + std::to_string(all[r].item<std::int64_t>()) + " positions and " +
+                                    "rank 0 of " + std::to_string(all[0].item<std::int64_t>()) + " (sequence length): " +
+                                    "the ranks of a group split the same sequences");
+    exchange_.emplace(*group, T);
+    model_.set_sequence_exchange(&*exchange_);
+  }
+  ~SequenceScope() {
+    if (exchange_) model_.set_sequence_exchange(nullptr);
+  }
+  SequenceScope(const SequenceScope&) = delete;
+  SequenceScope& operator=(const SequenceScope&) = delete;
+
+ private:
+  Model& model_;
+  std::optional<SequenceParallel> exchange_;
+};
+
 constexpr const char* kCheckpointPrefix = "checkpoint-";
 
 std::string checkpoint_name(std::int64_t step) {
@@ -95,6 +124,12 @@ Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, Tra
   if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
   if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
   if (!(options_.clip_grad_norm >= 0)) throw std::invalid_argument("--clip-grad-norm must be >= 0");
+  if (options_.sequence_group && !parallel_)
+    throw std::invalid_argument("sequence parallelism needs a DataParallel over every rank: each rank's gradient is "
+                                "its shard's share, summed over all ranks");
+  if (options_.sequence_group && !method_.runs_sequence_shards())
+    throw std::invalid_argument("method " + method_.spec() + " does not run on a sequence-parallel rank's shard "
+                                "(standard BP, checkpointing and StreamBP do)");
 }
 
 TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
@@ -108,9 +143,12 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
     totals.rows += t.rows;
     totals.tokens += t.tokens;
   }
+  // The ranks of a sequence-parallel group hold the same rows: their totals count once, by the group's rank 0.
+  if (options_.sequence_group && options_.sequence_group->rank() != 0) totals = {};
   if (parallel_) totals = parallel_->global_totals(totals);
   out.tokens = totals.tokens;
   {
+    const SequenceScope sequence(model_, options_.sequence_group, batch.input_ids.size(1), source);
     const StepTotalsScope scope(objective_, totals);
     const MethodEvents events(method_);
     // ZeRO-3: the method's parameter uses gather and free the sharded parameters; one process's offloaded parameters

@@ -17,6 +17,7 @@
 
 namespace sbp {
 
+class Communicator;
 class Model;
 class DataParallel;
 class OffloadTier;
@@ -37,6 +38,10 @@ struct TrainOptions {
   // One process (no DataParallel): the trainable tensors live in this offload tier between their uses
   // (ParameterHome), the update runs on them there. Data-parallel, the tier goes to DataParallel (ZeRO-3's slices).
   OffloadTier* parameter_tier = nullptr;
+  // Sequence parallelism (ARCHITECTURE.md §16): every sequence of this rank's rows is split over this group (its ranks
+  // hold the same rows), the model attending this rank's zig-zag shard; null: whole sequences. Needs a DataParallel
+  // over every rank (the gradients are summed over all of them). Outlives the trainer.
+  Communicator* sequence_group = nullptr;
 };
 
 struct TrainStepResult {

@@ -24,6 +24,7 @@
 #include "core/model/model.h"
 #include "core/training/c10d_communicator.h"
 #include "core/training/data_parallel.h"
+#include "core/training/sequence_parallel.h"
 #include "core/training/trainer.h"
 #include "tests/support/faulty_methods.h"
 #include "tests/support/test_support.h"
@@ -42,6 +43,7 @@ struct Result {
   std::vector<double> losses;
   sbp::TensorList params;
   sbp::CollectiveStats all_reduce, all_gather;  // of the last step, rank 0
+  std::map<std::string, sbp::CollectiveStats> sequence;  // the sequence-parallel group's, of the last step, rank 0
   std::int64_t resident = 0;  // trainable elements present after the steps (ZeRO-3: none, until gathered)
 };
 
@@ -96,9 +98,10 @@ Result train_single(const Case& k, const std::vector<Batch>& batches) {
 }
 
 // `world` ranks as threads; rank 0's result. Correct data parallelism leaves every rank with the same parameters,
-// bitwise (checked unless `faulty`: a broken reduction may leave the ranks apart).
+// bitwise (checked unless `faulty`: a broken reduction may leave the ranks apart). With sp > 1, groups of sp
+// consecutive ranks split each sequence (the data-parallel rank is rank / sp: a group's ranks hold the same rows).
 Result train_parallel(const Case& k, const std::vector<Batch>& batches, int world, const MethodFactory& make_method,
-                      const ParallelFactory& make_parallel = ddp(), bool faulty = false) {
+                      const ParallelFactory& make_parallel = ddp(), bool faulty = false, int sp = 1) {
   static std::mt19937_64 rng(std::random_device{}());
   const auto dir = std::filesystem::temp_directory_path() / ("streambp-test-ranks-" + std::to_string(rng()));
   std::filesystem::create_directories(dir);
@@ -111,15 +114,26 @@ Result train_parallel(const Case& k, const std::vector<Batch>& batches, int worl
         auto comm = sbp::make_gloo_communicator({.rank = rank, .world_size = world, .file_store = (dir / "store").string(),
                                                  .timeout = std::chrono::seconds(60)});
         auto parallel = make_parallel(*comm);
+        const int dp = world / sp, dp_rank = rank / sp;
+        std::unique_ptr<sbp::Communicator> sequence;
+        if (sp > 1) {
+          std::vector<int> members;
+          for (int i = 0; i < sp; ++i) members.push_back(dp_rank * sp + i);
+          sequence = comm->subgroup("sp" + std::to_string(dp_rank), members);
+        }
         auto model = case_model(k);
         auto bp = make_method();
         auto objective = sbp::make_objective(k.objective);
-        sbp::Trainer trainer(*model, *bp, *objective, options(), parallel.get());
+        auto o = options();
+        o.sequence_group = sequence.get();
+        sbp::Trainer trainer(*model, *bp, *objective, o, parallel.get());
         auto& r = results[rank];
         for (const auto& b : batches) {
           comm->reset_stats();
-          r.losses.push_back(trainer.step(objective->split(b, world, "global batch").at(rank)).loss);
+          if (sequence) sequence->reset_stats();
+          r.losses.push_back(trainer.step(objective->split(b, dp, "global batch").at(std::size_t(dp_rank))).loss);
         }
+        if (sequence) r.sequence = sequence->stats();
         r.all_reduce = comm->stats().at("all_reduce");
         if (comm->stats().count("all_gather")) r.all_gather = comm->stats().at("all_gather");
         for (const auto& p : model->trainable()) r.resident += p.tensor.numel();
@@ -293,5 +307,105 @@ TEST_CASE("ZeRO-3: every method gathers each layer once for its forward and once
     }
     CHECK(train_parallel(k, batches, 2, method(kStreamBP), ddp(3)).resident == 0);  // freed between uses
     CHECK(train_parallel(k, batches, 2, method(kStreamBP), ddp(2)).resident > 0);
+  }
+}
+
+TEST_CASE("sequence-parallel training (each sequence split over N ranks, StreamBP or checkpointing inside each) ends "
+          "where one process of standard BP over the whole sequences ends: fp64, 5 AdamW steps, N = 2, 3, 4 and "
+          "DP x SP = 2 x 2 with ZeRO-3, SFT/GRPO/DPO, full and LoRA, T not divisible, padded rows, masked prompts",
+          "[distributed][sequence-parallel][exactness]") {
+  const OneThreadPerRank threads;
+  struct Run {
+    int world, sp, stage;
+  };
+  // T = 21: not divisible by 2 or 4; tiny's 2 KV heads are fewer than 3 and 4 ranks.
+  const std::vector<Run> runs = {{2, 2, 0}, {3, 3, 0}, {4, 4, 1}, {4, 2, 3}};
+  double worst = 0;
+  for (const auto& k : cases()) {
+    const auto batches = case_batches(k);
+    const auto reference = train_single(k, batches);
+    for (const auto& spec : {std::string("checkpoint"), kStreamBP})
+      for (const auto& r : runs) {
+        const double err =
+            difference(reference, train_parallel(k, batches, r.world, method(spec), ddp(r.stage), false, r.sp));
+        INFO(k.objective << " lora=" << k.lora << " " << spec << " world " << r.world << " SP " << r.sp << " ZeRO "
+                         << r.stage << ": " << err);
+        CHECK(err <= 1e-12);
+        worst = std::max(worst, err);
+      }
+  }
+  WARN("sequence-parallel training, largest relative difference of losses and final tensors (6 cases x 2 methods x "
+       << runs.size() << " layouts x 5 steps): " << worst);
+}
+
+TEST_CASE("a sequence-parallel step's collectives on its group are those of the formula: per micro-batch and layer one "
+          "K/V all-gather per forward pass (standard BP 1, checkpointing and StreamBP 2) and one reduce-scatter, an "
+          "objective's row statistics one all-reduce, the sequence-length check one all-gather",
+          "[distributed][sequence-parallel]") {
+  const OneThreadPerRank threads;
+  const auto config = sbp::test::tiny_config();
+  const int layers = int(config.num_hidden_layers);
+  for (const auto& k : {Case{"sft", ""}, Case{"dpo:beta=0.1", "rank=4,alpha=8"}}) {
+    const auto batches = case_batches(k);
+    const bool row_term = k.objective.rfind("dpo", 0) == 0;
+    for (const auto& [spec, gathers] : std::vector<std::pair<std::string, int>>{{"standard", 1}, {"checkpoint", 2},
+                                                                                 {kStreamBP, 2}})
+      for (const auto& [world, sp] : std::vector<std::pair<int, int>>{{2, 2}, {3, 3}, {4, 2}}) {
+        const auto rows = kRows / (world / sp);
+        const std::int64_t position_bytes = 2 * rows * config.num_key_value_heads * config.head_dim * 8;  // K and V, fp64
+        const auto expected = sbp::sequence_step_collectives({.seq_len = kSeq, .world = sp, .layers = layers,
+                                                              .micro_batches = 1, .position_bytes = position_bytes,
+                                                              .gathers_per_layer = gathers,
+                                                              .statistics_bytes = row_term ? rows * 8 : 0});
+        const auto got = train_parallel(k, batches, world, method(spec), ddp(0), false, sp).sequence;
+        INFO(k.objective << " " << spec << " world " << world << " SP " << sp);
+        CHECK(got.size() == expected.size());
+        for (const auto& [kind, stats] : expected) {
+          INFO(kind);
+          REQUIRE(got.count(kind));
+          CHECK(got.at(kind).calls == stats.calls);
+          CHECK(got.at(kind).bytes == stats.bytes);
+        }
+      }
+  }
+}
+
+TEST_CASE("ranks of a sequence-parallel group handed sequences of different lengths fail naming the sequence length, "
+          "instead of waiting in collectives of other shapes", "[distributed][sequence-parallel]") {
+  const OneThreadPerRank threads;
+  const Case k{"sft", ""};
+  const auto batch = case_batches(k).front();
+  const sbp::test::TempDir dir("sbp_sp_mismatch_");
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        auto comm = sbp::make_gloo_communicator({.rank = rank, .world_size = 2, .file_store = (dir.path() / "store").string(),
+                                                 .timeout = std::chrono::seconds(60)});
+        sbp::DataParallel parallel(*comm);
+        auto model = case_model(k);
+        auto bp = sbp::make_method(kStreamBP);
+        auto objective = sbp::make_objective(k.objective);
+        auto o = options();
+        o.sequence_group = comm.get();  // 2 ranks, one group: the communicator itself
+        sbp::Trainer trainer(*model, *bp, *objective, o, &parallel);
+        // Rank 1 holds the batch one position shorter (a rank reading another file).
+        auto mine = batch;
+        if (rank == 1) {
+          for (auto& field : mine.fields) field.second = field.second.narrow(1, 0, kSeq - 1);
+          mine.input_ids = mine.input_ids.narrow(1, 0, kSeq - 1);
+          mine.attention_mask = mine.attention_mask.narrow(1, 0, kSeq - 1);
+        }
+        trainer.step(mine, "batch of rank " + std::to_string(rank));
+      } catch (const std::invalid_argument& e) {
+        errors[rank] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors) {
+    INFO(e);
+    CHECK_THAT(e, Catch::Contains("rank 1 of the sequence-parallel group holds sequences of 20 positions and rank 0 "
+                                  "of 21"));
   }
 }

@@ -1,0 +1,104 @@
+# `streambp train --nproc N --sp S` (issue #32): each sequence split over S ranks (all-gather context parallelism,
+# zig-zag split), N / S data-parallel groups, ranks launched as fresh processes over Gloo.
+# (a) StreamBP over 2 ranks of one sequence each, checkpointing over DP x SP = 2 x 2 with ZeRO-3, and DPO with
+#     StreamBP over 3 ranks end 3 fp64 AdamW steps within 1e-12 (normwise, every tensor) of one process of standard
+#     BP over the same global batches (T = 37: not divisible; padded rows, masked prompts); the metrics count the
+#     group's collectives as the formula says (sequence_step_collectives);
+# (b) a rank killed mid-run: the launcher exits non-zero naming the rank, no rank left running;
+# (c) bad input exits 2 naming it: --nproc not a multiple of --sp, --sp on one process, a method that does not run on
+#     a shard (MsT), and ranks started by hand with different --sp.
+# ctest-timeout: 240
+source "$(dirname "$0")/../support/cli_common.sh"
+
+common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --steps 3 --seed 5
+        --optimizer adamw:lr=1e-2,weight_decay=0.1 --lr-schedule cosine,warmup=1 --clip-grad-norm 1)
+"$STREAMBP" train "${common[@]}" --method standard --save-model single 2>single.log ||
+  fail "single process:\n$(cat single.log)"
+# name nproc sp zero method [flags...]
+run() {
+  local name=$1 nproc=$2 sp=$3 zero=$4 method=$5
+  shift 5
+  "$STREAMBP" train "${common[@]}" --method "$method" --nproc "$nproc" --sp "$sp" --zero "$zero" "$@" \
+    --metrics "$name.csv" --save-model "$name" 2>"$name.log" || fail "$name:\n$(cat "$name.log")"
+}
+run sp2 2 2 0 streambp:layer_chunk=4,head_chunk=5
+run dpsp 4 2 3 checkpoint
+for name in sp2 dpsp; do
+  "$STREAMBP" compare single/model.safetensors $name/model.safetensors --rtol 1e-12 >cmp-$name.txt ||
+    fail "$name differs from one process:\n$(cat cmp-$name.txt)"
+  echo "ok: $name equals one process: $(tail -1 cmp-$name.txt)"
+done
+grep -q "4 ranks (ZeRO-3, Gloo), each sequence over 2 (2 data-parallel)" dpsp.log ||
+  fail "no layout in the progress:\n$(cat dpsp.log)"
+# tiny: 2 layers; per step and layer StreamBP and checkpointing gather K/V twice (forward, then the backward's
+# re-forward) and reduce-scatter once; one more all-gather checks the sequence length. Bytes: the longest zig-zag
+# shard of T = 37 (over 2: 10 + 9 positions = 19) x K and V x rows x 2 KV heads x head_dim 16 x 8 bytes.
+python3 - sp2.csv dpsp.csv <<'PY' || fail "metrics:\n$(cat sp2.csv dpsp.csv)"
+import csv, sys
+for path, rows in (("sp2.csv", 4), ("dpsp.csv", 2)):
+    for r in csv.DictReader(open(path)):
+        gather = 19 * 2 * rows * 2 * 16 * 8
+        expect = {"sp": "2", "sp_all_gather_calls": "5", "sp_all_gather_bytes": str(8 + 4 * gather),
+                  "sp_reduce_scatter_calls": "2", "sp_reduce_scatter_bytes": str(2 * 2 * gather),
+                  "sp_all_reduce_calls": "0"}
+        got = {k: r[k] for k in expect}
+        assert got == expect, (path, got, expect)
+PY
+echo "ok: the group's collectives per step are the formula's"
+
+dpo=(--objective dpo:beta=0.1)
+"$STREAMBP" train "${common[@]}" "${dpo[@]}" --method standard --save-model dpo1 2>dpo1.log ||
+  fail "DPO, single process:\n$(cat dpo1.log)"
+run dpo3 3 3 0 streambp:layer_chunk=4,head_chunk=5 "${dpo[@]}"
+"$STREAMBP" compare dpo1/model.safetensors dpo3/model.safetensors --rtol 1e-12 >cmp-dpo3.txt ||
+  fail "DPO --sp 3 differs from one process:\n$(cat cmp-dpo3.txt)"
+python3 - dpo3.csv <<'PY' || fail "metrics of DPO --sp 3:\n$(cat dpo3.csv)"
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    assert (r["sp"], r["sp_all_reduce_calls"], r["sp_all_reduce_bytes"]) == ("3", "1", str(4 * 8)), r  # S of 4 rows
+PY
+echo "ok: DPO --nproc 3 --sp 3 equals one process (row statistics summed over the group): $(tail -1 cmp-dpo3.txt)"
+
+# (b) SIGKILL to one rank of a long run: the survivors' collectives fail, the launcher names the rank.
+"$STREAMBP" train --preset tiny --dtype fp32 --batch 2 --seq 1024 --steps 1000 --method streambp:layer_chunk=128,head_chunk=128 \
+  --nproc 2 --sp 2 --dist-timeout 30 2>kill.log &
+launcher=$!
+victim=""
+for _ in $(seq 1 150); do
+  mapfile -t kids < <(pgrep -P $launcher || true)
+  [[ ${#kids[@]} -eq 2 ]] && grep -q "^step 1/" kill.log && { victim=${kids[1]}; break; }
+  sleep 0.2
+done
+[[ -n $victim ]] || { kill -9 $launcher 2>/dev/null; fail "the ranks never started:\n$(cat kill.log)"; }
+kill -KILL "$victim"
+start=$(date +%s)
+status=0
+wait $launcher || status=$?
+elapsed=$(($(date +%s) - start))
+[[ $status -ne 0 && $status -lt 128 ]] || fail "launcher exit $status after SIGKILL to a rank:\n$(cat kill.log)"
+grep -qE "streambp: rank [0-9] of 2 was killed by signal 9" kill.log || fail "the dead rank is not named:\n$(cat kill.log)"
+[[ $elapsed -le 40 ]] || fail "the survivor took ${elapsed} s to stop"
+[[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
+echo "ok: a killed sequence-parallel rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' kill.log)"
+
+# (c) Bad input.
+small=(--preset tiny --batch 2 --seq 16 --steps 1 --method standard)
+expect_exit_2 "--nproc 3 --sp 2" "^streambp: error: --sp 2: 3 ranks do not form groups of 2" \
+  "$STREAMBP" train "${small[@]}" --nproc 3 --sp 2
+expect_exit_2 "--sp 2 on one process" "--sp 2 splits each sequence over 2 ranks, and this is one process" \
+  "$STREAMBP" train "${small[@]}" --sp 2
+expect_exit_2 "--sp 2 with MsT" "method mst.* does not run on a sequence-parallel rank's shard" \
+  "$STREAMBP" train "${small[@]/standard/mst}" --nproc 2 --sp 2
+mkdir store
+for r in 0 1; do
+  STREAMBP_RANK=$r STREAMBP_WORLD_SIZE=2 STREAMBP_STORE=$PWD/store/s "$STREAMBP" train "${small[@]}" --sp $((r + 1)) \
+    --dist-timeout 30 >mismatch$r.log 2>&1 &
+  pids[$r]=$!
+done
+for r in 0 1; do
+  status=0
+  wait ${pids[$r]} || status=$?
+  [[ $status -eq 2 ]] || fail "rank $r with another --sp: exit $status\n$(cat mismatch$r.log)"
+done
+grep -q "disagree on --sp" mismatch0.log || fail "the mismatch is not named:\n$(cat mismatch0.log)"
+echo "ok: ranks with different --sp exit 2: $(grep -m1 disagree mismatch0.log)"

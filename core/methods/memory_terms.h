@@ -13,6 +13,7 @@
 
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
+#include "core/model/sequence_shard.h"
 
 namespace sbp::memory {
 
@@ -20,7 +21,9 @@ namespace sbp::memory {
 // each stage of a step, and data parallelism's share of them (this rank's: rank 0, whose slices are the longest).
 struct Sizes {
   std::int64_t s, f, g;             // bytes per element: model (compute) dtype, its statistics dtype, gradients
-  std::int64_t B, T, d, V, L, P;
+  std::int64_t B, T, d, V, L, P;  // T: the positions this rank holds (its shard's under sequence parallelism)
+  std::int64_t Tg;                // the whole sequence's (the objective's buffers, the gathered K/V)
+  std::int64_t sp;                // ranks of the sequence-parallel group (1: none)
   bool lora;
   std::int64_t weights;          // base + adapters (the trainable ones in the gradient dtype: fp32 masters)
   std::int64_t lm_grad;          // the lm_head/embedding gradient [V, d] (none under LoRA: frozen)
@@ -36,8 +39,10 @@ struct Sizes {
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
         g(std::int64_t(c10::elementSize(w.gradient_dtype()))),
-        B(w.batch_size), T(w.seq_len), d(w.config.hidden_size), V(w.config.vocab_size),
-        L(w.config.num_hidden_layers), P(w.config.num_parameters()), lora(w.lora_rank > 0),
+        B(w.batch_size),
+        T(w.sequence_parallel > 1 ? longest_zigzag_shard(w.seq_len, w.sequence_parallel) : w.seq_len),
+        d(w.config.hidden_size), V(w.config.vocab_size), L(w.config.num_hidden_layers), P(w.config.num_parameters()),
+        Tg(w.seq_len), sp(w.sequence_parallel), lora(w.lora_rank > 0),
         weights(lora ? P * s + w.lora_parameters * g : P * g), lm_grad(lora ? 0 : V * d * g),
         all_gradients(lora ? w.lora_parameters * g : P * g),
         // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.

@@ -85,8 +85,12 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   }
   // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
   const auto sum_options = K.options().dtype(accumulation_dtype(K.scalar_type()));
-  auto dK = at::zeros(K.sizes(), sum_options), dV = at::zeros(V.sizes(), sum_options);  // [B, n_kv, T, hd]
-  const KVGradSums sums{dK, dV};
+  auto dKV = at::zeros([&] {  // [2, B, n_kv, T, hd]: one block, reduce-scattered as it is under SP
+    auto sizes = K.sizes().vec();
+    sizes.insert(sizes.begin(), 2);
+    return sizes;
+  }(), sum_options);
+  at::Tensor dK = dKV[0], dV = dKV[1];
   // The layer's weight (or adapter) gradients, summed over the chunks of steps 2 and 3 and written once.
   ChunkGradients weights(model.layer_trainable(layer),
                          [this](c10::ScalarType dtype) { return accumulation_dtype(dtype); });
@@ -96,6 +100,7 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
   {
     Phase phase(clock, "layer");
+    const KVGradSums sums{dK, dV};
     for_each_rank_chunk(model, T, c, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
       const auto grads =
           layer_chunk_backward(model, layer, h_in, s, e, position, K, V, sums, g.slice(1, s, e), params);
@@ -108,10 +113,14 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   if (auto* exchange = model.sequence_exchange()) {
     // Once per layer, after the last chunk (never per chunk): the group's sums at this rank's positions.
     Phase phase(clock, "kv_exchange");
-    const auto mine = exchange->scatter_sum(at::stack({dK, dV}));  // [2, B, n_kv, t, hd]
+    dK.reset();
+    dV.reset();
+    const auto mine = exchange->scatter_sum(dKV);  // [2, B, n_kv, t, hd]
+    dKV.reset();
     dK = mine[0];
     dV = mine[1];
   }
+  dKV.reset();  // one process: dK and dV are its views
 
   // Step 3: dK/dV through the K/V path.
   kv_path_backward(model, layer, h_in, dK, dV, g, weights, clock);

@@ -14,15 +14,21 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto layer_chunk = options_.layer_chunk, head_chunk = options_.head_chunk;
   const Sizes z(w);
   const auto& cfg = w.config;
-  const auto c = std::min(layer_chunk, z.T);
   const auto btd = z.B * z.T * z.d * z.s;
   const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
-  const auto kv = z.B * z.T * kw * z.s;  // one of K, V: [B, n_kv, T, hd]
-  // The worst chunk of a layer's step 2 is its last one: the most keys (`prefix` before it), as many rows as any.
+  const auto kv = z.B * z.Tg * kw * z.s;  // one of K, V: [B, n_kv, T, hd] of the whole sequence (gathered under SP)
+  // The positions this rank holds, as blocks of the sequence (one process: one block [0, T)); a chunk never crosses
+  // a block. Under sequence parallelism rank 0's: its last block ends at T, so its last chunk has the most keys.
+  const auto shard = z.sp > 1 ? zigzag_shard(z.Tg, 0, int(z.sp)) : SequenceShard{0, 1, z.T, {{0, z.T}}};
+  std::int64_t longest_block = 0, chunks = 0;
+  for (const auto& b : shard.blocks) {
+    longest_block = std::max(longest_block, b.length());
+    chunks += (b.length() + layer_chunk - 1) / layer_chunk;
+  }
+  const auto c_max = std::min(layer_chunk, longest_block);
   // A layer of one chunk (T <= c) is special: its weight gradients do not exist yet while the chunk is
   // back-propagated (ChunkGradients starts its sums afterwards; tiny fp32 T = 64: 104 KiB the model had too many).
-  const bool one_chunk = c >= z.T;
-  const auto prefix = (z.T - 1) / c * c;
+  const bool one_chunk = chunks == 1;
   // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
   // kPrefixTile keys are upcast to fp32 inside chunk attention.
   const bool sums_wider = z.f > z.s;
@@ -42,6 +48,9 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto q_path = attention_activation_bytes_per_token(w, true) - k_path - qw * z.s + qw * z.f + o_proj_input;
   // RoPE's cos and sin of the chunk's c positions for q ([c, hd] each, saved by the rotation; tiny c = 128: two
   // 8 KiB blocks).
+  // The worst chunk of a layer's step 2: the most keys (`prefix` before it) with the most rows. A chunk of c rows at
+  // `prefix`:
+  const auto chunk_moment = [&](std::int64_t c, std::int64_t prefix) {
   const auto q_rope = rope_table_bytes(w, c) / 2;
   // The chunk's output (the root of its graph, held until grad returns): [B, c, d].
   const auto out = z.B * c * z.d * z.s;
@@ -74,13 +83,52 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto block_gradients = std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));
   const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
                                 block_gradients + dq_path;
-  const auto chunk = std::max(mlp_moment, attention_moment);
+  return std::max(mlp_moment, attention_moment);
+  };
+  // Candidates: each block's last chunk (its most keys) and, when that one is short, the full one before it.
+  std::int64_t chunk = 0;
+  for (const auto& b : shard.blocks) {
+    const auto last_start = b.start + (b.length() - 1) / c_max * c_max;
+    chunk = std::max(chunk, chunk_moment(b.end - last_start, last_start));
+    if (b.end - last_start < c_max && last_start - c_max >= b.start)
+      chunk = std::max(chunk, chunk_moment(c_max, last_start - c_max));
+  }
   // The layer's weight gradients while its chunks run: none yet for a single chunk; else the sums of every chunk so
   // far (the fp32 sums in bf16), without k_proj/v_proj (and k_norm), which only step 3 (kv_path) makes.
   const auto kv_proj_grads = z.lora ? 0 : (2 * z.d * kw + (cfg.attention_bias ? 2 * kw : 0) + (cfg.qk_norm ? cfg.head_dim : 0)) * z.g;
   const auto layer_sums = one_chunk ? 0 : (z.layer_grad - kv_proj_grads) * (z.g < z.f ? z.f / z.g : 1);
   auto moments = streamed_head_moments(w, head_chunk);
-  for (const auto& state : layer_states(z))
+  for (const auto& state : layer_states(z)) {
+    const std::vector<MemoryTerm> held = {{"weights", z.weights},
+                                          {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
+                                          {"weight copies (compute dtype)", z.layer_copies()},
+                                          {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
+                                          {"checkpoints", state.checkpoints},
+                                          {"dL/dH (out, overwritten by in)", btd},
+                                          {"objective buffers", objective_bytes(w)}};
+    if (z.sp > 1) {
+      // Sequence parallelism (SequenceParallel): every rank's K/V stacked [2, B, n_kv, t, hd] padded to the longest
+      // shard, all-gathered ([N, ...], Gloo's flat copy of it while the collective runs), then copied into the whole
+      // sequence's; after the chunk loop dK/dV ([2, B, n_kv, T, hd], the accumulation dtype) are packed into every
+      // rank's padded block ([N, ...]) and reduce-scattered (Gloo all-reduces a clone of the buffer) into this
+      // rank's share. The layer's sums exist by then.
+      const auto padded = z.B * z.T * kw;  // elements of one of K, V over the longest shard
+      const auto local = 2 * z.B * shard.length() * kw * z.s;
+      const auto pad_copy = shard.length() < z.T ? 2 * padded * z.s : 0;
+      const auto gathered = z.sp * 2 * padded * z.s;
+      MemoryEstimate gather{"layer " + std::to_string(state.layer) + " K/V all-gather", held};
+      gather.terms.push_back({"this rank's K, V (+ padded copy)", local + pad_copy});
+      gather.terms.push_back({"the all-gather's output and its copy, or the output and the whole K, V",
+                              std::max(2 * gathered, gathered + 2 * kv)});
+      moments.push_back(gather);
+      const auto f_padded = z.sp * 2 * padded * z.f;
+      MemoryEstimate scatter{"layer " + std::to_string(state.layer) + " dK/dV reduce-scatter", held};
+      scatter.terms.push_back({"layer gradient sums (none for one chunk)", layer_sums});
+      scatter.terms.push_back({"dK, dV (whole sequence)", 2 * kv * z.f / z.s});
+      scatter.terms.push_back({"every rank's padded block, its clone, this rank's share",
+                               2 * f_padded + 2 * padded * z.f});
+      moments.push_back(scatter);
+    }
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
                        {{"weights", z.weights},
                         {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
@@ -92,6 +140,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
                         {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
                         {"layer chunk", chunk},
                         {"objective buffers", objective_bytes(w)}}});
+  }
   return checkpointing_peak(std::move(moments), w);
 }
 

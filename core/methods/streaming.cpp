@@ -29,23 +29,20 @@ void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
 
 std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
   at::NoGradGuard no_grad;
-  at::Tensor K, V;  // [B, n_kv, T, hd] (a sequence-parallel rank: its shard's positions, then gathered)
+  at::Tensor KV;  // [2, B, n_kv, T, hd]: K and V in one block (a sequence-parallel rank: its shard's, then gathered)
   for_each_rank_chunk(model, h.size(1), chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     const auto kv = model.kv(layer, h.slice(1, s, e), position);
-    if (!K.defined()) {
+    if (!KV.defined()) {
       auto sizes = kv.first.sizes().vec();
       sizes[2] = h.size(1);
-      K = at::empty(sizes, kv.first.options());
-      V = at::empty(sizes, kv.second.options());
+      sizes.insert(sizes.begin(), 2);
+      KV = at::empty(sizes, kv.first.options());
     }
-    K.slice(2, s, e).copy_(kv.first);
-    V.slice(2, s, e).copy_(kv.second);
+    KV[0].slice(2, s, e).copy_(kv.first);
+    KV[1].slice(2, s, e).copy_(kv.second);
   });
-  if (auto* exchange = model.sequence_exchange()) {
-    const auto whole = exchange->gather(at::stack({K, V}));  // K and V in one exchange
-    return {whole[0], whole[1]};
-  }
-  return {K, V};
+  if (auto* exchange = model.sequence_exchange()) KV = exchange->gather(KV);  // K and V in one exchange
+  return {KV[0], KV[1]};
 }
 
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk) {

@@ -91,6 +91,10 @@ struct Workload {
   // (Communicator::copies_collective_buffers: Gloo yes, NCCL no).
   bool collective_copies = false;
   bool data_parallel() const { return world_size > 1; }
+  // Sequence parallelism (ARCHITECTURE.md §16): each sequence of seq_len positions split over this many ranks (a group
+  // within the world_size ranks), modelled for the rank with the most positions (longest_zigzag_shard) and the
+  // latest query (rank 0's last block ends at seq_len). 1: whole sequences.
+  int sequence_parallel = 1;
 };
 
 }  // namespace sbp

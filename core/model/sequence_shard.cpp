@@ -51,4 +51,10 @@ std::vector<SequenceShard> zigzag_shards(std::int64_t seq_len, int world) {
   return out;
 }
 
+std::int64_t longest_zigzag_shard(std::int64_t seq_len, int world) {
+  std::int64_t n = 0;
+  for (const auto& s : zigzag_shards(seq_len, world)) n = std::max(n, s.length());
+  return n;
+}
+
 }  // namespace sbp

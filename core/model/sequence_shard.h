@@ -38,5 +38,7 @@ struct SequenceShard {
 SequenceShard zigzag_shard(std::int64_t seq_len, int rank, int world);
 // Every rank's shard, rank order.
 std::vector<SequenceShard> zigzag_shards(std::int64_t seq_len, int world);
+// The longest of them: what every rank's share of an exchange is padded to, and the most positions a rank holds.
+std::int64_t longest_zigzag_shard(std::int64_t seq_len, int world);
 
 }  // namespace sbp

@@ -42,31 +42,35 @@ at::Tensor SequenceParallel::gather(const at::Tensor& local) {
   TORCH_CHECK(local.size(-2) == shard().length(), "SequenceParallel::gather: ", local.size(-2), " positions on rank ",
               shard().rank, ", whose shard has ", shard().length());
   const auto all = comm_.all_gather(pad_positions(local, padded_));  // [N, ..., padded, hd]
-  // Every rank's blocks, placed by their global start: together they tile [0, T).
-  std::vector<std::pair<std::int64_t, at::Tensor>> pieces;
+  // Every rank's blocks copied to their global positions: together they tile [0, T).
+  auto sizes = local.sizes().vec();
+  sizes[sizes.size() - 2] = shard().seq_len;
+  auto whole = at::empty(sizes, local.options());
   for (const auto& s : shards_)
     s.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-      pieces.emplace_back(b.start, all[s.rank].narrow(-2, offset, b.length()));
+      whole.narrow(-2, b.start, b.length()).copy_(all[s.rank].narrow(-2, offset, b.length()));
     });
-  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<at::Tensor> ordered;
-  for (auto& p : pieces) ordered.push_back(p.second);
-  return at::cat(ordered, -2);
+  return whole;
 }
 
 at::Tensor SequenceParallel::scatter_sum(const at::Tensor& whole) {
   TORCH_CHECK(whole.size(-2) == shard().seq_len, "SequenceParallel::scatter_sum: ", whole.size(-2),
               " positions for a sequence of ", shard().seq_len);
-  // Block r of the input: rank r's positions, in its shard order, padded.
-  std::vector<at::Tensor> blocks;
-  for (const auto& s : shards_) {
-    std::vector<at::Tensor> parts;
-    for (const auto& b : s.blocks) parts.push_back(whole.narrow(-2, b.start, b.length()));
-    blocks.push_back(pad_positions(at::cat(parts, -2), padded_));  // every shard has a position (zigzag_shard)
-  }
+  // Block r of the collective's input: rank r's positions, in its shard order, zeros after them (one buffer, written
+  // in place: no per-rank copies).
   auto sizes = whole.sizes().vec();
   sizes[sizes.size() - 2] = padded_;
-  const auto mine = comm_.reduce_scatter_sum(at::stack(blocks)).view(sizes);
+  std::vector<std::int64_t> stacked = {std::int64_t(shards_.size())};
+  stacked.insert(stacked.end(), sizes.begin(), sizes.end());
+  auto blocks = at::empty(stacked, whole.options());
+  for (const auto& s : shards_) {
+    auto block = blocks[s.rank];
+    s.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
+      block.narrow(-2, offset, b.length()).copy_(whole.narrow(-2, b.start, b.length()));
+    });
+    if (s.length() < padded_) block.narrow(-2, s.length(), padded_ - s.length()).zero_();
+  }
+  const auto mine = comm_.reduce_scatter_sum(blocks).view(sizes);
   return mine.narrow(-2, 0, shard().length());
 }
 
@@ -76,7 +80,7 @@ void SequenceParallel::sum_over_group(at::Tensor& values) {
 }
 
 ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t position_bytes) {
-  const auto padded = longest(zigzag_shards(seq_len, world));
+  const auto padded = longest_zigzag_shard(seq_len, world);
   return {padded * position_bytes, std::int64_t(world) * padded * position_bytes};
 }
 

@@ -177,6 +177,12 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--gpu-floor-bytes", a.gpu_floor_bytes, "with --offload: what a GPU holds beyond the models (CUDA "
                  "context, library workspaces, fragmentation), taken off the budget and named in every row (an "
                  "assumption; no GPU here measures it)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--sp", a.sp, "project StreamBP with sequence parallelism beside ALST instead (Llama-3.1-8B and "
+                 "Qwen3-8B, full SFT with AdamW, ZeRO-3): each sequence over N devices of --budget-bytes, with and "
+                 "without the --offload kinds; ALST's 3.7M on 8 devices and 15M on 32 beside it")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nproc", a.nproc, "with --sp: the devices in all (data-parallel groups of --sp; default --sp)")
+      ->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
 }
 
@@ -263,6 +269,8 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   if (a.zero > 0 && a.world_sizes.empty())
     throw std::invalid_argument("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
+  if (a.sp > 0) return project_sequence_parallel(a, command_line);
+  if (a.nproc > 0) throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);
   if (!a.offload.kinds.empty()) return project_offload(a, command_line);
   const auto optimizer = a.optimizer.options();

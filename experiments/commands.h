@@ -141,10 +141,14 @@ struct ProjectArgs {
   // the budget (a named assumption, not a measurement).
   OffloadOptions offload;
   std::int64_t gpu_floor_bytes = 2'000'000'000;
+  // Sequence parallelism beside ALST (experiments/project_sequence.cpp): each sequence over sp ranks of nproc
+  // (0: nproc = sp).
+  int sp = 0, nproc = 0;
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);
 int project_offload(const ProjectArgs& args, const std::string& command_line);
+int project_sequence_parallel(const ProjectArgs& args, const std::string& command_line);
 
 struct ProfileArgs {
   Setup setup;  // default model: qwen3-small; CPU only

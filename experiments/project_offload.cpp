@@ -20,6 +20,7 @@
 #include "core/training/optimizer_shard.h"
 #include "core/training/training_memory.h"
 #include "experiments/commands.h"
+#include "experiments/projection.h"
 #include "experiments/results_table.h"
 
 namespace sbp {
@@ -46,64 +47,10 @@ constexpr Device kDevices[] = {{"H100-80GB", 80'000'000'000}, {"H200-141GB", 141
 // lengths (ALST's tiled MLP and fused loss shard by ceil(T / hidden)), StreamBP at the paper's partition.
 const std::vector<std::string> kMethods = {"checkpoint", "mst:mini_seq=256", "streambp:layer_chunk=500,head_chunk=100"};
 
-// What moves to the tier in a row.
-struct OffloadSet {
-  bool checkpoints = false, gradients = false, optimizer = false, parameters = false;
-  std::string name() const {
-    std::string out;
-    for (const auto& [on, kind] : {std::pair{checkpoints, "checkpoints"}, {gradients, "grads"}, {optimizer, "optimizer"},
-                                   {parameters, "params"}})
-      if (on) out += (out.empty() ? "" : ",") + std::string(kind);
-    return out;
-  }
-};
-
-Workload alst_workload(const ModelConfig& c, const Objective& objective, const OffloadSet& offload) {
-  Workload w;
-  w.config = c;
-  w.dtype = c10::kBFloat16;
-  w.batch_size = 1;
-  w.objective_bytes_per_token = objective.buffer_bytes_per_token();
-  w.statistics_pass = objective.needs_statistics();
-  w.threads = 1;
-  w.workspaces = no_kernel_workspaces();  // the GPU's are the floor term, not a CPU calibration's
-  OptimizerOptions adamw;
-  add_projected_optimizer(w, adamw);
-  w.offload_checkpoints = offload.checkpoints;
-  w.offload_optimizer = offload.optimizer;
-  w.offload_gradients = offload.gradients;
-  w.offload_parameters = offload.parameters;
-  return w;
-}
-
-// The largest T whose modelled device peak fits `budget` (0 if none), by bisection up to 2^26.
-std::int64_t max_seq(const BackpropMethod& method, Workload w, std::int64_t budget) {
-  const auto fits = [&](std::int64_t T) {
-    w.seq_len = T;
-    return training_memory(method, w).total_bytes() <= budget;
-  };
-  std::int64_t lo = 1, hi = std::int64_t(1) << 26;
-  if (!fits(lo)) return 0;
-  if (fits(hi)) return hi;
-  while (hi - lo > 1) {
-    const auto mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 }  // namespace
 
 int project_offload(const ProjectArgs& a, const std::string& command_line) {
-  // Every combination of the kinds asked for, from none to all of them.
-  std::vector<OffloadSet> sets;
-  for (int bits = 0; bits < 16; ++bits) {
-    const OffloadSet set{bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8)};
-    if ((set.checkpoints && !a.offload.checkpoints()) || (set.gradients && !a.offload.gradients()) ||
-        (set.optimizer && !a.offload.optimizer()) || (set.parameters && !a.offload.parameters()))
-      continue;
-    sets.push_back(set);
-  }
+  const auto sets = offload_sets(a.offload);
   auto objective = make_objective("sft");
   fmt::print("Beside ALST: the longest sequence of full-parameter SFT with AdamW on one device, projected by the "
              "analytic memory models (bf16 weights, gradients and AdamW states: on the device unless offloaded; one "
@@ -125,7 +72,7 @@ int project_offload(const ProjectArgs& a, const std::string& command_line) {
           auto method = make_method(spec);
           auto w = alst_workload(config, *objective, offload);
           const auto budget = device.bytes - a.gpu_floor_bytes;
-          const auto T = max_seq(*method, w, budget);
+          const auto T = max_projected_seq(*method, w, budget);
           w.seq_len = std::max<std::int64_t>(T, 1);
           const auto at_max = training_memory(*method, w);
           // What does not grow with T, and what does per token (between T/2 and T, where the terms are linear).

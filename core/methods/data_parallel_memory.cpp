@@ -36,12 +36,13 @@ std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool strea
   };
   // Standard BP: the groups after this one still full (the layers below, an untied embedding).
   const auto untied_embedding = z.tied ? 0 : z.embedding_group;
-  event("head", z.head_group, z.L * btd, streamed ? z.head_gradients : z.all_gradients);
+  // The checkpoints on the device (Sizes::checkpoints: with offload, the one in use and the one fetched ahead).
+  event("head", z.head_group, z.checkpoints(z.L), streamed ? z.head_gradients : z.all_gradients);
   for (const auto l : {z.L - 1, std::int64_t(0)}) {
     const auto gradients = streamed ? z.layer_gradients_at(l)
                                     : z.head_after() + (z.L - 1 - l) * z.reduced(z.layer_grad) +
                                           (l + 1) * z.layer_grad + untied_embedding;
-    event("layer " + std::to_string(l), z.layer_grad, l * btd, gradients);
+    event("layer " + std::to_string(l), z.layer_grad, z.checkpoints(l), gradients);
     if (z.L == 1) break;
   }
   event("embedding", z.embedding_group, 0, z.embedding_backward_gradients());

@@ -107,26 +107,24 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
                                           {"dL/dH (out, overwritten by in)", btd},
                                           {"objective buffers", objective_bytes(w)}};
     if (z.sp > 1) {
-      // Sequence parallelism (SequenceParallel): every rank's K/V stacked [2, B, n_kv, t, hd] padded to the longest
-      // shard, all-gathered ([N, ...], Gloo's flat copy of it while the collective runs), then copied into the whole
-      // sequence's; after the chunk loop dK/dV ([2, B, n_kv, T, hd], the accumulation dtype) are packed into every
-      // rank's padded block ([N, ...]) and reduce-scattered (Gloo all-reduces a clone of the buffer) into this
-      // rank's share. The layer's sums exist by then.
-      const auto padded = z.B * z.T * kw;  // elements of one of K, V over the longest shard
-      const auto local = 2 * z.B * shard.length() * kw * z.s;
-      const auto pad_copy = shard.length() < z.T ? 2 * padded * z.s : 0;
-      const auto gathered = z.sp * 2 * padded * z.s;
+      // Sequence parallelism (SequenceParallel): the whole sequence's K/V made, then filled piece by piece (one row's
+      // K or V of one KV head, [t, hd] padded to the longest shard t) from an all-gather of N pieces (with Gloo's flat copy of
+      // them while the collective runs); after the chunk loop this rank's share of dK/dV made, then filled piece by
+      // piece from a reduce-scatter of every rank's padded piece packed into one [N, ...] buffer (Gloo all-reduces a
+      // clone of it). The layer's sums exist by then.
+      const auto piece = z.T * cfg.head_dim;  // elements of one piece over the longest shard
+      const auto local = 2 * z.B * shard.length() * kw;  // elements of this rank's K, V (and of its dK/dV share)
+      const std::int64_t copies = w.collective_copies ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
       MemoryEstimate gather{"layer " + std::to_string(state.layer) + " K/V all-gather", held};
-      gather.terms.push_back({"this rank's K, V (+ padded copy)", local + pad_copy});
-      gather.terms.push_back({"the all-gather's output and its copy, or the output and the whole K, V",
-                              std::max(2 * gathered, gathered + 2 * kv)});
+      gather.terms.push_back({"this rank's K, V and the whole sequence's", local * z.s + 2 * kv});
+      gather.terms.push_back({"a piece padded, the all-gather's N pieces (and the backend's copy)",
+                              (shard.length() < z.T ? piece : 0) * z.s + copies * z.sp * piece * z.s});
       moments.push_back(gather);
-      const auto f_padded = z.sp * 2 * padded * z.f;
       MemoryEstimate scatter{"layer " + std::to_string(state.layer) + " dK/dV reduce-scatter", held};
       scatter.terms.push_back({"layer gradient sums (none for one chunk)", layer_sums});
-      scatter.terms.push_back({"dK, dV (whole sequence)", 2 * kv * z.f / z.s});
-      scatter.terms.push_back({"every rank's padded block, its clone, this rank's share",
-                               2 * f_padded + 2 * padded * z.f});
+      scatter.terms.push_back({"dK, dV (whole sequence) and this rank's share", 2 * kv * z.f / z.s + local * z.f});
+      scatter.terms.push_back({"every rank's padded piece (and the backend's clone), the piece summed",
+                               (copies * z.sp + 1) * piece * z.f});
       moments.push_back(scatter);
     }
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",

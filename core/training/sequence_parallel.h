@@ -1,9 +1,8 @@
-// The K/V exchange of a sequence-parallel group over a Communicator (issue #32, ARCHITECTURE.md §16): one all-gather
-// of the layer's K and V together in the forward, one reduce-scatter of their gradients in the backward. Shards of
+// The K/V exchange of a sequence-parallel group over a Communicator (issue #32, ARCHITECTURE.md §16): the layer's K
+// and V all-gathered in the forward, their gradients reduce-scattered in the backward, one piece at a time: a piece is
+// one [t, hd] slice of the [..., t, hd] tensor (one row's K or V of one KV head), so that a collective's buffers are
+// N pieces, never N copies of the whole K/V (at a million positions those would outgrow the K/V themselves). Shards of
 // unequal length (T not divisible by 2N) travel padded to the longest; the padding is never read.
-//
-// Per layer and step, with t the longest shard, B·n_kv·hd·elem bytes per position and K and V stacked: all_gather one
-// call of 2·t positions handed in; reduce_scatter one call of N·2·t positions handed in (collective_bytes).
 #pragma once
 
 #include <cstdint>
@@ -35,12 +34,14 @@ class SequenceParallel final : public KVExchange {
   std::int64_t padded_ = 0;
 };
 
-// Bytes handed to the collectives of one exchange of a [..., t, hd] tensor whose per-position slice has
-// `position_bytes` bytes: {all_gather, reduce_scatter} on one rank, the analytic count the accounting test checks.
-struct ExchangeBytes {
-  std::int64_t all_gather = 0, reduce_scatter = 0;
+// The collectives of one exchange of a tensor of `pieces` pieces whose per-position slice of a piece has
+// `piece_position_bytes` bytes (hd * element bytes), on one rank: `pieces` calls each way; the all-gathers are
+// handed t padded positions per piece, the reduce-scatters N * t (t the longest shard). What the accounting test
+// checks.
+struct ExchangeCost {
+  std::int64_t calls = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
 };
-ExchangeBytes exchange_bytes(std::int64_t seq_len, int world, std::int64_t position_bytes);
+ExchangeCost exchange_cost(std::int64_t seq_len, int world, std::int64_t pieces, std::int64_t piece_position_bytes);
 
 // What one training step of a rank moves on its sequence-parallel group (Trainer with TrainOptions::sequence_group).
 struct SequenceStep {
@@ -48,12 +49,14 @@ struct SequenceStep {
   int world = 1;  // the group's ranks
   int layers = 0;
   std::int64_t micro_batches = 1;
-  std::int64_t position_bytes = 0;  // K and V of one position of every row: 2 * rows * n_kv * head_dim * element bytes
+  std::int64_t pieces = 2;  // K and V of every row and KV head: 2 * rows * n_kv
+  std::int64_t piece_position_bytes = 0;  // head_dim * element bytes
   int gathers_per_layer = 1;        // forward passes over each layer: standard BP 1; checkpointing, StreamBP 2
   std::int64_t statistics_bytes = 0;  // an objective's row statistics (rows * 8, fp64), 0 without a row term
 };
 // Calls and bytes per collective kind, as Communicator::stats() counts them: per micro-batch and layer
-// gathers_per_layer all-gathers and one reduce-scatter (exchange_bytes), per micro-batch one all-reduce of the row
+// gathers_per_layer exchanges' all-gathers and one exchange's reduce-scatters (exchange_cost), per micro-batch one
+// all-reduce of the row
 // statistics (if any), per step one all-gather of the sequence length (the ranks' agreement, 8 bytes).
 std::map<std::string, CollectiveStats> sequence_step_collectives(const SequenceStep& step);
 

@@ -54,6 +54,14 @@
 #     host-to-device copies of the prefetched checkpoints run while kernels run (printed; expected: all but the
 #     first overlap one); (c) the gradients too, in `run` (bitwise) and in 3 training steps (the weights bitwise; the
 #     update on the device: with the optimizer's states offloaded it runs on the host CPU, whose arithmetic differs).
+# 10. Sequence parallelism over NCCL (`train --device cuda --nproc N --sp N`, core/training/sequence_parallel.cpp;
+#     never run yet; needs 2 GPUs, 4 for the DP x SP layout): 4 fp32 SGD steps of StreamBP and checkpointing on `tiny`
+#     with T = 67 (not divisible), each sequence split over 2 ranks, then DP x SP = 2 x 2 with ZeRO-3, each saved model
+#     against one process on the script's device. Expected: `compare --rtol 1e-5` passes (step 8's reason for SGD and
+#     the tolerance), the progress line says "each sequence over 2", and the metrics' sp_* columns count per step
+#     1 + 2 x 2 x P all-gathers and 2 x P reduce-scatters on the group (tiny: 2 layers; P = 2 x the rank's rows x 2
+#     KV heads: a collective per row's K and V of each head). Time per step is printed beside one
+#     process's: a ratio on the same GPUs (the CPU's Gloo runs on 2 cores are no speed reference).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${1:-cuda}
@@ -210,5 +218,38 @@ train=(train --device "$DEVICE" --preset qwen3-small --seq 2048 --dtype bf16 --m
 "$STREAMBP" "${train[@]}" --save-model "$OUT/offload-train-plain" >/dev/null
 "$STREAMBP" "${train[@]}" --offload checkpoints,grads --save-model "$OUT/offload-train" | tee "$OUT/offload-train.txt"
 cmp "$OUT/offload-train-plain/model.safetensors" "$OUT/offload-train/model.safetensors"
+
+log "10. sequence parallelism over NCCL: each sequence over 2 ranks, and DP x SP = 2 x 2 with ZeRO-3 (expected: each equals one process within rtol 1e-5)"
+if (( gpus < 2 )); then
+  echo "skipped: NCCL takes one GPU per rank and this machine has $gpus"
+else
+  sp=(--preset tiny --dtype fp32 --batch 4 --seq 67 --pad-fraction 0.3 --prompt-fraction 0.2 --steps 4 --seed 7
+      --optimizer sgd:lr=0.2,momentum=0.9 --clip-grad-norm 1)
+  layouts=("2 2 0")
+  if (( gpus >= 4 )); then layouts+=("4 2 3"); fi
+  for method in streambp:layer_chunk=16,head_chunk=16 checkpoint; do
+    name=${method%%:*}
+    "$STREAMBP" train "${sp[@]}" --method "$method" --device "$DEVICE" --metrics "$OUT/sp-$name-single.csv" \
+      --save-model "$OUT/sp-$name-single" 2>&1 | tee "$OUT/sp-$name-single.txt"
+    for layout in "${layouts[@]}"; do
+      read -r nproc group zero <<<"$layout"
+      tag=$name-nproc$nproc-sp$group-zero$zero
+      "$STREAMBP" train "${sp[@]}" --method "$method" --device cuda --nproc "$nproc" --sp "$group" --zero "$zero" \
+        --metrics "$OUT/sp-$tag.csv" --save-model "$OUT/sp-$tag" 2>&1 | tee "$OUT/sp-$tag.txt"
+      grep -q "each sequence over $group" "$OUT/sp-$tag.txt" || fail "$tag: no sequence-parallel layout in the progress"
+      "$STREAMBP" compare "$OUT/sp-$name-single/model.safetensors" "$OUT/sp-$tag/model.safetensors" --rtol 1e-5 \
+        | tee "$OUT/sp-compare-$tag.txt"
+      "$PY" - "$OUT/sp-$name-single.csv" "$OUT/sp-$tag.csv" $((2 * 4 * group / nproc * 2)) <<'EOF'
+import csv, sys
+one, sp = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
+pieces = int(sys.argv[3])
+for r in sp:
+    assert (int(r["sp_all_gather_calls"]), int(r["sp_reduce_scatter_calls"])) == (1 + 4 * pieces, 2 * pieces), r
+ratio = sum(float(r["bp_seconds"]) for r in sp[1:]) / sum(float(r["bp_seconds"]) for r in one[1:])
+print(f"{sys.argv[2]}: the group's collectives per step as expected; BP time {ratio:.2f}x one process's (steps 2-4)")
+EOF
+    done
+  done
+fi
 
 log "all GPU checks passed; results in $OUT"

@@ -339,7 +339,8 @@ TEST_CASE("sequence-parallel training (each sequence split over N ranks, StreamB
 }
 
 TEST_CASE("a sequence-parallel step's collectives on its group are those of the formula: per micro-batch and layer one "
-          "K/V all-gather per forward pass (standard BP 1, checkpointing and StreamBP 2) and one reduce-scatter, an "
+          "K/V exchange's all-gathers per forward pass (standard BP 1, checkpointing and StreamBP 2) and one's "
+          "reduce-scatters (a call per row's K and V of each KV head), an "
           "objective's row statistics one all-reduce, the sequence-length check one all-gather",
           "[distributed][sequence-parallel]") {
   const OneThreadPerRank threads;
@@ -352,9 +353,10 @@ TEST_CASE("a sequence-parallel step's collectives on its group are those of the 
                                                                                  {kStreamBP, 2}})
       for (const auto& [world, sp] : std::vector<std::pair<int, int>>{{2, 2}, {3, 3}, {4, 2}}) {
         const auto rows = kRows / (world / sp);
-        const std::int64_t position_bytes = 2 * rows * config.num_key_value_heads * config.head_dim * 8;  // K and V, fp64
         const auto expected = sbp::sequence_step_collectives({.seq_len = kSeq, .world = sp, .layers = layers,
-                                                              .micro_batches = 1, .position_bytes = position_bytes,
+                                                              .micro_batches = 1,
+                                                              .pieces = 2 * rows * config.num_key_value_heads,
+                                                              .piece_position_bytes = config.head_dim * 8,  // fp64
                                                               .gathers_per_layer = gathers,
                                                               .statistics_bytes = row_term ? rows * 8 : 0});
         const auto got = train_parallel(k, batches, world, method(spec), ddp(0), false, sp).sequence;

@@ -1,0 +1,68 @@
+#include "experiments/projection.h"
+
+#include <utility>
+
+#include "core/training/optimizer.h"
+#include "core/training/optimizer_shard.h"
+#include "core/training/training_memory.h"
+
+namespace sbp {
+
+std::string OffloadSet::name() const {
+  std::string out;
+  for (const auto& [on, kind] : {std::pair{checkpoints, "checkpoints"}, {gradients, "grads"}, {optimizer, "optimizer"},
+                                 {parameters, "params"}})
+    if (on) out += (out.empty() ? "" : ",") + std::string(kind);
+  return out;
+}
+
+std::vector<OffloadSet> offload_sets(const OffloadOptions& asked) {
+  std::vector<OffloadSet> sets;
+  for (int bits = 0; bits < 16; ++bits) {
+    const OffloadSet set{bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8)};
+    if ((set.checkpoints && !asked.checkpoints()) || (set.gradients && !asked.gradients()) ||
+        (set.optimizer && !asked.optimizer()) || (set.parameters && !asked.parameters()))
+      continue;
+    sets.push_back(set);
+  }
+  return sets;
+}
+
+Workload alst_workload(const ModelConfig& config, const Objective& objective, const OffloadSet& offload, int world,
+                       int zero, int sequence_parallel) {
+  Workload w;
+  w.config = config;
+  w.dtype = c10::kBFloat16;
+  w.batch_size = 1;
+  w.objective_bytes_per_token = objective.buffer_bytes_per_token();
+  w.statistics_pass = objective.needs_statistics();
+  w.threads = 1;
+  w.workspaces = no_kernel_workspaces();  // the GPU's are the floor term, not a CPU calibration's
+  w.world_size = world;
+  w.zero_stage = world > 1 ? zero : 0;
+  w.collective_copies = false;  // NCCL
+  w.sequence_parallel = sequence_parallel;
+  add_projected_optimizer(w, OptimizerOptions{});  // AdamW's defaults; this rank's slices under ZeRO 1-3
+  w.offload_checkpoints = offload.checkpoints;
+  w.offload_optimizer = offload.optimizer;
+  w.offload_gradients = offload.gradients;
+  w.offload_parameters = offload.parameters;
+  return w;
+}
+
+std::int64_t max_projected_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t multiple) {
+  const auto fits = [&](std::int64_t k) {
+    w.seq_len = k * multiple;
+    return training_memory(method, w).total_bytes() <= budget;
+  };
+  std::int64_t lo = 1, hi = (std::int64_t(1) << 26) / multiple;
+  if (!fits(lo)) return 0;
+  if (fits(hi)) return hi * multiple;
+  while (hi - lo > 1) {
+    const auto mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo * multiple;
+}
+
+}  // namespace sbp

@@ -10,6 +10,7 @@ namespace sbp {
 using namespace memory;
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
+  require_whole_sequences(w, spec());
   const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
   const auto& c = w.config;

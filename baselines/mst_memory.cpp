@@ -10,6 +10,7 @@ namespace sbp {
 using namespace memory;
 
 MemoryEstimate MsT::memory_model(const Workload& w) const {
+  require_whole_sequences(w, spec());
   const auto mini_seq_len = mini_sequence_length(w.seq_len, options_.mini_seq);
   const Sizes z(w);
   const auto c = std::min(mini_seq_len, z.T);

@@ -10,6 +10,7 @@ namespace sbp {
 using namespace memory;
 
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
+  require_whole_sequences(w, spec());
   const Sizes z(w);
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
   // Under LoRA the frozen embedding's output needs no gradient: layer 0 keeps less (full_sequence_layer_bytes_per_token).

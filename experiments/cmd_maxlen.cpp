@@ -5,7 +5,8 @@
 // full GPU would (c10::OutOfMemoryError), so an over-budget run costs at most its time up to that allocation.
 // Data-parallel (--nproc N, Table 4): every probe is a training step of N ranks, each on its --batch / N rows of the
 // global batch, under a per-rank budget; the ranks run each step to its end and the probe fits when every rank's
-// peak does (ranks.h: a rank stopped mid-step would leave the others waiting).
+// peak does (ranks.h: a rank stopped mid-step would leave the others waiting). With --sp S each sequence is split over
+// groups of S ranks (ARCHITECTURE.md §16): T* is then the whole sequence's, each rank holding its shard.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +43,7 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   app.add_flag("--model-only", a.model_only, "print the model's predictions and stop (no measurement, no file)");
   add_rank_options(app, a.ranks, "each measuring its --batch / N rows of every probe's global batch under the "
                    "per-rank budget (needs --optimizer)");
+  add_sequence_parallel_option(app, a.ranks);
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
@@ -49,13 +51,27 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   if (a.ranks.nproc > 1 && !optimizer)
     throw std::invalid_argument("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
   const auto rows = a.measure.batch_size();  // the global batch
-  if (rows % a.ranks.nproc != 0)
-    throw std::invalid_argument(uneven_batch(a.ranks.nproc, "--batch " + std::to_string(rows), rows));
+  const int sp = std::max(a.ranks.sp, 1), data_parts = a.ranks.nproc / sp;  // --sp S: groups of S share their rows
+  if (!rank_from_environment())
+    if (const auto problem = sequence_layout_problem(a.ranks.nproc, sp); !problem.empty())
+      throw std::invalid_argument(problem);
+  if (rows % data_parts != 0)
+    throw std::invalid_argument(uneven_batch(data_parts, "--batch " + std::to_string(rows), rows));
+  if (sp > 1)
+    for (const auto& spec : a.methods) {
+      const auto m = make_method(spec);
+      if (!m->runs_sequence_shards() || !m->models_sequence_shards())
+        throw std::invalid_argument("--sp " + std::to_string(sp) + ": method " + m->spec() + (m->runs_sequence_shards()
+                                    ? " has no memory model of a sequence-parallel rank (StreamBP has)"
+                                    : " does not run on a sequence-parallel rank's shard"));
+    }
   check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.nproc, a.ranks.zero);
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
   Setup setup = a.setup;
-  const auto ranks = join_ranks(a.ranks, env, setup);
+  auto flags = a.ranks;
+  if (a.model_only) flags.sp = 1;  // one process answers for a rank of the layout (--model-only)
+  const auto ranks = join_ranks(flags, env, setup);
   const bool writer = ranks.writer();
   const auto& source = setup.source;
   const auto device = ranks.device;
@@ -71,6 +87,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     if (a.offload.optimizer()) options.optimizer_tier = tier;
     if (a.offload.gradients()) options.gradient_tier = tier;
     if (a.offload.parameters() && !parallel) options.parameter_tier = tier;  // on ranks: DataParallel's
+    options.sequence_group = ranks.sequence.get();
     return Trainer(*model, method, *objective, options, parallel);
   };
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
@@ -78,13 +95,15 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   // process).
   const auto batch_at = [&](std::int64_t T) {
     if (ranks.world == 1)
-      return prepared_random_batch(*model, *objective, rows / a.ranks.nproc, T, setup.group, seed);
+      return prepared_random_batch(*model, *objective, rows / data_parts, T, setup.group, seed);
     auto global = prepared_random_batch(*model, *objective, rows, T, setup.group, seed);
-    return objective->split(global, ranks.world, "random batch").at(std::size_t(ranks.rank));
+    if (ranks.data_world() == 1) return global;
+    return objective->split(global, ranks.data_world(), "random batch").at(std::size_t(ranks.data_rank()));
   };
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
-  auto base_workload = make_workload(*model, *objective, batch_at(16));
+  auto base_workload = make_workload(*model, *objective, batch_at(std::max(16, 2 * sp)));
+  base_workload.sequence_parallel = sp;
   base_workload.offload_checkpoints = a.offload.checkpoints();
   base_workload.offload_optimizer = a.offload.optimizer();
   base_workload.offload_gradients = a.offload.gradients();
@@ -100,7 +119,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
 
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
                       "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error",
-                      "world_size", "zero", "offload", "host_peak_bytes", "model_host_bytes"});
+                      "world_size", "zero", "sequence_parallel", "offload", "host_peak_bytes", "model_host_bytes"});
   const auto prov = collect_provenance(command_line, describe_device(device));
   if (!a.model_only && writer) std::filesystem::create_directories(a.output.out_dir);
   const auto csv = ResultsTable::new_path(a.output.out_dir, "maxlen", prov);
@@ -123,9 +142,11 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       const auto w = workload_at(T);
       return (optimizer ? training_memory(*method, w) : method->memory_model(w)).host_bytes();
     };
-    // The model's answer: the largest T in [2, max_seq] whose modelled peak fits (the model grows with T).
-    std::int64_t lo = 2, hi = a.max_seq;
-    if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even T = 2 fits
+    // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits (the model grows with T);
+    // a sequence split over S ranks has at least 2S positions here (every rank two, one per zig-zag part).
+    const std::int64_t shortest = 2 * sp;
+    std::int64_t lo = shortest, hi = a.max_seq;
+    if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even the shortest fits
     else if (model_peak(hi) <= a.measure.budget_bytes) lo = hi;
     else
       while (hi - lo > 1) {
@@ -170,13 +191,13 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     const auto up = [&](std::int64_t T) { return std::max(T + 1, std::int64_t(std::ceil(double(T) * (1 + a.step)))); };
     const auto down = [&](std::int64_t T) { return std::min(T - 1, std::int64_t(std::floor(double(T) / (1 + a.step)))); };
     std::int64_t fits = 0, fails = 0;  // the largest T measured to fit, and the T one step above it that did not
-    if (const auto T = std::max<std::int64_t>(predicted, 2); probe(T)) {
+    if (const auto T = std::max<std::int64_t>(predicted, shortest); probe(T)) {
       fits = T;
       while (fits < a.max_seq && probe(up(fits))) fits = up(fits);
       fails = fits < a.max_seq ? up(fits) : 0;
     } else {
       fails = T;
-      for (auto t = down(T); t >= 2; t = down(t)) {
+      for (auto t = down(T); t >= shortest; t = down(t)) {
         if (probe(t)) {
           fits = t;
           break;
@@ -194,7 +215,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
                   std::to_string(p.T), std::to_string(a.measure.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
                   std::to_string(model_peak(p.T)), oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()),
                   std::to_string(predicted), measured, error, std::to_string(ranks.world), std::to_string(ranks.zero),
-                  a.offload.describe(), tier && !oom ? std::to_string(p.host_peak_bytes) : "",
+                  std::to_string(sp), a.offload.describe(), tier && !oom ? std::to_string(p.host_peak_bytes) : "",
                   tier ? std::to_string(model_host(p.T)) : ""}});
     }
     if (writer) table.write_to(csv, prov);  // after every method: a killed search keeps the methods it finished
@@ -205,7 +226,7 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   if (a.model_only || !writer) return 0;
   fmt::print("\nmaximum T under {}{} ({}, {}, B = {}{}, {}):\n", format_bytes(a.measure.budget_bytes),
              ranks.world > 1 ? " per rank" : "", precision, objective->spec(), rows,
-             ranks.world > 1 ? fmt::format(" ({} per rank){}", rows / ranks.world, ranks.describe()) : "",
+             ranks.world > 1 ? fmt::format(" ({} per rank){}", rows / ranks.data_world(), ranks.describe()) : "",
              optimizer ? "training steps: " + optimizer_column : "forward + backward");
   for (const auto& line : summary) fmt::print("  {}\n", line);
   fmt::print("\nresults: {}\n", std::filesystem::absolute(csv).string());

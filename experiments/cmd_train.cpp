@@ -369,7 +369,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   watch_interrupts();
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
-    if (!estimate && ranks.sp == 1) {  // the per-rank models of sequence parallelism are not built: no estimate
+    // Under --sp only StreamBP's model covers a rank's shard: the others print no estimate.
+    if (!estimate && (ranks.sp == 1 || method->models_sequence_shards())) {
       const auto micro = objective->split(batch, a.grad_accum, source);
       objective->prepare(micro.front(), model->config(), source);
       auto workload = make_workload(*model, *objective, micro.front());
@@ -379,6 +380,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       workload.offload_optimizer = r.offload.optimizer();
       workload.offload_gradients = r.offload.gradients();
       workload.offload_parameters = r.offload.parameters();
+      workload.sequence_parallel = ranks.sp;
       estimate = training_memory(*method, workload);
     }
     model->zero_grad();  // the previous step's gradients are not part of this step

@@ -12,6 +12,13 @@ namespace memory {
 // Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
 // scaled output (kept by the projections that follow) in model dtype.
 // Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
+void require_whole_sequences(const Workload& w, const std::string& method) {
+  if (w.sequence_parallel > 1)
+    throw std::invalid_argument("the memory model of " + method + " does not cover sequence parallelism (StreamBP's "
+                                "does); no estimate for a sequence split over " + std::to_string(w.sequence_parallel) +
+                                " ranks");
+}
+
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + (z.lora ? 1 : 2) * z.s); }
 // The final norm feeds only the LM head, which under LoRA is frozen and keeps nothing: only the saved input stays.
 // input_kept: the norm's input is a checkpoint (checkpointing's and the streamed heads' H[L]); in fp32/fp64 its saved

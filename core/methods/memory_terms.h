@@ -140,6 +140,10 @@ struct Sizes {
   }
 };
 
+// Throws std::invalid_argument when `w` is a rank of a sequence-parallel group, for a method whose model does not
+// cover one (BackpropMethod::models_sequence_shards).
+void require_whole_sequences(const Workload& w, const std::string& method);
+
 // Per token: an RMSNorm's saved tensors; the final norm's (input_kept: a checkpoint holds its input; output_held:
 // the caller holds its output).
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z);

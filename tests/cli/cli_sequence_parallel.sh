@@ -4,6 +4,7 @@
 #     StreamBP over 3 ranks end 3 fp64 AdamW steps within 1e-12 (normwise, every tensor) of one process of standard
 #     BP over the same global batches (T = 37: not divisible; padded rows, masked prompts); the metrics count the
 #     group's collectives as the formula says (sequence_step_collectives);
+#     maxlen --nproc 2 --sp 2 measures T* per rank beside its model;
 # (b) a rank killed mid-run: the launcher exits non-zero naming the rank, no rank left running;
 # (c) bad input exits 2 naming it: --nproc not a multiple of --sp, --sp on one process, a method that does not run on
 #     a shard (MsT), and ranks started by hand with different --sp.
@@ -60,6 +61,25 @@ for r in csv.DictReader(open(sys.argv[1])):
     assert (r["sp"], r["sp_all_reduce_calls"], r["sp_all_reduce_bytes"]) == ("3", "1", str(4 * 8)), r  # S of 4 rows
 PY
 echo "ok: DPO --nproc 3 --sp 3 equals one process (row statistics summed over the group): $(tail -1 cmp-dpo3.txt)"
+
+# maxlen --sp: the longest sequence per rank of a group under a per-rank budget (training steps), measured beside the
+# model's prediction; longer than one process's under the same budget (each rank holds half the positions).
+budget=(--preset tiny --budget-bytes 3000000 --methods streambp:layer_chunk=64,head_chunk=64 --optimizer adamw:lr=1e-3
+        --batch 2)
+"$STREAMBP" maxlen "${budget[@]}" --out maxlen1 >maxlen1.txt 2>maxlen1.log || fail "maxlen:\n$(cat maxlen1.log)"
+"$STREAMBP" maxlen "${budget[@]}" --nproc 2 --sp 2 --out maxlen2 >maxlen2.txt 2>maxlen2.log ||
+  fail "maxlen --sp 2:\n$(cat maxlen2.log)"
+python3 - maxlen1/maxlen-*.csv maxlen2/maxlen-*.csv <<'PY' || fail "maxlen CSVs:\n$(cat maxlen1/maxlen-*.csv maxlen2/maxlen-*.csv)"
+import csv, sys
+one, two = ([r for r in csv.DictReader(open(p)) if r["role"] == "max"][0] for p in sys.argv[1:])
+assert two["sequence_parallel"] == "2" and two["world_size"] == "2", two
+assert int(two["measured_max_seq"]) > int(one["measured_max_seq"]), (one, two)
+assert abs(float(two["model_error"])) <= 0.05, two  # the model's T* within two of the search's 2% steps
+print(f"T* {one['measured_max_seq']} on one process, {two['measured_max_seq']} per group of 2 (model {two['model_max_seq']})")
+PY
+echo "ok: maxlen --nproc 2 --sp 2 measures a longer T* than one process, beside its model"
+expect_exit_2 "maxlen --sp 2 with checkpointing" "method checkpoint has no memory model of a sequence-parallel rank" \
+  "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods checkpoint --optimizer adamw --batch 2 --nproc 2 --sp 2
 
 # (b) SIGKILL to one rank of a long run: the survivors' collectives fail, the launcher names the rank.
 "$STREAMBP" train --preset tiny --dtype fp32 --batch 2 --seq 1024 --steps 1000 --method streambp:layer_chunk=128,head_chunk=128 \

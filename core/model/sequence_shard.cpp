@@ -57,4 +57,10 @@ std::int64_t longest_zigzag_shard(std::int64_t seq_len, int world) {
   return n;
 }
 
+std::int64_t exchange_pieces(std::int64_t slices) {
+  constexpr std::int64_t kMostPieces = 4;
+  const auto per_piece = (slices + kMostPieces - 1) / kMostPieces;
+  return (slices + per_piece - 1) / per_piece;
+}
+
 }  // namespace sbp

@@ -40,5 +40,8 @@ SequenceShard zigzag_shard(std::int64_t seq_len, int rank, int world);
 std::vector<SequenceShard> zigzag_shards(std::int64_t seq_len, int world);
 // The longest of them: what every rank's share of an exchange is padded to, and the most positions a rank holds.
 std::int64_t longest_zigzag_shard(std::int64_t seq_len, int world);
+// The pieces (one collective each) an exchange of `slices` [t, hd] slices is made of: min(slices, 4), consecutive
+// slices, ceil(slices / pieces) each (core/training/sequence_parallel.h).
+std::int64_t exchange_pieces(std::int64_t slices);
 
 }  // namespace sbp

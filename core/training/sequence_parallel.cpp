@@ -17,11 +17,17 @@ std::int64_t longest(const std::vector<SequenceShard>& shards) {
 }
 
 // [..., t, hd] -> [..., padded, hd], zeros after t.
-// [..., t, hd] as [P, t, hd] (a view): the exchange's pieces, one collective each, so that its buffers are one
-// piece's (one row's K or V of one KV head) and never the whole tensor's (ARCHITECTURE.md §16).
-at::Tensor pieces(const at::Tensor& x) {
+// [..., t, hd] as [S, t, hd] (a view): its slices, grouped into the exchange's pieces (exchange_pieces).
+at::Tensor slices(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 2 && x.is_contiguous(), "SequenceParallel: a contiguous [..., t, hd] tensor");
   return x.view({-1, x.size(-2), x.size(-1)});
+}
+
+// f(first, count) for each piece: consecutive slices, ceil(S / pieces) each (the last may have fewer).
+template <typename F>
+void for_each_piece(std::int64_t slices, F&& f) {
+  const auto per_piece = (slices + exchange_pieces(slices) - 1) / exchange_pieces(slices);
+  for (std::int64_t first = 0; first < slices; first += per_piece) f(first, std::min(per_piece, slices - first));
 }
 
 at::Tensor pad_positions(const at::Tensor& x, std::int64_t padded) {
@@ -51,15 +57,16 @@ at::Tensor SequenceParallel::gather(const at::Tensor& local) {
   auto sizes = local.sizes().vec();
   sizes[sizes.size() - 2] = shard().seq_len;
   auto whole = at::empty(sizes, local.options());
-  const auto local_pieces = pieces(local.contiguous()), whole_pieces = pieces(whole);
-  for (std::int64_t p = 0; p < local_pieces.size(0); ++p) {
-    const auto all = comm_.all_gather(pad_positions(local_pieces[p], padded_));  // [N, padded, hd]
+  const auto local_slices = slices(local.contiguous()), whole_slices = slices(whole);
+  for_each_piece(local_slices.size(0), [&](std::int64_t first, std::int64_t count) {
+    const auto all = comm_.all_gather(pad_positions(local_slices.narrow(0, first, count), padded_));  // [N, n, t, hd]
+    const auto piece = whole_slices.narrow(0, first, count);
     // Every rank's blocks copied to their global positions: together they tile [0, T).
     for (const auto& s : shards_)
       s.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-        whole_pieces[p].narrow(-2, b.start, b.length()).copy_(all[s.rank].narrow(-2, offset, b.length()));
+        piece.narrow(-2, b.start, b.length()).copy_(all[s.rank].narrow(-2, offset, b.length()));
       });
-  }
+  });
   return whole;
 }
 
@@ -69,22 +76,23 @@ at::Tensor SequenceParallel::scatter_sum(const at::Tensor& whole) {
   auto sizes = whole.sizes().vec();
   sizes[sizes.size() - 2] = shard().length();
   auto mine = at::empty(sizes, whole.options());
-  const auto whole_pieces = pieces(whole.contiguous()), mine_pieces = pieces(mine);
+  const auto whole_slices = slices(whole.contiguous()), mine_slices = slices(mine);
   const auto hd = whole.size(-1);
-  for (std::int64_t p = 0; p < whole_pieces.size(0); ++p) {
+  for_each_piece(whole_slices.size(0), [&](std::int64_t first, std::int64_t count) {
+    const auto piece = whole_slices.narrow(0, first, count);
     // Block r of the collective's input: rank r's positions, in its shard order, zeros after them (one buffer,
     // written in place: no per-rank copies).
-    auto blocks = at::empty({std::int64_t(shards_.size()), padded_, hd}, whole.options());
+    auto blocks = at::empty({std::int64_t(shards_.size()), count, padded_, hd}, whole.options());
     for (const auto& s : shards_) {
       auto block = blocks[s.rank];
       s.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-        block.narrow(-2, offset, b.length()).copy_(whole_pieces[p].narrow(-2, b.start, b.length()));
+        block.narrow(-2, offset, b.length()).copy_(piece.narrow(-2, b.start, b.length()));
       });
       if (s.length() < padded_) block.narrow(-2, s.length(), padded_ - s.length()).zero_();
     }
-    const auto summed = comm_.reduce_scatter_sum(blocks).view({padded_, hd});
-    mine_pieces[p].copy_(summed.narrow(-2, 0, shard().length()));
-  }
+    const auto summed = comm_.reduce_scatter_sum(blocks).view({count, padded_, hd});
+    mine_slices.narrow(0, first, count).copy_(summed.narrow(-2, 0, shard().length()));
+  });
   return mine;
 }
 
@@ -93,13 +101,14 @@ void SequenceParallel::sum_over_group(at::Tensor& values) {
   comm_.all_reduce_sum(one);
 }
 
-ExchangeCost exchange_cost(std::int64_t seq_len, int world, std::int64_t pieces, std::int64_t piece_position_bytes) {
+ExchangeCost exchange_cost(std::int64_t seq_len, int world, std::int64_t slices, std::int64_t slice_position_bytes) {
   const auto padded = longest_zigzag_shard(seq_len, world);
-  return {pieces, pieces * padded * piece_position_bytes, pieces * std::int64_t(world) * padded * piece_position_bytes};
+  return {exchange_pieces(slices), slices * padded * slice_position_bytes,
+          slices * std::int64_t(world) * padded * slice_position_bytes};
 }
 
 std::map<std::string, CollectiveStats> sequence_step_collectives(const SequenceStep& s) {
-  const auto exchange = exchange_cost(s.seq_len, s.world, s.pieces, s.piece_position_bytes);
+  const auto exchange = exchange_cost(s.seq_len, s.world, s.slices, s.slice_position_bytes);
   const auto gathers = s.micro_batches * s.layers * s.gathers_per_layer, scatters = s.micro_batches * s.layers;
   std::map<std::string, CollectiveStats> out;
   out["all_gather"] = {1 + gathers * exchange.calls, 8 + gathers * exchange.all_gather_bytes};

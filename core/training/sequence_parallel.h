@@ -1,7 +1,8 @@
 // The K/V exchange of a sequence-parallel group over a Communicator (issue #32, ARCHITECTURE.md §16): the layer's K
-// and V all-gathered in the forward, their gradients reduce-scattered in the backward, one piece at a time: a piece is
-// one [t, hd] slice of the [..., t, hd] tensor (one row's K or V of one KV head), so that a collective's buffers are
-// N pieces, never N copies of the whole K/V (at a million positions those would outgrow the K/V themselves). Shards of
+// and V all-gathered in the forward, their gradients reduce-scattered in the backward, one piece at a time: the
+// [..., t, hd] tensor's [t, hd] slices (a row's K or V of one KV head) in at most 4 pieces of consecutive slices, so
+// that a collective's buffers are N pieces, a quarter of the whole K/V or less (all of it at once, N copies of the
+// whole K/V outgrew the K/V themselves; a quarter keeps StreamBP's chunk loop its peak, ARCHITECTURE.md §16). Shards of
 // unequal length (T not divisible by 2N) travel padded to the longest; the padding is never read.
 #pragma once
 
@@ -34,14 +35,13 @@ class SequenceParallel final : public KVExchange {
   std::int64_t padded_ = 0;
 };
 
-// The collectives of one exchange of a tensor of `pieces` pieces whose per-position slice of a piece has
-// `piece_position_bytes` bytes (hd * element bytes), on one rank: `pieces` calls each way; the all-gathers are
-// handed t padded positions per piece, the reduce-scatters N * t (t the longest shard). What the accounting test
-// checks.
+// The collectives of one exchange of `slices` slices of `slice_position_bytes` bytes per position (hd * element
+// bytes), on one rank: exchange_pieces(slices) calls each way; the all-gathers are handed t padded positions per
+// slice, the reduce-scatters N * t (t the longest shard). What the accounting test checks.
 struct ExchangeCost {
   std::int64_t calls = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
 };
-ExchangeCost exchange_cost(std::int64_t seq_len, int world, std::int64_t pieces, std::int64_t piece_position_bytes);
+ExchangeCost exchange_cost(std::int64_t seq_len, int world, std::int64_t slices, std::int64_t slice_position_bytes);
 
 // What one training step of a rank moves on its sequence-parallel group (Trainer with TrainOptions::sequence_group).
 struct SequenceStep {
@@ -49,8 +49,8 @@ struct SequenceStep {
   int world = 1;  // the group's ranks
   int layers = 0;
   std::int64_t micro_batches = 1;
-  std::int64_t pieces = 2;  // K and V of every row and KV head: 2 * rows * n_kv
-  std::int64_t piece_position_bytes = 0;  // head_dim * element bytes
+  std::int64_t slices = 2;  // K and V of every row and KV head: 2 * rows * n_kv
+  std::int64_t slice_position_bytes = 0;  // head_dim * element bytes
   int gathers_per_layer = 1;        // forward passes over each layer: standard BP 1; checkpointing, StreamBP 2
   std::int64_t statistics_bytes = 0;  // an objective's row statistics (rows * 8, fp64), 0 without a row term
 };

@@ -32,7 +32,7 @@ done
 grep -q "4 ranks (ZeRO-3, Gloo), each sequence over 2 (2 data-parallel)" dpsp.log ||
   fail "no layout in the progress:\n$(cat dpsp.log)"
 # tiny: 2 layers; per step and layer StreamBP and checkpointing exchange K/V twice (forward, then the backward's
-# re-forward) and their gradients once, a collective per row's K and V of each of the 2 KV heads; one more all-gather
+# re-forward) and their gradients once, a collective per piece (at most 4) of the rows' K and V; one more all-gather
 # checks the sequence length. Bytes: the longest zig-zag shard of T = 37 (over 2: 10 + 9 positions = 19) x K and V x
 # rows x 2 KV heads x head_dim 16 x 8 bytes.
 python3 - sp2.csv dpsp.csv <<'PY' || fail "metrics:\n$(cat sp2.csv dpsp.csv)"
@@ -40,7 +40,7 @@ import csv, sys
 for path, rows in (("sp2.csv", 4), ("dpsp.csv", 2)):
     for r in csv.DictReader(open(path)):
         gather = 19 * 2 * rows * 2 * 16 * 8
-        pieces = 2 * rows * 2
+        pieces = 4  # 2 x rows x 2 KV heads slices (8 or 16): at most 4 pieces, one collective each
         expect = {"sp": "2", "sp_all_gather_calls": str(1 + 4 * pieces), "sp_all_gather_bytes": str(8 + 4 * gather),
                   "sp_reduce_scatter_calls": str(2 * pieces), "sp_reduce_scatter_bytes": str(2 * 2 * gather),
                   "sp_all_reduce_calls": "0"}

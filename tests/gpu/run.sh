@@ -59,8 +59,8 @@
 #     with T = 67 (not divisible), each sequence split over 2 ranks, then DP x SP = 2 x 2 with ZeRO-3, each saved model
 #     against one process on the script's device. Expected: `compare --rtol 1e-5` passes (step 8's reason for SGD and
 #     the tolerance), the progress line says "each sequence over 2", and the metrics' sp_* columns count per step
-#     1 + 2 x 2 x P all-gathers and 2 x P reduce-scatters on the group (tiny: 2 layers; P = 2 x the rank's rows x 2
-#     KV heads: a collective per row's K and V of each head). Time per step is printed beside one
+#     1 + 2 x 2 x 4 all-gathers and 2 x 4 reduce-scatters on the group (tiny: 2 layers; an exchange in 4 pieces, one
+#     collective each). Time per step is printed beside one
 #     process's: a ratio on the same GPUs (the CPU's Gloo runs on 2 cores are no speed reference).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -239,7 +239,7 @@ else
       grep -q "each sequence over $group" "$OUT/sp-$tag.txt" || fail "$tag: no sequence-parallel layout in the progress"
       "$STREAMBP" compare "$OUT/sp-$name-single/model.safetensors" "$OUT/sp-$tag/model.safetensors" --rtol 1e-5 \
         | tee "$OUT/sp-compare-$tag.txt"
-      "$PY" - "$OUT/sp-$name-single.csv" "$OUT/sp-$tag.csv" $((2 * 4 * group / nproc * 2)) <<'EOF'
+      "$PY" - "$OUT/sp-$name-single.csv" "$OUT/sp-$tag.csv" 4 <<'EOF'
 import csv, sys
 one, sp = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
 pieces = int(sys.argv[3])

@@ -171,20 +171,8 @@ grep -q -- "--resume ctrlc" ctrlc.log || fail "the resume command does not name 
 echo "ok: Ctrl-C on 2 ranks stopped both after step $step with its checkpoint, exit 130"
 
 # (c) Ranks that disagree, started by hand as the launcher starts them.
-mkdir store
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method standard --dist-timeout 30)
-for r in 0 1; do
-  STREAMBP_RANK=$r STREAMBP_WORLD_SIZE=2 STREAMBP_STORE=$PWD/store/s "$STREAMBP" train "${small[@]}" --seed $r \
-    >mismatch$r.log 2>&1 &
-  pids[$r]=$!
-done
-for r in 0 1; do
-  status=0
-  wait ${pids[$r]} || status=$?
-  [[ $status -eq 2 ]] || fail "rank $r with another --seed: exit $status\n$(cat mismatch$r.log)"
-done
-grep -q "disagree on seed" mismatch0.log || fail "the mismatch is not named:\n$(cat mismatch0.log)"
-echo "ok: ranks with different seeds exit 2: $(grep -m1 disagree mismatch0.log)"
+expect_ranks_disagree "ranks with different seeds" "disagree on seed" --seed 0 1 "${small[@]}"
 # Refused once, before any rank starts, with the sizes that would split.
 expect_exit_2 "rows that do not split over the ranks" \
   "^streambp: error: --nproc 3: the global batch \\(--batch 4\\) has 4 rows, which do not split evenly over 3 ranks \\(each rank takes rows / 3\\); 3 or 6 rows would$" \

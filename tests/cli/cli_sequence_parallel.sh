@@ -111,16 +111,4 @@ expect_exit_2 "--sp 2 on one process" "--sp 2 splits each sequence over 2 ranks,
   "$STREAMBP" train "${small[@]}" --sp 2
 expect_exit_2 "--sp 2 with MsT" "method mst.* does not run on a sequence-parallel rank's shard" \
   "$STREAMBP" train "${small[@]/standard/mst}" --nproc 2 --sp 2
-mkdir store
-for r in 0 1; do
-  STREAMBP_RANK=$r STREAMBP_WORLD_SIZE=2 STREAMBP_STORE=$PWD/store/s "$STREAMBP" train "${small[@]}" --sp $((r + 1)) \
-    --dist-timeout 30 >mismatch$r.log 2>&1 &
-  pids[$r]=$!
-done
-for r in 0 1; do
-  status=0
-  wait ${pids[$r]} || status=$?
-  [[ $status -eq 2 ]] || fail "rank $r with another --sp: exit $status\n$(cat mismatch$r.log)"
-done
-grep -q "disagree on --sp" mismatch0.log || fail "the mismatch is not named:\n$(cat mismatch0.log)"
-echo "ok: ranks with different --sp exit 2: $(grep -m1 disagree mismatch0.log)"
+expect_ranks_disagree "ranks with different --sp" "disagree on --sp" --sp 1 2 "${small[@]}" --dist-timeout 30

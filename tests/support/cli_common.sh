@@ -33,3 +33,25 @@ expect_exit_2() {
   grep -qE -- "$pattern" <<<"$out" || fail "$what: no message matching '$pattern' in:\n$out"
   echo "ok: $what (exit 2): $(grep -E -m1 -- "$pattern" <<<"$out")"
 }
+
+# expect_ranks_disagree WHAT PATTERN FLAG VALUE0 VALUE1 ARGS...: two ranks of `train ARGS` started by hand as the
+# launcher starts them (its environment, a FileStore in ./store), rank r given FLAG VALUEr: both must exit 2, rank 0
+# saying something matching PATTERN (the setting the ranks disagree on).
+expect_ranks_disagree() {
+  local what=$1 pattern=$2 flag=$3 status r
+  local -a values=("$4" "$5") pids
+  shift 5
+  mkdir -p store
+  for r in 0 1; do
+    STREAMBP_RANK=$r STREAMBP_WORLD_SIZE=2 STREAMBP_STORE=$PWD/store/$flag "$STREAMBP" train "$@" "$flag" "${values[$r]}" \
+      >"disagree$r.log" 2>&1 &
+    pids[r]=$!
+  done
+  for r in 0 1; do
+    status=0
+    wait "${pids[r]}" || status=$?
+    [[ $status -eq 2 ]] || fail "$what: rank $r exited $status, expected 2\n$(cat "disagree$r.log")"
+  done
+  grep -qE -- "$pattern" disagree0.log || fail "$what: no message matching '$pattern' in:\n$(cat disagree0.log)"
+  echo "ok: $what (exit 2): $(grep -E -m1 -- "$pattern" disagree0.log)"
+}

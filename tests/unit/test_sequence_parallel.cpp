@@ -287,10 +287,11 @@ TEST_CASE("standard BP, checkpointing and StreamBP over a sequence split on N ra
           "[sequence-parallel][distributed]") {
   double worst = 0;
   // StreamBP: chunks inside the shard's blocks (a block of T = 37 over 4 ranks has 4-5 positions), several per block
-  // and one per block.
+  // and one per block. Every method on 3 ranks; on 2 and 4 the StreamBP with several chunks per block.
   for (const std::string method : {"standard", "checkpoint", "streambp:layer_chunk=2,head_chunk=3",
                                    "streambp:layer_chunk=64,head_chunk=64"})
-    for (const int world : {2, 3, 4})
+    for (const int world : {2, 3, 4}) {
+      if (world != 3 && method != "streambp:layer_chunk=2,head_chunk=3") continue;
       for (const auto& c : {ModelCase{37, 1, "", method}, ModelCase{37, 4, "", method},
                             ModelCase{48, 2, "rank=8", method}, ModelCase{41, 2, "", method, "grpo"},
                             ModelCase{41, 2, "rank=8", method, "grpo"},
@@ -302,6 +303,7 @@ TEST_CASE("standard BP, checkpointing and StreamBP over a sequence split on N ra
         CHECK(e <= 1e-12);
         worst = std::max(worst, e);
       }
+    }
   WARN("sequence-parallel SFT, GRPO and DPO: largest relative difference " << worst);
 }
 

@@ -182,7 +182,10 @@ TEST_CASE("per-rank memory models of data-parallel training with the checkpoints
   // V = 512, T = 256: the peak is in the BP, where the checkpoints are, beside the sharded gradients (stages 2-3) and
   // one gathered layer (stage 3); V = 4096, T = 16: around the update, where the states and gradients are, or the
   // lm_head's backward GEMMs. Every rank its own tier. bf16 by matches_model (the attention scratch's timing).
+  // LoRA or not alternates with the stage, the method and the dtype (every pair of the four meets, at half the runs of
+  // the full product: this grid was the suite's longest test at 157 s).
   const sbp::test::TempDir dir("sbp_zero_offload_");
+  const auto specs = sbp::metered_method_specs();
   double worst = 0;
   int runs = 0;
   for (const auto dtype : {at::kFloat, at::kBFloat16})
@@ -191,27 +194,28 @@ TEST_CASE("per-rank memory models of data-parallel training with the checkpoints
                                   Offload{false, false, true}, Offload{true, true, true}, Offload{false, false, false, true},
                                   Offload{true, true, true, true}})
         for (const int stage : {0, 1, 2, 3})
-          for (const auto& spec : sbp::metered_method_specs())
-            for (const std::string lora : {"", "rank=8"}) {
-              // Nothing moves near the update; the gradients alone near the checkpoints change little.
-              if (vocab == 4096 && offload.checkpoints && !offload.optimizer) continue;
-              // Standard BP keeps no checkpoints: its sets are the others.
-              if (offload.checkpoints && !sbp::make_method(spec)->keeps_layer_checkpoints()) continue;
-              if (offload.parameters && stage != 3) continue;  // the parameters move as ZeRO-3's slices
-              const auto tier = sbp::make_file_tier(dir.path().string());
-              const auto m = measure_rank(spec, lora, vocab, T, 2, stage, dtype, tier.get(), offload);
-              const double ratio = double(m.peak) / double(m.model.total_bytes());
-              INFO(c10::toString(dtype) << " V=" << vocab << " T=" << T << " offload checkpoints=" << offload.checkpoints
-                                        << " optimizer=" << offload.optimizer << " gradients=" << offload.gradients
-                                        << " parameters=" << offload.parameters << " ZeRO " << stage << " " << spec
-                                        << " lora=" << lora << ": measured " << m.peak << ", model "
-                                        << m.model.total_bytes() << " (ratio " << ratio << ") at " << describe(m.model)
-                                        << "; tier " << tier->peak_bytes() << ", model " << m.model.host_bytes());
-              CHECK(sbp::test::matches_model(m.peak, m.model));
-              CHECK(tier->peak_bytes() == m.model.host_bytes());
-              worst = std::max(worst, std::abs(ratio - 1.0));
-              ++runs;
-            }
+          for (std::size_t method = 0; method < specs.size(); ++method) {
+            const auto& spec = specs[method];
+            const std::string lora = (stage + method + (dtype == at::kFloat)) % 2 ? "rank=8" : "";
+            // Nothing moves near the update; the gradients alone near the checkpoints change little.
+            if (vocab == 4096 && offload.checkpoints && !offload.optimizer) continue;
+            // Standard BP keeps no checkpoints: its sets are the others.
+            if (offload.checkpoints && !sbp::make_method(spec)->keeps_layer_checkpoints()) continue;
+            if (offload.parameters && stage != 3) continue;  // the parameters move as ZeRO-3's slices
+            const auto tier = sbp::make_file_tier(dir.path().string());
+            const auto m = measure_rank(spec, lora, vocab, T, 2, stage, dtype, tier.get(), offload);
+            const double ratio = double(m.peak) / double(m.model.total_bytes());
+            INFO(c10::toString(dtype) << " V=" << vocab << " T=" << T << " offload checkpoints=" << offload.checkpoints
+                                      << " optimizer=" << offload.optimizer << " gradients=" << offload.gradients
+                                      << " parameters=" << offload.parameters << " ZeRO " << stage << " " << spec
+                                      << " lora=" << lora << ": measured " << m.peak << ", model "
+                                      << m.model.total_bytes() << " (ratio " << ratio << ") at " << describe(m.model)
+                                      << "; tier " << tier->peak_bytes() << ", model " << m.model.host_bytes());
+            CHECK(sbp::test::matches_model(m.peak, m.model));
+            CHECK(tier->peak_bytes() == m.model.host_bytes());
+            worst = std::max(worst, std::abs(ratio - 1.0));
+            ++runs;
+          }
   // Three ranks, everything offloaded (the parameters at ZeRO-3): slices no longer split every tensor evenly, and the
   // model counts a group's slice as a whole (memory_terms.h, slice_elements): the tier may hold up to N - 1 elements
   // per tensor more than it says, the analytic bound checked here.
@@ -275,34 +279,37 @@ TEST_CASE("per-rank memory models of sequence-parallel training steps (StreamBP 
   std::set<std::string> peaks;  // the moments the models put the peaks at
   double closest_control = 1e9;
   int controls = 0;
-  // T = 512: a layer's last chunk is the peak; T = 2048 with small chunks: the K/V exchange's buffers are.
+  // T = 512: a layer's last chunk is the peak; T = 2048 with small chunks: the K/V exchange's buffers are. LoRA or not
+  // alternates with the layout and the dtype (each pair meets; half the runs of the full product).
+  const std::vector<Layout> layouts{{2, 2, 0}, {3, 3, 0}, {4, 4, 1}, {2, 4, 3}};
   for (const auto& shape : {Shape{512, "streambp:layer_chunk=64,head_chunk=64"},
                             Shape{2048, "streambp:layer_chunk=16,head_chunk=256"}})
-  for (const auto& layout : {Layout{2, 2, 0}, Layout{3, 3, 0}, Layout{4, 4, 1}, Layout{2, 4, 3}})
-    for (const auto dtype : {at::kFloat, at::kBFloat16})
-      for (const std::string lora : {"", "rank=8"}) {
-        ++runs;
-        const auto m = measure_rank(shape.spec, lora, 512, shape.T, layout.world, layout.stage, dtype, nullptr, {},
-                                    layout.sp);
-        peaks.insert(m.model.moment.substr(m.model.moment.find(' ', 6) + 1));
-        const double ratio = double(m.peak) / double(m.model.total_bytes());
-        INFO("T " << shape.T << " " << shape.spec << " SP " << layout.sp << " world " << layout.world << " ZeRO " << layout.stage << " " << c10::toString(dtype)
-                   << " lora=" << lora << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio "
-                   << ratio << ") at " << describe(m.model));
-        CHECK(sbp::test::matches_model(m.peak, m.model));
-        worst = std::max(worst, std::abs(ratio - 1.0));
-        // Negative control: where the K/V dominate (T = 2048, small chunks), a model that sizes them by the rank's
-        // shard instead of the whole sequence (the K/V a rank would hold if it attended its own positions only)
-        // misses by more than the tolerance.
-        const double shard = double(sbp::longest_zigzag_shard(shape.T, layout.sp)) / double(shape.T);
-        for (const auto& t : m.model.terms)
-          if (t.name == "K, V, dK, dV" && shape.T == 2048) {
-            const double control = double(m.peak) / (double(m.model.total_bytes()) - double(t.bytes) * (1 - shard));
-            CHECK(std::abs(control - 1.0) > 0.03);
-            closest_control = std::min(closest_control, std::abs(control - 1.0));
-            ++controls;
-          }
-      }
+  for (std::size_t l = 0; l < layouts.size(); ++l)
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const auto& layout = layouts[l];
+      const std::string lora = (l + (dtype == at::kFloat) + (shape.T == 512)) % 2 ? "rank=8" : "";
+      ++runs;
+      const auto m = measure_rank(shape.spec, lora, 512, shape.T, layout.world, layout.stage, dtype, nullptr, {},
+                                  layout.sp);
+      peaks.insert(m.model.moment.substr(m.model.moment.find(' ', 6) + 1));
+      const double ratio = double(m.peak) / double(m.model.total_bytes());
+      INFO("T " << shape.T << " " << shape.spec << " SP " << layout.sp << " world " << layout.world << " ZeRO " << layout.stage << " " << c10::toString(dtype)
+                 << " lora=" << lora << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio "
+                 << ratio << ") at " << describe(m.model));
+      CHECK(sbp::test::matches_model(m.peak, m.model));
+      worst = std::max(worst, std::abs(ratio - 1.0));
+      // Negative control: where the K/V dominate (T = 2048, small chunks), a model that sizes them by the rank's
+      // shard instead of the whole sequence (the K/V a rank would hold if it attended its own positions only)
+      // misses by more than the tolerance.
+      const double shard = double(sbp::longest_zigzag_shard(shape.T, layout.sp)) / double(shape.T);
+      for (const auto& t : m.model.terms)
+        if (t.name == "K, V, dK, dV" && shape.T == 2048) {
+          const double control = double(m.peak) / (double(m.model.total_bytes()) - double(t.bytes) * (1 - shard));
+          CHECK(std::abs(control - 1.0) > 0.03);
+          closest_control = std::min(closest_control, std::abs(control - 1.0));
+          ++controls;
+        }
+    }
   CHECK(controls >= 8);
   std::string moments;
   for (const auto& p : peaks) moments += (moments.empty() ? "" : ", ") + p;

@@ -15,10 +15,10 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 # Every translation unit uses a precompiled header, which ccache refuses without these (measured: 132 of 145 calls
 # uncacheable, every build a full one); with them (and gcc's -fpch-preprocess, CMakeLists.txt) the calls are cacheable.
-# They let ccache ignore only the header's time stamps and macros. A fresh clone still mostly misses (79 hits of 551
-# calls measured), the precompiled header carrying its clone's paths.
+# They let ccache ignore only the header's time stamps and macros.
 export CCACHE_SLOPPINESS ?= pch_defines,time_macros,include_file_mtime,include_file_ctime
-# ...and hash the precompiled header's .sum (core/CMakeLists.txt) instead of its bytes, which differ on every build.
+# ...and hash the precompiled header's .sum (core/CMakeLists.txt) instead of its bytes, which differ on every build:
+# without it a fresh clone hit 112 of 256 calls (9.5 min for both trees); with it 256 of 277 (2.6 min; 2 cores).
 export CCACHE_PCH_EXTSUM ?= 1
 # The sanitized tree (ASan + UBSan, the fuzz targets): clang, the CPU half only (issue #22).
 SANITIZE_BUILD ?= $(BUILD)-sanitize

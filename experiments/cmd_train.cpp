@@ -125,12 +125,9 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
   for (const auto& [key, value] : fingerprint.items()) items.push_back({key, value.dump()});
   std::vector<std::int64_t> hashes;
   for (const auto& [key, text] : items) hashes.push_back(std::int64_t(std::hash<std::string>{}(text) >> 1));
-  const auto all = comm.all_gather(at::tensor(hashes, at::TensorOptions(at::kLong).device(comm.device())));
-  for (std::size_t i = 0; i < items.size(); ++i)
-    for (int other = 1; other < comm.world_size(); ++other)
-      if (all[other][std::int64_t(i)].item<std::int64_t>() != all[0][std::int64_t(i)].item<std::int64_t>())
-        throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on {} (this rank's: {})", other,
-                                                items[i].first, items[i].second));
+  if (const auto d = first_disagreement(comm, hashes))
+    throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on {} (this rank's: {})", d->rank,
+                                            items[d->index].first, items[d->index].second));
 }
 
 // The step the latest complete checkpoint in `dir` reached (0 without one, or when its trainer.json does not read:

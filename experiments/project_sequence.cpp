@@ -24,13 +24,11 @@ namespace {
 double alst_tokens(int devices) { return devices == 8 ? 3.7e6 : devices == 32 ? 15e6 : 0; }
 
 // The terms of a rank's peak that grow with the whole sequence, not with its shard: the gathered K/V, their
-// gradients' fp32 sums and the exchange's buffers (their names in core/methods/streambp_memory.cpp).
+// gradients' fp32 sums and the exchange's buffers (MemoryTerm::whole_sequence).
 std::int64_t whole_sequence_bytes(const MemoryEstimate& e) {
   std::int64_t n = 0;
   for (const auto& t : e.terms)
-    if (t.name.find("K, V") != std::string::npos || t.name.find("dK, dV") != std::string::npos ||
-        t.name.find("padded piece") != std::string::npos || t.name.find("all-gather") != std::string::npos)
-      n += t.bytes;
+    if (t.whole_sequence) n += t.bytes;
   return n;
 }
 

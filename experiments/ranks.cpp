@@ -102,11 +102,9 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
                                       : make_gloo_communicator(rendezvous);
   // Every rank forms the same groups: a rank given another --sp (torchrun's ranks each have their own command line)
   // would wait for a group the others never form. Compared before any is formed.
-  const auto all = ranks.comm->all_gather(at::full({1}, flags.sp, at::TensorOptions(at::kLong).device(ranks.comm->device()))).cpu();
-  for (int other = 1; other < ranks.world; ++other)
-    if (all[other].item<std::int64_t>() != all[0].item<std::int64_t>())
-      throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", other,
-                                              all[other].item<std::int64_t>(), all[0].item<std::int64_t>()));
+  if (const auto d = first_disagreement(*ranks.comm, {flags.sp}))
+    throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", d->rank, d->theirs,
+                                            d->rank0));
   if (flags.sp > 1) {
     ranks.sp = flags.sp;
     std::vector<int> members;

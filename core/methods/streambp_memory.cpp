@@ -10,29 +10,16 @@ namespace sbp {
 
 using namespace memory;
 
-MemoryEstimate StreamBP::memory_model(const Workload& w) const {
-  const auto layer_chunk = options_.layer_chunk, head_chunk = options_.head_chunk;
-  const Sizes z(w);
+namespace {
+
+// The worst moment of a chunk of c rows after `prefix` keys in a layer's step 2 (the chunk loop): its MLP backward or
+// its attention backward at its largest key block (the most keys with the most rows is a layer's worst chunk).
+std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std::int64_t prefix) {
   const auto& cfg = w.config;
-  const auto btd = z.B * z.T * z.d * z.s;
   const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
-  const auto kv = z.B * z.Tg * kw * z.s;  // one of K, V: [B, n_kv, T, hd] of the whole sequence (gathered under SP)
-  // The positions this rank holds, as blocks of the sequence (one process: one block [0, T)); a chunk never crosses
-  // a block. Under sequence parallelism rank 0's: its last block ends at T, so its last chunk has the most keys.
-  const auto shard = z.sp > 1 ? zigzag_shard(z.Tg, 0, int(z.sp)) : SequenceShard{0, 1, z.T, {{0, z.T}}};
-  std::int64_t longest_block = 0, chunks = 0;
-  for (const auto& b : shard.blocks) {
-    longest_block = std::max(longest_block, b.length());
-    chunks += (b.length() + layer_chunk - 1) / layer_chunk;
-  }
-  const auto c_max = std::min(layer_chunk, longest_block);
-  // A layer of one chunk (T <= c) is special: its weight gradients do not exist yet while the chunk is
-  // back-propagated (ChunkGradients starts its sums afterwards; tiny fp32 T = 64: 104 KiB the model had too many).
-  const bool one_chunk = chunks == 1;
   // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
   // kPrefixTile keys are upcast to fp32 inside chunk attention.
   const bool sums_wider = z.f > z.s;
-
   // The chunk's saved Q path, per token. Step 2 builds no K/V path (K and V were made without a graph), so
   // attention_activation_bytes_per_token's k (projection, normalised, rotated) and v are not there. Its attention
   // output is the one chunk attention keeps, in the merge dtype (fp32 or wider); in fp32/fp64 that is also o_proj's
@@ -48,9 +35,6 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto q_path = attention_activation_bytes_per_token(w, true) - k_path - qw * z.s + qw * z.f + o_proj_input;
   // RoPE's cos and sin of the chunk's c positions for q ([c, hd] each, saved by the rotation; tiny c = 128: two
   // 8 KiB blocks).
-  // The worst chunk of a layer's step 2: the most keys (`prefix` before it) with the most rows. A chunk of c rows at
-  // `prefix`:
-  const auto chunk_moment = [&](std::int64_t c, std::int64_t prefix) {
   const auto q_rope = rope_table_bytes(w, c) / 2;
   // The chunk's output (the root of its graph, held until grad returns): [B, c, d].
   const auto out = z.B * c * z.d * z.s;
@@ -84,14 +68,36 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
                                 block_gradients + dq_path;
   return std::max(mlp_moment, attention_moment);
-  };
+}
+
+}  // namespace
+
+MemoryEstimate StreamBP::memory_model(const Workload& w) const {
+  const auto layer_chunk = options_.layer_chunk, head_chunk = options_.head_chunk;
+  const Sizes z(w);
+  const auto& cfg = w.config;
+  const auto btd = z.B * z.T * z.d * z.s;
+  const auto kw = cfg.kv_width();
+  const auto kv = z.B * z.Tg * kw * z.s;  // one of K, V: [B, n_kv, T, hd] of the whole sequence (gathered under SP)
+  // The positions this rank holds, as blocks of the sequence (one process: one block [0, T)); a chunk never crosses
+  // a block. Under sequence parallelism rank 0's: its last block ends at T, so its last chunk has the most keys.
+  const auto shard = z.sp > 1 ? zigzag_shard(z.Tg, 0, int(z.sp)) : SequenceShard{0, 1, z.T, {{0, z.T}}};
+  std::int64_t longest_block = 0, chunks = 0;
+  for (const auto& b : shard.blocks) {
+    longest_block = std::max(longest_block, b.length());
+    chunks += (b.length() + layer_chunk - 1) / layer_chunk;
+  }
+  const auto c_max = std::min(layer_chunk, longest_block);
+  // A layer of one chunk (T <= c) is special: its weight gradients do not exist yet while the chunk is
+  // back-propagated (ChunkGradients starts its sums afterwards; tiny fp32 T = 64: 104 KiB the model had too many).
+  const bool one_chunk = chunks == 1;
   // Candidates: each block's last chunk (its most keys) and, when that one is short, the full one before it.
   std::int64_t chunk = 0;
   for (const auto& b : shard.blocks) {
     const auto last_start = b.start + (b.length() - 1) / c_max * c_max;
-    chunk = std::max(chunk, chunk_moment(b.end - last_start, last_start));
+    chunk = std::max(chunk, chunk_moment(w, z, b.end - last_start, last_start));
     if (b.end - last_start < c_max && last_start - c_max >= b.start)
-      chunk = std::max(chunk, chunk_moment(c_max, last_start - c_max));
+      chunk = std::max(chunk, chunk_moment(w, z, c_max, last_start - c_max));
   }
   // The layer's weight gradients while its chunks run: none yet for a single chunk; else the sums of every chunk so
   // far (the fp32 sums in bf16), without k_proj/v_proj (and k_norm), which only step 3 (kv_path) makes.
@@ -117,15 +123,17 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
       const auto local = 2 * z.B * shard.length() * kw;  // elements of this rank's K, V (and of its dK/dV share)
       const std::int64_t copies = w.collective_copies ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
       MemoryEstimate gather{"layer " + std::to_string(state.layer) + " K/V all-gather", held};
-      gather.terms.push_back({"this rank's K, V and the whole sequence's", local * z.s + 2 * kv});
-      gather.terms.push_back({"a piece padded, the all-gather's N pieces (and the backend's copy)",
-                              (shard.length() < z.T ? piece : 0) * z.s + copies * z.sp * piece * z.s});
+      gather.terms.push_back({"this rank's K, V", local * z.s});
+      gather.terms.push_back({"the whole sequence's K, V", 2 * kv, true});
+      gather.terms.push_back({"a piece padded", (shard.length() < z.T ? piece : 0) * z.s});
+      gather.terms.push_back({"the all-gather's N pieces (and the backend's copy)", copies * z.sp * piece * z.s, true});
       moments.push_back(gather);
       MemoryEstimate scatter{"layer " + std::to_string(state.layer) + " dK/dV reduce-scatter", held};
       scatter.terms.push_back({"layer gradient sums (none for one chunk)", layer_sums});
-      scatter.terms.push_back({"dK, dV (whole sequence) and this rank's share", 2 * kv * z.f / z.s + local * z.f});
-      scatter.terms.push_back({"every rank's padded piece (and the backend's clone), the piece summed",
-                               (copies * z.sp + 1) * piece * z.f});
+      scatter.terms.push_back({"dK, dV (whole sequence)", 2 * kv * z.f / z.s, true});
+      scatter.terms.push_back({"this rank's share of them", local * z.f});
+      scatter.terms.push_back({"every rank's padded piece (and the backend's clone)", copies * z.sp * piece * z.f, true});
+      scatter.terms.push_back({"the piece summed", piece * z.f});
       moments.push_back(scatter);
     }
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",
@@ -136,7 +144,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
                         {"layer gradient sums (none for one chunk)", layer_sums},
                         {"checkpoints", state.checkpoints},
                         {"dL/dH (out, overwritten by in)", btd},
-                        {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s},
+                        {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s, true},
                         {"layer chunk", chunk},
                         {"objective buffers", objective_bytes(w)}}});
   }

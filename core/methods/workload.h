@@ -20,6 +20,9 @@ namespace sbp {
 struct MemoryTerm {
   std::string name;
   std::int64_t bytes = 0;
+  // Sized by the whole sequence even on a rank of a sequence-parallel group (the gathered K/V, their gradients, the
+  // exchange's buffers), where the other per-position terms are sized by the rank's shard.
+  bool whole_sequence = false;
 };
 struct MemoryEstimate {
   std::string moment;  // when the device's peak happens, e.g. "head backward"

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,5 +62,15 @@ class Communicator {
  private:
   std::map<std::string, CollectiveStats> stats_;
 };
+
+// The first of `values` (the same number of them on every rank of `comm`) that some rank holds differently from rank
+// 0, and both values; nullopt when all agree. One all-gather, whose answer every rank gets: they fail together, where
+// settings compared one rank at a time would leave some waiting in a collective the others never reach.
+struct Disagreement {
+  int rank;           // the lowest rank that differs from rank 0 on this value
+  std::size_t index;  // which value
+  std::int64_t theirs, rank0;
+};
+std::optional<Disagreement> first_disagreement(Communicator& comm, const std::vector<std::int64_t>& values);
 
 }  // namespace sbp

@@ -71,13 +71,11 @@ class SequenceScope {
  public:
   SequenceScope(Model& model, Communicator* group, std::int64_t T, const std::string& source) : model_(model) {
     if (!group) return;
-    const auto all = group->all_gather(at::full({1}, T, at::TensorOptions(at::kLong).device(group->device()))).cpu();
-    for (int r = 1; r < group->world_size(); ++r)
-      if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>())
-        throw std::invalid_argument(source + ": rank " + std::to_string(r) + " of the sequence-parallel group holds " +
-                                    "sequences of " + std::to_string(all[r].item<std::int64_t>()) + " positions and " +
-                                    "rank 0 of " + std::to_string(all[0].item<std::int64_t>()) + " (sequence length): " +
-                                    "the ranks of a group split the same sequences");
+    if (const auto d = first_disagreement(*group, {T}))
+      throw std::invalid_argument(source + ": rank " + std::to_string(d->rank) + " of the sequence-parallel group " +
+                                  "holds sequences of " + std::to_string(d->theirs) + " positions and rank 0 of " +
+                                  std::to_string(d->rank0) + " (sequence length): the ranks of a group split the " +
+                                  "same sequences");
     exchange_.emplace(*group, T);
     model_.set_sequence_exchange(&*exchange_);
   }

@@ -37,6 +37,7 @@ using sbp::Batch;
 struct Case {
   std::string objective, lora;  // lora "": full fine-tuning
   std::int64_t group = 0;
+  std::string preset = "tiny";  // GQA (2 KV heads for 4 query heads); "tiny-mha": as many KV heads as heads
 };
 
 struct Result {
@@ -60,7 +61,7 @@ sbp::TrainOptions options() {
 }
 
 std::unique_ptr<sbp::Model> case_model(const Case& k) {
-  auto model = std::make_unique<sbp::Model>(sbp::test::tiny_config(), at::kDouble, 21);
+  auto model = std::make_unique<sbp::Model>(sbp::preset_config(k.preset), at::kDouble, 21);
   if (!k.lora.empty()) model->add_lora(sbp::parse_lora_spec(k.lora), 22);
   return model;
 }
@@ -312,7 +313,8 @@ TEST_CASE("ZeRO-3: every method gathers each layer once for its forward and once
 
 TEST_CASE("sequence-parallel training (each sequence split over N ranks, StreamBP or checkpointing inside each) ends "
           "where one process of standard BP over the whole sequences ends: fp64, 5 AdamW steps, N = 2, 3, 4 and "
-          "DP x SP = 2 x 2 with ZeRO-3, SFT/GRPO/DPO, full and LoRA, T not divisible, padded rows, masked prompts",
+          "DP x SP = 2 x 2 with ZeRO-3, SFT/GRPO/DPO, full and LoRA, GQA and MHA, T not divisible, padded rows, "
+          "masked prompts",
           "[distributed][sequence-parallel][exactness]") {
   const OneThreadPerRank threads;
   struct Run {
@@ -322,24 +324,27 @@ TEST_CASE("sequence-parallel training (each sequence split over N ranks, StreamB
   // method inside alternating (each collective is a few hundred bytes here, so the runs are latency-bound: the whole
   // grid of both methods took minutes under ctest -j2); DP x SP with ZeRO-3 sees both methods over the cases.
   const std::vector<Run> runs = {{2, 2, 0}, {3, 3, 0}, {4, 4, 1}, {4, 2, 3}};
+  // MHA (the KV heads as many as the heads): one more case, GRPO's sequence importance with LoRA (the worst above).
+  auto all = cases();
+  all.push_back({"grpo:loss_type=dapo,importance=sequence", "rank=4,alpha=8", 4, "tiny-mha"});
   double worst = 0;
   int index = 0;
-  for (const auto& k : cases()) {
+  for (const auto& k : all) {
     const auto batches = case_batches(k);
     const auto reference = train_single(k, batches);
     for (const auto& r : runs) {
       const auto spec = index++ % 2 == 0 ? kStreamBP : std::string("checkpoint");
       const double err =
           difference(reference, train_parallel(k, batches, r.world, method(spec), ddp(r.stage), false, r.sp));
-      INFO(k.objective << " lora=" << k.lora << " " << spec << " world " << r.world << " SP " << r.sp << " ZeRO "
-                       << r.stage << ": " << err);
+      INFO(k.preset << " " << k.objective << " lora=" << k.lora << " " << spec << " world " << r.world << " SP "
+                    << r.sp << " ZeRO " << r.stage << ": " << err);
       CHECK(err <= 1e-12);
       worst = std::max(worst, err);
     }
     ++index;  // the next case starts with the other method: each layout sees both
   }
-  WARN("sequence-parallel training, largest relative difference of losses and final tensors (6 cases x "
-       << runs.size() << " layouts x 5 steps, StreamBP and checkpointing alternating): " << worst);
+  WARN("sequence-parallel training, largest relative difference of losses and final tensors (" << all.size()
+       << " cases x " << runs.size() << " layouts x 5 steps, StreamBP and checkpointing alternating): " << worst);
 }
 
 TEST_CASE("a sequence-parallel step's collectives on its group are those of the formula: per micro-batch and layer one "

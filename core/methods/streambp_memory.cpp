@@ -115,11 +115,10 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
     if (z.sp > 1) {
       // Sequence parallelism (SequenceParallel): the whole sequence's K/V made, then filled piece by piece (at most
       // 4 pieces of [t, hd] slices, a row's K or V of one KV head, padded to the longest shard t) from an all-gather
-      // of N pieces (with Gloo's flat copy of them while the collective runs); after the chunk loop this rank's share of dK/dV made, then filled piece by
-      // piece from a reduce-scatter of every rank's padded piece packed into one [N, ...] buffer (Gloo all-reduces a
-      // clone of it). The layer's sums exist by then.
-      const auto slices = 2 * z.B * cfg.num_key_value_heads;
-      const auto piece = (slices + exchange_pieces(slices) - 1) / exchange_pieces(slices) * z.T * cfg.head_dim;
+      // of N pieces (with Gloo's flat copy of them while the collective runs); after the chunk loop this rank's share
+      // of dK/dV made, then filled piece by piece from a reduce-scatter of every rank's padded piece packed into one
+      // [N, ...] buffer (Gloo all-reduces a clone of it). The layer's sums exist by then.
+      const auto piece = slices_per_piece(2 * z.B * cfg.num_key_value_heads) * z.T * cfg.head_dim;
       const auto local = 2 * z.B * shard.length() * kw;  // elements of this rank's K, V (and of its dK/dV share)
       const std::int64_t copies = w.collective_copies ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
       MemoryEstimate gather{"layer " + std::to_string(state.layer) + " K/V all-gather", held};

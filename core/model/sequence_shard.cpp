@@ -63,4 +63,9 @@ std::int64_t exchange_pieces(std::int64_t slices) {
   return (slices + per_piece - 1) / per_piece;
 }
 
+std::int64_t slices_per_piece(std::int64_t slices) {
+  const auto pieces = exchange_pieces(slices);
+  return (slices + pieces - 1) / pieces;
+}
+
 }  // namespace sbp

@@ -43,5 +43,7 @@ std::int64_t longest_zigzag_shard(std::int64_t seq_len, int world);
 // The pieces (one collective each) an exchange of `slices` [t, hd] slices is made of: min(slices, 4), consecutive
 // slices, ceil(slices / pieces) each (core/training/sequence_parallel.h).
 std::int64_t exchange_pieces(std::int64_t slices);
+// The slices of a piece (the last may have fewer): what one collective's buffers are sized by.
+std::int64_t slices_per_piece(std::int64_t slices);
 
 }  // namespace sbp

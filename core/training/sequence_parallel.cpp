@@ -16,7 +16,6 @@ std::int64_t longest(const std::vector<SequenceShard>& shards) {
   return n;
 }
 
-// [..., t, hd] -> [..., padded, hd], zeros after t.
 // [..., t, hd] as [S, t, hd] (a view): its slices, grouped into the exchange's pieces (exchange_pieces).
 at::Tensor slices(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 2 && x.is_contiguous(), "SequenceParallel: a contiguous [..., t, hd] tensor");
@@ -26,10 +25,11 @@ at::Tensor slices(const at::Tensor& x) {
 // f(first, count) for each piece: consecutive slices, ceil(S / pieces) each (the last may have fewer).
 template <typename F>
 void for_each_piece(std::int64_t slices, F&& f) {
-  const auto per_piece = (slices + exchange_pieces(slices) - 1) / exchange_pieces(slices);
+  const auto per_piece = slices_per_piece(slices);
   for (std::int64_t first = 0; first < slices; first += per_piece) f(first, std::min(per_piece, slices - first));
 }
 
+// [..., t, hd] -> [..., padded, hd], zeros after t.
 at::Tensor pad_positions(const at::Tensor& x, std::int64_t padded) {
   const auto t = x.size(-2);
   if (t == padded) return x.contiguous();

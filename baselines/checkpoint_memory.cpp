@@ -10,18 +10,23 @@ namespace sbp {
 using namespace memory;
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
-  require_whole_sequences(w, spec());
   const Sizes z(w);
+  // Sequence parallelism: the gathered K/V and what changes with them. (The re-forward's all-gather is no peak: the
+  // layer's backward holds the gathered K/V with more beside them.)
+  const auto shard = shard_attention_bytes(w);
   const auto btd = z.B * z.T * z.d * z.s;
   const auto& c = w.config;
   // The final norm's saved statistic ([B, T, 1], compute dtype) is alive with its other saved tensors.
-  const auto final_norm = z.B * z.T * (final_norm_bytes(z.d, z, true) + z.f);
+  // Under sequence parallelism the loss's forward can be the head's peak: the normed hidden states are alive there as a
+  // temporary, which under LoRA nothing else keeps (the lm_head is frozen).
+  const auto final_norm =
+      z.B * z.T * (final_norm_bytes(z.d, z, true) + z.f + (z.sp > 1 && z.lora ? z.d * z.s : 0));
   MemoryEstimate head{"head backward",
                       {{"weights", z.weights},
                        {"lm_head copy (compute dtype)", z.lm_head_copy()},
                        {"checkpoints", z.checkpoints(z.L + 1)},
                        {"final norm", final_norm},
-                       {"logits + loss", loss_peak_bytes(z.T, z)},
+                       {"logits + loss", shard_loss_peak_bytes(w)},
                        {"objective buffers", objective_bytes(w)}}};
   // Re-forward of a layer on the full sequence, then its backward. Measured with run --timeline (tiny and tiny-mha
   // fp32, B = 1, T = 64 and 1024; `run --preset tiny-mha --method checkpoint --seq 1024 --threads 2 --timeline P`,
@@ -46,7 +51,7 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
                     (w.adapts("o") ? r * (c.q_width() + z.d) : 0)
               : 3 * z.d * c.intermediate_size + z.d + z.d * c.q_width() + (c.o_proj_bias ? z.d : 0)) * z.g;
   const auto mlp_activations = z.B * z.T * (full_sequence_layer_bytes_per_token(w, true) - c.intermediate_size * z.s -
-                                            (w.adapts("down") ? r * z.s : 0));
+                                            (w.adapts("down") ? r * z.s : 0)) + shard.activations;
   const auto attention_statistics =
       z.B * z.T * (norm_statistics_bytes_per_token(w) - z.f);  // all but the post norm's (freed with the MLP's graph)
   std::vector<MemoryEstimate> moments = {head};
@@ -59,7 +64,8 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
                                             {"checkpoints", state.checkpoints},
                                             {"dL/dH in + out", 2 * btd},
                                             {"RoPE tables", rope_table_bytes(w, z.T)},
-                                            {"objective buffers", objective_bytes(w)}};
+                                            {"objective buffers", objective_bytes(w)},
+                                            {"the whole sequence's K, V (gathered)", shard.whole_kv, true}};
     MemoryEstimate mlp{layer + " (MLP)", common};
     mlp.terms.insert(mlp.terms.end(),
                      {{"gradients (this layer's: down_proj's)", earlier + down_gradient},
@@ -67,12 +73,42 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
                       {"MLP gradients: d(product), d(silu), d(up)", 3 * z.B * z.T * c.intermediate_size * z.s}});
     MemoryEstimate attention{layer + " (attention)", common};
     attention.terms.push_back({"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients});
-    attention.terms.push_back({"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true)});
-    for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
+    attention.terms.push_back(
+        {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true) + shard.activations});
+    if (z.sp == 1) {
+      for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
+    } else {
+      for (const auto& t : shard_attention_backward_terms(w)) attention.terms.push_back(t);
+    }
     attention.terms.push_back({"input and q/k norm statistics", attention_statistics});
     attention.terms.push_back({"h_mid's gradient", btd});
     moments.push_back(mlp);
     moments.push_back(attention);
+    if (z.sp > 1) {
+      // After the blocks' attention backward (sequence parallelism): their saved q, K/V and outputs are released, and
+      // o_proj's input with o_proj's backward; the whole sequence's K and V gradients become the gathered tensor's
+      // (select's backward pads each into a zeroed [2, B, n_kv, T, hd]: dK, dV and two of those at once, 2.5 times
+      // the gathered K/V), which the exchange then reduce-scatters piece by piece into this rank's share.
+      const auto held = z.B * z.T * (attention_activation_bytes_per_token(w, true) - 2 * c.q_width() * z.s) -
+                        2 * z.B * z.T * c.kv_width() * z.s;
+      MemoryEstimate select{layer + " (K/V gradients)", common};
+      select.terms.insert(select.terms.end(),
+                          {{"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients},
+                           {"attention activations but q, K, V and the outputs", held},
+                           {"input and q/k norm statistics", attention_statistics},
+                           {"h_mid's gradient", btd},
+                           {"q's gradient", z.B * z.T * c.q_width() * z.s},
+                           {"dK, dV and select's zero-padded copies (whole sequence)", 5 * shard.whole_kv / 2, true}});
+      moments.push_back(select);
+      MemoryEstimate scatter{layer + " (dK/dV reduce-scatter)", common};
+      scatter.terms.insert(scatter.terms.end(),
+                           {{"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients},
+                            {"attention activations but q, K, V and the outputs", held},
+                            {"input and q/k norm statistics", attention_statistics},
+                            {"h_mid's gradient", btd}});
+      for (const auto& t : kv_reduce_scatter_terms(w, z.s)) scatter.terms.push_back(t);
+      moments.push_back(scatter);
+    }
     // Full fine-tuning, short sequences: down_proj's weight gradient GEMM (grad^T · product over B·T rows), while
     // the product (its input) and d(product) are alive, with the GEMM's workspace; in mixed precision its output is
     // then widened into the fp32 gradient (after the workspace is gone). Measured on an AVX512_CORE CPU, bf16:
@@ -87,7 +123,8 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
                         {{"gradients (this layer's: none yet)", earlier},
                          {"down_proj's gradient (model dtype) + the GEMM's workspace or the fp32 cast",
                           down_elements * z.s + std::max(workspace, z.cast ? down_elements * z.g : 0)},
-                         {"layer activations", z.B * z.T * full_sequence_layer_bytes_per_token(w, true)},
+                         {"layer activations",
+                          z.B * z.T * full_sequence_layer_bytes_per_token(w, true) + shard.activations},
                          {"d(product)", z.B * z.T * c.intermediate_size * z.s}});
       moments.push_back(down);
     }

@@ -10,8 +10,9 @@ namespace sbp {
 using namespace memory;
 
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
-  require_whole_sequences(w, spec());
   const Sizes z(w);
+  const auto btd = z.B * z.T * z.d * z.s;
+  const auto shard = shard_attention_bytes(w);  // sequence parallelism: the gathered K/V and what changes with them
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
   // Under LoRA the frozen embedding's output needs no gradient: layer 0 keeps less (full_sequence_layer_bytes_per_token).
   // RoPE's cos/sin tables: each layer's rotation makes its own pair for q and one for k ([T, hd] each, per position,
@@ -19,7 +20,7 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
   // blocks; B = 4, T = 256 LoRA: eight 16 KiB ones). The final norm's statistic, [B, T, 1] in the compute dtype.
   // (run --preset tiny --method standard --seq 1024 --timeline P; --batch 4 --seq 256 --lora rank=8.)
   const auto layers = z.L * full_sequence_layer_bytes_per_token(w, false) -
-                      (z.lora ? full_sequence_layer_bytes_per_token(w, false) -
+                      (z.lora && z.sp == 1 ? full_sequence_layer_bytes_per_token(w, false) -
                                     full_sequence_layer_bytes_per_token(w, false, /*input_saved=*/false)
                               : 0);
   // ZeRO-3 or parameter offload: each layer's parameters are on the device only while in use, but at::linear's graph
@@ -30,10 +31,14 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                       {{"weights", z.weights},
                        {"the layers' parameters the graph keeps (ZeRO-3 gathered, or fetched)", kept_layers},
                        {"weight copies (compute dtype)", z.all_copies()},
-                       {"layer activations", z.B * z.T * layers},
+                       {"layer activations", z.B * z.T * layers + z.L * shard.activations},
+                       {"every layer's whole-sequence K, V (gathered)", z.L * shard.whole_kv, true},
                        {"RoPE tables", z.L * rope_table_bytes(w, z.T)},
                        {"final norm", z.B * z.T * (final_norm_bytes(z.d, z, false) + z.f)},
-                       {"logits + loss", loss_peak_bytes(z.T, z)},
+                       // Sequence parallelism: the peak is the loss's forward, the method still holding the last
+                       // layer's output (in fp32 it is the final norm's saved input, counted there).
+                       {"the last layer's output", z.sp > 1 && z.f != z.s ? btd : 0},
+                       {"logits + loss", shard_loss_peak_bytes(w)},
                        {"objective buffers", objective_bytes(w)}}};
   std::vector<MemoryEstimate> moments = data_parallel_moments(w, /*streamed=*/false);
   moments.push_back(head);

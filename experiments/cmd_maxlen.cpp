@@ -60,10 +60,9 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   if (sp > 1)
     for (const auto& spec : a.methods) {
       const auto m = make_method(spec);
-      if (!m->runs_sequence_shards() || !m->models_sequence_shards())
-        throw std::invalid_argument("--sp " + std::to_string(sp) + ": method " + m->spec() + (m->runs_sequence_shards()
-                                    ? " has no memory model of a sequence-parallel rank (StreamBP has)"
-                                    : " does not run on a sequence-parallel rank's shard"));
+      if (!m->runs_sequence_shards())
+        throw std::invalid_argument("--sp " + std::to_string(sp) + ": method " + m->spec() +
+                                    " does not run on a sequence-parallel rank's shard");
     }
   check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.nproc, a.ranks.zero);
   const auto env = rank_from_environment();

@@ -366,8 +366,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   watch_interrupts();
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
-    // Under --sp only StreamBP's model covers a rank's shard: the others print no estimate.
-    if (!estimate && (ranks.sp == 1 || method->models_sequence_shards())) {
+    if (!estimate) {
       const auto micro = objective->split(batch, a.grad_accum, source);
       objective->prepare(micro.front(), model->config(), source);
       auto workload = make_workload(*model, *objective, micro.front());

@@ -141,9 +141,34 @@ struct Sizes {
 };
 
 // Throws std::invalid_argument when `w` is a rank of a sequence-parallel group, for a method whose model does not
-// cover one (BackpropMethod::models_sequence_shards).
+// cover one (the methods that do not run on a shard: BackpropMethod::runs_sequence_shards).
 void require_whole_sequences(const Workload& w, const std::string& method);
 
+// Sequence parallelism inside Model::attention_block (standard BP and checkpointing; ARCHITECTURE.md §16), on rank 0
+// (the shard sizes z.T; its last block ends at the sequence's end). What one layer's graph keeps beyond one process's
+// over the same positions, and what its attention backward makes; zero / empty when sp == 1.
+struct ShardAttention {
+  std::int64_t whole_kv = 0;  // the gathered [2, B, n_kv, T, hd], kept by the blocks' attention
+  // Added to one process's activations over the shard: the rotated K and V are not kept (they went into the exchange),
+  // the blocks' attention outputs are (beside o_proj's input, which is their concatenation).
+  std::int64_t activations = 0;
+};
+ShardAttention shard_attention_bytes(const Workload& w);
+// The attention backward of the shard's last block (the most keys), as the baselines' graphs run it under sequence
+// parallelism: o_proj's input gradient, the block's dK/dV over its keys (model dtype), its dO/dQ (fp32) and its key
+// blocks' backward; one process's are attention_backward_terms.
+std::vector<MemoryTerm> shard_attention_backward_terms(const Workload& w);
+// The reduce-scatter of the whole sequence's dK/dV ([2, B, n_kv, T, hd], `element_bytes` per element) into this rank's
+// share, one piece at a time (SequenceParallel::scatter_sum): the whole gradient, the share, every rank's padded piece
+// packed into one [N, ...] buffer (and the backend's clone), the piece summed.
+std::vector<MemoryTerm> kv_reduce_scatter_terms(const Workload& w, std::int64_t element_bytes);
+// PrefixAndDiagonal's backward of c queries after `prefix` keys (core/model/chunk_attention.cpp), at its largest key
+// block: the block's dK/dV (and in bf16 its K/V upcast to fp32), the kernel's scratch, and after the first block the
+// dQ summed so far (StreamBP's chunks; the shard's blocks under sequence parallelism).
+std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t c, std::int64_t prefix);
+// The shard's loss at its worst moment: each block's log-softmax over its own rows, back-propagated one block after
+// another into the [B, t, V] logits' gradient (BackpropMethod::rank_loss); one process's is loss_peak_bytes(T).
+std::int64_t shard_loss_peak_bytes(const Workload& w);
 // Per token: an RMSNorm's saved tensors; the final norm's (input_kept: a checkpoint holds its input; output_held:
 // the caller holds its output).
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z);

@@ -83,11 +83,10 @@ class BackpropMethod {
   // Whether the method keeps layer checkpoints that offload_checkpoints_to can move (false: it ignores the tier).
   virtual bool keeps_layer_checkpoints() const { return false; }
   // Whether the method runs on one rank's shard of a sequence split over a sequence-parallel group
-  // (Model::set_sequence_exchange; ARCHITECTURE.md §16). step() refuses the others while an exchange is set.
+  // (Model::set_sequence_exchange; ARCHITECTURE.md §16). step() refuses the others while an exchange is set, and
+  // their memory_model refuses such a workload (Workload::sequence_parallel > 1) rather than answer for whole
+  // sequences.
   virtual bool runs_sequence_shards() const { return false; }
-  // Whether memory_model covers a rank of a sequence-parallel group (Workload::sequence_parallel > 1); the others
-  // refuse such a workload rather than answer for whole sequences.
-  virtual bool models_sequence_shards() const { return false; }
   // Analytic peak bytes of step() (weights and gradients included).
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/methods/flop_model.h).

@@ -28,7 +28,6 @@ class StreamBP : public BackpropMethod {
   explicit StreamBP(Options options) : options_(options) {}
   std::string spec() const override;
   bool keeps_layer_checkpoints() const override { return true; }
-  bool models_sequence_shards() const override { return true; }
   bool runs_sequence_shards() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return streambp_flops(workload); }

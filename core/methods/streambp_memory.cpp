@@ -17,9 +17,6 @@ namespace {
 std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std::int64_t prefix) {
   const auto& cfg = w.config;
   const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
-  // bf16: dK/dV and the layer's weight gradients are summed in fp32 (ChunkGradients); K/V prefix tiles of
-  // kPrefixTile keys are upcast to fp32 inside chunk attention.
-  const bool sums_wider = z.f > z.s;
   // The chunk's saved Q path, per token. Step 2 builds no K/V path (K and V were made without a graph), so
   // attention_activation_bytes_per_token's k (projection, normalised, rotated) and v are not there. Its attention
   // output is the one chunk attention keeps, in the merge dtype (fp32 or wider); in fp32/fp64 that is also o_proj's
@@ -58,13 +55,7 @@ std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std
   // fp32 copies (112 KiB each).
   const auto q_rows = z.B * c * qw;
   const auto dq_path = q_rows * (3 * z.f + z.s + (z.f > z.s ? z.f : 0));
-  // The kernel runs on fp32 copies of bf16 blocks: its scratch is the fp32 kernel's (tiny bf16, c = 128: 256 KiB).
-  const auto key_block = [&](std::int64_t keys, bool after_first, bool diagonal) {
-    return (sums_wider ? 4 : 2) * z.B * keys * kw * z.f +
-           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal) + (after_first ? q_rows * z.f : 0);
-  };
-  const auto tile = sums_wider ? std::min<std::int64_t>(1024, prefix) : prefix;
-  const auto block_gradients = std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));
+  const auto block_gradients = key_blocks_backward_bytes(w, c, prefix);
   const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
                                 block_gradients + dq_path;
   return std::max(mlp_moment, attention_moment);
@@ -129,10 +120,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
       moments.push_back(gather);
       MemoryEstimate scatter{"layer " + std::to_string(state.layer) + " dK/dV reduce-scatter", held};
       scatter.terms.push_back({"layer gradient sums (none for one chunk)", layer_sums});
-      scatter.terms.push_back({"dK, dV (whole sequence)", 2 * kv * z.f / z.s, true});
-      scatter.terms.push_back({"this rank's share of them", local * z.f});
-      scatter.terms.push_back({"every rank's padded piece (and the backend's clone)", copies * z.sp * piece * z.f, true});
-      scatter.terms.push_back({"the piece summed", piece * z.f});
+      for (const auto& t : kv_reduce_scatter_terms(w, z.f)) scatter.terms.push_back(t);
       moments.push_back(scatter);
     }
     moments.push_back({"layer " + std::to_string(state.layer) + " backward",

@@ -364,7 +364,10 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
                 " whose shard has ", shard.length());
     std::vector<at::Tensor> qs, ks, vs;
     shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-      const auto hb = hn.narrow(1, offset, b.length());
+      // One contiguous copy of the block (a view when B = 1): the q, k and v projections (and LoRA's A) would each
+      // fold a strided narrow into a copy of their own and keep it, three to six [B, t, d] per layer where one process
+      // keeps one.
+      const auto hb = hn.narrow(1, offset, b.length()).contiguous();
       auto kv = kv_from_normed(w, hb, b.start);
       ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, b.start));
     });

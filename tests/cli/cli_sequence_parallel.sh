@@ -78,8 +78,8 @@ assert abs(float(two["model_error"])) <= 0.05, two  # the model's T* within two 
 print(f"T* {one['measured_max_seq']} on one process, {two['measured_max_seq']} per group of 2 (model {two['model_max_seq']})")
 PY
 echo "ok: maxlen --nproc 2 --sp 2 measures a longer T* than one process, beside its model"
-expect_exit_2 "maxlen --sp 2 with checkpointing" "method checkpoint has no memory model of a sequence-parallel rank" \
-  "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods checkpoint --optimizer adamw --batch 2 --nproc 2 --sp 2
+expect_exit_2 "maxlen --sp 2 with MsT" "method mst.* does not run on a sequence-parallel rank's shard" \
+  "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods mst --optimizer adamw --batch 2 --nproc 2 --sp 2
 
 # (b) SIGKILL to one rank of a long run: the survivors' collectives fail, the launcher names the rank.
 "$STREAMBP" train --preset tiny --dtype fp32 --batch 2 --seq 1024 --steps 1000 --method streambp:layer_chunk=128,head_chunk=128 \

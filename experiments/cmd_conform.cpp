@@ -40,6 +40,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kExactRtol = 1e-10;
+// An adapter's exit status for a case its library cannot express (a padding side, a loss, a model family it does not
+// have): reported as such, neither passed nor failed (protocol.py's NotExpressible).
+constexpr int kNotExpressible = 3;
 
 std::string quoted(const std::string& s) {
   std::string out = "'";
@@ -88,6 +91,7 @@ std::int64_t group_peak_rss(pid_t group) {
 
 struct ChildRun {
   std::string outcome;  // "" when it exited 0; else how it ended
+  int exit_status = 0;  // -1 when killed
   double wall_seconds = 0, cpu_seconds = 0;
   std::int64_t peak_rss_bytes = 0;  // the largest process's, sampled every 20 ms
 };
@@ -131,9 +135,14 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                   1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-  if (timed_out) r.outcome = fmt::format("timed out after {:.0f} s (--timeout)", timeout);
-  else if (WIFSIGNALED(status)) r.outcome = fmt::format("killed by signal {}", WTERMSIG(status));
-  else if (WEXITSTATUS(status) != 0) r.outcome = fmt::format("exited with status {}", WEXITSTATUS(status));
+  r.exit_status = timed_out || WIFSIGNALED(status) ? -1 : WEXITSTATUS(status);
+  if (timed_out) {
+    r.outcome = fmt::format("timed out after {:.0f} s (--timeout)", timeout);
+  } else if (WIFSIGNALED(status)) {
+    r.outcome = fmt::format("killed by signal {}", WTERMSIG(status));
+  } else if (r.exit_status != 0) {
+    r.outcome = fmt::format("exited with status {}", r.exit_status);
+  }
   return r;
 }
 
@@ -285,7 +294,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                       "baseline_peak_rss_bytes", "problem", "impl"});
   fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
   std::vector<std::string> lines;
-  int failed = 0;
+  int failed = 0, not_expressible = 0;
   for (const auto& c : cases) {
     const auto dir = work / c.name;
     fs::remove_all(dir);
@@ -299,6 +308,23 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     const auto [reference, reference_loss] = oracle(c, dir, batch);
 
     const auto run = run_child(impl, dir, a.timeout);
+    if (run.exit_status == kNotExpressible) {
+      // The adapter's own word that its library cannot run this case: no gradients to judge, no failure.
+      const auto why = last_line(dir / "impl.log");
+      ++not_expressible;
+      table.add({c.config.name, a.impl, dtype_name(c.dtype), "not expressible", c.batch.seed,
+                 {c.name, c.description, objective->spec(), c.lora, "", "", "", "", fmt::format("{:.17g}", reference_loss),
+                  "", fmt::format("{:.3f}", run.wall_seconds), fmt::format("{:.3f}", run.cpu_seconds),
+                  std::to_string(run.peak_rss_bytes), "", "", why, impl}});
+      const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name,
+                                    dtype_name(c.dtype), "N/A", "-", "-", run.wall_seconds,
+                                    format_bytes(run.peak_rss_bytes), "not expressible: " + why);
+      fmt::print(stderr, "  {}\n", line);
+      lines.push_back(line);
+      table.write_to(csv, prov);
+      fs::remove_all(dir);
+      continue;
+    }
     const auto got = read_returned(dir, run);
     ConformVerdict verdict;
     ChildRun base_run;
@@ -317,6 +343,11 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       const auto base_dir = work / (c.name + ".baseline");
       fs::remove_all(base_dir);
       copy_case(dir, base_dir);
+      if (c.ranks != 1) {  // the yardstick is one process's standard BP in the same dtype
+        auto one = c;
+        one.ranks = 1;
+        write_file_atomically(base_dir / "case.json", case_json(one, *objective).dump(2) + "\n");
+      }
       base_run = run_child(baseline, base_dir, a.timeout);
       const auto base = read_returned(base_dir, base_run);
       if (!base.problem.empty()) {
@@ -353,10 +384,18 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
   fmt::print("\n{:<28} {:<5} {:<4} {:>10} {:<44} {:>8} {:>8}\n", "case", "dtype", "", "worst", "tensor (fp64: normwise "
              "error; else ratio to the bar)", "time", "peak RSS");
   for (const auto& line : lines) fmt::print("{}\n", line);
-  fmt::print("\n{} of {} case(s) passed; results: {}\n", cases.size() - std::size_t(failed), cases.size(), std::filesystem::absolute(csv).string());
+  const auto judged = cases.size() - std::size_t(not_expressible);
+  fmt::print("\n{} of {} case(s) passed{}; results: {}\n", judged - std::size_t(failed), judged,
+             not_expressible ? fmt::format(" ({} more not expressible by the implementation)", not_expressible) : "",
+             std::filesystem::absolute(csv).string());
   if (failed > 0) fmt::print("the failing cases' directories (inputs, the implementation's output and impl.log): {}\n",
                              work.string());
   else if (temporary) fs::remove_all(work);
+  if (judged == 0) {
+    fmt::print("no case was judged: the implementation declared every selected case not expressible (exit status {})\n",
+               kNotExpressible);
+    return 1;
+  }
   return failed > 0 ? 1 : 0;
 }
 

@@ -111,6 +111,38 @@ std::vector<ConformCase> full_cases() {
   return cases;
 }
 
+// Long enough for tiles: T = 300 against tiles of 64 (layer_chunk / head_chunk: a tiled MLP, a tiled loss, a chunked
+// head each run five, the last one short), a ragged batch; Qwen3's shape (qk-norm, tied) and Llama's (no qk-norm, no
+// bias, untied: written as a LlamaForCausalLM config); and a case for 2 ranks.
+std::vector<ConformCase> survey_cases() {
+  const auto qwen3 = variant(false, true, false, true), llama = variant(false, false, false, false);
+  const auto tiled = [](ConformCase c) {
+    c.layer_chunk = 64, c.head_chunk = 64;
+    return c;
+  };
+  std::vector<ConformCase> cases = {
+      tiled(make_case("sft-qwen3-T300", "Qwen3-shaped, T = 300 (five tiles of 64, the last short), ragged padding "
+                      "and masked prompts", qwen3, c10::kDouble, "sft", ragged(3, 300, 21))),
+      tiled(make_case("sft-llama-T300", "Llama-shaped (no qk-norm, untied lm_head), T = 300", llama, c10::kDouble,
+                      "sft", ragged(3, 300, 22))),
+      tiled(make_case("sft-qwen3-T37", "one tile shorter than the rest: T = 37", qwen3, c10::kDouble, "sft",
+                      ragged(3, 37, 23))),
+      tiled(make_case("grpo-qwen3-T300", "GRPO with a KL term, T = 300", qwen3, c10::kDouble,
+                      "grpo:beta=0.04,loss_type=dapo", ragged(3, 300, 24, 3))),
+      tiled(make_case("dpo-qwen3-T300", "DPO, two pairs, T = 300", qwen3, c10::kDouble, "dpo:beta=0.1",
+                      ragged(4, 300, 25))),
+      tiled(make_case("sft-lora-qwen3-T300", "LoRA on every linear layer, T = 300", qwen3, c10::kDouble, "sft",
+                      ragged(3, 300, 26), kLora)),
+      tiled(make_case("sft-qwen3-T300-fp32", "fp32, T = 300", qwen3, c10::kFloat, "sft", ragged(3, 300, 27))),
+      tiled(make_case("sft-qwen3-T300-bf16", "bf16, T = 300", qwen3, c10::kBFloat16, "sft", ragged(3, 300, 28))),
+  };
+  auto ranks = tiled(make_case("sft-qwen3-T300-2ranks", "2 ranks (the implementation's own processes), their "
+                               "gradients together the whole batch's", qwen3, c10::kDouble, "sft", ragged(4, 300, 29)));
+  ranks.ranks = 2;
+  cases.push_back(ranks);
+  return cases;
+}
+
 std::vector<ConformCase> file_cases(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw std::invalid_argument("--cases " + file + ": cannot read it");
@@ -123,7 +155,8 @@ std::vector<ConformCase> file_cases(const std::string& file) {
   if (!j.is_array() || j.empty()) throw std::invalid_argument("--cases " + file + ": expected a non-empty JSON array of cases");
   const std::set<std::string> known = {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
                                        "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", "qk_norm",
-                                       "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description"};
+                                       "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description",
+                                       "ranks"};
   std::vector<ConformCase> out;
   for (std::size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
@@ -149,8 +182,9 @@ std::vector<ConformCase> file_cases(const std::string& file) {
                  e.value("prompt_fraction", 0.2), e.value("seed", std::uint64_t(1)), e.value("group", std::int64_t(0))};
       c.layer_chunk = e.value("layer_chunk", c.layer_chunk);
       c.head_chunk = e.value("head_chunk", c.head_chunk);
-      if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1)
-        throw std::invalid_argument("batch >= 1, seq >= 2 and chunks >= 1 are required");
+      c.ranks = e.value("ranks", 1);
+      if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1 || c.ranks < 1)
+        throw std::invalid_argument("batch >= 1, seq >= 2, chunks >= 1 and ranks >= 1 are required");
       out.push_back(std::move(c));
     } catch (const nlohmann::json::exception& ex) {
       throw std::invalid_argument(where + ": " + ex.what());
@@ -168,6 +202,7 @@ double number(const Spec& spec, const std::string& key) { return std::stod(spec.
 std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "quick") return quick_cases();
   if (which == "full") return full_cases();
+  if (which == "survey") return survey_cases();
   return file_cases(which);
 }
 
@@ -197,6 +232,7 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
           {"objective", o},
           {"lora", !c.lora.empty()},
           {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}},
+          {"ranks", c.ranks},
           {"returns", c.lora.empty()
                           ? "grads.safetensors: the gradient of every model parameter under its HF name (a tied "
                             "lm_head only as model.embed_tokens.weight), in the model dtype; result.json: {\"loss\": ...}"

@@ -27,13 +27,18 @@ struct ConformCase {
   std::string objective = "sft";  // harness spec (case.json carries TRL's names)
   std::string lora;               // LoRA spec; empty: full fine-tuning
   RandomBatchOptions batch;
-  std::int64_t layer_chunk = 16, head_chunk = 8;  // suggestions to a chunked implementation
+  std::int64_t layer_chunk = 16, head_chunk = 8;  // suggestions to a chunked implementation (tile sizes too)
+  // Processes the implementation runs itself (a distributed one: its ranks split the batch or the sequence and
+  // together return the whole batch's gradients, judged against one process like every case). 1: one process.
+  int ranks = 1;
 };
 
-// "quick" (a few seconds of harness work, every kind of case once), "full" (the whole matrix), or a JSON file: an
-// array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction", "prompt_fraction",
-// "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias", "tie_word_embeddings",
-// "num_key_value_heads"} (a missing key takes the quick matrix's default). Throws naming the file and key.
+// "quick" (a few seconds of harness work, every kind of case once), "full" (the whole matrix), "survey" (sequences
+// longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
+// ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
+// "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias",
+// "tie_word_embeddings", "num_key_value_heads", "ranks"} (a missing key takes the quick matrix's default). Throws
+// naming the file and key.
 std::vector<ConformCase> conform_cases(const std::string& which);
 
 // The protocol's case.json for a case and its (canonical) objective: TRL's parameter names and values.

@@ -5,7 +5,9 @@ every shipped adapter shares, so that each adapter is only its loss.
   model/              HF checkpoint (config.json + safetensors): qwen3, or qwen2/llama when the case has no qk-norm
   adapter/            LoRA cases only: a PEFT adapter folder
   batch.safetensors   input_ids, attention_mask [B, T] int64 (right padding) + the objective's tensors
-  case.json           {"protocol", "case", "dtype", "objective", "lora", "chunks": {"layer", "head"}, ...}
+  case.json           {"protocol", "case", "dtype", "objective", "lora", "chunks": {"layer", "head"}, "ranks", ...}
+                      ("ranks" > 1: a distributed implementation runs that many processes itself and returns the
+                      whole batch's gradients)
 The adapter writes, each atomically (a killed adapter leaves no half file):
   grads.safetensors   d loss / d every trainable tensor in the model dtype: HF parameter names (a tied lm_head only
                       as model.embed_tokens.weight) or, under LoRA, PEFT's saved adapter names
@@ -31,6 +33,15 @@ class CaseError(Exception):
     """A malformed case or one this adapter cannot run: exit 2 with the message (the harness reports it)."""
 
 
+class NotExpressible(Exception):
+    """A well-formed case the wrapped library cannot express (a model family, a loss, a distributed layout it does not
+    have): exit 3 with the reason as the last line; the harness reports the case as not expressible, neither passed
+    nor failed."""
+
+
+NOT_EXPRESSIBLE = 3
+
+
 @dataclass
 class Case:
     dir: Path
@@ -40,6 +51,8 @@ class Case:
     lora: bool
     head_chunk: int   # the suggested sequence chunk of the LM head (chunked implementations; plain ones ignore it)
     batch: dict       # tensor name -> tensor, as in batch.safetensors
+    layer_chunk: int = 0  # the suggested chunk (tile) of a layer's sequence
+    ranks: int = 1        # processes a distributed implementation runs (case.json "ranks")
 
 
 def read_case(case_dir):
@@ -61,7 +74,8 @@ def read_case(case_dir):
             raise CaseError(f"{case_dir}/batch.safetensors: no tensor {key!r}")
     chunks = meta.get("chunks") or {}
     return Case(case_dir, meta.get("case", case_dir.name), DTYPES[meta["dtype"]], objective, bool(meta.get("lora")),
-                int(chunks.get("head") or batch["input_ids"].size(1)), batch)
+                int(chunks.get("head") or batch["input_ids"].size(1)), batch,
+                int(chunks.get("layer") or batch["input_ids"].size(1)), int(meta.get("ranks", 1)))
 
 
 def quiet_hf():
@@ -176,17 +190,22 @@ def write_outputs(case, loss, grads, seconds=None):
 
 def main(argv, loss_fn, usage):
     """The adapters' shared command line: [--gradient-checkpointing] CASE_DIR. Exit 0 with outputs written, 2 on a
-    case this adapter cannot run (message on stderr)."""
+    case this adapter cannot run (message on stderr), 3 on one it cannot express (NotExpressible)."""
     args = [a for a in argv if a != "--gradient-checkpointing"]
     if len(args) != 1 or args[0].startswith("-"):
         print(usage, file=sys.stderr)
         return 2
     try:
         case = read_case(args[0])
+        if case.ranks != 1:
+            raise NotExpressible(f"{case.ranks} ranks: this adapter runs one process")
         model, trainable = load_model(case, gradient_checkpointing=len(args) != len(argv))
         loss, grads, seconds = run_step(case, model, trainable, loss_fn)
     except CaseError as e:
         print(f"{Path(argv[-1]).name}: {e}", file=sys.stderr)
         return 2
+    except NotExpressible as e:
+        print(f"{Path(argv[-1]).name}: {e}", file=sys.stderr)
+        return NOT_EXPRESSIBLE
     write_outputs(case, loss, grads, seconds)
     return 0

@@ -227,7 +227,7 @@ void copy_case(const fs::path& from, const fs::path& to) {
 void add_conform_options(CLI::App& app, ConformArgs& a) {
   app.add_option("--impl", a.impl, "the implementation: a shell command (the case directory is appended as its last "
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
-                 "hf-checkpointing (HF gradient checkpointing)")->required();
+                 "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
   app.add_option("--cases", a.cases, "quick, full, or a JSON file of cases (README: Conformance)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
@@ -235,6 +235,8 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
       ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
+  app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, description, objective, dtype, "
+               "lora, batch, seq, ranks, chunks) and run nothing");
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go (default: a fresh temporary folder, removed "
@@ -276,6 +278,17 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     cases.push_back(std::move(c));
   }
   if (cases.empty()) throw std::invalid_argument("--cases/--objectives/--dtypes/--lora select no case");
+  if (a.list_cases) {
+    auto list = nlohmann::json::array();
+    for (const auto& c : cases)
+      list.push_back({{"name", c.name}, {"description", c.description}, {"objective", c.objective},
+                      {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
+                      {"seq", c.batch.seq_len}, {"ranks", c.ranks},
+                      {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}}});
+    fmt::print("{}\n", list.dump(2));
+    return 0;
+  }
+  if (a.impl.empty()) throw std::invalid_argument("--impl is required (or --list-cases)");
   const auto impl = resolve_command(a.impl), baseline = resolve_command(a.baseline);
 
   fs::path work = a.work_dir;

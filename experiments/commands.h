@@ -119,7 +119,7 @@ struct ConformArgs {
   std::string impl, baseline = "hf", cases = "quick", work_dir;
   std::vector<std::string> objectives, dtypes;  // empty: every one of the matrix
   OutputOptions output{.out_dir = "results/conform"};
-  bool lora_only = false;
+  bool lora_only = false, list_cases = false;
   double timeout = 300;  // seconds per case
 };
 void add_conform_options(CLI::App& app, ConformArgs& args);

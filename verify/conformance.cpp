@@ -128,7 +128,7 @@ std::vector<ConformCase> survey_cases() {
       tiled(make_case("sft-qwen3-T37", "one tile shorter than the rest: T = 37", qwen3, c10::kDouble, "sft",
                       ragged(3, 37, 23))),
       tiled(make_case("grpo-qwen3-T300", "GRPO with a KL term, T = 300", qwen3, c10::kDouble,
-                      "grpo:beta=0.04,loss_type=dapo", ragged(3, 300, 24, 3))),
+                      "grpo:beta=0.04,loss_type=grpo", ragged(3, 300, 24, 3))),
       tiled(make_case("dpo-qwen3-T300", "DPO, two pairs, T = 300", qwen3, c10::kDouble, "dpo:beta=0.1",
                       ragged(4, 300, 25))),
       tiled(make_case("sft-lora-qwen3-T300", "LoRA on every linear layer, T = 300", qwen3, c10::kDouble, "sft",

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """The conformance suite's negative control: a plausible-but-wrong chunked implementation that `streambp conform`
-must reject. Same HF model, names and protocol as hf_adapter.py; only the loss is wrong, in the ways the public
-StreamBP code and naive chunking get it wrong:
+must reject. Same HF model, names and protocol as hf_adapter.py; only the loss is wrong, in the ways naive chunking
+gets it wrong (the paper's public code has normaliser bugs of its own, judged in the survey: results/survey/):
 - SFT: the loss of each sequence chunk of case.json's chunks.head positions is normalised by that chunk's *own*
   target count and the chunk losses are averaged (a mean of chunk means) instead of one division by the batch's
   target count. Exact only when every chunk has the same number of targets.
 - GRPO (every loss_type): the same bug, each chunk's loss computed as if the chunk were the whole batch (grpo: the
   chunk's per-row token means; bnpo/dapo: the chunk's token count; dr_grpo: a chunk loss), chunk losses averaged.
-- DPO: the first completion token of each row is never scored (the public code's off-by-one), while the stored
-  reference sums include it.
+- DPO: the first completion token of each row is never scored (the paper's public code's off-by-one), while the
+  stored reference sums include it.
 
 Usage: wrong_per_chunk.py CASE_DIR
 """

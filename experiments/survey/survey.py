@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""`make survey`: the public long-context implementations through `streambp conform` (issue #33, README "The survey").
+
+For every entry of implementations.json (a library at a pinned version, in one setting, wrapped by a thin adapter in
+verify/conform/survey/): its own venv (the pinned requirements; torch from pip's cache), then `streambp conform` over
+the case matrix (default: `survey`, T = 300 against tiles of 64), and one summary row per implementation x objective
+x dtype in results/survey/survey-<stamp>.csv: the verdict, the worst tensor and its error, the loss error, time and
+peak RSS against HF's standard BP on the same cases (the `hf` entry, run first), and the command that made the row.
+An entry that cannot run here gets its row all the same, saying why: a library that needs a GPU, a source that is not
+on PyPI and not given (its environment variable), a venv that does not install.
+
+Usage: survey.py --streambp build/streambp [--only NAME ...] [--cases survey] [--out results/survey]
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+ADAPTERS = ROOT / "verify" / "conform" / "survey"
+CACHE = Path(os.environ.get("STREAMBP_CACHE", Path.home() / ".cache" / "streambp")) / "survey"
+TORCH = "torch==2.14.1"  # the harness's: pip takes it from its cache, no download
+
+COLUMNS = ["commit", "date", "machine", "implementation", "library", "version", "setting", "objective", "dtype",
+           "status", "verdict", "cases", "passed", "judged", "not_expressible", "worst_tensor", "worst", "rule",
+           "loss_rel_error", "seconds_vs_hf", "peak_rss_vs_hf", "cause", "command"]
+
+
+def log(message):
+    print(f"[survey {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def venv_python(entry):
+    """The entry's venv (made or reused: a stamp holds what it was made from) and its python, or raise with why. The
+    venv sees the harness venv's packages below its own (a .pth file, like --system-site-packages): torch 2.14.1 is
+    the harness's (6 GB a copy), and the pinned requirements, installed in the venv, come first."""
+    if entry.get("venv") is None:  # the harness's own venv: the shipped adapters
+        return os.environ.get("STREAMBP_PYTHON", sys.executable)
+    venv = CACHE / entry["venv"]
+    source = source_dir(entry)
+    base = sysconfig.get_paths()["purelib"]
+    wanted = json.dumps({"requirements": entry["requirements"], "env": entry.get("env", {}), "base": base,
+                         "source": str(source) if source and entry["source"].get("install", True) else None},
+                        sort_keys=True)
+    stamp = venv / ".survey-stamp"
+    python = venv / "bin" / "python"
+    if stamp.exists() and stamp.read_text() == wanted and python.exists():
+        return str(python)
+    log(f"{entry['name']}: making {venv} ({', '.join(entry['requirements'])})")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "streambp_harness_venv.pth").write_text(base + "\n")
+    env = dict(os.environ, **entry.get("env", {}))
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    done = subprocess.run(pip + [TORCH] + entry["requirements"], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError("pip install failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+    if source and entry["source"].get("install", True):
+        done = subprocess.run(pip + ["--no-deps", "--no-build-isolation", "-e", str(source)], env=env,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip install -e {source} failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+    stamp.write_text(wanted)
+    return str(python)
+
+
+def source_dir(entry):
+    """A library that is not on PyPI: a checkout named by an environment variable, at the pinned commit."""
+    src = entry.get("source")
+    if not src:
+        return None
+    path = os.environ.get(src["env"])
+    if not path:
+        raise RuntimeError(f"{src['repo']} is not on PyPI and this machine reaches only PyPI and Debian: set "
+                           f"{src['env']} to a checkout of {src['repo']} at {src['commit'][:7]}")
+    path = Path(path).resolve()
+    commit = (path / "COMMIT").read_text().strip() if (path / "COMMIT").exists() else None
+    if commit is None and (path / ".git").exists():
+        commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if commit and not commit.startswith(src["commit"][:7]):
+        raise RuntimeError(f"{src['env']}={path} is at {commit[:7]}, the survey pins {src['commit'][:7]}")
+    return path
+
+
+def gpu_problem(entry):
+    if not entry.get("gpu"):
+        return None
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return None
+    except ImportError:
+        pass
+    return "needs a GPU: " + entry["gpu"]
+
+
+def run_conform(streambp, entry, python, cases, out_dir):
+    """`streambp conform` over the entry's adapter; the path of the CSV it wrote and its command line."""
+    impl = " ".join([shlex.quote(python), shlex.quote(str(ADAPTERS / entry["adapter"]))] +
+                    [shlex.quote(a) for a in entry.get("args", [])]) if entry.get("adapter") else entry["impl"]
+    command = [streambp, "conform", "--impl", impl, "--cases", cases, "--out", str(out_dir)]
+    for flag in ("objectives", "dtypes"):
+        if entry.get(flag):
+            command += [f"--{flag}", ",".join(entry[flag])]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **entry.get("env", {}))
+    log(f"{entry['name']}: {' '.join(shlex.quote(c) for c in command)}")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    found = re.search(r"results: (\S+\.csv)", done.stdout)
+    if not found:
+        raise RuntimeError("conform wrote no results: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+    return Path(found.group(1)), " ".join(shlex.quote(c) for c in command)
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def group_key(row, ranks_by_case):
+    setting = []
+    if row["lora"]:
+        setting.append("LoRA")
+    if ranks_by_case.get(row["case"], 1) > 1:
+        setting.append(f"{ranks_by_case[row['case']]} ranks")
+    return row["objective"].split(":")[0], row["dtype"], " ".join(setting)
+
+
+def ratio(mine, theirs):
+    values = [float(m) / float(t) for m, t in zip(mine, theirs) if m and t and float(t) > 0]
+    return f"{statistics.median(values):.2f}" if values else ""
+
+
+def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance):
+    """One row per objective x dtype (x LoRA / ranks) of the entry's cases."""
+    hf = {r["case"]: r for r in hf_rows}
+    groups = {}
+    for r in rows:
+        groups.setdefault(group_key(r, ranks_by_case), []).append(r)
+    out = []
+    for (objective, dtype, setting), members in sorted(groups.items()):
+        judged = [r for r in members if r["status"] in ("passed", "failed")]
+        failed = [r for r in judged if r["status"] == "failed"]
+        na = [r for r in members if r["status"] == "not expressible"]
+        worst = max((r for r in (failed or judged) if r["worst"]), key=lambda r: float(r["worst"]), default=None)
+        verdict = ("wrong" if any(r["worst"] for r in failed) else "failed to run") if failed else \
+                  ("exact" if judged else "not expressible")
+        if verdict == "exact" and dtype != "fp64":
+            verdict = "within the low-precision rule"
+        cause = failed[0]["problem"] if failed else (na[0]["problem"] if na and not judged else "")
+        out.append({**provenance, "implementation": entry["name"], "library": entry["library"],
+                    "version": entry["version"], "setting": ", ".join(filter(None, [entry["setting"], setting])),
+                    "objective": objective, "dtype": dtype, "status": "passed" if not failed and judged else
+                    ("failed" if failed else "not expressible"), "verdict": verdict,
+                    "cases": " ".join(r["case"] for r in members), "passed": len(judged) - len(failed),
+                    "judged": len(judged), "not_expressible": len(na),
+                    "worst_tensor": worst["worst_tensor"] if worst else "", "worst": worst["worst"] if worst else "",
+                    "rule": worst["rule"] if worst else "",
+                    "loss_rel_error": max((r["loss_rel_error"] for r in judged if r["loss_rel_error"]),
+                                          key=float, default=""),
+                    "seconds_vs_hf": ratio([r["seconds"] for r in judged], [hf.get(r["case"], {}).get("seconds") for r in judged]),
+                    "peak_rss_vs_hf": ratio([r["peak_rss_bytes"] for r in judged],
+                                            [hf.get(r["case"], {}).get("peak_rss_bytes") for r in judged]),
+                    "cause": cause, "command": command})
+    return out
+
+
+def unavailable_row(entry, provenance, why):
+    return {**provenance, "implementation": entry["name"], "library": entry["library"], "version": entry["version"],
+            "setting": entry["setting"], "objective": ",".join(entry.get("objectives", [])) or "all",
+            "dtype": ",".join(entry.get("dtypes", [])) or "all", "status": "not run",
+            "verdict": why.split(":")[0], "cause": why, "command": ""}
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--streambp", default=str(ROOT / "build" / "streambp"))
+    parser.add_argument("--only", nargs="*", help="entries by name (the hf entry always runs: the time reference)")
+    parser.add_argument("--cases", default="survey")
+    parser.add_argument("--out", default=str(ROOT / "results" / "survey"))
+    parser.add_argument("--manifest", default=str(HERE / "implementations.json"))
+    args = parser.parse_args(argv)
+    entries = json.loads(Path(args.manifest).read_text())
+    if args.only:
+        unknown = set(args.only) - {e["name"] for e in entries}
+        if unknown:
+            parser.error(f"--only: no entry {sorted(unknown)} in {args.manifest}")
+        entries = [e for e in entries if e["name"] in args.only or e["name"] == "hf"]
+    out = Path(args.out)
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
+                            capture_output=True, text=True).stdout.strip()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    provenance = {"commit": commit, "date": stamp, "machine": ""}
+    ranks_by_case = {}
+    table, hf_rows = [], []
+    for entry in sorted(entries, key=lambda e: e["name"] != "hf"):
+        try:
+            problem = gpu_problem(entry)
+            if problem:
+                raise RuntimeError(problem)
+            python = venv_python(entry)
+            csv_path, command = run_conform(args.streambp, entry, python, args.cases, runs)
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+            log(f"{entry['name']}: {e}")
+            table.append(unavailable_row(entry, provenance, str(e)))
+            continue
+        rows = read_rows(csv_path)
+        if rows:
+            provenance["machine"] = rows[0]["machine"]
+        if entry["name"] == "hf":
+            hf_rows = rows
+            ranks_by_case.update({c["name"]: c.get("ranks", 1) for c in case_ranks(args.streambp, args.cases)})
+        table += summarize(entry, rows, hf_rows, command, ranks_by_case, provenance)
+    for row in table:
+        row["machine"] = row["machine"] or provenance["machine"]
+    path = out / f"survey-{stamp}.csv"
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(table)
+    os.replace(tmp, path)
+    print(markdown(table))
+    print(f"\nresults: {path}")
+    return 0
+
+
+def case_ranks(streambp, cases):
+    """The matrix's cases with their ranks, from the harness itself (`streambp conform --list-cases`)."""
+    done = subprocess.run([streambp, "conform", "--cases", cases, "--list-cases"], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else []
+
+
+def markdown(table):
+    lines = ["| implementation | version | setting | objective | dtype | verdict | passed | worst tensor | error | "
+             "time vs HF | RSS vs HF |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["implementation"], r["version"], r.get("setting", ""), r.get("objective", ""), r.get("dtype", ""),
+            r["verdict"], f"{r.get('passed', '')}/{r.get('judged', '')}" if r.get("judged") != "" and "judged" in r else "",
+            r.get("worst_tensor", ""), r.get("worst", ""), r.get("seconds_vs_hf", ""), r.get("peak_rss_vs_hf", "")))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -37,7 +37,7 @@ DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
 VENV_STAMP := $(VENV)/.streambp-venv-4.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
-.PHONY: demo test bench build configure sanitize-build fuzz deps venv plots clean
+.PHONY: demo test bench build configure sanitize-build fuzz deps venv plots survey clean
 
 # Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
 DEMO_ARGS ?=
@@ -113,6 +113,17 @@ $(VENV_STAMP):
 
 plots: $(VENV_STAMP)
 	$(VENV)/bin/python plots/plot_results.py results
+
+# The conformance survey (issue #33; README "The survey"): every public implementation of
+# experiments/survey/implementations.json through `streambp conform`, each library in a venv of its own (pinned, from
+# PyPI; under $(CACHE)/survey) -> results/survey/. Two libraries are not on PyPI: give their checkouts as
+# STREAMBP_OFFICIAL_SRC (Ledzy/StreamBP) and MST_SRC (wdlctc/mini-s), else their rows say so. SURVEY_ARGS: e.g.
+# --only deepspeed-tiled mst.
+SURVEY_ARGS ?=
+survey: deps venv
+	@$(MAKE) --no-print-directory build
+	STREAMBP_PYTHON=$(VENV)/bin/python STREAMBP_CACHE=$(CACHE) $(VENV)/bin/python experiments/survey/survey.py \
+	  --streambp $(BUILD)/streambp $(SURVEY_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(SANITIZE_BUILD)

@@ -49,7 +49,7 @@ def venv_python(entry):
     venv = CACHE / entry["venv"]
     source = source_dir(entry)
     base = sysconfig.get_paths()["purelib"]
-    wanted = json.dumps({"requirements": entry["requirements"], "env": entry.get("env", {}), "base": base,
+    wanted = json.dumps({"requirements": entry["requirements"], "env": entry.get("install_env", {}), "base": base,
                          "source": str(source) if source and entry["source"].get("install", True) else None},
                         sort_keys=True)
     stamp = venv / ".survey-stamp"
@@ -61,7 +61,7 @@ def venv_python(entry):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     Path(purelib, "streambp_harness_venv.pth").write_text(base + "\n")
-    env = dict(os.environ, **entry.get("env", {}))
+    env = dict(os.environ, **entry.get("install_env", {}))
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     done = subprocess.run(pip + [TORCH] + entry["requirements"], env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -62,6 +62,15 @@
 #     1 + 2 x 2 x 4 all-gathers and 2 x 4 reduce-scatters on the group (tiny: 2 layers; an exchange in 4 pieces, one
 #     collective each). Time per step is printed beside one
 #     process's: a ratio on the same GPUs (the CPU's Gloo runs on 2 cores are no speed reference).
+# 11. The survey's GPU-only libraries (issue #33; experiments/survey/implementations.json, adapters in
+#     verify/conform/survey/): Liger-Kernel 0.8.5's patched model with its fused linear cross-entropy, and 0.8.1 in
+#     Liger #968's setting (reduction='none', then the mean by hand); Apple's Cut Cross-Entropy, default and exact;
+#     Unsloth's FastLanguageModel with its offloaded checkpointing. Each through `streambp conform --cases survey`
+#     into the survey's table (results/gpu/<time>/survey/). Expected: liger and cce-exact within the low-precision
+#     rule on every fp32/bf16 case they can express (fp64: not expressible, their kernels compute in fp32); liger 0.8.1
+#     reduction-none wrong (zero gradients wherever a row's first target is masked; on the CPU through Triton's
+#     interpreter: normwise error 1.0 on every such case); cce (default) is printed, its gradient filter is a
+#     documented approximation. Never run yet.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${1:-cuda}
@@ -251,5 +260,20 @@ EOF
     done
   done
 fi
+
+log "11. the survey's GPU-only libraries through conform"
+"$PY" experiments/survey/survey.py --streambp "$STREAMBP" --only liger liger-0.8.1-reduction-none cce cce-exact unsloth \
+  --out "$OUT/survey" | tee "$OUT/survey.txt"
+"$PY" - "$OUT"/survey/survey-*.csv <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for r in rows:
+    print(f"{r['implementation']:28} {r['objective']:5} {r['dtype']:5} {r['verdict']:30} {r['worst_tensor']} {r['worst']}")
+def judged(name):
+    return [r for r in rows if r["implementation"] == name and r["judged"] not in ("", "0")]
+assert judged("liger") and all(r["status"] == "passed" for r in judged("liger")), "liger"
+assert judged("cce-exact") and all(r["status"] == "passed" for r in judged("cce-exact")), "cce-exact"
+assert any(r["verdict"] == "wrong" for r in judged("liger-0.8.1-reduction-none")), "liger 0.8.1 (#968) not caught"
+EOF
 
 log "all GPU checks passed; results in $OUT"

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Liger-Kernel (PyPI liger-kernel) under the conformance protocol streambp-conform/1, SFT, full fine-tuning or LoRA.
+
+Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none] CASE_DIR
+
+default           Liger's documented HF integration: apply_liger_kernel_to_<qwen3|qwen2|llama>(model=...) on the
+                  loaded model (its defaults: RoPE, RMSNorm, SwiGLU kernels and the fused linear cross-entropy head),
+                  then model(input_ids, attention_mask, labels, skip_logits=True).loss: LigerForCausalLMLoss, i.e.
+                  LigerFusedLinearCrossEntropyFunction with reduction="mean" over the shifted labels. (skip_logits is
+                  passed because Liger only takes the fused path by itself in train mode, and the protocol loads the
+                  model in eval mode unless checkpointing.)
+--flce-only       the same with rope=False, rms_norm=False, swiglu=False: only the fused linear CE is Liger's.
+--reduction-none  issue #968's setting: the (unpatched HF) decoder's hidden states, LigerFusedLinearCrossEntropyLoss(reduction="none")
+                  per token, then (per_token * mask).sum() / mask.sum() by hand (mask = target != -100). Equal to the
+                  mean in exact arithmetic; before liger-kernel 0.8.2 (PR #1298) the backward scaled every gradient by
+                  grad_output[0], which is 0 when the first position is masked (a prompt or padding): zero gradients
+                  for lm_head and everything below it.
+
+Runs on CUDA. Without a GPU it exits 2 with "needs a GPU: ...", unless TRITON_INTERPRET=1: then Liger's Triton
+kernels run on CPU in Triton's interpreter (gpu_common.py). Gradients are written on CPU in the model dtype.
+Liger's CE kernel computes the loss and the logits' gradient in fp32 whatever the model dtype, so fp64 cases are not
+expected to meet the fp64 bar (1e-10): it measures ~1e-8.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_common  # noqa: E402
+from gpu_common import CaseError, NotExpressible  # noqa: E402
+
+FLAGS = ("--flce-only", "--reduction-none")
+USAGE = "Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none] CASE_DIR"
+
+
+def device():
+    return gpu_common.pick_device("Liger-Kernel's kernels are Triton programs for CUDA/ROCm/XPU (on CPU Triton "
+                                  "raises 'RuntimeError: 0 active drivers ([]). There should only be one.')",
+                                  triton_interpretable=True)
+
+
+def base_of(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
+
+
+def prepare(case, model, flags):
+    import logging
+
+    import torch
+
+    logging.getLogger("liger_kernel").setLevel(logging.ERROR)  # backend discovery notes (CuTe DSL, Ascend) on stderr
+    import liger_kernel.transformers as lt
+
+    if "--flce-only" in flags and "--reduction-none" in flags:
+        raise CaseError("--flce-only and --reduction-none exclude each other")
+    if "--reduction-none" in flags:
+        return model  # the plain HF decoder; only the loss is Liger's (LigerFusedLinearCrossEntropyLoss)
+    base = base_of(model)
+    model_type = base.config.model_type
+    apply = getattr(lt, f"apply_liger_kernel_to_{model_type}", None)
+    if apply is None:
+        raise NotExpressible(f"liger-kernel has no apply_liger_kernel_to_{model_type}")
+    only_flce = {"rope": False, "rms_norm": False, "swiglu": False} if "--flce-only" in flags else {}
+    if case.dtype == torch.float64 and not only_flce:
+        # liger_kernel/ops/utils.py torch_to_triton_dtype has fp32/fp16/bf16 only: RMSNorm's backward raises
+        # KeyError: torch.float64 (the fused CE alone takes fp64: --flce-only, --reduction-none)
+        raise NotExpressible("Liger's RMSNorm kernel has no float64 backward (KeyError: torch.float64); "
+                        "--flce-only runs fp64 with only the fused CE from Liger")
+    # on the instance: protocol.load_model already built it (and, in fp64, patched HF's RMSNorm classes)
+    apply(model=base, fused_linear_cross_entropy=True, cross_entropy=False, **only_flce)
+    return model
+
+
+def loss(model, case, flags):
+    import torch
+
+    b = case.batch
+    if "--reduction-none" not in flags:
+        return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
+                     skip_logits=True).loss
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    base = base_of(model)
+    hidden = base.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+    targets = gpu_common.shifted_targets(b["labels"]).flatten()
+    per_token = LigerFusedLinearCrossEntropyLoss(reduction="none", ignore_index=-100)(
+        base.lm_head.weight, hidden.flatten(0, 1), targets)
+    mask = (targets != -100).to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+if __name__ == "__main__":
+    sys.exit(gpu_common.main(sys.argv[1:], USAGE, FLAGS, device, prepare, loss))

@@ -127,7 +127,8 @@ def run_conform(streambp, entry, python, cases, out_dir):
     found = re.search(r"results: (\S+\.csv)", done.stdout)
     if not found:
         raise RuntimeError("conform wrote no results: " + (done.stderr.strip().splitlines() or ["?"])[-1])
-    return Path(found.group(1)), " ".join(shlex.quote(c) for c in command)
+    settings = [f"{k}={shlex.quote(v)}" for k, v in entry.get("env", {}).items()]  # part of the command: DS_LOSS=...
+    return Path(found.group(1)), " ".join(settings + [shlex.quote(c) for c in command])
 
 
 def read_rows(path):

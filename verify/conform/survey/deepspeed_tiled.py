@@ -3,7 +3,8 @@
 decoder MLP through deepspeed's TiledMLP (deepspeed_common.py), the loss through deepspeed's TiledFusedLogitsLoss on the
 final hidden states (the full logits tensor is never built). Usage: deepspeed_tiled.py CASE_DIR
 
-SFT. DS_LOSS selects how TiledFusedLogitsLoss is called (all are calls of the same library function):
+SFT. --loss=MODE (or the environment's DS_LOSS) selects how TiledFusedLogitsLoss is called (all are calls of the same
+library function):
   global (default)  fn(self, x, y) = sum of the tile's token CEs / N (N = the batch's target count, known up front),
                     output_reduction="sum": the loss and both gradients (x and lm_head) are exact.
   arctic            ArcticTraining's SFT trainer (arctic_training/trainer/sft_trainer.py): fn returns the tile's mean
@@ -47,7 +48,7 @@ from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss,
 from deepspeed.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute  # noqa: E402
 from transformers.loss.loss_utils import fixed_cross_entropy  # noqa: E402
 
-MODE = os.environ.get("DS_LOSS", "global")
+MODE = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--loss=")), os.environ.get("DS_LOSS", "global"))
 
 
 def loss_shards(case, n_tokens):
@@ -111,7 +112,7 @@ def sft_loss(model, case):
                                        dict(model=lm, vocab_size=vocab), "hidden_states", compute_params,
                                        output_unshard_dimension=0, output_reduction="sum")
         return total / max(n_targets, 1)
-    raise protocol.CaseError(f"DS_LOSS={MODE!r} (global, arctic, doc, docguard or tutorial)")
+    raise protocol.CaseError(f"--loss={MODE!r} (global, arctic, doc, docguard or tutorial)")
 
 
 def grpo_loss(model, case):
@@ -175,6 +176,7 @@ def loss(model, case):
 
 if __name__ == "__main__":
     ds_common.patch_mlps_with_tiled_mlp(TiledMLP)
-    rc = protocol.main(sys.argv[1:], loss, "Usage: deepspeed_tiled.py CASE_DIR")
+    rc = protocol.main([a for a in sys.argv[1:] if not a.startswith("--loss=")], loss,
+                       "Usage: deepspeed_tiled.py [--loss=global|arctic|doc|docguard|tutorial] CASE_DIR")
     ds_common.report_stats()
     sys.exit(rc)

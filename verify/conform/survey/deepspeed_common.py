@@ -33,8 +33,8 @@ def configure(case):
 
 
 def not_expressible(msg):
-    """The lead's protocol has NotExpressible (exit 3: neither passed nor failed); older copies only CaseError."""
-    raise getattr(protocol, "NotExpressible", protocol.CaseError)(msg)
+    """Exit 3: the case is reported as not expressible, neither passed nor failed."""
+    raise protocol.NotExpressible(msg)
 
 
 def patch_mlps_with_tiled_mlp(TiledMLP):

@@ -73,8 +73,8 @@ def worker(case_dir):
     except Exception as e:  # CaseError -> 2, NotExpressible -> 3, the rest a crash
         if rank == 0:
             print(f"{Path(case_dir).name}: {type(e).__name__}: {e}", file=sys.stderr)
-        if isinstance(e, getattr(protocol, "NotExpressible", ())):
-            return getattr(protocol, "NOT_EXPRESSIBLE", 3)
+        if isinstance(e, protocol.NotExpressible):
+            return protocol.NOT_EXPRESSIBLE
         if isinstance(e, protocol.CaseError):
             return 2
         raise

@@ -20,9 +20,9 @@ import protocol  # noqa: E402
 from protocol import CaseError  # noqa: E402
 
 # exit 3, "not expressible" (neither passed nor failed): a case the library itself has no way to run (a dtype its
-# kernels lack, several ranks). protocol.py before commit f6318fb has no such class: CaseError (exit 2) there.
-NotExpressible = getattr(protocol, "NotExpressible", CaseError)
-NOT_EXPRESSIBLE = getattr(protocol, "NOT_EXPRESSIBLE", 2)
+# kernels lack, several ranks).
+NotExpressible = protocol.NotExpressible
+NOT_EXPRESSIBLE = protocol.NOT_EXPRESSIBLE
 
 import torch  # noqa: E402
 

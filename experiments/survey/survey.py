@@ -210,7 +210,7 @@ def main(argv):
         if unknown:
             parser.error(f"--only: no entry {sorted(unknown)} in {args.manifest}")
         entries = [e for e in entries if e["name"] in args.only or e["name"] == "hf"]
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # conform runs from the checkout: a relative --out is the caller's
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],

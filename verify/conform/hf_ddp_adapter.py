@@ -35,6 +35,9 @@ def rank_rows(rows, rank, world):
 
 def worker(rank, world, case_dir, rendezvous, per_rank_mean, out):
     torch.set_num_threads(1)  # the ranks share the machine's cores
+    # Gloo's pairs on the loopback interface, as the harness's own ranks (core/training/c10d_communicator.cpp): its
+    # default is the address the host name resolves to, which need not be this machine's reachable one.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         case = protocol.read_case(case_dir)

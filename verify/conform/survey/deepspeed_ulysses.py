@@ -33,7 +33,7 @@ def launch(case_dir):
     port = str(29500 + os.getpid() % 2000)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(SP),
            "--master_addr", "127.0.0.1", "--master_port", port, str(HERE), "--worker", case_dir]
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo")))
 
 
 def worker(case_dir):

@@ -210,7 +210,10 @@ def main(argv):
         if unknown:
             parser.error(f"--only: no entry {sorted(unknown)} in {args.manifest}")
         entries = [e for e in entries if e["name"] in args.only or e["name"] == "hf"]
-    out = Path(args.out).resolve()  # conform runs from the checkout: a relative --out is the caller's
+    # conform runs from the checkout: a relative --out or cases file is the caller's
+    out = Path(args.out).resolve()
+    if args.cases not in ("quick", "full", "survey"):
+        args.cases = str(Path(args.cases).resolve())
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],

@@ -42,6 +42,10 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                        {"objective buffers", objective_bytes(w)}}};
   std::vector<MemoryEstimate> moments = data_parallel_moments(w, /*streamed=*/false);
   moments.push_back(head);
+  // Sequence parallelism: a layer's backward (its K/V gradients of the whole sequence, select's zero-padded copies,
+  // the reduce-scatter, as checkpointing's model has them) is not a moment here: it holds less than the head's
+  // moment (every layer's graph is alive at both; the head adds 2.5 [B, t, V] of logits where a layer adds 1.5x its
+  // gathered K/V, 3 N t kv_width bytes: V = 151936 against N kv_width = 32 x 1024 at Qwen3-8B's size).
   // Then the lm_head's GEMMs, the loss's tensors gone (the peak at short T and a large vocabulary).
   {
     auto gemms = head;

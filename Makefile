@@ -50,13 +50,10 @@ demo:
 	@$(BUILD)/streambp demo $(DEMO_ARGS)
 
 # The main tree's suite, then the sanitized tree's (unit tests under ASan + UBSan, a bounded run of every fuzz target).
-# Both trees always run: a failure in one (its build or its tests) never hides the other's; make fails after both.
+# Both trees always run: a failure in one (its build or its tests) never hides the other's; make fails after both,
+# and the last lines summarise both trees (each tree's ctest output is kept in <tree>/ctest.log).
 test: deps venv
-	@status=0; \
-	$(MAKE) --no-print-directory build && ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) || status=1; \
-	$(MAKE) --no-print-directory sanitize-build && ctest --test-dir $(SANITIZE_BUILD) --output-on-failure -j $(JOBS) || status=1; \
-	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the output of both trees above)"; fi; \
-	exit $$status
+	@bash tests/support/run_suite.sh "$(MAKE) --no-print-directory" $(JOBS) $(BUILD) $(SANITIZE_BUILD)
 
 # The micro-benchmarks of StreamBP's pieces into a new results/bench/bench-<UTC time>.json (never overwritten).
 # Extra flags, e.g. make bench BENCH_ARGS="--preset qwen3-small --benchmark_filter=head" (build/streambp_bench --help).

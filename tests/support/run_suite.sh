@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make test`'s body: build and test the main tree, then the sanitized tree, and end with one summary of both.
+# Each tree's ctest output is also kept in <tree>/ctest.log, so the summary can be read without scrolling back
+# through the ~500 lines the sanitized tree prints after the main tree's own summary.
+# Usage: run_suite.sh "<make command>" <jobs> <main tree> <sanitized tree>
+set -uo pipefail
+make_cmd=$1 jobs=$2
+shift 2
+summary=() status=0 passed_total=0 failed_total=0 skipped_total=0
+for tree in "$@"; do
+  target=build
+  [[ $tree == "$1" ]] || target=sanitize-build
+  if ! $make_cmd "$target"; then
+    summary+=("$tree/: the build failed (its output is above)")
+    status=1
+    continue
+  fi
+  log=$tree/ctest.log
+  ctest --test-dir "$tree" --output-on-failure -j "$jobs" 2>&1 | tee "$log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # ctest's closing lines: "100% tests passed, 0 tests failed out of 255", then the skipped ones listed under
+  # "The following tests did not run:" as "  <n> - <name> (Skipped)".
+  line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  if [[ -z $line ]]; then
+    summary+=("$tree/: ctest printed no summary (see $log)")
+    status=1
+    continue
+  fi
+  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$line")
+  total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")
+  skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*\((Skipped|Disabled)\)$' "$log")
+  passed=$((total - failed - skipped))
+  summary+=("$tree/: $passed passed, $failed failed, $skipped skipped (of $total; log: $log)")
+  passed_total=$((passed_total + passed)) failed_total=$((failed_total + failed))
+  skipped_total=$((skipped_total + skipped))
+done
+echo
+echo "make test summary"
+printf '  %s\n' "${summary[@]}"
+[[ $status -eq 0 ]] && verdict=passed || verdict=FAILED
+echo "make test: both trees $verdict"
+echo "tests: $passed_total passed, $failed_total failed, $skipped_total skipped"
+exit $status

@@ -1,7 +1,8 @@
 // Every gradient verdict fails a NaN or an Inf, whichever input holds it (issue #44): a comparison with NaN is false,
 // so `error > tol` never fires and a NaN passed compare when it sat in the reference. Each verdict, each input
 // position, NaN and +Inf: the verdict fails, names the tensor and the input it is in, and the finite tensors beside it
-// keep their own numbers (an Inf in the reference once made the model-wide floor infinite).
+// keep their own numbers (an Inf in the reference once made the model-wide floor infinite). The memory models' check
+// (test_support's matches_model) fails a 0 on either side.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "core/methods/streaming.h"
 #include "core/model/model.h"
 #include "experiments/commands.h"
+#include "tests/support/test_support.h"
 #include "verify/conformance.h"
 #include "verify/grad_compare.h"
 
@@ -207,4 +209,13 @@ TEST_CASE("verify --gate as a command exits 1 on a method with a NaN or Inf grad
     }
   }
   std::filesystem::remove_all(out);
+}
+
+TEST_CASE("the memory-model check fails a zero model or a zero measured peak", "[nonfinite][memory]") {
+  sbp::MemoryEstimate zero, model;
+  model.terms = {{"weights", 1000}};
+  CHECK(sbp::test::matches_model(1000, model));  // the control
+  CHECK_FALSE(sbp::test::matches_model(0, zero));  // 0 / 0: it matched its own lower bound
+  CHECK_FALSE(sbp::test::matches_model(1000, zero));
+  CHECK_FALSE(sbp::test::matches_model(0, model));
 }

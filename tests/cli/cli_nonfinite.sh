@@ -1,8 +1,12 @@
-# `compare` fails a NaN or an Inf whichever file holds it (issue #44: a NaN in REF printed -nan and passed, as did
-# two equal NaN files): in REF, in OTHER, in both, and with --baseline in REF (the fp64 oracle), in BASELINE and in
-# OTHER. Each exits 1 and names the tensor and the file; the clean files pass (the control).
-# Usage: cli_compare_nonfinite.sh BINARY
-source "$(dirname "$0")/../support/cli_common.sh"
+# Verdicts and numbers the CLI makes of a NaN, an Inf or a 0 (issue #44):
+# (a) `compare` fails a NaN or an Inf whichever file holds it (a NaN in REF printed -nan and passed, as did two equal
+#     NaN files): in REF, in OTHER, in both, and with --baseline in REF (the fp64 oracle), in BASELINE and in OTHER.
+#     Each exits 1 and names the tensor and the file; the clean files pass (the control).
+# (b) `project --errors` refuses a measured/model ratio that is NaN, Inf or 0 (the budget is divided by it), exit 2
+#     naming the file and the run; the unchanged file gives error bars (the control).
+# Usage: cli_nonfinite.sh BINARY
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/../support/cli_common.sh"
 
 "$STREAMBP" run --preset tiny --method standard --batch 2 --seq 16 --dtype fp64 --seed 1 --save-grads std.safetensors \
   >run.log 2>&1 || fail "run:\n$(cat run.log)"
@@ -58,3 +62,21 @@ expect_verdict_failure "--baseline: Inf in BASELINE" \
 patterns="$norm NaN entry in OTHER nan.safetensors"
 expect_verdict_failure "--baseline: NaN in OTHER" \
   "$STREAMBP" compare std.safetensors nan.safetensors --baseline std.safetensors --dtype fp32
+
+# (b)
+grid=$(ls "$HERE"/../../results/grid/seq-*.csv | head -1)
+mkdir -p bars && cp "$grid" bars/runs.csv
+"$STREAMBP" project --errors bars --error-presets tiny >project.txt 2>&1 || fail "project --errors:\n$(cat project.txt)"
+grep -q "runs)" project.txt || fail "project --errors gave no error bar:\n$(cat project.txt)"
+for bad in nan inf 0; do
+  python3 - "$grid" "bars/runs.csv" "$bad" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], newline="")))
+column = rows[0].index("peak_over_model")
+row = next(r for r in rows[1:] if r[column])
+row[column] = sys.argv[3]
+csv.writer(open(sys.argv[2], "w", newline=""), lineterminator="\n").writerows(rows)
+PY
+  expect_exit_2 "project --errors with a peak_over_model of $bad" "bars/runs.csv: .* peak_over_model '$bad' is not a positive finite ratio" \
+    "$STREAMBP" project --errors bars --error-presets tiny
+done

@@ -1,15 +1,21 @@
-"""The survey's row verdict never passes a number that is not finite (issue #44): a case conform reported as passed
-whose worst error or loss error is NaN or Inf (or missing) makes its row failed, naming the case; a NaN is the worst
-error of a row; a time or memory ratio to HF over a NaN, an Inf or a 0 is an empty cell, not a number. Runs
-experiments/survey/survey.py's summarize() on hand-made conform rows: no library, no binary.
+"""The verdicts the Python summaries make of result rows never pass a number that is not finite (issue #44):
+(a) the survey's row (experiments/survey/survey.py summarize, on hand-made conform rows): a case conform reported as
+    passed whose worst error or loss error is NaN or Inf (or missing) makes its row failed, naming the case; a NaN is
+    the worst error of a row; a time or memory ratio to HF over a NaN, an Inf or a 0 is an empty cell, not a number;
+(b) the precision grid's re-judged statistic (experiments/precision_grid/summarize.py): a recorded NaN or Inf is +inf,
+    a failure (an Inf in standard's error made it 0, a NaN was no failure).
+No library, no binary.
 
-Usage: python tests/cli/cli_survey_verdicts.py BUILD/streambp   (the binary is not used)
+Usage: python tests/cli/cli_nonfinite_rows.py BUILD/streambp   (the binary is not used)
 """
+import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "survey"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "experiments" / "survey"), str(ROOT / "experiments" / "precision_grid")]
 from survey import summarize  # noqa: E402
+from summarize import statistic  # noqa: E402
 
 ENTRY = {"name": "lib", "library": "lib", "version": "1", "setting": ""}
 PROVENANCE = {"commit": "c", "date": "d", "machine": "m", "threads": "1", "torch_version": "t"}
@@ -62,6 +68,16 @@ def main():
     expect("time ratios over NaN, 0 and Inf are empty", row(case("a"), case("b"), case("c"), hf=hf), seconds_vs_hf="")
     expect("a ratio skips the non-finite ones", row(case("a", seconds="nan"), case("b", seconds="4"),
                                                     hf=[case("a"), case("b")]), seconds_vs_hf="2.00")
+
+    # (b) a recorded row of results/rule/ (fp32 StreamBP, the embedding's gradient): statistic 0.31.
+    grid_row = {"precision": "fp32", "method_l2_beside_scale": "3.291029e-07", "standard_l2_beside_scale": "3.290629e-07",
+                "floor": "3.888705e-11", "allowance": "3.1783", "statistic": "0.3147", "method_scale": "8.461771e-09",
+                "standard_run_error": "3.447299e-07", "scale_allowance": "14.6749", "scale_statistic": "0.0017"}
+    control = statistic(dict(grid_row))
+    expect("a recorded grid row (the control)", {"statistic": round(control, 2)}, statistic=0.31)
+    for key in ("standard_l2_beside_scale", "method_l2_beside_scale", "statistic", "scale_statistic"):
+        for bad in ("nan", "inf"):
+            expect(f"a grid row with {key} = {bad}", {"statistic": statistic({**grid_row, key: bad})}, statistic=math.inf)
     if FAILURES:
         print(f"FAIL: {len(FAILURES)} check(s)")
         return 1

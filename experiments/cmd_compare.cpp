@@ -1,4 +1,6 @@
 // `streambp compare REF OTHER`: per-tensor gradient errors; the exit code is the verdict.
+#include <algorithm>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -38,12 +40,16 @@ namespace {
 // compare --baseline: the low-precision rule on every tensor, the statistic per tensor and the verdict.
 int low_precision_command(const CompareArgs& a) {
   const auto oracle = read_safetensors(a.ref);
-  const auto baseline = compare_gradients(oracle, read_safetensors(a.baseline));
-  const auto other = compare_gradients(oracle, read_safetensors(a.other));
+  const auto baseline = compare_gradients(oracle, read_safetensors(a.baseline), {"REF " + a.ref, "--baseline " + a.baseline});
+  const auto other = compare_gradients(oracle, read_safetensors(a.other), {"REF " + a.ref, "OTHER " + a.other});
+  std::vector<std::string> problems;  // each names its file; REF's appear in both comparisons, printed once
   for (const auto* c : {&baseline, &other})
-    for (const auto& p : c->problems) fmt::print("problem ({}): {}\n", c == &baseline ? "--baseline" : "OTHER", p);
-  if (!baseline.problems.empty() || !other.problems.empty()) {
-    fmt::print("FAILED: the gradient files do not hold the same tensors\n");
+    for (const auto& p : c->problems)
+      if (std::find(problems.begin(), problems.end(), p) == problems.end()) problems.push_back(p);
+  for (const auto& p : problems) fmt::print("problem: {}\n", p);
+  if (!problems.empty()) {
+    fmt::print("FAILED: the rule judges finite gradients of the same tensors in the three files ({} problem{} above)\n",
+               problems.size(), problems.size() == 1 ? "" : "s");
     return 1;
   }
   const auto dtype = parse_dtype(a.dtype);
@@ -74,7 +80,7 @@ int compare_command(const CompareArgs& a, const std::string& command_line) {
     return low_precision_command(a);
   }
   if (!a.json.empty()) check_new_output(a.json, a.force, "--json");
-  const auto cmp = compare_gradients(read_safetensors(a.ref), read_safetensors(a.other));
+  const auto cmp = compare_gradients(read_safetensors(a.ref), read_safetensors(a.other), {"REF " + a.ref, "OTHER " + a.other});
   fmt::print("{:<52} {:>10} {:>10} {:>10} {:>12}\n", "tensor", "max_abs", "Er_abs", "Er_rel", "normwise_rel");
   for (const auto& t : cmp.tensors)
     fmt::print("{:<52} {:>10.3e} {:>10.3e} {:>10.3e} {:>12.3e}{}{}\n", t.name, t.max_abs, t.er_abs, t.er_rel,

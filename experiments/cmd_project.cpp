@@ -7,6 +7,8 @@
 // allocator's fragmentation and the kernels' workspaces, which the models leave out (no_kernel_workspaces: this CPU's
 // calibration would not describe a GPU's kernels).
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -76,7 +78,12 @@ std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>
         const auto ratio = table.value(row, "peak_over_model");
         if (ratio.empty() || row.status == "oom" || row.preset.rfind(prefix, 0) != 0) continue;
         auto& r = out[row.method.substr(0, row.method.find(':'))];
-        const double x = std::stod(ratio);
+        // A ratio divides the budget: a NaN, an Inf or a 0 would make the bar a number out of nothing.
+        const double x = std::strtod(ratio.c_str(), nullptr);
+        if (!std::isfinite(x) || x <= 0)
+          throw std::invalid_argument(fmt::format("--errors {}: {} at T = {}: peak_over_model '{}' is not a positive "
+                                                  "finite ratio", entry.path().string(), row.method,
+                                                  table.value(row, "seq_len"), ratio));
         r.low = r.runs == 0 ? x : std::min(r.low, x);
         r.high = r.runs == 0 ? x : std::max(r.high, x);
         ++r.runs;

@@ -70,8 +70,10 @@ std::map<std::string, Check> check_methods(const ModelSource& source, const std:
   for (const auto& spec : specs) {
     auto method = make_method(spec);
     if (method->spec() == "standard") continue;
-    const auto cmp = compare_gradients(reference, step_gradients(*model, *method, objective, batch));
+    const auto cmp = compare_gradients(reference, step_gradients(*model, *method, objective, batch),
+                                       {"standard", method->spec()});
     out[spec] = {cmp.passed(1e-10) ? "passed" : "incorrect", cmp.max_normwise_rel()};
+    for (const auto& p : cmp.problems) fmt::print("  problem: {}\n", p);
     fmt::print("  {:<44} max normwise relative error {:.2e}: {}\n", method->spec(), cmp.max_normwise_rel(),
                out[spec].status);
     std::fflush(stdout);

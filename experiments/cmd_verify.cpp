@@ -161,7 +161,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   md_oracle += rule + "\n";
   for (const auto& run : runs) {
     const auto against_base = compare_gradients(base32, run.gradients);
-    const auto against_oracle = compare_gradients(oracle, run.gradients);
+    const auto against_oracle = compare_gradients(oracle, run.gradients, {"the fp64 oracle", run.label});
     // The gate: every tensor's error against the oracle within the low-precision rule's allowance x standard BP's in
     // the same dtype + the rounding floor (low_precision_rule, the tests' and conform's rule).
     const VerifyRun* standard = nullptr;
@@ -169,8 +169,9 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
       if (r.dtype == run.dtype && r.mixed == run.mixed && r.spec == "standard") standard = &r;
     RuleVerdict verdict;
     const bool is_reference = run.spec == "standard";
-    if (!is_reference) verdict = low_precision_rule(compare_gradients(oracle, standard->gradients), against_oracle,
-                                                 run.dtype);
+    if (!is_reference)
+      verdict = low_precision_rule(compare_gradients(oracle, standard->gradients, {"the fp64 oracle", standard->label}),
+                                   against_oracle, run.dtype);
     const double gate_ratio = verdict.worst_ratio;
     const auto& worst_tensor = verdict.worst_tensor;
     const std::string status = is_reference ? "reference" : !a.gate ? "unchecked" : verdict.passed() ? "passed" : "incorrect";
@@ -180,6 +181,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
     }
     if (a.gate && !is_reference && !verdict.passed()) {
       gate_ok = false;
+      for (const auto& p : verdict.problems) fmt::print(stderr, "gate: {} fails: {}\n", run.label, p);
       fmt::print(stderr, "gate: {} fails on {}: l2 error {:.3g} against standard's {:.3g}, {:.3g}x the allowed {:.2f}x "
                  "standard + rounding floor ({:.0f} effective entries)\n", run.label, worst_tensor, verdict.method_error,
                  verdict.standard_error, gate_ratio, verdict.allowance, verdict.effective_entries);

@@ -274,6 +274,10 @@ std::vector<std::string> protocol_problems(const TensorList& expected, const Ten
 
 namespace {
 
+// What a judge's problems call its inputs.
+constexpr const char* kConformOracle = "the harness's fp64 oracle";
+constexpr const char* kConformCandidate = "the implementation's gradients";
+
 std::string joined(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& p : items) out += (out.empty() ? "" : "; ") + p;
@@ -287,7 +291,9 @@ ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, doub
   v.rule = fmt::format("fp64: normwise <= {:.0e} vs the oracle", rtol);
   v.problem = joined(protocol_problems(oracle, got));
   if (!v.problem.empty()) return v;
-  const auto cmp = compare_gradients(oracle, got);
+  const auto cmp = compare_gradients(oracle, got, {kConformOracle, kConformCandidate});
+  v.problem = joined(cmp.problems);  // the oracle's non-finite entries (the candidate's are protocol problems above)
+  if (!v.problem.empty()) return v;
   if (const auto* w = cmp.worst()) v.worst_tensor = w->name, v.worst = w->normwise_rel;
   v.passed = cmp.passed(rtol);
   return v;
@@ -306,7 +312,10 @@ ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& b
     v.problem = "the baseline's gradients: " + joined(base);
     return v;
   }
-  const auto verdict = low_precision_rule(compare_gradients(oracle, baseline), compare_gradients(oracle, got), dtype);
+  const auto verdict = low_precision_rule(compare_gradients(oracle, baseline, {kConformOracle, "the baseline's gradients"}),
+                                          compare_gradients(oracle, got, {kConformOracle, kConformCandidate}), dtype);
+  v.problem = joined(verdict.problems);  // the oracle's non-finite entries
+  if (!v.problem.empty()) return v;
   v.worst = verdict.worst_ratio;
   v.worst_tensor = verdict.worst_tensor;
   v.passed = verdict.passed();

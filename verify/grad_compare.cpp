@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <fmt/format.h>
 
 namespace sbp {
 
@@ -95,13 +96,15 @@ double low_precision_allowance(const TensorError& tensor, c10::ScalarType dtype,
 
 double common_scale(const GradComparison& c) {
   double along = 0, energy = 0;
-  for (const auto& t : c.tensors) along += t.error_along, energy += t.energy;
+  for (const auto& t : c.tensors)
+    if (t.finite()) along += t.error_along, energy += t.energy;
   return energy > 0 ? along / energy : 0;
 }
 
 double run_error(const GradComparison& c) {
   double error = 0, scale = 0;
-  for (const auto& t : c.tensors) error += t.error_energy, scale += t.l2_scale * t.l2_scale;
+  for (const auto& t : c.tensors)
+    if (t.finite()) error += t.error_energy, scale += t.l2_scale * t.l2_scale;
   return scale > 0 ? std::sqrt(error / scale) : 0;
 }
 
@@ -132,9 +135,15 @@ RuleVerdict low_precision_rule(const GradComparison& standard, const GradCompari
     TORCH_CHECK(m.name == s.name, "low_precision_rule: ", m.name, " vs ", s.name);
     RuleJudgement j{m.name, s.effective_entries, error_beside_scale(m, r_method), error_beside_scale(s, r_standard),
                     low_precision_floor(standard, s, dtype), low_precision_allowance(s, dtype, scale_factor)};
-    j.statistic = finite_or_inf(j.method_error / (j.allowance * j.standard_error + j.floor));
+    // A non-finite entry in the oracle, the baseline or the method fails the tensor: an infinite standard error
+    // would otherwise make any error pass.
+    j.statistic = m.finite() && s.finite() ? finite_or_inf(j.method_error / (j.allowance * j.standard_error + j.floor))
+                                           : std::numeric_limits<double>::infinity();
     v.tensors.push_back(j);
   }
+  for (const auto* c : {&standard, &method})
+    for (const auto& p : c->problems)
+      if (std::find(v.problems.begin(), v.problems.end(), p) == v.problems.end()) v.problems.push_back(p);
   const double r = std::abs(r_method);
   v.scale = {kCommonScale, 1, r, run_error(standard), unit_roundoff(dtype),
              scale_factor * gaussian_quantile(kLowPrecisionFalseFailure)};
@@ -152,9 +161,8 @@ RuleVerdict low_precision_rule(const GradComparison& standard, const GradCompari
 }
 
 double GradComparison::max_normwise_rel() const {
-  double worst = 0;
-  for (const auto& t : tensors) worst = std::max(worst, t.normwise_rel);
-  return worst;
+  const auto* w = worst();
+  return w ? w->normwise_rel : 0;
 }
 
 const TensorError* GradComparison::worst() const {
@@ -164,20 +172,38 @@ const TensorError* GradComparison::worst() const {
   return w;
 }
 
-GradComparison compare_gradients(const TensorList& ref, const TensorList& other) {
+namespace {
+
+// A tensor's NaN and Inf entries, as a problem says them ("1 NaN entry", "2 NaN and 3 Inf entries").
+struct NonFinite {
+  std::int64_t nan = 0, inf = 0;
+  explicit NonFinite(const at::Tensor& t)
+      : nan(at::isnan(t).sum().item<std::int64_t>()), inf(at::isinf(t).sum().item<std::int64_t>()) {}
+  std::int64_t count() const { return nan + inf; }
+  std::string words() const {
+    const auto both = nan > 0 && inf > 0 ? fmt::format("{} NaN and {} Inf", nan, inf)
+                                         : nan > 0 ? fmt::format("{} NaN", nan) : fmt::format("{} Inf", inf);
+    return both + (count() == 1 ? " entry" : " entries");
+  }
+};
+
+}  // namespace
+
+GradComparison compare_gradients(const TensorList& ref, const TensorList& other, const GradInputs& inputs) {
   GradComparison out;
+  // The model-wide scale of the degenerate floor, over finite entries: an Inf would make every tensor degenerate and
+  // every error vanish beside an infinite floor.
   for (const auto& r : ref)
-    if (r.tensor.numel() > 0) {
-      const double m = r.tensor.abs().max().to(at::kDouble).item<double>();
-      if (m == m) out.global_max_abs = std::max(out.global_max_abs, m);
-    }
+    if (r.tensor.numel() > 0)
+      out.global_max_abs = std::max(out.global_max_abs,
+                                    r.tensor.to(at::kDouble).abs().nan_to_num(0, 0, 0).max().item<double>());
   out.floor = kDegenerateFraction * out.global_max_abs;
   std::map<std::string, at::Tensor> others;
   for (const auto& t : other) others[t.name] = t.tensor;
   for (const auto& r : ref) {
     auto it = others.find(r.name);
     if (it == others.end()) {
-      out.problems.push_back("tensor '" + r.name + "' is missing in the second file");
+      out.problems.push_back("tensor '" + r.name + "' is missing in " + inputs.other);
       continue;
     }
     if (it->second.sizes() != r.tensor.sizes()) {
@@ -188,11 +214,16 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
     }
     const auto a = r.tensor.to(at::kDouble), b = it->second.to(at::kDouble);
     others.erase(it);
+    const NonFinite ref_bad(a), other_bad(b);
+    for (const auto& [bad, input] : {std::pair{&ref_bad, &inputs.ref}, {&other_bad, &inputs.other}})
+      if (bad->count() > 0) out.problems.push_back("tensor '" + r.name + "' has " + bad->words() + " in " + *input);
     const auto diff = (a - b).abs();
     TensorError e;
     e.name = r.name;
     e.group = module_group(r.name);
     e.numel = a.numel();
+    e.nonfinite_ref = ref_bad.count();
+    e.nonfinite_other = other_bad.count();
     if (e.numel > 0) {
       e.max_abs = diff.max().item<double>();
       e.er_abs = diff.mean().item<double>();
@@ -212,13 +243,14 @@ GradComparison compare_gradients(const TensorList& ref, const TensorList& other)
       e.nmse = energy > 0 ? err / energy : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
       e.l2_scale = std::max(std::sqrt(energy), out.floor * std::sqrt(double(e.numel)));
       e.l2_rel = e.l2_scale > 0 ? std::sqrt(err) / e.l2_scale : (err > 0 ? std::numeric_limits<double>::infinity() : 0);
-      // NaN anywhere must fail the gates: comparisons with NaN are false, so turn it into +inf.
-      if (!(e.normwise_rel == e.normwise_rel)) e.normwise_rel = std::numeric_limits<double>::infinity();
-      if (!(e.l2_rel == e.l2_rel)) e.l2_rel = std::numeric_limits<double>::infinity();
+      // A comparison with NaN is false, so a NaN metric would pass every gate: a non-finite input, or a metric that
+      // overflowed, is +inf.
+      if (!e.finite() || !(e.normwise_rel == e.normwise_rel)) e.normwise_rel = std::numeric_limits<double>::infinity();
+      if (!e.finite() || !(e.l2_rel == e.l2_rel)) e.l2_rel = std::numeric_limits<double>::infinity();
     }
     out.tensors.push_back(e);
   }
-  for (const auto& [name, t] : others) out.problems.push_back("tensor '" + name + "' is missing in the reference file");
+  for (const auto& [name, t] : others) out.problems.push_back("tensor '" + name + "' is missing in " + inputs.ref);
   return out;
 }
 

@@ -35,13 +35,17 @@ struct TensorError {
   double error_energy = 0;    // sum e^2
   double error_along = 0;     // sum e a: the error's projection on the reference
   bool degenerate = false;  // ref_max_abs below the floor: normwise_rel is max|a-b| / floor
+  // NaN or Inf entries of either input (issue #44): such a tensor fails every verdict, whichever input holds them.
+  // Its normwise_rel and l2_rel are +inf (a comparison with NaN is false and would pass).
+  std::int64_t nonfinite_ref = 0, nonfinite_other = 0;
+  bool finite() const { return nonfinite_ref == 0 && nonfinite_other == 0; }
 };
 
 struct GradComparison {
   std::vector<TensorError> tensors;
   double global_max_abs = 0;  // the largest |a| over every reference tensor
   double floor = 0;           // kDegenerateFraction * global_max_abs
-  std::vector<std::string> problems;  // missing tensors, shape mismatches: each fails the comparison
+  std::vector<std::string> problems;  // missing tensors, shape mismatches, non-finite entries: each fails it
   double max_normwise_rel() const;
   const TensorError* worst() const;   // largest normwise_rel, or nullptr
   bool passed(double rtol) const { return problems.empty() && max_normwise_rel() <= rtol; }
@@ -122,11 +126,13 @@ inline constexpr const char* kCommonScale = "(common-scale)";  // one token: scr
 struct RuleVerdict {
   std::vector<RuleJudgement> tensors;  // part 1, in the comparison's tensor order
   RuleJudgement scale;                 // part 2
+  // The two comparisons' problems (non-finite entries, naming tensor and input), each once: any fails the rule.
+  std::vector<std::string> problems;
   // The worst judgement of either part; worst_ratio is the statistic whose distribution results/rule/ records.
   double worst_ratio = 0;
   std::string worst_tensor;
   double method_error = 0, standard_error = 0, allowance = 0, effective_entries = 0;
-  bool passed() const { return worst_ratio <= 1; }
+  bool passed() const { return problems.empty() && worst_ratio <= 1; }
 };
 // noise_scale 0: the harness's (low_precision_noise_scale); tests of the rule itself may ask another.
 RuleVerdict low_precision_rule(const GradComparison& standard, const GradComparison& method, c10::ScalarType dtype,
@@ -134,12 +140,17 @@ RuleVerdict low_precision_rule(const GradComparison& standard, const GradCompari
 // The rule's floor for one tensor of `standard` (relative, like l2_rel).
 double low_precision_floor(const GradComparison& standard, const TensorError& tensor, c10::ScalarType dtype);
 // A comparison's common relative scale r = sum <e, a> / sum |a|^2 and its whole-run relative error sqrt(sum |e|^2 /
-// sum |a|^2) (0 when the reference is all zero).
+// sum |a|^2) (0 when the reference is all zero), over its finite tensors (a non-finite one fails on its own).
 double common_scale(const GradComparison& c);
 double run_error(const GradComparison& c);
 
 std::string module_group(const std::string& hf_name);
-// `ref` is the reference (e.g. standard BP); every tensor of either side must have a partner of the same shape.
-GradComparison compare_gradients(const TensorList& ref, const TensorList& other);
+// What the problems call the two inputs: a file's path, "the fp64 oracle", a run's label.
+struct GradInputs {
+  std::string ref = "the reference", other = "the second file";
+};
+// `ref` is the reference (e.g. standard BP); every tensor of either side must have a partner of the same shape, and
+// every entry of both must be finite.
+GradComparison compare_gradients(const TensorList& ref, const TensorList& other, const GradInputs& inputs = {});
 
 }  // namespace sbp

@@ -49,9 +49,18 @@ def rejudge(r):
     return r["_tensor"], r["_scale"]
 
 
+# The recorded numbers a statistic is made of.
+RECORDED = ("statistic", "scale_statistic", "method_l2_beside_scale", "standard_l2_beside_scale", "allowance", "floor",
+            "method_scale", "standard_run_error", "scale_allowance")
+
+
 def statistic(r):
-    """The row's worst judgement: its tensor's, or its case's common scale (one value repeated on every row)."""
-    return max(rejudge(r))
+    """The row's worst judgement: its tensor's, or its case's common scale (one value repeated on every row). A row
+    with a number that is not finite is +inf, a failure: a NaN compares false with the bar, and an Inf in standard's
+    error made the recomputed statistic 0 (issue #44)."""
+    if not all(math.isfinite(float(r[k])) for k in RECORDED):
+        return math.inf
+    return max(x if math.isfinite(x) else math.inf for x in rejudge(r))
 
 
 def judged(r):

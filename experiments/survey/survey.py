@@ -16,6 +16,7 @@ import csv
 import datetime
 import fcntl
 import json
+import math
 import os
 import re
 import shlex
@@ -145,8 +146,28 @@ def group_key(row, ranks_by_case):
     return row["objective"].split(":")[0], row["dtype"], " ".join(setting)
 
 
+def number(cell):
+    """A CSV cell as a number for ordering: empty is None, anything not a finite number +inf (it then fails and is
+    the worst: a NaN compares false with every bar, issue #44)."""
+    if not cell:
+        return None
+    try:
+        x = float(cell)
+    except ValueError:
+        return math.inf
+    return x if math.isfinite(x) else math.inf
+
+
+def judged_pass(row):
+    """conform's verdict on a case, fail-closed: a passed row needs a finite worst error, and a finite loss error
+    when it has one."""
+    loss = number(row["loss_rel_error"])
+    return row["status"] == "passed" and number(row["worst"]) not in (None, math.inf) and loss != math.inf
+
+
 def ratio(mine, theirs):
-    values = [float(m) / float(t) for m, t in zip(mine, theirs) if m and t and float(t) > 0]
+    values = [number(m) / number(t) for m, t in zip(mine, theirs)
+              if number(m) not in (None, math.inf) and number(t) not in (None, math.inf) and number(t) > 0]
     return f"{statistics.median(values):.2f}" if values else ""
 
 
@@ -159,11 +180,11 @@ def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance):
     out = []
     for (objective, dtype, setting), members in sorted(groups.items()):
         judged = [r for r in members if r["status"] in ("passed", "failed")]
-        failed = [r for r in judged if r["status"] == "failed"]
+        failed = [r for r in judged if not judged_pass(r)]
         na = [r for r in members if r["status"] == "not expressible"]
-        worst = max((r for r in (failed or judged) if r["worst"]), key=lambda r: float(r["worst"]), default=None)
+        worst = max((r for r in (failed or judged) if r["worst"]), key=lambda r: number(r["worst"]), default=None)
         # A failure whose gradients are within their bar (fp64: 1e-10; low precision: ratio <= 1) is the loss's.
-        grads_ok = all(r["worst"] and float(r["worst"]) <= (1e-10 if r["dtype"] == "fp64" else 1.0) for r in failed)
+        grads_ok = all(r["worst"] and number(r["worst"]) <= (1e-10 if r["dtype"] == "fp64" else 1.0) for r in failed)
         if failed:
             verdict = "failed to run" if not any(r["worst"] for r in failed) else \
                       ("wrong loss, gradients exact" if grads_ok else "wrong")
@@ -171,7 +192,13 @@ def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance):
             verdict = "exact" if judged else "not expressible"
         if verdict == "exact" and dtype != "fp64":
             verdict = "within the low-precision rule"
-        cause = failed[0]["problem"] if failed else (na[0]["problem"] if na and not judged else "")
+        if failed:
+            first = failed[0]
+            cause = first["problem"] if first["status"] == "failed" else \
+                f"{first['case']}: passed by conform with worst {first['worst'] or '(none)'} and loss error " \
+                f"{first['loss_rel_error'] or '(none)'}, not finite numbers"
+        else:
+            cause = na[0]["problem"] if na and not judged else ""
         out.append({**provenance, "implementation": entry["name"], "library": entry["library"],
                     "version": entry["version"], "setting": ", ".join(filter(None, [entry["setting"], setting])),
                     "objective": objective, "dtype": dtype, "status": "passed" if not failed and judged else
@@ -181,7 +208,7 @@ def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance):
                     "worst_tensor": worst["worst_tensor"] if worst else "", "worst": worst["worst"] if worst else "",
                     "rule": worst["rule"] if worst else "",
                     "loss_rel_error": max((r["loss_rel_error"] for r in judged if r["loss_rel_error"]),
-                                          key=float, default=""),
+                                          key=number, default=""),
                     "seconds_vs_hf": ratio([r["seconds"] for r in judged], [hf.get(r["case"], {}).get("seconds") for r in judged]),
                     "peak_rss_vs_hf": ratio([r["peak_rss_bytes"] for r in judged],
                                             [hf.get(r["case"], {}).get("peak_rss_bytes") for r in judged]),

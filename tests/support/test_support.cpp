@@ -92,6 +92,8 @@ double trajectory_difference(const std::vector<double>& losses_a, const TensorLi
 
 bool matches_model(std::int64_t measured, const MemoryEstimate& estimate) {
   const double model = double(estimate.total_bytes());
+  // No peak is 0 bytes: a 0 on either side is a broken meter or model, and 0 / 0 matched its own lower bound 0.
+  if (measured <= 0 || model <= 0) return false;
   if (std::abs(double(measured) / model - 1.0) <= 0.03) return true;
   std::int64_t scratch = 0;
   for (const auto& t : estimate.terms)

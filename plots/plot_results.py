@@ -14,6 +14,7 @@ import math
 import csv
 import statistics
 import sys
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def draw_demo(rows):
     for r in rows:
         by_method[r["method"]][int(r["seq_len"])].append(r)
     lengths = sorted({int(r["seq_len"]) for r in rows})
-    fig, (mem, time) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (mem, time) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     colors = {}
     not_streaming, shared, spread = [], [], False
     for method, at in by_method.items():
@@ -124,9 +125,10 @@ def draw_demo(rows):
     for t, peak in not_streaming:
         mem.plot([t], [peak], "o", ms=15, mfc="none", mec="red", mew=1.5, zorder=5, gid="not-streaming")
     annotate_reduction(mem, by_method, lengths)
-    if doubling(lengths):
-        for ax in (mem, time) if time.lines else (mem,):
+    for ax in (mem, time) if time.lines else (mem,):
+        if doubling(lengths):
             ax.set_xscale("log", base=2)
+        if len(lengths) <= 10:  # the lengths measured, by name
             ax.set_xticks(lengths, [str(t) for t in lengths])
             ax.minorticks_off()
     mem.set_ylim(bottom=0, top=mem.get_ylim()[1] * 1.25)  # room for the reduction note, top left
@@ -134,8 +136,10 @@ def draw_demo(rows):
     what = f"{first.get('objective', 'sft')}, B={first.get('batch_size', 1)}"
     if first.get("lora"):
         what += f", LoRA {first['lora']}"
-    mem.set(xlabel="sequence length T", ylabel="peak memory (GiB), weights included",
-            title=f"{first['preset']} {first['dtype']}, {what}"[:90])
+    if int(first.get("world_size") or 1) > 1:
+        what += f" per rank of {first['world_size']} (ZeRO-{first.get('zero', 0)})"
+    mem.set(xlabel="sequence length T", ylabel="peak memory (GiB), weights included")
+    mem.set_title("\n".join(textwrap.wrap(f"{first['preset']} {first['dtype']}, {what}", 60)), fontsize=9)
     handles, _ = mem.get_legend_handles_labels()
     handles.append(Line2D([], [], color="k", marker="x", ls=":", lw=0.8, label="analytic model"))
     if not_streaming:
@@ -144,7 +148,8 @@ def draw_demo(rows):
     if spread:
         handles.append(Line2D([], [], color="grey", marker="|", ms=10, ls="", label="bars: range over repeats / rows"))
     legend_below(mem, handles=handles)
-    time.set(xlabel="sequence length T", ylabel="BP time / checkpointing (same run)", title="BP time ratio")
+    time.set(xlabel="sequence length T", ylabel="BP time / checkpointing (same run)")
+    time.set_title("BP time ratio", fontsize=9)
     if time.lines:
         time.axhline(1, color="0.7", lw=0.8, zorder=1)
         handles, _ = time.get_legend_handles_labels()

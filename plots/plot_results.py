@@ -60,6 +60,11 @@ def doubling(lengths) -> bool:
     return len(ts) >= 2 and all(b == 2 * a for a, b in zip(ts, ts[1:]))
 
 
+def byte_unit(largest: int):
+    """The unit of a byte axis whose largest value is `largest`: ("GiB", 2**30) or ("MiB", 2**20)."""
+    return ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
+
+
 def legend_below(ax, **kwargs):
     """A legend under the axes, off the data."""
     return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7, frameon=False, **kwargs)
@@ -77,13 +82,14 @@ def draw_demo(rows):
     for r in rows:
         by_method[r["method"]][int(r["seq_len"])].append(r)
     lengths = sorted({int(r["seq_len"]) for r in rows})
+    unit, scale = byte_unit(max(int(r[c]) for r in rows for c in ("peak_bytes", "model_peak_bytes") if r[c]))
     fig, (mem, time) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     colors = {}
     not_streaming, shared, spread = [], [], False
     for method, at in by_method.items():
         T = sorted(at)
         # oom rows (over the sweep's budget) have no measured peak: only the model is drawn there.
-        peaks = {t: [int(r["peak_bytes"]) / 2**30 for r in at[t] if r["peak_bytes"]] for t in T}
+        peaks = {t: [int(r["peak_bytes"]) / scale for r in at[t] if r["peak_bytes"]] for t in T}
         measured = [t for t in T if peaks[t]]
         oom = [t for t in T if any(r["status"] == "oom" for r in at[t])]
         label = method + (f"; oom at T = {', '.join(map(str, oom))}" if oom else "")
@@ -95,7 +101,7 @@ def draw_demo(rows):
             mem.errorbar(measured, [max(peaks[t]) for t in measured], yerr=[lows, [0] * len(lows)], fmt="none",
                          ecolor=line.get_color(), capsize=3, zorder=2)
         # The model on top of the measurement, thin, so that both stay visible where they agree.
-        mem.plot(T, [int(at[t][0]["model_peak_bytes"]) / 2**30 for t in T], "x:", color="k", ms=7, mew=1.5, lw=0.8,
+        mem.plot(T, [int(at[t][0]["model_peak_bytes"]) / scale for t in T], "x:", color="k", ms=7, mew=1.5, lw=0.8,
                  zorder=4)
         for t in measured:
             if not streams_at(method, t):
@@ -117,8 +123,8 @@ def draw_demo(rows):
             # The spread of the repeats: each repeat's time over checkpointing's median, same run.
             times = [float(x) for r in at[t] for x in r.get("bp_seconds_all", "").split()]
             if len(times) > 1 and float(at[t][0]["bp_seconds"]) > 0:
-                scale = ratio[t] / float(at[t][0]["bp_seconds"])
-                lo, hi = min(times) * scale, max(times) * scale
+                per_second = ratio[t] / float(at[t][0]["bp_seconds"])
+                lo, hi = min(times) * per_second, max(times) * per_second
                 time.errorbar([t], [ratio[t]], yerr=[[ratio[t] - lo], [hi - ratio[t]]], fmt="none",
                               ecolor=line.get_color(), capsize=3, zorder=2)
                 spread = True
@@ -138,7 +144,7 @@ def draw_demo(rows):
         what += f", LoRA {first['lora']}"
     if int(first.get("world_size") or 1) > 1:
         what += f" per rank of {first['world_size']} (ZeRO-{first.get('zero', 0)})"
-    mem.set(xlabel="sequence length T", ylabel="peak memory (GiB), weights included")
+    mem.set(xlabel="sequence length T", ylabel=f"peak memory ({unit}), weights included")
     mem.set_title("\n".join(textwrap.wrap(f"{first['preset']} {first['dtype']}, {what}", 60)), fontsize=9)
     handles, _ = mem.get_legend_handles_labels()
     handles.append(Line2D([], [], color="k", marker="x", ls=":", lw=0.8, label="analytic model"))
@@ -242,7 +248,9 @@ def draw_profile(csv_path: Path):
         with (csv_path.parent / (r["timeline"] + ".timeline.csv")).open() as f:
             timeline = list(csv.reader(f))
         timelines.append((timeline[0][3:], timeline[1:]))
-    top = max(int(e[2]) for _, events in timelines for e in events) / 2**30
+    top_bytes = max(int(e[2]) for _, events in timelines for e in events)
+    unit, scale = byte_unit(top_bytes)
+    top = top_bytes / scale
     categories = timelines[0][0]
     colors = dict(zip(categories, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     fig, axes = plt.subplots(2, len(rows), figsize=(6 * len(rows), 5.2), sharey="row", squeeze=False,
@@ -255,11 +263,11 @@ def draw_profile(csv_path: Path):
         shown = sorted(set(range(0, len(events), step)) | {peak, len(events) - 1})
         t = [float(events[i][0]) for i in shown]
         largest = {c: max(int(e[3 + k]) for e in events) for k, c in enumerate(names)}
-        visible = [c for c in names if largest[c] / 2**30 >= VISIBLE_SHARE * top]
-        ax.stackplot(t, *[[int(events[i][3 + names.index(c)]) / 2**30 for i in shown] for c in visible],
+        visible = [c for c in names if largest[c] / scale >= VISIBLE_SHARE * top]
+        ax.stackplot(t, *[[int(events[i][3 + names.index(c)]) / scale for i in shown] for c in visible],
                      labels=visible, colors=[colors[c] for c in visible], step="post")
         drawn.update(visible)
-        ax.step(t, [int(events[i][2]) / 2**30 for i in shown], where="post", color="k", lw=0.6, label="all live bytes")
+        ax.step(t, [int(events[i][2]) / scale for i in shown], where="post", color="k", lw=0.6, label="all live bytes")
         small = [c for c in names if c not in visible and largest[c] > 0]
         if small:
             strip.annotate("not drawn (each under 1% of the scale; the black line counts them): " +
@@ -279,7 +287,7 @@ def draw_profile(csv_path: Path):
         ax.tick_params(labelbottom=False)
         strip.set(xlabel="seconds", yticks=[], ylim=(0, 1))
         strip.sharex(ax)
-    axes[0][0].set_ylabel("live bytes (GiB)")
+    axes[0][0].set_ylabel(f"live bytes ({unit})")
     axes[0][0].set_ylim(0, top * 1.05)
     axes[1][0].set_ylabel("phase", rotation=0, ha="right", va="center")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[c]) for c in categories if c in drawn]

@@ -29,6 +29,8 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "figures"
 
 def save(fig, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(out, dpi=120, bbox_inches="tight")  # "tight": the legends sit outside the axes
     plt.close(fig)
     return out

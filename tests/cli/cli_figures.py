@@ -135,11 +135,13 @@ def test_profile(work):
 def test_make_plots(work):
     """`make plots` on a copy of results/: figures go to --out, nothing new lands beside the results."""
     copy = work / "results"
-    for kind in ("demo", "profile", "table5", "train-bf16"):
+    for kind in ("table5", "train-bf16"):  # a committed sweep without a figure beside it, and a training folder
         if (ROOT / "results" / kind).is_dir():
             shutil.copytree(ROOT / "results" / kind, copy / kind)
     (copy / "synthetic").mkdir(parents=True)
     write_csv(copy / "synthetic" / "seq-x.csv", demo_rows())
+    for f in work.glob("profile-x*.csv"):  # test_profile's
+        shutil.copy(f, copy / "synthetic")
     before = sorted(p for p in copy.rglob("*"))
     out = work / "figures"
     p = subprocess.run([sys.executable, str(ROOT / "plots" / "plot_results.py"), str(copy), "--out", str(out)],
@@ -148,7 +150,8 @@ def test_make_plots(work):
     check("plot_results.py wrote nothing into the results", sorted(copy.rglob("*")) == before,
           set(copy.rglob("*")) - set(before))
     check("the figures are in --out, beside nothing", (out / "synthetic" / "seq-x.png").is_file() and
-          (out / "table5").is_dir(), sorted(str(x.relative_to(out)) for x in out.rglob("*.png")))
+          (out / "synthetic" / "profile-x.png").is_file() and (out / "table5").is_dir(),
+          sorted(str(x.relative_to(out)) for x in out.rglob("*.png")))
     if (ROOT / ".git").exists():
         default = plot_results.DEFAULT_OUT / "demo" / "demo-x.png"
         ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", str(default)]).returncode == 0

@@ -108,6 +108,7 @@ $(VENV_STAMP):
 	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2 trl==1.16.0
 	@touch $@
 
+# Every results CSV's figure, into figures/<kind>/ (ignored by git): a read-only step adds nothing to results/.
 plots: $(VENV_STAMP)
 	$(VENV)/bin/python plots/plot_results.py results
 

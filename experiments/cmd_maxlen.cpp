@@ -10,6 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <optional>
+#include <tuple>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -18,6 +21,8 @@
 #include "experiments/cli_checks.h"
 #include "baselines/methods.h"
 #include "core/io/dtype.h"
+#include "core/io/spec.h"
+#include "core/methods/streambp.h"
 #include "core/methods/memory_model.h"
 #include "core/training/training_memory.h"
 #include "core/training/data_parallel.h"
@@ -27,6 +32,59 @@
 #include "experiments/results_table.h"
 
 namespace sbp {
+
+namespace {
+
+// The largest T in [shortest, longest] whose modelled peak fits the budget (the peak grows with T); 1 when not even
+// the shortest fits.
+std::int64_t largest_fitting(const std::function<std::int64_t(std::int64_t)>& peak, std::int64_t budget,
+                             std::int64_t shortest, std::int64_t longest) {
+  std::int64_t lo = shortest, hi = longest;
+  if (peak(lo) > budget) return 1;
+  if (peak(hi) <= budget) return hi;
+  while (hi - lo > 1) {
+    const auto mid = lo + (hi - lo) / 2;
+    (peak(mid) <= budget ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// The chunk choice goes no lower: each chunk has a fixed cost (its graph, small products) and below 32 the time grows
+// faster than T* (tiny under 3 MB: chunks of 8 model 15% more T* than 32, and a step at T = 1183 took 2.8x as long).
+constexpr std::int64_t kSmallestChosenChunk = 32;
+
+struct ChunkChoice {
+  std::int64_t layer_chunk = 0, head_chunk = 0, model_max_seq = 0;
+};
+
+// StreamBP's chunk sizes for a budget, for those the user left open (nullopt): over powers of two from
+// kSmallestChosenChunk up to the T* of the smallest chunks (a longer chunk holds the whole sequence), the largest
+// chunks (fewest, so the fastest) whose modelled T* is within `step` of the best candidate's; a closer T* than that
+// the measured search cannot tell apart.
+ChunkChoice choose_streambp_chunks(std::optional<std::int64_t> layer_chunk, std::optional<std::int64_t> head_chunk,
+                                   double step, const std::function<std::int64_t(std::int64_t, std::int64_t)>& max_seq_of) {
+  const auto longest = max_seq_of(layer_chunk.value_or(kSmallestChosenChunk), head_chunk.value_or(kSmallestChosenChunk));
+  std::vector<std::int64_t> powers;
+  for (auto c = kSmallestChosenChunk; c == kSmallestChosenChunk || c <= longest; c *= 2) powers.push_back(c);
+  const auto candidates = [&](std::optional<std::int64_t> given) {
+    return given ? std::vector<std::int64_t>{*given} : powers;
+  };
+  std::vector<ChunkChoice> tried;
+  std::int64_t best = 0;
+  for (const auto lc : candidates(layer_chunk))
+    for (const auto hc : candidates(head_chunk)) {
+      tried.push_back({lc, hc, max_seq_of(lc, hc)});
+      best = std::max(best, tried.back().model_max_seq);
+    }
+  ChunkChoice chosen;
+  for (const auto& c : tried)
+    if (double(c.model_max_seq) * (1 + step) >= double(best) &&
+        std::tie(c.layer_chunk, c.head_chunk) > std::tie(chosen.layer_chunk, chosen.head_chunk))
+      chosen = c;
+  return chosen;
+}
+
+}  // namespace
 
 void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   add_setup_options(app, a.setup, {.adapter = false, .default_preset = "qwen3-small"});
@@ -124,8 +182,42 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const auto csv = ResultsTable::new_path(a.output.out_dir, "maxlen", prov);
   std::vector<std::string> summary;
   const auto started = std::chrono::steady_clock::now();
+  const auto modelled_peak = [&](const BackpropMethod& method, std::int64_t T) {
+    const auto w = workload_at(T);
+    return (optimizer ? training_memory(method, w) : method.memory_model(w)).total_bytes();
+  };
+  // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits; a sequence split over S ranks
+  // has at least 2S positions here (every rank two, one per zig-zag part).
+  const std::int64_t shortest = 2 * sp;
+  const auto modelled_max_seq = [&](const BackpropMethod& method) {
+    return largest_fitting([&](std::int64_t T) { return modelled_peak(method, T); }, a.measure.budget_bytes, shortest,
+                           a.max_seq);
+  };
   for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);
+    // StreamBP's default chunks (512, 1024) are longer than what a small budget allows, and a chunk of T or more does
+    // not stream (issue #44: tiny under 3 MB reached 324 with them, 1183 with 32): the chunks the spec leaves open are
+    // chosen for the budget.
+    if (const auto parsed = parse_spec(spec_text); parsed.name == "streambp") {
+      const auto given = [&](const char* key) {
+        return parsed.options.count(key) ? std::optional(parsed.get_int(key, 0, 1)) : std::nullopt;
+      };
+      const auto layer_chunk = given("layer_chunk"), head_chunk = given("head_chunk");
+      if (!layer_chunk || !head_chunk) {
+        const auto spec_of = [](std::int64_t lc, std::int64_t hc) {
+          return fmt::format("streambp:layer_chunk={},head_chunk={}", lc, hc);
+        };
+        const auto choice = choose_streambp_chunks(layer_chunk, head_chunk, a.step,
+                                                   [&](std::int64_t lc, std::int64_t hc) {
+                                                     return modelled_max_seq(*make_method(spec_of(lc, hc)));
+                                                   });
+        if (writer)
+          fmt::print(stderr, "{}: chunks chosen for the budget: {} (modelled T* {}; with {}: {}); give both chunk "
+                     "sizes to keep your own\n", spec_text, spec_of(choice.layer_chunk, choice.head_chunk),
+                     choice.model_max_seq, method->spec(), modelled_max_seq(*method));
+        method = make_method(spec_of(choice.layer_chunk, choice.head_chunk));
+      }
+    }
     const auto spec = method->spec();
     const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value(), a.ranks.nproc,
                                    a.ranks.zero);
@@ -133,29 +225,18 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       method->offload_checkpoints_to(a.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
     else
       offload_backprop(a.offload, *method, tier.get());
-    const auto model_peak = [&](std::int64_t T) {
-      const auto w = workload_at(T);
-      return (optimizer ? training_memory(*method, w) : method->memory_model(w)).total_bytes();
-    };
+    const auto model_peak = [&](std::int64_t T) { return modelled_peak(*method, T); };
     const auto model_host = [&](std::int64_t T) {
       const auto w = workload_at(T);
       return (optimizer ? training_memory(*method, w) : method->memory_model(w)).host_bytes();
     };
-    // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits (the model grows with T);
-    // a sequence split over S ranks has at least 2S positions here (every rank two, one per zig-zag part).
-    const std::int64_t shortest = 2 * sp;
-    std::int64_t lo = shortest, hi = a.max_seq;
-    if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even the shortest fits
-    else if (model_peak(hi) <= a.measure.budget_bytes) lo = hi;
-    else
-      while (hi - lo > 1) {
-        const auto mid = lo + (hi - lo) / 2;
-        (model_peak(mid) <= a.measure.budget_bytes ? lo : hi) = mid;
-      }
-    const auto predicted = lo;
-    if (writer)
+    const auto predicted = modelled_max_seq(*method);
+    if (writer) {
       fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a.measure.budget_bytes),
                  ranks.world > 1 ? " per rank" + ranks.describe() : "");
+      if (const auto advice = streambp_chunk_advice(*method, std::max(predicted, shortest)); !advice.empty())
+        fmt::print(stderr, "warning: {}\n", advice);
+    }
     if (a.model_only) continue;
     struct Probe {
       std::int64_t T;

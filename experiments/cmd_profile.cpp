@@ -87,7 +87,8 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
     table.add({source.describe(), spec, dtype_name(model->dtype()), "unchecked", seed, values});
     table.write_to(csv, prov);
   }
-  fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json)\n", std::filesystem::absolute(csv).string(), stem);
+  fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json; the stacked figure: `make plots`, "
+             "into figures/)\n", std::filesystem::absolute(csv).string(), stem);
   return 0;
 }
 

@@ -297,10 +297,10 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   table.write_to(csv, prov, earlier);
   fmt::print("\n");
   for (const auto& line : lines) fmt::print("{}\n", line);
-  fmt::print("\npeak: the step's measured peak above the model and batch; analytic: the method's memory model; meas/an: "
-             "their ratio; BP s: median seconds of {} step(s); vs ckpt: BP s over checkpointing's in this run; %GEMM: the "
-             "step's matrix-product FLOP/s as a share of a dense 2048^3 GEMM's, same dtype and threads; status: the "
-             "fp64 gradient check against standard BP (reference: standard itself; unchecked: --check-seq 0)\n",
+  fmt::print("\npeak: the step's measured peak, the model's weights included (the batch, made before the step, is "
+             "not); analytic: the method's memory model; meas/an: their ratio; BP s: median seconds of {} step(s); "
+             "vs ckpt: BP s over checkpointing's in this run; %GEMM: the step's matrix-product FLOP/s as a share "
+             "of a dense 2048^3 GEMM's, same dtype and threads; status: the fp64 gradient check against standard BP (reference: standard itself; unchecked: --check-seq 0)\n",
              plan.repeats);
   fmt::print("results: {} ({})\n", std::filesystem::absolute(csv).string(), format_duration(elapsed()));
   if (!shared_points.empty()) {

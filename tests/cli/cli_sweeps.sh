@@ -22,6 +22,8 @@ csv=$(ls out/seq-*.csv)
 python3 -c "import sys; assert float(sys.argv[1]) > 0 and float(sys.argv[2]) > 0 and 0 < float(sys.argv[3])" \
   "$(col "$csv" checkpoint 64 flops)" "$(col "$csv" checkpoint 64 gemm_flops_per_second)" \
   "$(col "$csv" checkpoint 64 gemm_efficiency)" || fail "FLOP columns"
+# The peak counts the weights (issue #44: the legend said "above the model and batch").
+grep -q "peak: the step's measured peak, the model's weights included" log.txt || fail "the legend of peak:\n$(cat log.txt)"
 first_date=$(col "$csv" checkpoint 64 date)
 sleep 1
 # Resume with one more length: T = 64 is not measured again, T = 128 is added.

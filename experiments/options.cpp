@@ -35,6 +35,37 @@ CLI::Validator method_spec() {
   return accepted_by([](const std::string& spec) { make_method(spec); }, "method spec");
 }
 
+// "checkpoint,streambp:layer_chunk=64" in --methods, which separates specs with ';': that list with ';' before each
+// item that names a method, or "" when no item after the first does (a comma inside one spec's options).
+std::string semicolon_list(const std::string& spec) {
+  const auto names = method_names();
+  const auto items = split_list(spec, ',');
+  std::string out;
+  bool listed = false;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const bool method = std::find(names.begin(), names.end(), items[i].substr(0, items[i].find(':'))) != names.end();
+    listed = listed || (i > 0 && method);
+    out += (i == 0 ? "" : method ? ";" : ",") + items[i];
+  }
+  return listed ? out : "";
+}
+
+// As method_spec, and a list written with commas gets the list as --methods takes it.
+CLI::Validator method_list_item() {
+  return accepted_by(
+      [](const std::string& spec) {
+        try {
+          make_method(spec);
+        } catch (const std::invalid_argument& e) {
+          if (const auto list = semicolon_list(spec); !list.empty())
+            throw std::invalid_argument(std::string(e.what()) + "; --methods separates specs with ';': --methods \"" +
+                                        list + "\"");
+          throw;
+        }
+      },
+      "method spec");
+}
+
 // --seq or --batch as one value or a comma-separated list, each within [lo, hi].
 void add_sizes(CLI::App& app, const std::string& flag, std::vector<std::int64_t>& values, Arity arity,
                std::int64_t lo, std::int64_t hi, const std::string& what) {
@@ -92,7 +123,7 @@ void add_method_option(CLI::App& app, std::string& spec) {
 
 void add_methods_option(CLI::App& app, std::vector<std::string>& specs, const std::string& help) {
   auto* option = app.add_option("--methods", specs, help + " (semicolon-separated specs: " + methods_usage() + ")")
-                     ->delimiter(';')->check(method_spec());
+                     ->delimiter(';')->check(method_list_item());
   if (!specs.empty()) option->default_str(join_values(specs, ';'));
 }
 

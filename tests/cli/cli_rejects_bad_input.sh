@@ -50,3 +50,14 @@ expect_failure "missing gradient file" "nosuch.safetensors" "$STREAMBP" compare 
 # Results are never overwritten silently.
 expect_failure "existing --save-grads" "g.safetensors" \
   "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads g.safetensors
+
+# Issue #44. A mistyped flag gets the nearest one, in every command, as a mistyped command does.
+expect_exit_2 "a mistyped flag of run" "unknown option '--presett' \\(did you mean --preset\\?\\) for run" \
+  "$STREAMBP" run --presett tiny --method standard --seq 8
+expect_exit_2 "a mistyped flag of train" "unknown option '--stpes' \\(did you mean --steps\\?\\) for train" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --stpes=2
+expect_exit_2 "a mistyped flag of sweep" "unknown option '--repeat' \\(did you mean --repeats\\?\\) for sweep" \
+  "$STREAMBP" sweep seq --preset tiny --repeat 1
+# --methods separates specs with ';': a comma-separated list is shown as it should be written.
+expect_exit_2 "--methods with commas" "--methods separates specs with ';': --methods \"checkpoint;streambp:layer_chunk=8\"" \
+  "$STREAMBP" demo --preset tiny --methods checkpoint,streambp:layer_chunk=8 --seq 16

@@ -198,6 +198,12 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const bool random = a.batch_file.empty();
   if (random && a.measure.seq_len() == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
   if (!random && a.measure.seq_len() != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
+  check_distinct_outputs({{"--save-grads", a.save_grads}, {"--json", a.json}, {"--save-batch", a.save_batch},
+                          {"--save-model", a.save_model}, {"--save-adapter", a.save_adapter},
+                          {"--timeline", a.timeline.empty() ? "" : a.timeline + ".csv"},
+                          {"--timeline", a.timeline.empty() ? "" : a.timeline + ".trace.json"},
+                          {"--timeline", a.timeline.empty() || a.profile.empty() ? "" : a.timeline + ".cupti.csv"},
+                          {"--op-profile", a.op_profile}});
   for (const auto& [file, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.json, "--json"}, {a.save_batch, "--save-batch"}})
     if (!file.empty()) check_new_output(file, a.force, flag);
   if (!a.save_model.empty()) check_new_folder(a.save_model, a.force, "--save-model");

@@ -1,9 +1,14 @@
 #include "experiments/options.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <sstream>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -208,23 +213,64 @@ void offload_backprop(const OffloadOptions& o, BackpropMethod& method, OffloadTi
 }
 
 void add_output_options(CLI::App& app, OutputOptions& o, const std::string& help) {
-  auto* out = app.add_option("--out", o.out_dir, help + " (relative to the current directory; the last line prints where)");
+  auto* out = app.add_option("--out", o.out_dir, help + " (relative to the current directory; the last line prints where)")
+                  ->check(CLI::Validator(
+                      [](std::string& folder) {
+                        const auto why = unwritable_folder(folder);
+                        return why.empty() ? why : folder + ": " + why;
+                      },
+                      "FOLDER"));
   if (!o.out_dir.empty()) out->capture_default_str();
+}
+
+std::string unwritable_folder(const std::filesystem::path& folder) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  auto existing = fs::absolute(folder, error);
+  if (error) return "cannot resolve " + folder.string() + " (" + error.message() + ")";
+  while (!fs::exists(existing, error) && existing != existing.parent_path()) existing = existing.parent_path();
+  if (!fs::is_directory(existing, error)) return existing.string() + " is not a folder";
+  auto probe = (existing / ".streambp-probe-XXXXXX").string();
+  if (!::mkdtemp(probe.data()))
+    return "cannot create anything in " + existing.string() + " (" + std::strerror(errno) + ")";
+  ::rmdir(probe.c_str());
+  return {};
 }
 
 void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag) {
   if (!force && std::filesystem::exists(folder))
     throw std::invalid_argument(flag + " " + folder.string() + ": file exists; results are never overwritten silently "
                                 "(choose another name, or pass --force)");
+  if (const auto why = unwritable_folder(folder); !why.empty())
+    throw std::invalid_argument(flag + " " + folder.string() + ": " + why);
 }
 
 void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag) {
-  check_new_folder(file, force, flag);
+  if (!force && std::filesystem::exists(file))
+    throw std::invalid_argument(flag + " " + file.string() + ": file exists; results are never overwritten silently "
+                                "(choose another name, or pass --force)");
   // Before the work, not after it: an output whose folder does not exist would fail only when written.
   const auto parent = std::filesystem::absolute(file).parent_path();
   if (!std::filesystem::is_directory(parent))
     throw std::invalid_argument(flag + " " + file.string() + ": the folder " + parent.string() +
                                 " does not exist (create it first)");
+  if (const auto why = unwritable_folder(parent); !why.empty())
+    throw std::invalid_argument(flag + " " + file.string() + ": " + why);
+}
+
+void check_distinct_outputs(const std::vector<OutputPath>& outputs) {
+  const auto resolved = [](const std::filesystem::path& p) {
+    std::error_code error;
+    const auto out = std::filesystem::weakly_canonical(std::filesystem::absolute(p), error);
+    return error ? std::filesystem::absolute(p).lexically_normal() : out;
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (!outputs[i].path.empty() && !outputs[j].path.empty() &&
+          resolved(outputs[i].path) == resolved(outputs[j].path))
+        throw std::invalid_argument(outputs[i].flag + " " + outputs[i].path.string() + " and " + outputs[j].flag +
+                                    " " + outputs[j].path.string() + " are one path: the second would overwrite the "
+                                    "first (give them different names)");
 }
 
 std::vector<std::string> split_list(const std::string& text, char sep) {

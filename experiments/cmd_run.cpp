@@ -198,6 +198,12 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const bool random = a.batch_file.empty();
   if (random && a.measure.seq_len() == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
   if (!random && a.measure.seq_len() != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
+  check_distinct_outputs({{"--save-grads", a.save_grads}, {"--json", a.json}, {"--save-batch", a.save_batch},
+                          {"--save-model", a.save_model}, {"--save-adapter", a.save_adapter},
+                          {"--timeline", a.timeline.empty() ? "" : a.timeline + ".csv"},
+                          {"--timeline", a.timeline.empty() ? "" : a.timeline + ".trace.json"},
+                          {"--timeline", a.timeline.empty() || a.profile.empty() ? "" : a.timeline + ".cupti.csv"},
+                          {"--op-profile", a.op_profile}});
   for (const auto& [file, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.json, "--json"}, {a.save_batch, "--save-batch"}})
     if (!file.empty()) check_new_output(file, a.force, flag);
   if (!a.save_model.empty()) check_new_folder(a.save_model, a.force, "--save-model");
@@ -227,9 +233,6 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   workload.offload_checkpoints = a.offload.checkpoints();
   workload.offload_gradients = a.offload.gradients();
   if (a.model_only) return print_model_only(a, *method, workload, batch, command_line);
-  if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
-  if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
-  if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
 
   if (!a.timeline.empty()) {
     std::vector<std::string> outputs = {".csv", ".trace.json"};
@@ -271,6 +274,19 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));
+  // The step's inputs (weights, batch), as its gradients, only with a finished step: an oom run (exit 3) writes what
+  // describes the attempt (--json, --timeline, --op-profile) and no file that looks like a result.
+  if (m.status == "passed") {
+    if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
+    if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
+    if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
+  } else {
+    std::string skipped;
+    for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
+                                      {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"}})
+      if (!value.empty()) skipped += (skipped.empty() ? "" : ", ") + std::string(flag) + " " + value;
+    if (!skipped.empty()) fmt::print("outputs   not written: {} (the step did not finish: {})\n", skipped, m.status);
+  }
   if (!a.save_grads.empty() && m.status == "passed") {
     save_gradients(*model, a.save_grads,
                    {{"method", method->spec()}, {"dtype", precision}, {"commit", prov.commit}, {"command", prov.command}});

@@ -63,10 +63,16 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   add_rank_options(app, a.ranks, "each back-propagating its rows of every global batch");
   add_sequence_parallel_option(app, a.ranks);
   app.add_option("--metrics", a.metrics, "per-step CSV (loss, grad norm, lr, tokens, BP and optimizer seconds, peak "
-                 "bytes) and its JSON sidecar with provenance; a resumed run keeps the rows up to its checkpoint");
+                 "bytes) and its JSON sidecar with provenance, named as the CSV with the extension .json (run.csv: "
+                 "run.json, so not --json's name); a resumed run keeps the rows up to its checkpoint");
 }
 
 namespace {
+
+// --metrics FILE's JSON sidecar: FILE with the extension .json ("" without --metrics).
+std::string metrics_sidecar(const std::string& metrics) {
+  return metrics.empty() ? "" : fs::path(metrics).replace_extension(".json").string();
+}
 
 std::vector<fs::path> batch_files(const std::string& dir) {
   std::vector<fs::path> files;
@@ -147,15 +153,27 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (!a.resume_dir.empty() && !fs::is_directory(a.resume_dir))
     throw std::invalid_argument("--resume " + a.resume_dir + ": no such folder (a mistyped path?); a fresh run that "
                                 "checkpoints there is --checkpoint-dir " + a.resume_dir + " --save-every N");
-  // A finished run resumed with its own arguments (the README's recipe after the end): nothing to do, and its outputs
-  // stay as they are (before they are checked as new ones, and before any rank starts).
-  if (!a.resume_dir.empty())
-    if (const auto taken = checkpoint_step(a.resume_dir); taken >= a.steps) {
-      fmt::print(stderr, "train     nothing to do: {} holds step {} and --steps is {}, so the run is finished and its "
-                         "outputs stay as they are; a larger --steps trains on (with a constant schedule)\n",
-                 a.resume_dir, taken, a.steps);
-      return 0;
-    }
+  const auto& r = a.run;
+  const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
+  // Every output at once, before any rank starts: two on one path would overwrite each other (the metrics' sidecar
+  // once overwrote --json's record of the same name).
+  check_distinct_outputs({{"--json", r.json},
+                          {"--save-model", r.save_model},
+                          {"--save-adapter", r.save_adapter},
+                          {"--metrics", a.metrics},
+                          {"--metrics (its .json sidecar)", metrics_sidecar(a.metrics)},
+                          {a.checkpoint_dir.empty() ? "--resume" : "--checkpoint-dir", checkpoint_dir}});
+  // A finished run resumed (the README's recipe after the end) takes no step: the outputs it wrote stay as they are,
+  // and one it did not write (a new --save-model) is written from its final checkpoint once the trajectory is checked
+  // (a changed setting is refused as on any resume). Its metrics are only in the file its steps wrote.
+  const std::int64_t taken = a.resume_dir.empty() ? 0 : checkpoint_step(a.resume_dir);
+  const bool finished = !a.resume_dir.empty() && taken >= a.steps;
+  const auto kept = [finished](const std::string& path) { return finished && !path.empty() && fs::exists(path); };
+  const bool keep_json = kept(r.json), keep_model = kept(r.save_model), keep_adapter = kept(r.save_adapter);
+  if (finished && !a.metrics.empty() && !fs::exists(a.metrics))
+    throw std::invalid_argument(fmt::format("--metrics {}: the run in {} is finished (step {}, --steps {}) and the "
+                                            "metrics of its steps are in the file its --metrics wrote, not in the "
+                                            "checkpoints", a.metrics, a.resume_dir, taken, a.steps));
   const auto env = rank_from_environment();
   // Before the ranks start (once, not once per rank): the ranks form sequence-parallel groups, and a random global
   // batch splits evenly over the data-parallel ones.
@@ -168,7 +186,6 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                              a.run.measure.batch_size()));
   check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.nproc, a.ranks.zero);
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
-  const auto& r = a.run;
   auto ranks = join_ranks(a.ranks, env, r.setup);
   const int world = ranks.world, rank = ranks.rank;
   const auto device = ranks.device;
@@ -177,15 +194,18 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   if (!random && r.measure.seq_len() != 0) throw std::invalid_argument("--seq and --data exclude each other");
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
     throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
-  const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
   const bool writer = rank == 0;  // rank 0 writes every output; the ranks hold the same model after every step
+  if (writer) {
+    if (!r.json.empty() && !keep_json) check_new_output(r.json, r.force, "--json");
+    if (!r.save_model.empty() && !keep_model) check_new_folder(r.save_model, r.force, "--save-model");
+    if (!r.save_adapter.empty() && !keep_adapter) check_new_folder(r.save_adapter, r.force, "--save-adapter");
+    if (!a.checkpoint_dir.empty())
+      if (const auto why = unwritable_folder(a.checkpoint_dir); !why.empty())
+        throw std::invalid_argument("--checkpoint-dir " + a.checkpoint_dir + ": " + why);
+  }
   // The checkpoint folder exists from the start, so that a run killed before its first checkpoint is resumed (from
   // step 0) with the same --resume as any other.
   if (writer && a.save_every > 0) fs::create_directories(checkpoint_dir);
-  if (writer)
-    for (const auto& [file, flag] : {std::pair{r.json, "--json"}, {r.save_model, "--save-model"},
-                                     {r.save_adapter, "--save-adapter"}})
-      if (!file.empty()) (std::string(flag) == "--json" ? check_new_output : check_new_folder)(file, r.force, flag);
   if (!r.save_adapter.empty() && r.setup.lora.empty() && r.setup.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
 
@@ -214,7 +234,8 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   // Data-parallel: this rank's rows of it (Objective::split: DPO keeps pairs), the same on every rank count.
   std::unique_ptr<DataParallel> parallel;
   auto batch_for_step = [&](std::int64_t s) {
-    const auto source = random ? fmt::format("random batch of step {}", s) : files[s % files.size()].string();
+    // Named as the progress lines count steps, from 1.
+    const auto source = random ? fmt::format("random batch of step {}", s + 1) : files[s % files.size()].string();
     Batch batch = random ? objective->random_batch(model->config(), {r.measure.batch_size(), r.measure.seq_len(), r.pad_fraction,
                                                                      r.prompt_fraction, r.setup.seed + std::uint64_t(s), r.setup.group})
                          : read_batch_file(files[s % files.size()]);
@@ -294,10 +315,13 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
 
   std::vector<std::string> metric_rows;
   if (!a.metrics.empty() && writer) {
-    if (fs::exists(a.metrics) && start_step > 0 && !r.force)
+    if (fs::exists(a.metrics) && start_step > 0 && !r.force) {
       metric_rows = read_metrics_rows(a.metrics, kMetricsHeader, start_step);
-    else
-      check_new_output(a.metrics, r.force || (start_step == 0 && !a.resume_dir.empty()), "--metrics");
+    } else {
+      const bool replace = r.force || (start_step == 0 && !a.resume_dir.empty());
+      check_new_output(a.metrics, replace, "--metrics");
+      check_new_output(metrics_sidecar(a.metrics), replace, "--metrics (its .json sidecar)");
+    }
   }
   const auto prov = collect_provenance(command_line, describe_device(device));
   auto write_metrics = [&] {
@@ -313,15 +337,19 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                     {"peak_bytes", "live tensor bytes at the step's peak (CPU allocator meter): "
                                                    "weights, optimizer states and what the step allocates, as `run` "
                                                    "counts (not the batch); empty on CUDA"}};
-    write_file_atomically(fs::path(a.metrics).replace_extension(".json"), sidecar.dump(2) + "\n");
+    write_file_atomically(metrics_sidecar(a.metrics), sidecar.dump(2) + "\n");
   };
 
-  if (writer)
+  if (writer && finished)
+    fmt::print(stderr, "train     nothing to do: {} holds step {} and --steps is {}, so the run is finished and the "
+                       "outputs it wrote stay as they are; a larger --steps trains on (with a constant schedule)\n",
+               a.resume_dir, start_step, a.steps);
+  else if (writer)
     fmt::print(stderr, "train     {} on {} ({}), {} {}, steps {}..{} of {}{}\n", method->spec(), r.setup.source.describe(),
                precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
                lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
                ranks.describe());
-  if (writer && random)
+  if (writer && random && !finished)
     fmt::print(stderr, "data      random batches (no --data): fresh random tokens every step, so the loss shows the "
                        "method at work, not learning; --data DIR trains on batch files (--save-batch writes them)\n");
   auto& meter = CpuMemoryMeter::install();
@@ -446,9 +474,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       list += fmt::format("{}rank {} {}", q ? ", " : "", q, format_bytes(rank_peaks[q]));
     fmt::print(stderr, "peak      per rank: {}\n", list);
   }
-  if (!r.save_model.empty()) save_model_dir(*model, r.save_model);
-  if (!r.save_adapter.empty()) save_adapter_dir(*model, r.save_adapter, r.setup.source.describe());
-  if (!r.json.empty()) {
+  if (!r.save_model.empty() && !keep_model) save_model_dir(*model, r.save_model);
+  if (!r.save_adapter.empty() && !keep_adapter) save_adapter_dir(*model, r.save_adapter, r.setup.source.describe());
+  if (!r.json.empty() && !keep_json) {
     const nlohmann::json j = {{"status", "completed"},
                               {"steps", trainer.steps_taken()},
                               {"start_step", start_step},
@@ -483,6 +511,14 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const auto add = [&](const char* what, const std::string& where) {
     if (!where.empty()) outputs += (outputs.empty() ? "" : "; ") + std::string(what) + " " + where;
   };
+  if (finished) {  // what this invocation wrote: the outputs the finished run did not have
+    add("model", keep_model ? "" : r.save_model);
+    add("adapter", keep_adapter ? "" : r.save_adapter);
+    add("record", keep_json ? "" : r.json);
+    fmt::print(stderr, "outputs   {}\n", outputs.empty() ? "none new" : outputs + " (of the final checkpoint, step " +
+                                                                           std::to_string(start_step) + ")");
+    return 0;
+  }
   add("model", r.save_model);
   add("adapter", r.save_adapter);
   add("metrics", a.metrics);

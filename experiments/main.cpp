@@ -52,6 +52,30 @@ std::string unknown_command(const CLI::App& app, const std::string& word) {
          "; commands: " + names + " (streambp --help)";
 }
 
+// "unknown option '--presett' (did you mean --preset?)" for the first --word of argv that names no option of the
+// command `sub` (or of `app` before it): CLI11 would only list it among the arguments it did not expect. "" when
+// every --word is an option.
+std::string unknown_option(const CLI::App& app, const CLI::App& sub, int argc, char** argv) {
+  std::vector<std::string> names;
+  for (const auto* scope : {&app, &sub})
+    for (const auto* option : scope->get_options())
+      for (const auto& name : option->get_lnames()) names.push_back("--" + name);
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") break;  // what follows is a value, whatever it looks like
+    if (word.rfind("--", 0) != 0) continue;
+    const auto flag = word.substr(0, word.find('='));
+    if (std::find(names.begin(), names.end(), flag) != names.end()) continue;
+    std::string nearest;
+    std::size_t best = 3;  // at most two edits away, or no suggestion
+    for (const auto& name : names)
+      if (const auto d = distance(flag, name); d < best) best = d, nearest = name;
+    return "unknown option '" + flag + "'" + (nearest.empty() ? "" : " (did you mean " + nearest + "?)") + " for " +
+           sub.get_name() + " (streambp " + sub.get_name() + " --help lists them)";
+  }
+  return {};
+}
+
 // One command of the CLI: its name, its one-line help, and how it attaches its typed options to its subcommand,
 // which gives back the function that runs it on the parsed options.
 using Runner = std::function<int(const std::string& command_line)>;
@@ -126,6 +150,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every rejection of the command line (an unknown flag, a value of the wrong type or
     // out of its range, a missing required option) is bad input: exit 2 like every other, not CLI11's own 105-113.
+    // An unknown flag of any command is named first, with the nearest one (as a mistyped command is above).
+    for (const auto& [sub, run] : commands)
+      if (argc > 1 && sub->get_name() == argv[1] && e.get_exit_code() != 0)
+        if (const auto unknown = unknown_option(app, *sub, argc, argv); !unknown.empty()) {
+          fmt::print(stderr, "streambp: error: {}\n", unknown);
+          return 2;
+        }
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }

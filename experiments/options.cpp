@@ -1,9 +1,14 @@
 #include "experiments/options.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <sstream>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -33,6 +38,37 @@ CLI::Validator accepted_by(Parse parse, const std::string& description) {
 // A spec make_method builds (the catalogue's methods and options, each value within its bounds).
 CLI::Validator method_spec() {
   return accepted_by([](const std::string& spec) { make_method(spec); }, "method spec");
+}
+
+// "checkpoint,streambp:layer_chunk=64" in --methods, which separates specs with ';': that list with ';' before each
+// item that names a method, or "" when no item after the first does (a comma inside one spec's options).
+std::string semicolon_list(const std::string& spec) {
+  const auto names = method_names();
+  const auto items = split_list(spec, ',');
+  std::string out;
+  bool listed = false;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const bool method = std::find(names.begin(), names.end(), items[i].substr(0, items[i].find(':'))) != names.end();
+    listed = listed || (i > 0 && method);
+    out += (i == 0 ? "" : method ? ";" : ",") + items[i];
+  }
+  return listed ? out : "";
+}
+
+// As method_spec, and a list written with commas gets the list as --methods takes it.
+CLI::Validator method_list_item() {
+  return accepted_by(
+      [](const std::string& spec) {
+        try {
+          make_method(spec);
+        } catch (const std::invalid_argument& e) {
+          if (const auto list = semicolon_list(spec); !list.empty())
+            throw std::invalid_argument(std::string(e.what()) + "; --methods separates specs with ';': --methods \"" +
+                                        list + "\"");
+          throw;
+        }
+      },
+      "method spec");
 }
 
 // --seq or --batch as one value or a comma-separated list, each within [lo, hi].
@@ -92,7 +128,7 @@ void add_method_option(CLI::App& app, std::string& spec) {
 
 void add_methods_option(CLI::App& app, std::vector<std::string>& specs, const std::string& help) {
   auto* option = app.add_option("--methods", specs, help + " (semicolon-separated specs: " + methods_usage() + ")")
-                     ->delimiter(';')->check(method_spec());
+                     ->delimiter(';')->check(method_list_item());
   if (!specs.empty()) option->default_str(join_values(specs, ';'));
 }
 
@@ -177,23 +213,64 @@ void offload_backprop(const OffloadOptions& o, BackpropMethod& method, OffloadTi
 }
 
 void add_output_options(CLI::App& app, OutputOptions& o, const std::string& help) {
-  auto* out = app.add_option("--out", o.out_dir, help + " (relative to the current directory; the last line prints where)");
+  auto* out = app.add_option("--out", o.out_dir, help + " (relative to the current directory; the last line prints where)")
+                  ->check(CLI::Validator(
+                      [](std::string& folder) {
+                        const auto why = unwritable_folder(folder);
+                        return why.empty() ? why : folder + ": " + why;
+                      },
+                      "FOLDER"));
   if (!o.out_dir.empty()) out->capture_default_str();
+}
+
+std::string unwritable_folder(const std::filesystem::path& folder) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  auto existing = fs::absolute(folder, error);
+  if (error) return "cannot resolve " + folder.string() + " (" + error.message() + ")";
+  while (!fs::exists(existing, error) && existing != existing.parent_path()) existing = existing.parent_path();
+  if (!fs::is_directory(existing, error)) return existing.string() + " is not a folder";
+  auto probe = (existing / ".streambp-probe-XXXXXX").string();
+  if (!::mkdtemp(probe.data()))
+    return "cannot create anything in " + existing.string() + " (" + std::strerror(errno) + ")";
+  ::rmdir(probe.c_str());
+  return {};
 }
 
 void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag) {
   if (!force && std::filesystem::exists(folder))
     throw std::invalid_argument(flag + " " + folder.string() + ": file exists; results are never overwritten silently "
                                 "(choose another name, or pass --force)");
+  if (const auto why = unwritable_folder(folder); !why.empty())
+    throw std::invalid_argument(flag + " " + folder.string() + ": " + why);
 }
 
 void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag) {
-  check_new_folder(file, force, flag);
+  if (!force && std::filesystem::exists(file))
+    throw std::invalid_argument(flag + " " + file.string() + ": file exists; results are never overwritten silently "
+                                "(choose another name, or pass --force)");
   // Before the work, not after it: an output whose folder does not exist would fail only when written.
   const auto parent = std::filesystem::absolute(file).parent_path();
   if (!std::filesystem::is_directory(parent))
     throw std::invalid_argument(flag + " " + file.string() + ": the folder " + parent.string() +
                                 " does not exist (create it first)");
+  if (const auto why = unwritable_folder(parent); !why.empty())
+    throw std::invalid_argument(flag + " " + file.string() + ": " + why);
+}
+
+void check_distinct_outputs(const std::vector<OutputPath>& outputs) {
+  const auto resolved = [](const std::filesystem::path& p) {
+    std::error_code error;
+    const auto out = std::filesystem::weakly_canonical(std::filesystem::absolute(p), error);
+    return error ? std::filesystem::absolute(p).lexically_normal() : out;
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (!outputs[i].path.empty() && !outputs[j].path.empty() &&
+          resolved(outputs[i].path) == resolved(outputs[j].path))
+        throw std::invalid_argument(outputs[i].flag + " " + outputs[i].path.string() + " and " + outputs[j].flag +
+                                    " " + outputs[j].path.string() + " are one path: the second would overwrite the "
+                                    "first (give them different names)");
 }
 
 std::vector<std::string> split_list(const std::string& text, char sep) {

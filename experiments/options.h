@@ -103,10 +103,23 @@ void offload_backprop(const OffloadOptions& options, BackpropMethod& method, Off
 
 // What every command checks of an output before its work starts.
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose
-// folder does not exist (found before the work, not when writing after it).
+// folder does not exist or cannot be written into (found before the work, not when writing after it).
 void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag);
 // The same for an output folder (--save-model, --save-adapter), which is created with its parents when written.
 void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag);
+// Why `folder` cannot be created, or written into when it exists ("" when it can): checked by making and removing
+// a directory in the nearest folder that exists, since permissions say nothing for root (/proc refuses anyway).
+std::string unwritable_folder(const std::filesystem::path& folder);
+
+// One file or folder a command will write, and the flag that names it (a derived file names its flag's, as
+// "--metrics (its .json sidecar)").
+struct OutputPath {
+  std::string flag;
+  std::filesystem::path path;
+};
+// Before any work: two outputs on one path (after resolving `.`, `..` and symbolic links) would overwrite each other,
+// so they are refused naming both flags. Every command that writes several outputs passes all of them at once.
+void check_distinct_outputs(const std::vector<OutputPath>& outputs);
 
 // "a;b;;c" -> {a, b, c}: a flag's list (empty items dropped).
 std::vector<std::string> split_list(const std::string& text, char sep);

@@ -62,3 +62,12 @@ for key in ["loss", "peak_bytes", "bp_seconds", "bp_seconds_all", "largest_alloc
 assert r["model_peak_bytes"] > 100000, r["model_peak_bytes"]
 print("ok: an oom record leaves loss, time and peak empty")
 PY
+# ... and writes no file that looks like a result: not the gradients, nor the model and the batch (issue #44).
+status=0
+"$STREAMBP" run --preset tiny --method standard --dtype fp32 --batch 2 --seq 33 --budget-bytes 100000 --json oom2.json \
+  --save-grads g.safetensors --save-model M --save-batch b.safetensors >oom2.txt 2>&1 || status=$?
+[[ $status -eq 3 ]] || fail "an oom run exited $status, expected 3:\n$(cat oom2.txt)"
+[[ -s oom2.json && ! -e g.safetensors && ! -e M && ! -e b.safetensors ]] || fail "an oom run wrote: $(ls)"
+grep -q "^outputs   not written: --save-grads g.safetensors, --save-model M, --save-batch b.safetensors (the step did not finish: oom)" \
+  oom2.txt || fail "an oom run does not say what it did not write:\n$(cat oom2.txt)"
+echo "ok: an oom run writes its record and no --save-grads, --save-model or --save-batch"

@@ -50,3 +50,35 @@ expect_failure "missing gradient file" "nosuch.safetensors" "$STREAMBP" compare 
 # Results are never overwritten silently.
 expect_failure "existing --save-grads" "g.safetensors" \
   "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads g.safetensors
+
+# Issue #44. A mistyped flag gets the nearest one, in every command, as a mistyped command does.
+expect_exit_2 "a mistyped flag of run" "unknown option '--presett' \\(did you mean --preset\\?\\) for run" \
+  "$STREAMBP" run --presett tiny --method standard --seq 8
+expect_exit_2 "a mistyped flag of train" "unknown option '--stpes' \\(did you mean --steps\\?\\) for train" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --stpes=2
+expect_exit_2 "a mistyped flag of sweep" "unknown option '--repeat' \\(did you mean --repeats\\?\\) for sweep" \
+  "$STREAMBP" sweep seq --preset tiny --repeat 1
+# --methods separates specs with ';': a comma-separated list is shown as it should be written.
+expect_exit_2 "--methods with commas" "--methods separates specs with ';': --methods \"checkpoint;streambp:layer_chunk=8\"" \
+  "$STREAMBP" demo --preset tiny --methods checkpoint,streambp:layer_chunk=8 --seq 16
+# An output that cannot be created is refused before any work, naming its flag.
+expect_exit_2 "--out where no folder can be made" "--out: /proc/nope: cannot create anything in /proc" \
+  "$STREAMBP" demo --preset tiny --seq 16 --out /proc/nope
+expect_exit_2 "--save-model where no folder can be made" "--save-model /proc/nope: cannot create anything in /proc" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --save-model /proc/nope
+expect_exit_2 "--json in a folder that takes no file" "--json /proc/nope.json: cannot create anything in /proc" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --json /proc/nope.json
+expect_exit_2 "--checkpoint-dir where no folder can be made" "--checkpoint-dir /proc/nope: cannot create anything in /proc" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --checkpoint-dir /proc/nope --save-every 1
+# Two outputs on one path, the metrics' sidecar included, are refused before any work (nothing is written).
+expect_exit_2 "--json on the metrics' sidecar" "--json run.json and --metrics \\(its .json sidecar\\) run.json are one path" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --metrics run.csv --json run.json
+expect_exit_2 "--metrics named .json" "--metrics m.json and --metrics \\(its .json sidecar\\) m.json are one path" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --metrics m.json
+expect_exit_2 "--save-model on the checkpoint folder" "--save-model c and --checkpoint-dir ./c are one path" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --save-model c --checkpoint-dir ./c --save-every 1
+expect_exit_2 "two outputs of run on one path" "--save-grads x and --save-batch sub/../x are one path" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads x --save-batch sub/../x
+expect_exit_2 "--timeline on --op-profile" "--timeline t.csv and --op-profile t.csv are one path" \
+  "$STREAMBP" run --preset tiny --method standard --seq 8 --timeline t --op-profile t.csv
+[[ ! -e run.csv && ! -e run.json && ! -e c && ! -e x ]] || fail "a refused command wrote: $(ls)"

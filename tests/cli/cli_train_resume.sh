@@ -206,7 +206,7 @@ expect_exit_2 "--resume with another --seed" "checkpoint's seed is 4, this run's
   "$STREAMBP" train "${model[@]}" --seed 5 "${optimizer[@]}" --resume P
 expect_exit_2 "--resume with another --optimizer" "checkpoint's optimizer is .*lr=0.001.*this run's .*lr=0.002" \
   "$STREAMBP" train "${model[@]}" "${seed[@]}" --optimizer adamw:lr=2e-3,weight_decay=0.1 --resume P
-expect_exit_2 "--grad-accum 3 with --batch 4" "4 rows do not split into 3" \
+expect_exit_2 "--grad-accum 3 with --batch 4" "random batch of step 1: 4 rows do not split into 3" \
   "$STREAMBP" train --preset tiny --method standard --seq 16 --batch 4 --steps 1 --grad-accum 3
 # Found by fuzz_train_resume (tests/fuzz/regressions/train_resume): a trainer.json without "step" ended the resume
 # with nlohmann's "key 'step' not found", a metrics row led by no number with a bare "stoll"; each names its file now.
@@ -249,6 +249,18 @@ before=$(cat x.csv XM/model.safetensors | cksum)
 grep -q "^train     nothing to do: X holds step 2 and --steps is 2" x2.log || fail "no 'nothing to do':\n$(cat x2.log)"
 ! grep -q "steps 3\.\.2" x2.log || fail "a finished run announced steps 3..2:\n$(cat x2.log)"
 [[ $(cat x.csv XM/model.safetensors | cksum) == "$before" ]] || fail "resuming a finished run touched its outputs"
+# Changed, it is refused as any resume (exit 2, naming the setting); an output it did not write is written from its
+# final checkpoint, the same bytes as the run wrote; a new --metrics is refused (its steps' rows are in x.csv only).
+expect_exit_2 "a finished run resumed with another learning rate" "checkpoint's optimizer is .*, this run's .*lr=0.002" \
+  "$STREAMBP" train "${short[@]}" --steps 2 --metrics x.csv --save-model XM --optimizer adamw:lr=2e-3 --resume X
+"$STREAMBP" train "${short[@]}" --steps 2 --metrics x.csv --save-model XM2 --resume X >x4.log 2>&1 ||
+  fail "a finished run asked for a new --save-model:\n$(cat x4.log)"
+grep -qx "outputs   model XM2 (of the final checkpoint, step 2)" x4.log || fail "XM2 not named:\n$(cat x4.log)"
+cmp XM/model.safetensors XM2/model.safetensors || fail "the model written from the final checkpoint differs"
+[[ $(cat x.csv XM/model.safetensors | cksum) == "$before" ]] || fail "writing XM2 touched the run's outputs"
+expect_exit_2 "a finished run with a new --metrics" "--metrics new.csv: the run in X is finished \\(step 2, --steps 2\\)" \
+  "$STREAMBP" train "${short[@]}" --steps 2 --metrics new.csv --resume X
+echo "ok: a finished run refuses a changed learning rate and writes a new --save-model from its final checkpoint"
 "$STREAMBP" train "${short[@]}" --steps 4 --metrics x.csv --resume X >x3.log 2>&1 || fail "extending:\n$(cat x3.log)"
 grep -q "^extend    the run was written for --steps 2; it trains on to 4" x3.log || fail "no word on extending:\n$(cat x3.log)"
 "$STREAMBP" train "${short[@]/X/Y}" --steps 4 --metrics y.csv >y.log 2>&1 || fail "4-step run:\n$(cat y.log)"

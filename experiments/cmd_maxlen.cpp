@@ -24,6 +24,7 @@
 #include "core/training/trainer.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
+#include "experiments/memory_check.h"
 #include "experiments/results_table.h"
 
 namespace sbp {
@@ -141,18 +142,12 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
       const auto w = workload_at(T);
       return (optimizer ? training_memory(*method, w) : method->memory_model(w)).host_bytes();
     };
-    // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits (the model grows with T);
-    // a sequence split over S ranks has at least 2S positions here (every rank two, one per zig-zag part).
+    // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits, 1 when not even the
+    // shortest does; a sequence split over S ranks has at least 2S positions here (every rank two, one per zig-zag
+    // part).
     const std::int64_t shortest = 2 * sp;
-    std::int64_t lo = shortest, hi = a.max_seq;
-    if (model_peak(lo) > a.measure.budget_bytes) lo = 1;  // not even the shortest fits
-    else if (model_peak(hi) <= a.measure.budget_bytes) lo = hi;
-    else
-      while (hi - lo > 1) {
-        const auto mid = lo + (hi - lo) / 2;
-        (model_peak(mid) <= a.measure.budget_bytes ? lo : hi) = mid;
-      }
-    const auto predicted = lo;
+    const auto predicted =
+        std::max<std::int64_t>(1, longest_fitting_seq(model_peak, shortest, a.max_seq, a.measure.budget_bytes));
     if (writer)
       fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a.measure.budget_bytes),
                  ranks.world > 1 ? " per rank" + ranks.describe() : "");

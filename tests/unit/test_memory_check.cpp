@@ -120,7 +120,7 @@ TEST_CASE("the longest fitting T is the last T of a linear scan", "[memory-check
   }
 }
 
-TEST_CASE("ulimit -v is read as what is left of the address space", "[memory-check]") {
+TEST_CASE("ulimit -v is read as what is left of the address space", "[memory-check][system-memory]") {
   rlimit before{};
   REQUIRE(getrlimit(RLIMIT_AS, &before) == 0);
   const auto mapped = [] {
@@ -150,7 +150,7 @@ TEST_CASE("ulimit -v is read as what is left of the address space", "[memory-che
 }
 
 TEST_CASE("a block the system refuses is an out-of-memory naming its size, and nothing stays counted",
-          "[memory-check][meter]") {
+          "[memory-check][system-memory][meter]") {
   auto& meter = CpuMemoryMeter::install();
   const auto before = meter.current_bytes();
   try {
@@ -163,7 +163,7 @@ TEST_CASE("a block the system refuses is an out-of-memory naming its size, and n
   CHECK(meter.current_bytes() == before);
 }
 
-TEST_CASE("a step whose block the system refuses ends as oom, naming the block", "[memory-check]") {
+TEST_CASE("a step whose block the system refuses ends as oom, naming the block", "[memory-check][system-memory]") {
   TinyStep step(32);
   ImpossibleBlockStreamBP method(sbp::StreamBP::Options{8, 8});
   const auto m = sbp::measure_method(step.model, method, step.objective, step.batch, 0, 1, 0);

@@ -29,25 +29,12 @@
 #include "core/training/trainer.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
+#include "experiments/memory_check.h"
 #include "experiments/results_table.h"
 
 namespace sbp {
 
 namespace {
-
-// The largest T in [shortest, longest] whose modelled peak fits the budget (the peak grows with T); 1 when not even
-// the shortest fits.
-std::int64_t largest_fitting(const std::function<std::int64_t(std::int64_t)>& peak, std::int64_t budget,
-                             std::int64_t shortest, std::int64_t longest) {
-  std::int64_t lo = shortest, hi = longest;
-  if (peak(lo) > budget) return 1;
-  if (peak(hi) <= budget) return hi;
-  while (hi - lo > 1) {
-    const auto mid = lo + (hi - lo) / 2;
-    (peak(mid) <= budget ? lo : hi) = mid;
-  }
-  return lo;
-}
 
 // The chunk choice goes no lower: each chunk has a fixed cost (its graph, small products) and below 32 the time grows
 // faster than T* (tiny under 3 MB: chunks of 8 model 15% more T* than 32, and a step at T = 1183 took 2.8x as long).
@@ -186,12 +173,12 @@ int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
     const auto w = workload_at(T);
     return (optimizer ? training_memory(method, w) : method.memory_model(w)).total_bytes();
   };
-  // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits; a sequence split over S ranks
-  // has at least 2S positions here (every rank two, one per zig-zag part).
+  // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits, 1 when not even the shortest
+  // does; a sequence split over S ranks has at least 2S positions here (every rank two, one per zig-zag part).
   const std::int64_t shortest = 2 * sp;
   const auto modelled_max_seq = [&](const BackpropMethod& method) {
-    return largest_fitting([&](std::int64_t T) { return modelled_peak(method, T); }, a.measure.budget_bytes, shortest,
-                           a.max_seq);
+    return std::max<std::int64_t>(1, longest_fitting_seq([&](std::int64_t T) { return modelled_peak(method, T); },
+                                                         shortest, a.max_seq, a.measure.budget_bytes));
   };
   for (const auto& spec_text : a.methods) {
     auto method = make_method(spec_text);

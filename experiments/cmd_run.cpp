@@ -1,5 +1,6 @@
 // `streambp run`: one model, one batch, one BP method; prints a summary and writes the JSON record.
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "core/methods/streambp.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
+#include "experiments/memory_check.h"
 #include "experiments/provenance.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
@@ -59,6 +61,9 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   add_measure_options(app, a.measure, {.seq = Arity::none, .batch = Arity::none, .warmup = true, .repeats = true, .budget = true});
   app.add_flag("--model-only", a.model_only, "print the analytic memory model of this workload (and write it with "
                "--json, status model-only) without running a step");
+  app.add_flag("--no-memory-check", a.no_memory_check, "run the step even when the model's peak is above the memory "
+               "it may use (--budget-bytes, the cgroup's limit, ulimit -v, MemAvailable); without it such a step is "
+               "refused before it starts: status oom, exit 3, and the longest T that fits");
 }
 
 RunParts build_run_parts(const RunArgs& a) {
@@ -79,10 +84,19 @@ double phase_seconds(const Measurement& m, const std::string& name) {
   return 0;
 }
 
+// One unit for a column of byte counts (its largest entry's).
+template <typename Rows, typename Bytes>
+ByteUnit column_unit(const Rows& rows, const Bytes& bytes_of) {
+  std::int64_t largest = 0;
+  for (const auto& r : rows) largest = std::max(largest, std::abs(std::int64_t(bytes_of(r))));
+  return byte_unit_for(largest);
+}
+
 void print_terms(const MemoryEstimate& est) {
   std::size_t width = 0;
   for (const auto& t : est.terms) width = std::max(width, t.name.size());
-  for (const auto& t : est.terms) fmt::print("            {:<{}}  {:>10}\n", t.name, width, format_bytes(t.bytes));
+  const auto unit = column_unit(est.terms, [](const MemoryTerm& t) { return t.bytes; });
+  for (const auto& t : est.terms) fmt::print("            {:<{}}  {:>10}\n", t.name, width, format_bytes(t.bytes, unit));
 }
 
 // The offload tier beside the device's peak: what the tier held at its own peak against the model's host terms.
@@ -91,7 +105,8 @@ void print_offload(const OffloadOptions& o, const OffloadTier& tier, const Memor
   fmt::print("offload   {} in {}: {} held at the tier's peak, {} analytic{}\n", o.describe(), tier.describe(),
              format_bytes(tier.peak_bytes()), format_bytes(host),
              tier.peak_bytes() == host ? " (exact)" : fmt::format(" ({:+d} bytes)", tier.peak_bytes() - host));
-  for (const auto& t : est.host) fmt::print("  host    {}  {}\n", t.name, format_bytes(t.bytes));
+  const auto unit = column_unit(est.host, [](const MemoryTerm& t) { return t.bytes; });
+  for (const auto& t : est.host) fmt::print("  host    {}  {}\n", t.name, format_bytes(t.bytes, unit));
 }
 
 // What the console and the record say of a step: a finished step is `unchecked`, as run compares no gradient
@@ -143,17 +158,55 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
              !m.error.empty()         ? "  (" + m.error + ")"
              : m.status == "passed" ? "  (the step ran; run checks no gradient: `compare` or `verify` do)"
                                     : "");
-  if (m.status == "passed") fmt::print("loss      {:.10g}\n", m.loss);
-  fmt::print("bp time   {:.3f} s (median of {})\n", m.median_seconds(), m.bp_seconds.size());
-  fmt::print("peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(m.peak_bytes),
-             format_bytes(est.total_bytes()), 100.0 * (double(m.peak_bytes) / double(est.total_bytes()) - 1.0),
-             est.moment);
+  // The budget as given: the meter's limit also leaves out the bytes held before the step (its oom message says so).
+  if (a.measure.budget_bytes > 0)
+    fmt::print("budget    {} bytes ({}) for {}\n", a.measure.budget_bytes, format_bytes(a.measure.budget_bytes),
+               model.device().is_cuda() ? "the caching allocator's reserved bytes"
+                                        : "the step's peak as measured: the model's weights and the step's tensors");
+  // A step that did not finish has no time, loss or peak: what it measured is a partial step.
+  const bool finished = m.status == "passed";
+  if (finished) {
+    fmt::print("loss      {:.10g}\n", m.loss);
+    fmt::print("bp time   {:.3f} s (median of {})\n", m.median_seconds(), m.bp_seconds.size());
+    const auto unit = byte_unit_for(std::max(m.peak_bytes, est.total_bytes()));
+    fmt::print("peak      {} measured, {} analytic ({:+.1f}%, peak at {})\n", format_bytes(m.peak_bytes, unit),
+               format_bytes(est.total_bytes(), unit), 100.0 * (double(m.peak_bytes) / double(est.total_bytes()) - 1.0),
+               est.moment);
+  } else {
+    fmt::print("peak      {} analytic (peak at {}); no time or peak measured: the step did not finish\n",
+               format_bytes(est.total_bytes()), est.moment);
+  }
   print_terms(est);
   if (tier) print_offload(a.offload, *tier, est);
-  for (const auto& p : m.phase_peaks) {
-    const double seconds = phase_seconds(m, p.name);
-    fmt::print("  phase   {:<12} peak {:>12}  {:8.3f} s  x{}\n", p.name, format_bytes(p.peak_bytes), seconds, p.count);
-  }
+  const auto unit = column_unit(m.phase_peaks, [](const PhasePeak& p) { return p.peak_bytes; });
+  for (const auto& p : m.phase_peaks)
+    fmt::print("  phase   {:<12} peak {:>12}  {}  x{}\n", p.name, format_bytes(p.peak_bytes, unit),
+               finished ? fmt::format("{:8.3f} s", phase_seconds(m, p.name)) : std::string("       - s"), p.count);
+}
+
+// The memory check before the step (experiments/memory_check.h): the model's peak of this workload at any T
+// against --budget-bytes and, on the CPU, the process's limits; the weights already allocated are part of the peak.
+MemoryCheck check_step_memory(const RunArgs& a, const BackpropMethod& method, const Workload& workload,
+                              const Model& model) {
+  const auto peak_at = [&](std::int64_t T) {
+    auto w = workload;
+    w.seq_len = T;
+    return method.memory_model(w).total_bytes();
+  };
+  return check_memory(peak_at, workload.seq_len, method.memory_model(workload).moment, a.measure.budget_bytes,
+                      model.device().is_cpu() ? memory_limits() : std::vector<MemoryLimit>{}, model_weight_bytes(model));
+}
+
+nlohmann::json memory_check_json(const MemoryCheck& check, bool enforced) {
+  if (check.limit_bytes < 0) return nullptr;
+  auto limits = nlohmann::json::array();
+  for (const auto& l : check.limits) limits.push_back({{"name", l.name}, {"left_bytes", l.left_bytes}, {"detail", l.detail}});
+  return {{"limit_bytes", check.limit_bytes},
+          {"limits", limits},
+          {"limited_by", check.limited_by},
+          {"fits", check.fits()},
+          {"enforced", enforced},  // false: --no-memory-check
+          {"model_max_seq", check.fits() ? nlohmann::json() : nlohmann::json(check.max_seq)}};
 }
 
 // --model-only: the analytic memory model of the workload, printed and (with --json) written; no step runs.
@@ -245,14 +298,24 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   std::optional<OpProfile> op_profile;
   if (!a.op_profile.empty()) op_profile.emplace();
   if (tier) tier->reset_peak();
-  const auto m = measure_method(*model, *method, *objective, batch, a.measure.warmup, a.measure.repeats, a.measure.budget_bytes);
+  const auto memory = check_step_memory(a, *method, workload, *model);
+  const bool refused = !memory.fits() && !a.no_memory_check;
+  if (!memory.fits() && !refused)
+    fmt::print(stderr, "note: the step runs anyway (--no-memory-check): {}\n", memory_shortfall(memory, batch.batch_size()));
+  const auto m = refused ? Measurement{.status = "oom",
+                                       .error = "not run: " + memory_shortfall(memory, batch.batch_size()) +
+                                                " (--model-only shows the model's terms; --no-memory-check runs the "
+                                                "step anyway)",
+                                       .weight_bytes = model_weight_bytes(*model)}
+                         : measure_method(*model, *method, *objective, batch, a.measure.warmup, a.measure.repeats,
+                                          a.measure.budget_bytes, /*report_progress=*/true);
   std::vector<OpTime> op_times;
   if (op_profile) {
     op_times = op_profile->totals();
     op_profile.reset();
   }
-  if (!a.timeline.empty()) timeline.stop_and_write(a.timeline);
-  if (!a.op_profile.empty()) {
+  if (!a.timeline.empty() && !refused) timeline.stop_and_write(a.timeline);
+  if (!a.op_profile.empty() && !refused) {
     // Shares are of the summed BP time; warm-up steps are profiled but not timed, so with them no share is given.
     const double total = a.measure.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
     std::ostringstream csv;
@@ -293,15 +356,14 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     fmt::print("gradients written to {}\n", a.save_grads);
   }
   if (!a.json.empty()) {
-    nlohmann::json phases = nlohmann::json::array();
-    for (const auto& p : m.phase_peaks) {
-      const double seconds = phase_seconds(m, p.name);
-      phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", seconds}, {"count", p.count}});
-    }
     // A status claims only what ran: a finished step is `unchecked` (run compares no gradient; `compare` does); an
     // oom step has no time and no peak (what it measured is a partial step).
     const bool finished = m.status == "passed";
     const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
+    nlohmann::json phases = nlohmann::json::array();
+    for (const auto& p : m.phase_peaks)
+      phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", unless_oom(phase_seconds(m, p.name))},
+                        {"count", p.count}});
     nlohmann::json j = {{"status", run_status(m)},
                         {"error", m.error},
                         {"loss", unless_oom(m.loss)},
@@ -334,6 +396,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"batch_size", batch.batch_size()},
                         {"seq_len", batch.seq_len()},
                         {"budget_bytes", a.measure.budget_bytes},
+                        {"memory_check", memory_check_json(memory, !a.no_memory_check)},
                         {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
                         {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
                                                                            : nlohmann::json()},

@@ -29,6 +29,7 @@ struct RunArgs {
   std::string profile;  // --profile cupti
   OffloadOptions offload;  // --offload, --offload-dir
   bool force = false, model_only = false;
+  bool no_memory_check = false;  // run: --no-memory-check, the step even when its modelled peak does not fit
 };
 void add_run_options(CLI::App& app, RunArgs& args);
 // The model, method, objective, batch, precision, device and output options `run` and `train` share.

@@ -1,10 +1,12 @@
 // streambp: the harness's command line. The commands are the table in command_table(); each one's options and work
-// are in experiments/cmd_<name>.cpp. Usage errors (CLI11's and the commands' std::invalid_argument) exit 2.
+// are in experiments/cmd_<name>.cpp. Usage errors (CLI11's and the commands' std::invalid_argument) exit 2, running out
+// of memory 3.
 #include <algorithm>
 #include <csignal>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,6 +167,14 @@ int main(int argc, char** argv) {
   try {
     for (const auto& [sub, run] : commands)
       if (sub->parsed()) return run(command_line);
+  } catch (const c10::OutOfMemoryError& e) {
+    // Out of memory outside a measured step (those end as `oom` rows and records): not the user's input, and the
+    // same exit as an oom result. The CPU meter's message names the block the system refused.
+    fmt::print(stderr, "streambp: out of memory: {}\n", e.what_without_backtrace());
+    return 3;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "streambp: out of memory: a C++ allocation failed (std::bad_alloc)\n");
+    return 3;
   } catch (const c10::Error& e) {
     fmt::print(stderr, "streambp: error: {}\n", e.what_without_backtrace());
   } catch (const std::exception& e) {

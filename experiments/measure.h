@@ -21,7 +21,7 @@ namespace sbp {
 class Trainer;
 
 struct Measurement {
-  std::string status = "passed";  // "passed", "oom" (budget exceeded), "error"
+  std::string status = "passed";  // "passed", "oom" (over the budget, or memory the system refused), "error"
   std::string error;
   double loss = 0;
   std::vector<double> bp_seconds;  // one per measured repeat
@@ -41,8 +41,10 @@ struct Measurement {
 // Runs warmup + repeats steps on the model's device, measured by that device's meter: the CPU meter (every tensor
 // byte), or on CUDA the caching allocator's allocated bytes (profiler/cuda_meter.h). budget_bytes > 0 caps peak_bytes
 // (the step then ends with status "oom"); on CUDA it caps the allocator's reserved bytes, as a GPU of that size would.
+// An allocation the system refuses ends the step with status "oom" too, naming its size. `report_progress`: a long
+// step's phase and layer on stderr (experiments/step_progress.h).
 Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
-                           int warmup, int repeats, std::int64_t budget_bytes);
+                           int warmup, int repeats, std::int64_t budget_bytes, bool report_progress = false);
 
 // measure_method for training steps (BP + optimizer update) of `trainer` on its model: the peak counts the optimizer's
 // states too (bp_seconds: the BP of each step, without the update). Its first step creates the states after the BP, so a peak with the
@@ -50,6 +52,15 @@ Measurement measure_method(Model& model, BackpropMethod& method, Objective& obje
 Measurement measure_training(Trainer& trainer, const Batch& batch, int warmup, int repeats, std::int64_t budget_bytes);
 
 std::string format_bytes(std::int64_t bytes);  // "1.23 GiB"
+// One unit for a column of byte counts: the one format_bytes picks for the column's largest entry, so that a column
+// never mixes "1003.3 MiB" and "1.26 GiB".
+struct ByteUnit {
+  double bytes;      // bytes per unit
+  const char* name;  // "GiB"
+  int decimals;
+};
+ByteUnit byte_unit_for(std::int64_t largest_bytes);
+std::string format_bytes(std::int64_t bytes, const ByteUnit& unit);
 // The model's own bytes: base weights and LoRA adapters (fp32 masters in mixed precision), what a step's peak counts.
 std::int64_t model_weight_bytes(const Model& model);
 // This machine's dense GEMM rate in `dtype` at the current thread count: the best of `repeats` n x n x n products

@@ -35,7 +35,7 @@ struct State {
   };
   std::unordered_map<void*, Block> sizes;  // live blocks allocated through the wrapper
   std::uint64_t next_id = 1;
-  std::int64_t current = 0, peak = 0, budget = 0, largest = 0;
+  std::int64_t current = 0, peak = 0, budget = 0, outside_budget = 0, largest = 0;
   // Per allocating thread, bytes allocated in this window and still alive, and their peak: what each thread held at
   // its own worst moment (coincident_peak_bytes).
   std::uint64_t window = 0;
@@ -94,9 +94,12 @@ class TrackingAllocator final : public c10::Allocator {
       // The budget check and the count in one critical section: two threads can never both pass the check with
       // room for one of them (the bytes are counted before the memory exists, and uncounted if malloc fails).
       std::lock_guard<std::mutex> lock(s.mutex);
-      if (s.budget > 0 && s.current + std::int64_t(n) > s.budget)
-        TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: ", s.current, " bytes live + ", n,
-                         " requested > budget of ", s.budget, " bytes");
+      if (s.budget > 0 && s.current + std::int64_t(n) > s.budget + s.outside_budget)
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: ", s.current - s.outside_budget,
+                         " bytes counted + ", n, " requested > budget of ", s.budget, " bytes",
+                         s.outside_budget ? " (" + std::to_string(s.outside_budget) +
+                                                " bytes held before the step, not the model's, are outside it)"
+                                          : std::string());
       block.id = s.next_id++;
       block.window = s.window;
       s.current += std::int64_t(n);
@@ -114,12 +117,19 @@ class TrackingAllocator final : public c10::Allocator {
     void* ptr = nullptr;
     try {
       ptr = c10::alloc_cpu(n);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(s.mutex);
-      s.current -= std::int64_t(n);
-      if (block.window == s.window) s.thread_current[thread] -= std::int64_t(n);
-      s.record_event(block.id, -std::int64_t(n));
-      throw;
+    } catch (const c10::Error&) {
+      std::int64_t live = 0;
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.current -= std::int64_t(n);
+        if (block.window == s.window) s.thread_current[thread] -= std::int64_t(n);
+        s.record_event(block.id, -std::int64_t(n));
+        live = s.current;
+      }
+      // malloc failed (ulimit -v, a cgroup limit, no overcommit): out of memory as a full device is, so that every
+      // command reports it as `oom` (exit 3) and names the block, not as a generic c10::Error (exit 2, issue #44).
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: the system refused an allocation of ", n,
+                       " bytes (", live, " bytes live in tensors)");
     }
     {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -179,9 +189,10 @@ std::int64_t CpuMemoryMeter::largest_allocation_bytes() const {
   return state().largest;
 }
 
-void CpuMemoryMeter::set_budget_bytes(std::int64_t bytes) {
+void CpuMemoryMeter::set_budget_bytes(std::int64_t bytes, std::int64_t outside_bytes) {
   std::lock_guard<std::mutex> lock(state().mutex);
   state().budget = std::max<std::int64_t>(0, bytes);
+  state().outside_budget = state().budget > 0 ? std::max<std::int64_t>(0, outside_bytes) : 0;
 }
 
 std::int64_t CpuMemoryMeter::budget_bytes() const {

@@ -1,6 +1,7 @@
 // CPU memory meter: an allocator wrapper that sees every byte a CPU tensor allocates (ARCHITECTURE.md §7). Current and peak
 // bytes, per-phase peaks (it listens to the Phase marks of the BP methods), an optional budget that throws
-// c10::OutOfMemoryError like a full GPU would, and an optional timeline of (time, bytes, phase).
+// c10::OutOfMemoryError like a full GPU would (as does a block the system refuses), and an optional timeline of
+// (time, bytes, phase).
 #pragma once
 
 #include <cstdint>
@@ -43,8 +44,11 @@ class CpuMemoryMeter final : public PhaseListener {
   // reaches and a short probe may not (kernel calibration: 2 x 354 KiB of oneDNN scratch in a bf16 flash backward
   // coincide at T = 2048 and not at T = 1024).
   std::int64_t coincident_peak_bytes() const;
-  // Allocations that would take live bytes above `bytes` throw c10::OutOfMemoryError; 0 = no budget.
-  void set_budget_bytes(std::int64_t bytes);
+  // Allocations that would take live bytes above `bytes` throw c10::OutOfMemoryError; 0 = no budget. `outside_bytes`
+  // are live now and not the budget's (a measurement's: held before the step, not the model's): the limit is their sum,
+  // and the error names the budget as given. An allocation the system refuses (malloc fails: ulimit -v, a cgroup
+  // limit) throws c10::OutOfMemoryError too, naming its size, budget or not.
+  void set_budget_bytes(std::int64_t bytes, std::int64_t outside_bytes = 0);
   std::int64_t budget_bytes() const;
   std::vector<PhasePeak> phase_peaks() const;
 

@@ -87,13 +87,15 @@ at::Tensor BackpropMethod::rank_loss(const Model& model, Objective& objective, c
 }
 
 BackpropMethod::LayerInUse::LayerInUse(const BackpropMethod& method, const Model& model, int layer)
-    : method_(method) {
+    : method_(method), layer_(layer) {
+  mark_layer(layer, true);
   if (!method.parameter_use_) return;
   use_ = {"layer." + std::to_string(layer), model.layer_trainable(layer), true};
   method_.parameter_use(use_);
 }
 
 BackpropMethod::LayerInUse::~LayerInUse() {
+  mark_layer(layer_, false);
   if (!method_.parameter_use_ || use_.tensors.empty()) return;
   use_.begin = false;
   method_.parameter_use(use_);

@@ -100,7 +100,8 @@ class BackpropMethod {
   void layer_ready(const Model& model, int layer) const;
   void head_ready(const Model& model) const;
   void embedding_ready(const Model& model) const;
-  // While alive, decoder layer `layer`'s trainable tensors are in use (the parameter-use events' begin and end).
+  // While alive, decoder layer `layer`'s trainable tensors are in use (the parameter-use events' begin and end); its
+  // start and end are also the layer's marks for the phase listener (mark_layer).
   class LayerInUse {
    public:
     LayerInUse(const BackpropMethod& method, const Model& model, int layer);
@@ -110,6 +111,7 @@ class BackpropMethod {
 
    private:
     const BackpropMethod& method_;
+    int layer_;
     ParameterUse use_;
   };
   bool tracks_parameter_use() const { return bool(parameter_use_); }

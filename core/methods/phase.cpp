@@ -12,6 +12,15 @@ PhaseListener* g_listener = nullptr;
 }
 
 void set_phase_listener(PhaseListener* listener) { g_listener = listener; }
+PhaseListener* phase_listener() { return g_listener; }
+
+void mark_layer(int layer, bool begin) {
+  if (!g_listener) return;
+  if (begin)
+    g_listener->enter_layer(layer);
+  else
+    g_listener->leave_layer(layer);
+}
 
 PhaseListenerScope::PhaseListenerScope(PhaseListener& listener) : previous_(g_listener) { g_listener = &listener; }
 PhaseListenerScope::~PhaseListenerScope() { g_listener = previous_; }

@@ -16,14 +16,21 @@ struct PhaseTime {
   int count = 0;  // scopes entered under this name
 };
 
-// Receives every phase entry and exit (the CPU memory meter uses it for per-phase peaks). At most one.
+// Receives every phase entry and exit (the CPU memory meter uses it for per-phase peaks), and the start of each
+// decoder layer's work in the forward and the backward (a progress display uses it). At most one; a listener that
+// sits in front of another (experiments/step_progress.h) passes every call on.
 class PhaseListener {
  public:
   virtual ~PhaseListener() = default;
   virtual void enter_phase(const std::string& name) = 0;
   virtual void leave_phase(const std::string& name) = 0;
+  virtual void enter_layer(int /*layer*/) {}
+  virtual void leave_layer(int /*layer*/) {}
 };
 void set_phase_listener(PhaseListener* listener);
+PhaseListener* phase_listener();
+// A method starts or ends decoder layer `layer`'s forward or backward (BackpropMethod::LayerInUse marks both).
+void mark_layer(int layer, bool begin);
 
 // Makes `listener` the phase listener while alive, then restores the one before (e.g. a CUDA meter for a GPU step,
 // then the CPU meter again).

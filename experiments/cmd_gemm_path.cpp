@@ -25,7 +25,7 @@ int gemm_path_command(const GemmPathArgs& args, const std::string&) {
   const auto key = running_gemm_key(dtype);
   fmt::print("machine   {}\n", key.describe());
   const std::string pinned = std::getenv("STREAMBP_NARROW_GEMM") ? std::getenv("STREAMBP_NARROW_GEMM") : "";
-  if (!pinned.empty() && pinned != "stored")
+  if (!pinned.empty())
     fmt::print("pinned    STREAMBP_NARROW_GEMM={} pins every process of this environment; the stored choice below "
                "is what the machine takes without it\n", pinned);
   if (!native_narrow_kernels(key.cpu_flags, key.onednn_max_isa, dtype)) {
@@ -34,9 +34,11 @@ int gemm_path_command(const GemmPathArgs& args, const std::string&) {
     return 0;
   }
   const auto folder = streambp_cache_folder();
-  // STREAMBP_NARROW_GEMM=stored never measures, here as in every process (the tests' setting).
-  const auto mode = args.remeasure ? GemmStoreMode::remeasure
-                    : pinned == "stored" ? GemmStoreMode::read_only : GemmStoreMode::reuse;
+  // STREAMBP_GEMM_PROBE=off never measures, here as in every process (the tests' setting); --remeasure asks to.
+  const char* probe = std::getenv("STREAMBP_GEMM_PROBE");
+  const auto mode = args.remeasure                               ? GemmStoreMode::remeasure
+                    : probe && std::string(probe) == "off" ? GemmStoreMode::read_only
+                                                                 : GemmStoreMode::reuse;
   const auto stored = stored_gemm_paths(folder, key, [dtype] { return time_gemm_paths(dtype); }, mode);
   if (!stored && mode == GemmStoreMode::read_only) {
     const auto [machine, why] = machine_gemm_paths(dtype);

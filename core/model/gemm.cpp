@@ -24,8 +24,7 @@ const char* name(GemmPath p) { return p == GemmPath::native ? "native" : "widene
 GemmPath parse_path(const std::string& text, const std::string& source) {
   if (text == "native") return GemmPath::native;
   if (text == "widened") return GemmPath::widened;
-  throw std::invalid_argument(source + ": GEMM path '" + text + "' (expected native or widened" +
-                              (source == "STREAMBP_NARROW_GEMM" ? ", or stored)" : ")"));
+  throw std::invalid_argument(source + ": GEMM path '" + text + "' (expected native or widened)");
 }
 
 struct Choice {
@@ -97,6 +96,9 @@ std::string env_or_empty(const char* name) {
   return v ? v : "";
 }
 
+// STREAMBP_GEMM_PROBE=off: this process never times the paths (tests, CI); any other value or none allows it.
+bool gemm_probe_allowed() { return env_or_empty("STREAMBP_GEMM_PROBE") != "off"; }
+
 // The oneDNN cap this process runs under ("" when none).
 std::string onednn_cap_env() {
   const auto cap = env_or_empty("ONEDNN_MAX_CPU_ISA");
@@ -145,7 +147,7 @@ Choice machine_choice(c10::ScalarType dtype, bool may_measure) {
                                         may_measure ? GemmStoreMode::reuse : GemmStoreMode::read_only);
   if (stored) return {stored->paths, stored->reason()};
   return rule(may_measure ? "; the measurement could not be stored"
-                          : "; STREAMBP_NARROW_GEMM=stored and none stored in " + folder.string());
+                          : "; not measured by this process, none stored in " + folder.string());
 }
 
 }  // namespace
@@ -189,8 +191,8 @@ const Choice& choice(c10::ScalarType dtype) {
   if (it == table.end()) {
     const auto env = env_or_empty("STREAMBP_NARROW_GEMM");
     Choice c;
-    if (env.empty() || env == "stored") {
-      c = machine_choice(dtype, env.empty());
+    if (env.empty()) {
+      c = machine_choice(dtype, gemm_probe_allowed());
     } else {
       const auto path = parse_path(env, "STREAMBP_NARROW_GEMM");
       c.paths = {path, path, path};

@@ -15,7 +15,7 @@
 // AVX512_CORE_BF16) every layout is widened. Elsewhere each layout's path comes from a measurement made once per
 // machine and stored in the cache folder (gemm_store.h, issue #49): a fixed rule (native only with AMX) fitted to one
 // Intel Xeon cost an AVX512-BF16 EPYC 1.8x (qwen3-small bf16 StreamBP step at T = 4096, 2 threads: 27.2 s widened,
-// 15.5 s native). STREAMBP_NARROW_GEMM=native|widened pins every layout instead; STREAMBP_NARROW_GEMM=stored takes the
+// 15.5 s native). STREAMBP_NARROW_GEMM=native|widened pins every layout instead. STREAMBP_GEMM_PROBE=off takes the
 // stored measurement but never measures (tests, CI), falling back to the flag rule (native only with AMX) when none is
 // stored. A resumed training run pins the paths its checkpoint recorded (a checkpoint may move between machines).
 // fp32/fp64 and tensors on a GPU are never widened. The layouts keep their own paths so that a checkpoint or a test

@@ -303,8 +303,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       // The checkpoint's bf16 GEMM paths are kept (the run continues bitwise), also where this machine would take
       // the other path: say so, as the native path can be far slower on a CPU without bf16 kernels.
       if (writer && !gemm_paths_reason(model->dtype()).empty()) {
-        const auto [path, why] = machine_narrow_gemm_path();
-        const GemmPaths here{path, path, path};
+        const auto [here, why] = machine_gemm_paths(model->dtype());
         if (gemm_paths(model->dtype()).describe() != here.describe())
           fmt::print(stderr, "note      the checkpoint's {} GEMM paths ({}) are kept so that the run continues "
                              "bitwise; this machine's own would be {} ({})\n", dtype_name(model->dtype()),

@@ -192,4 +192,11 @@ struct ToyArgs {
 void add_toy_options(CLI::App& app, ToyArgs& args);
 int toy_command(const ToyArgs& args, const std::string& command_line);
 
+struct GemmPathArgs {
+  bool remeasure = false;
+  int threads = 0;
+};
+void add_gemm_path_options(CLI::App& app, GemmPathArgs& args);
+int gemm_path_command(const GemmPathArgs& args, const std::string& command_line);
+
 }  // namespace sbp

@@ -123,6 +123,8 @@ std::vector<Command> command_table() {
               "phase, CSV + Chrome trace", add_profile_options, profile_command),
       command("conform", "check another implementation's gradients against the harness's oracle over a matrix of "
               "cases, through a file protocol (exit 1 on any failure)", add_conform_options, conform_command),
+      command("gemm-path", "this machine's bf16 GEMM path per layout, measured once and stored in the cache folder; "
+              "--remeasure measures again", add_gemm_path_options, gemm_path_command),
   };
 }
 

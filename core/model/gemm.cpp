@@ -1,4 +1,5 @@
 #include "core/model/gemm.h"
+#include "core/model/gemm_store.h"
 
 #include <algorithm>
 #include <cctype>
@@ -44,21 +45,48 @@ bool has_flag(const std::string& flags, const std::string& flag) { return flags.
 
 }  // namespace
 
+namespace {
+
+// oneDNN's names of the levels below AVX512-BF16 (its kernels there emulate bf16); any other value (ALL, DEFAULT,
+// *BF16*, *AMX*, or one oneDNN ignores) leaves the CPU's own bf16 instructions on.
+std::string upper(const std::string& text) {
+  std::string out;
+  for (const char ch : text) out += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+bool cap_below_bf16(const std::string& onednn_max_isa) {
+  const auto cap = upper(onednn_max_isa);
+  for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"})
+    if (cap == below) return true;
+  return false;
+}
+
+bool cap_below_amx(const std::string& onednn_max_isa) {
+  const auto cap = upper(onednn_max_isa);
+  return cap_below_bf16(onednn_max_isa) || cap == "AVX512_CORE_BF16" || cap == "AVX512_CORE_FP16" ||
+         cap == "AVX10_1_512" || cap == "AVX10_2_512";
+}
+
+}  // namespace
+
 std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa) {
   const auto padded = " " + flags + " ";
   if (!(has_flag(padded, "amx_bf16") && has_flag(padded, "amx_tile")))
     return {GemmPath::widened, has_flag(padded, "avx512_bf16")
-                                   ? "AVX512-BF16 without AMX: oneDNN's bf16 GEMMs are slower than widened fp32 ones"
+                                   ? "AVX512-BF16 without AMX and no measurement of this machine: widened"
                                    : "the CPU has no bf16 instructions: native bf16 GEMMs are emulated"};
-  std::string cap;
-  for (const char ch : onednn_max_isa) cap += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  // oneDNN's names of the levels below AMX; any other value (ALL, DEFAULT, *AMX*, or one oneDNN ignores) leaves the
-  // tile units on.
-  for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-                            "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX10_2_512"})
-    if (cap == below)
-      return {GemmPath::widened, "ONEDNN_MAX_CPU_ISA=" + onednn_max_isa + " keeps oneDNN off the AMX tile units"};
+  if (cap_below_amx(onednn_max_isa))
+    return {GemmPath::widened, "ONEDNN_MAX_CPU_ISA=" + onednn_max_isa + " keeps oneDNN off the AMX tile units"};
   return {GemmPath::native, "AMX-BF16: oneDNN's bf16 GEMMs run on the tile units"};
+}
+
+bool native_narrow_kernels(const std::string& flags, const std::string& onednn_max_isa, c10::ScalarType dtype) {
+  const auto padded = " " + flags + " ";
+  if (dtype == at::kHalf)
+    return (has_flag(padded, "avx512_fp16") || has_flag(padded, "amx_fp16")) && !cap_below_bf16(onednn_max_isa) &&
+           upper(onednn_max_isa) != "AVX512_CORE_BF16";
+  return (has_flag(padded, "avx512_bf16") || has_flag(padded, "amx_bf16")) && !cap_below_bf16(onednn_max_isa);
 }
 
 namespace {
@@ -68,6 +96,9 @@ std::string env_or_empty(const char* name) {
   return v ? v : "";
 }
 
+// STREAMBP_GEMM_PROBE=off: this process never times the paths (tests, CI); any other value or none allows it.
+bool gemm_probe_allowed() { return env_or_empty("STREAMBP_GEMM_PROBE") != "off"; }
+
 // The oneDNN cap this process runs under ("" when none).
 std::string onednn_cap_env() {
   const auto cap = env_or_empty("ONEDNN_MAX_CPU_ISA");
@@ -75,10 +106,6 @@ std::string onednn_cap_env() {
 }
 
 }  // namespace
-
-std::pair<GemmPath, std::string> machine_narrow_gemm_path() {
-  return default_narrow_gemm_path(cpu_flags(), onednn_cap_env());
-}
 
 std::string onednn_cap_for(const std::string& flags, const std::string& aten_capability,
                            const std::string& onednn_max_isa) {
@@ -100,12 +127,32 @@ std::string coherent_cpu_configuration() {
 
 namespace {
 
-Choice default_choice() {
-  const auto [path, why] = machine_narrow_gemm_path();
-  return {{path, path, path}, why};
+// The machine's paths of `dtype` where nothing pins them: widened without native kernels (nothing to measure); else
+// the stored measurement of this machine, measured now when none is stored and `may_measure`; else the flag rule,
+// which every process of a machine applies alike.
+Choice machine_choice(c10::ScalarType dtype, bool may_measure) {
+  const auto flags = cpu_flags(), cap = onednn_cap_env();
+  const auto rule = [&](const std::string& why_not_measured) {
+    const auto [path, why] = default_narrow_gemm_path(flags, cap);
+    return Choice{{path, path, path}, why + why_not_measured};
+  };
+  if (!native_narrow_kernels(flags, cap, dtype)) return rule("");
+  const auto folder = streambp_cache_folder();
+  const auto probe = [&] {
+    fmt::print(stderr, "measuring the {} GEMM paths of this machine once (a few seconds); stored in {}\n",
+               dtype == at::kHalf ? "fp16" : "bf16", folder.string());
+    return time_gemm_paths(dtype);
+  };
+  const auto stored = stored_gemm_paths(folder, running_gemm_key(dtype), probe,
+                                        may_measure ? GemmStoreMode::reuse : GemmStoreMode::read_only);
+  if (stored) return {stored->paths, stored->reason()};
+  return rule(may_measure ? "; the measurement could not be stored"
+                          : "; not measured by this process, none stored in " + folder.string());
 }
 
-GemmPaths parse_paths(const std::string& description, const std::string& source) {
+}  // namespace
+
+GemmPaths parse_gemm_paths(const std::string& description, const std::string& source) {
   GemmPaths p;
   std::size_t start = 0;
   int seen = 0;
@@ -127,6 +174,8 @@ GemmPaths parse_paths(const std::string& description, const std::string& source)
   return p;
 }
 
+namespace {
+
 std::mutex choices_mutex;
 std::map<c10::ScalarType, Choice>& choices() {
   static std::map<c10::ScalarType, Choice> table;
@@ -140,14 +189,14 @@ const Choice& choice(c10::ScalarType dtype) {
   auto& table = choices();
   auto it = table.find(dtype);
   if (it == table.end()) {
-    const char* env = std::getenv("STREAMBP_NARROW_GEMM");
+    const auto env = env_or_empty("STREAMBP_NARROW_GEMM");
     Choice c;
-    if (env && *env) {
+    if (env.empty()) {
+      c = machine_choice(dtype, gemm_probe_allowed());
+    } else {
       const auto path = parse_path(env, "STREAMBP_NARROW_GEMM");
       c.paths = {path, path, path};
-      c.reason = std::string("pinned by STREAMBP_NARROW_GEMM=") + env;
-    } else {
-      c = default_choice();
+      c.reason = "pinned by STREAMBP_NARROW_GEMM=" + env;
     }
     it = table.emplace(dtype, c).first;
   }
@@ -209,6 +258,12 @@ std::string GemmPaths::describe() const {
 
 const GemmPaths& gemm_paths(c10::ScalarType dtype) { return choice(dtype).paths; }
 
+std::pair<GemmPaths, std::string> machine_gemm_paths(c10::ScalarType dtype) {
+  if (!is_narrow(dtype)) return {GemmPaths{}, ""};
+  const auto c = machine_choice(dtype, false);
+  return {c.paths, c.reason};
+}
+
 std::string gemm_paths_reason(c10::ScalarType dtype) { return choice(dtype).reason; }
 
 std::map<std::string, std::pair<std::string, std::string>> chosen_gemm_paths() {
@@ -220,7 +275,7 @@ std::map<std::string, std::pair<std::string, std::string>> chosen_gemm_paths() {
 
 void pin_gemm_paths(c10::ScalarType dtype, const std::string& description, const std::string& source) {
   if (!is_narrow(dtype)) return;
-  const auto paths = parse_paths(description, source);
+  const auto paths = parse_gemm_paths(description, source);
   std::lock_guard<std::mutex> lock(choices_mutex);
   choices()[dtype] = {paths, "pinned by " + source};
 }

@@ -8,16 +8,18 @@
 // GEMM with fp32 accumulation, which is what the native kernels compute too (results differ by accumulation order,
 // i.e. rounding noise, judged by the low-precision rule like any other reordering).
 //
-// The path is a property of the machine and the process's environment, never of a timing: a path changes the bits of
-// every product, and a choice timed per process flipped between two processes of one machine under load (the
-// resumed run of a bitwise-resume test took the other path; ranks of one data-parallel group could too). Native
-// only where the CPU has AMX-BF16 tile units; widened elsewhere: AVX2 (ATen's loop), AVX512_CORE (emulated, 4-7x
-// slower than fp32) and AVX512-BF16 without AMX (a qwen3-small bf16 StreamBP step at T = 4096, 2 threads: 22.5 s
-// native, 19.6 s widened, 13.5 s fp32). ONEDNN_MAX_CPU_ISA below the AMX levels counts as no AMX.
-// STREAMBP_NARROW_GEMM=native|widened pins every layout
-// instead, and a resumed training run pins the paths its checkpoint recorded (a checkpoint may move between
-// machines). fp32/fp64 and tensors on a GPU are never widened. The layouts keep their own paths so that a
-// checkpoint or a test can pin them one by one.
+// The path is a property of the machine and the process's environment, never of a timing in the process: a path
+// changes the bits of every product, and a choice timed per process flipped between two processes of one machine
+// under load (the resumed run of a bitwise-resume test took the other path; ranks of one data-parallel group could
+// too). Where the CPU has no native kernels for the dtype (AVX2, AVX512_CORE, or ONEDNN_MAX_CPU_ISA below
+// AVX512_CORE_BF16) every layout is widened. Elsewhere each layout's path comes from a measurement made once per
+// machine and stored in the cache folder (gemm_store.h, issue #49): a fixed rule (native only with AMX) fitted to one
+// Intel Xeon cost an AVX512-BF16 EPYC 1.8x (qwen3-small bf16 StreamBP step at T = 4096, 2 threads: 27.2 s widened,
+// 15.5 s native). STREAMBP_NARROW_GEMM=native|widened pins every layout instead. STREAMBP_GEMM_PROBE=off takes the
+// stored measurement but never measures (tests, CI), falling back to the flag rule (native only with AMX) when none is
+// stored. A resumed training run pins the paths its checkpoint recorded (a checkpoint may move between machines).
+// fp32/fp64 and tensors on a GPU are never widened. The layouts keep their own paths so that a checkpoint or a test
+// can pin them one by one.
 #pragma once
 
 #include <map>
@@ -40,12 +42,17 @@ struct GemmPaths {
 
 // The paths of `dtype` in this process (all native for fp32/fp64), chosen on first use unless pinned.
 const GemmPaths& gemm_paths(c10::ScalarType dtype);
-// The default path of every layout from the CPU's flags (/proc/cpuinfo's "flags" line) and ONEDNN_MAX_CPU_ISA's
-// value ("" when unset), with the reason in words.
+// The path of every layout without a measurement, from the CPU's flags (/proc/cpuinfo's "flags" line) and
+// ONEDNN_MAX_CPU_ISA's value ("" when unset), with the reason in words: native only on AMX-BF16 tile units.
 std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa);
-// The default on the running CPU for this process (its flags, ONEDNN_MAX_CPU_ISA), whatever is pinned: a resumed
-// run compares it with the paths its checkpoint pins.
-std::pair<GemmPath, std::string> machine_narrow_gemm_path();
+// Whether oneDNN has native kernels for `dtype` on a CPU of these flags under this cap: only then is there a choice
+// to measure (bf16: AVX512-BF16 or AMX-BF16; fp16: AVX512-FP16 or AMX-FP16).
+bool native_narrow_kernels(const std::string& flags, const std::string& onednn_max_isa, c10::ScalarType dtype);
+// This machine's paths of `dtype` for this process's environment and thread count, whatever is pinned, from the
+// stored measurement without measuring: a resumed run compares them with the paths its checkpoint pins.
+std::pair<GemmPaths, std::string> machine_gemm_paths(c10::ScalarType dtype);
+// "nt=native,nn=widened,tn=widened" as paths; throws std::invalid_argument naming `source` when malformed.
+GemmPaths parse_gemm_paths(const std::string& description, const std::string& source);
 
 // Call before ATen's and oneDNN's first use (both read their knobs once). torch 2.14.1's bf16 flash attention on
 // the CPU packs its blocks for AMX whenever oneDNN may use AMX, with a routine (pack_vnni2) that exists only in
@@ -53,13 +60,13 @@ std::pair<GemmPath, std::string> machine_narrow_gemm_path();
 // ("pack_vnni2 is only supported when avx512 is supported"). No CPU pairs AMX with a sub-AVX-512 ATen capability:
 // lowering ATen there emulates a CPU without AVX-512, which has no AMX either. So when ATen's capability is set
 // below avx512 on an AMX CPU and ONEDNN_MAX_CPU_ISA is unset, this sets it to AVX512_CORE_BF16 (the level just
-// below AMX; the bf16 GEMMs then take the widened path, as on such a CPU) and returns a one-line note saying so;
+// below AMX; the bf16 GEMMs then take the path measured for that cap, as on such a CPU) and returns a one-line note saying so;
 // otherwise it changes nothing and returns "". Child processes (conform's adapters) inherit the setting.
 std::string coherent_cpu_configuration();
 // The same decision from given values (the CPU's flags, ATEN_CPU_CAPABILITY's and ONEDNN_MAX_CPU_ISA's; "" when
 // unset): the oneDNN cap to set, or "".
 std::string onednn_cap_for(const std::string& flags, const std::string& aten_capability, const std::string& onednn_max_isa);
-// What the choice was based on, for the run record: "the CPU has no AMX-BF16", "pinned by
+// What the choice was based on, for the run record: "measured <date> (...), stored in <file>", "pinned by
 // STREAMBP_NARROW_GEMM=widened", "pinned by <checkpoint>/trainer.json"; "" for a dtype that is never widened.
 std::string gemm_paths_reason(c10::ScalarType dtype);
 // Every narrow dtype whose paths this process has chosen so far: its name ("bf16") -> {paths, reason}.

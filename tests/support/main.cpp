@@ -24,6 +24,8 @@ int main(int argc, char* argv[]) {
               Catch::clara::Opt(isa, "ISA")["--onednn-max-cpu-isa"]("ONEDNN_MAX_CPU_ISA for this process (e.g. AVX2)") |
               Catch::clara::Opt(env, "NAME=VALUE")["--env"]("an environment variable for this process"));
   if (const int rc = session.applyCommandLine(argc, argv)) return rc;
+  // Nothing timed in a test: the machine's stored GEMM paths, never a measurement (core/model/gemm.h).
+  setenv("STREAMBP_GEMM_PROBE", "off", 1);
   if (!isa.empty()) setenv("ONEDNN_MAX_CPU_ISA", isa.c_str(), 1);
   if (const auto eq = env.find('='); eq != std::string::npos) setenv(env.substr(0, eq).c_str(), env.substr(eq + 1).c_str(), 1);
   // A lowered ATen capability on an AMX CPU: oneDNN capped to match (core/model/gemm.h).

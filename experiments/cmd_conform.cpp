@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +32,7 @@
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
+#include "experiments/interrupt.h"
 #include "experiments/results_table.h"
 #include "verify/conformance.h"
 
@@ -50,10 +53,16 @@ std::string quoted(const std::string& s) {
   return out + "'";
 }
 
+// The python with torch, transformers and peft: STREAMBP_PYTHON, else the build's venv (CMake's STREAMBP_PYTHON);
+// empty when neither is known.
+std::string harness_python() {
+  const char* env = std::getenv("STREAMBP_PYTHON");
+  return env && *env ? env : STREAMBP_DEFAULT_PYTHON;
+}
+
 // The shipped adapters by name, else the user's command as given.
 std::string resolve_command(const std::string& impl) {
-  const char* env = std::getenv("STREAMBP_PYTHON");
-  const std::string python = env && *env ? env : (std::string(STREAMBP_DEFAULT_PYTHON).empty() ? "python3" : STREAMBP_DEFAULT_PYTHON);
+  const auto python = harness_python().empty() ? std::string("python3") : harness_python();
   const auto adapter = fs::path(STREAMBP_SOURCE_DIR) / "verify" / "conform" / "hf_adapter.py";
   if (impl == "hf") return quoted(python) + " " + quoted(adapter.string());
   if (impl == "hf-checkpointing") return quoted(python) + " " + quoted(adapter.string()) + " --gradient-checkpointing";
@@ -94,6 +103,7 @@ struct ChildRun {
   int exit_status = 0;  // -1 when killed
   double wall_seconds = 0, cpu_seconds = 0;
   std::int64_t peak_rss_bytes = 0;  // the largest process's, sampled every 20 ms
+  bool interrupted = false;  // killed because conform got a Ctrl-C
 };
 
 // `command case_dir` through /bin/sh in its own process group, output to case_dir/impl.log; SIGKILL to the group
@@ -119,14 +129,18 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   ChildRun r;
   int status = 0;
   rusage usage{};
-  bool timed_out = false;
+  bool timed_out = false, stopped = false;
   while (true) {
     r.peak_rss_bytes = std::max(r.peak_rss_bytes, group_peak_rss(pid));
     const pid_t done = wait4(pid, &status, WNOHANG, &usage);
     if (done == pid) break;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!timed_out && elapsed > timeout) {
+    if (!timed_out && !stopped && elapsed > timeout) {
       timed_out = true;
+      kill(-pid, SIGKILL);
+    }
+    if (!timed_out && !stopped && interrupted()) {  // Ctrl-C reaches only the terminal's group, not the child's own
+      stopped = true;
       kill(-pid, SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -135,8 +149,11 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                   1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-  r.exit_status = timed_out || WIFSIGNALED(status) ? -1 : WEXITSTATUS(status);
-  if (timed_out) {
+  r.exit_status = timed_out || stopped || WIFSIGNALED(status) ? -1 : WEXITSTATUS(status);
+  r.interrupted = stopped;
+  if (stopped) {
+    r.outcome = "stopped by Ctrl-C";
+  } else if (timed_out) {
     r.outcome = fmt::format("timed out after {:.0f} s (--timeout)", timeout);
   } else if (WIFSIGNALED(status)) {
     r.outcome = fmt::format("killed by signal {}", WTERMSIG(status));
@@ -146,12 +163,65 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   return r;
 }
 
-std::string last_line(const fs::path& file) {
+// The last `count` non-empty lines of a file, each cut at 200 characters.
+std::vector<std::string> last_lines(const fs::path& file, std::size_t count) {
   std::ifstream in(file);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty()) last = line;
-  return last.size() > 200 ? last.substr(0, 200) + "..." : last;
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    lines.push_back(line.size() > 200 ? line.substr(0, 200) + "..." : line);
+    if (lines.size() > count) lines.erase(lines.begin());
+  }
+  return lines;
+}
+
+std::string last_line(const fs::path& file) {
+  const auto lines = last_lines(file, 1);
+  return lines.empty() ? "" : lines.back();
+}
+
+// Where a command's first word, when it names a python, resolves: the path /bin/sh runs ("" when not on PATH), so
+// that a failure can say which interpreter ran (a system python without torch fails every case alike).
+std::optional<std::string> python_of(const std::string& command) {
+  const auto begin = command.find_first_not_of(" \t");
+  if (begin == std::string::npos) return std::nullopt;
+  std::string word;
+  if (command[begin] == '\'' || command[begin] == '"') {
+    word = command.substr(begin + 1, command.find(command[begin], begin + 1) - begin - 1);
+  } else {
+    word = command.substr(begin, command.find_first_of(" \t", begin) - begin);
+    const char* home = std::getenv("HOME");
+    if (word.rfind("~/", 0) == 0 && home) word = home + word.substr(1);
+  }
+  if (!std::regex_match(fs::path(word).filename().string(), std::regex(R"(python[0-9.]*)"))) return std::nullopt;
+  if (word.find('/') != std::string::npos) return fs::absolute(word).lexically_normal().string();
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (const auto candidate = fs::path(dir.empty() ? "." : dir) / word; access(candidate.c_str(), X_OK) == 0)
+      return fs::absolute(candidate).lexically_normal().string();
+  return std::string();
+}
+
+// After the table, for the first command that failed to run: the command line, the end of its output, and which
+// python ran it with the harness's own as the remedy.
+std::string failed_run_note(const std::string& who, const std::string& command, const fs::path& dir,
+                            const std::string& outcome) {
+  auto note = fmt::format("{} failed ({}): {} {}\n", who, outcome, command, quoted(dir.string()));
+  if (const auto tail = last_lines(dir / "impl.log", 5); !tail.empty()) {
+    note += "  the end of its output (impl.log):\n";
+    for (const auto& line : tail) note += "    " + line + "\n";
+  }
+  const auto python = python_of(command);
+  if (!python) return note;
+  const auto first = command.substr(0, command.find_first_of(" \t", command.find_first_not_of(" \t")));
+  note += python->empty() ? fmt::format("  {} is not on PATH\n", first)
+                          : fmt::format("  {} is {}\n", first, *python);
+  const auto ours = harness_python();
+  if (!ours.empty() && fs::absolute(ours).lexically_normal().string() != *python)
+    note += fmt::format("  the harness's python (torch, transformers, peft) is {}: --impl \"{}{}\"\n", ours, ours,
+                        command.substr(first.size()));
+  return note;
 }
 
 // What an implementation returned: gradients and loss, or the first reason they cannot be judged.
@@ -185,9 +255,9 @@ Returned read_returned(const fs::path& dir, const ChildRun& run) {
   }
   try {
     std::ifstream in(result);
-    const auto j = nlohmann::json::parse(in);
-    r.loss = j.at("loss").get<double>();
-    if (!std::isfinite(*r.loss)) r.problem = "result.json: loss is not finite";
+    r.loss = result_loss(std::string(std::istreambuf_iterator<char>(in), {}));
+    if (std::isnan(*r.loss)) r.problem = "result.json: the loss is NaN";
+    else if (std::isinf(*r.loss)) r.problem = fmt::format("result.json: the loss is {}Infinity", *r.loss < 0 ? "-" : "");
   } catch (const std::exception& e) {
     r.problem = std::string("result.json: ") + e.what();
   }
@@ -229,7 +299,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
                  "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
-  app.add_option("--cases", a.cases, "quick, full, or a JSON file of cases (README: Conformance)");
+  app.add_option("--cases", a.cases, "a case set: quick, full or survey; or a JSON file of cases (README: Conformance)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
       ->delimiter(',')->check(CLI::IsMember({"sft", "grpo", "dpo"}));
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
@@ -239,13 +309,14 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                "lora, batch, seq, ranks, chunks) and run nothing");
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
-  app.add_option("--work", a.work_dir, "where the case directories go (default: a fresh temporary folder, removed "
-                 "after a run that passes)");
+  app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "
+                 "hand (default: a fresh temporary folder, removed when the run ends)");
 }
 
 // What a failing line says after its columns, on one line (a crash's lines joined; impl.log keeps them as they
 // were): the problem, and for a gradient beyond its bar the bar itself and what such an error usually means.
-static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& verdict, bool compared) {
+// `loss_rel`: the loss's relative error (NaN when there is none).
+static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& verdict, bool compared, double loss_rel) {
   std::string words = verdict.problem;
   for (auto& ch : words)
     if (ch == '\n' || ch == '\r') ch = ' ';
@@ -253,12 +324,17 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
   std::string why;
   if (dtype == c10::kDouble) {
     why = fmt::format("normwise error {:.1e} > the fp64 bar {:.0e}", verdict.worst, kExactRtol);
-    if (verdict.worst > 1e-9 && verdict.worst < 1e-4)
-      why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (README: Conformance)";
   } else {
     why = fmt::format("{:.2f}x the low-precision rule's bar (allowance x the baseline's l2 error + floor; <= 1 passes)",
                       verdict.worst);
   }
+  // A mean's rounding moves the loss far less than 1% in any dtype; a different denominator moves it that much.
+  if (loss_rel > 1e-2)
+    why += fmt::format("; the loss is {:.1e} off too: usually the normaliser (the token losses' sum divided by "
+                       "something else than the batch's target count: per row, per chunk, padding counted) "
+                       "(README: Conformance)", loss_rel);
+  else if (dtype == c10::kDouble && verdict.worst > 1e-9 && verdict.worst < 1e-4)
+    why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (README: Conformance)";
   return words.empty() ? why : words + "; " + why;
 }
 
@@ -293,12 +369,21 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
 
   fs::path work = a.work_dir;
   const bool temporary = work.empty();
+  // A temporary folder goes however the run ends (passed, failed, an error, Ctrl-C); --work keeps what failed.
+  struct RemoveOnExit {
+    fs::path dir;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      if (!dir.empty()) fs::remove_all(dir, ignored);
+    }
+  } temporary_folder;
   if (temporary) {
     auto pattern = (fs::temp_directory_path() / "streambp-conform-XXXXXX").string();
     if (!mkdtemp(pattern.data())) throw std::runtime_error("cannot create a temporary folder");
-    work = pattern;
+    work = temporary_folder.dir = pattern;
   }
   fs::create_directories(work);
+  watch_interrupts("\ninterrupt: stopping the implementation and the run (Ctrl-C again to stop at once)\n");
   const auto prov = collect_provenance(command_line);
   fs::create_directories(a.output.out_dir);
   const auto csv = ResultsTable::new_path(a.output.out_dir, "conform", prov);
@@ -307,8 +392,10 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                       "baseline_peak_rss_bytes", "problem", "impl"});
   fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
   std::vector<std::string> lines;
-  int failed = 0, not_expressible = 0;
+  int passed = 0, failed = 0, not_expressible = 0;
+  std::string failed_run;  // the first command that failed to run: what it was, its output's end, its python
   for (const auto& c : cases) {
+    if (interrupted()) break;
     const auto dir = work / c.name;
     fs::remove_all(dir);
     // The case: a seeded model in the case dtype (LoRA adapters too), a random batch with its log-probs completed.
@@ -321,6 +408,9 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     const auto [reference, reference_loss] = oracle(c, dir, batch);
 
     const auto run = run_child(impl, dir, a.timeout);
+    if (run.interrupted) break;
+    if (failed_run.empty() && !run.outcome.empty() && run.exit_status != kNotExpressible)
+      failed_run = failed_run_note("the implementation", impl, dir, run.outcome);
     if (run.exit_status == kNotExpressible) {
       // The adapter's own word that its library cannot run this case: no gradients to judge, no failure.
       const auto why = last_line(dir / "impl.log");
@@ -362,6 +452,9 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
         write_file_atomically(base_dir / "case.json", case_json(one, *objective).dump(2) + "\n");
       }
       base_run = run_child(baseline, base_dir, a.timeout);
+      if (base_run.interrupted) break;
+      if (failed_run.empty() && !base_run.outcome.empty())
+        failed_run = failed_run_note("the baseline", baseline, base_dir, base_run.outcome);
       const auto base = read_returned(base_dir, base_run);
       if (!base.problem.empty()) {
         verdict.rule = dtype_name(c.dtype);
@@ -371,8 +464,9 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       }
     }
     const bool pass = verdict.passed && verdict.problem.empty();
-    failed += pass ? 0 : 1;
-    const auto loss_rel = got.loss ? std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300) : 0.0;
+    (pass ? passed : failed) += 1;
+    const auto loss_rel = got.loss ? std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300)
+                                   : std::numeric_limits<double>::quiet_NaN();
     const bool compared = !verdict.worst_tensor.empty();  // gradients were judged (a loss problem may come on top)
     table.add({c.config.name, a.impl, dtype_name(c.dtype), pass ? "passed" : "failed", c.batch.seed,
                {c.name, c.description, objective->spec(), c.lora, verdict.rule, verdict.worst_tensor,
@@ -385,7 +479,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                   pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
                                   compared ? verdict.worst_tensor : "-", run.wall_seconds,
-                                  format_bytes(run.peak_rss_bytes), pass ? "" : failure_words(c.dtype, verdict, compared));
+                                  format_bytes(run.peak_rss_bytes), pass ? "" : failure_words(c.dtype, verdict, compared, loss_rel));
     fmt::print(stderr, "  {}\n", line);
     lines.push_back(line);
     table.write_to(csv, prov);  // after every case: a killed run keeps what it judged
@@ -397,13 +491,21 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
   fmt::print("\n{:<28} {:<5} {:<4} {:>10} {:<44} {:>8} {:>8}\n", "case", "dtype", "", "worst", "tensor (fp64: normwise "
              "error; else ratio to the bar)", "time", "peak RSS");
   for (const auto& line : lines) fmt::print("{}\n", line);
-  const auto judged = cases.size() - std::size_t(not_expressible);
-  fmt::print("\n{} of {} case(s) passed{}; results: {}\n", judged - std::size_t(failed), judged,
+  const auto judged = passed + failed;
+  fmt::print("\n{} of {} case(s) passed{}; results: {}\n", passed, judged,
              not_expressible ? fmt::format(" ({} more not expressible by the implementation)", not_expressible) : "",
              std::filesystem::absolute(csv).string());
-  if (failed > 0) fmt::print("the failing cases' directories (inputs, the implementation's output and impl.log): {}\n",
-                             work.string());
-  else if (temporary) fs::remove_all(work);
+  if (!failed_run.empty()) fmt::print("{}", failed_run);
+  if (failed > 0 && temporary)
+    fmt::print("the failing cases' directories went with the temporary folder; --work DIR keeps them (inputs, the "
+               "implementation's output, impl.log) to rerun one by hand: {} DIR/CASE\n", impl);
+  else if (failed > 0)
+    fmt::print("the failing cases' directories (inputs, the implementation's output, impl.log): {}; rerun one by "
+               "hand: {} {}/CASE\n", work.string(), impl, work.string());
+  if (interrupted()) {
+    fmt::print("interrupted (Ctrl-C) after {} of {} case(s)\n", judged + not_expressible, cases.size());
+    return kInterruptedExit;
+  }
   if (judged == 0) {
     fmt::print("no case was judged: the implementation declared every selected case not expressible (exit status {})\n",
                kNotExpressible);

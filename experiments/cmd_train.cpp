@@ -390,7 +390,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     }
     return true;
   };
-  watch_interrupts();
+  watch_interrupts("\ninterrupt: stopping after this step to write a checkpoint (Ctrl-C again to stop now)\n");
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
     if (!estimate) {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstring>
 
 #include <unistd.h>
 
@@ -9,6 +10,8 @@ namespace sbp {
 namespace {
 
 std::atomic<bool> stop_requested{false};
+const char* interrupt_note = "";
+std::size_t interrupt_note_size = 0;  // measured outside the handler
 
 void on_sigint(int) {
   if (stop_requested.exchange(true)) {  // the second Ctrl-C: stop now
@@ -16,13 +19,14 @@ void on_sigint(int) {
     std::raise(SIGINT);
     return;
   }
-  static const char text[] = "\ninterrupt: stopping after this step to write a checkpoint (Ctrl-C again to stop now)\n";
-  (void)!::write(STDERR_FILENO, text, sizeof text - 1);
+  (void)!::write(STDERR_FILENO, interrupt_note, interrupt_note_size);
 }
 
 }  // namespace
 
-void watch_interrupts() {
+void watch_interrupts(const char* note) {
+  interrupt_note = note;
+  interrupt_note_size = std::strlen(note);
   struct sigaction action{};
   action.sa_handler = on_sigint;
   sigemptyset(&action.sa_mask);

@@ -15,6 +15,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include "core/io/spec.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "core/model/gemm.h"
@@ -22,34 +23,19 @@
 
 namespace {
 
-// Edit distance of two short words (a mistyped command's nearest name).
-std::size_t distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const auto above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 bool is_command(const CLI::App& app, const std::string& word) {
   return !app.get_subcommands([&](const CLI::App* sub) { return sub->get_name() == word; }).empty();
 }
 
 // "unknown command 'rnu' (did you mean run?); commands: run, train, ..." when the first word names no command.
 std::string unknown_command(const CLI::App& app, const std::string& word) {
-  std::string names, nearest;
-  std::size_t best = 3;  // at most two edits away, or no suggestion
+  std::string names;
+  std::vector<std::string> candidates;
   for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
     names += (names.empty() ? "" : ", ") + sub->get_name();
-    if (const auto d = distance(word, sub->get_name()); d < best) best = d, nearest = sub->get_name();
+    candidates.push_back(sub->get_name());
   }
+  const auto nearest = sbp::nearest_name(word, candidates);
   return "unknown command '" + word + "'" + (nearest.empty() ? "" : " (did you mean " + nearest + "?)") +
          "; commands: " + names + " (streambp --help)";
 }
@@ -68,10 +54,7 @@ std::string unknown_option(const CLI::App& app, const CLI::App& sub, int argc, c
     if (word.rfind("--", 0) != 0) continue;
     const auto flag = word.substr(0, word.find('='));
     if (std::find(names.begin(), names.end(), flag) != names.end()) continue;
-    std::string nearest;
-    std::size_t best = 3;  // at most two edits away, or no suggestion
-    for (const auto& name : names)
-      if (const auto d = distance(flag, name); d < best) best = d, nearest = name;
+    const auto nearest = sbp::nearest_name(flag, names);
     return "unknown option '" + flag + "'" + (nearest.empty() ? "" : " (did you mean " + nearest + "?)") + " for " +
            sub.get_name() + " (streambp " + sub.get_name() + " --help lists them)";
   }

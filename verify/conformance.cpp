@@ -1,7 +1,9 @@
 #include "verify/conformance.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -203,7 +205,46 @@ std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "quick") return quick_cases();
   if (which == "full") return full_cases();
   if (which == "survey") return survey_cases();
+  if (!std::filesystem::exists(which)) {
+    const auto nearest = nearest_name(which, {"quick", "full", "survey"});
+    throw std::invalid_argument("--cases " + which + ": neither a case set (quick, full, survey) nor a file" +
+                                (nearest.empty() ? "" : " (did you mean " + nearest + "?)"));
+  }
   return file_cases(which);
+}
+
+double result_loss(const std::string& text) {
+  // Python's json.dumps writes a non-finite float as a bare NaN, Infinity or -Infinity, which JSON does not have:
+  // quote those tokens (outside strings), then read the quoted loss back as its number.
+  std::string quoted;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      quoted += c;
+      if (c == '\\' && i + 1 < text.size()) quoted += text[++i];
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool replaced = false;
+    for (const std::string token : {"NaN", "Infinity", "-Infinity"})
+      if (text.compare(i, token.size(), token) == 0) {
+        quoted += '"' + token + '"';
+        i += token.size() - 1;
+        replaced = true;
+        break;
+      }
+    if (!replaced) quoted += c;
+  }
+  const auto loss = nlohmann::json::parse(quoted).at("loss");
+  if (loss.is_string()) {
+    const auto word = loss.get<std::string>();
+    if (word == "NaN") return std::numeric_limits<double>::quiet_NaN();
+    if (word == "Infinity") return std::numeric_limits<double>::infinity();
+    if (word == "-Infinity") return -std::numeric_limits<double>::infinity();
+  }
+  return loss.get<double>();
 }
 
 nlohmann::json case_json(const ConformCase& c, const Objective& objective) {

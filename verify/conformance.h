@@ -38,8 +38,12 @@ struct ConformCase {
 // ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
 // "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias",
 // "tie_word_embeddings", "num_key_value_heads", "ranks"} (a missing key takes the quick matrix's default). Throws
-// naming the file and key.
+// naming the file and key, or naming the case sets when `which` is neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
+
+// result.json's "loss". A non-finite loss written as Python's json.dumps writes it (a bare NaN, Infinity or
+// -Infinity, which JSON does not have) is read as that number. Throws nlohmann::json::exception when malformed.
+double result_loss(const std::string& text);
 
 // The protocol's case.json for a case and its (canonical) objective: TRL's parameter names and values.
 nlohmann::json case_json(const ConformCase& c, const Objective& objective);

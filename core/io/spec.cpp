@@ -1,5 +1,6 @@
 #include "core/io/spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -13,7 +14,31 @@ std::string join(const std::set<std::string>& items) {
   return list;
 }
 
+// Edit distance of two short words.
+std::size_t distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const auto above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
 }  // namespace
+
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names) {
+  std::string nearest;
+  std::size_t best = 3;  // at most two edits away, or no suggestion
+  for (const auto& name : names)
+    if (const auto d = distance(word, name); d < best) best = d, nearest = name;
+  return nearest;
+}
 
 Spec parse_spec(const std::string& text, const std::string& kind) {
   Spec spec;

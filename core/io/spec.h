@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace sbp {
 
@@ -24,5 +25,9 @@ struct Spec {
 };
 
 Spec parse_spec(const std::string& text, const std::string& kind = "method");  // throws on malformed text
+
+// The name in `names` nearest to a mistyped `word`, at most two edits away (a "did you mean" suggestion); empty when
+// none is that close.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
 
 }  // namespace sbp

@@ -5,9 +5,13 @@
 # (b) implementations that break the protocol are reported per case, naming the tensor or what happened, and the run
 #     goes on to the next case (tests/support/conform_faulty_adapter.py): a crash, no output, a renamed tensor, a NaN, an
 #     extra tensor, a hang (--timeout), and a gradient off by 1e-6 relative (the fp64 judgement's negative control)
-#     or 10% (the low-precision rule's); exit 1, and the results folder holds only whole files;
-# (c) bad input exits 2 naming it: an unknown dtype, a missing or malformed --cases file; a --cases file with one
-#     custom case (untied, MHA, no qk-norm, T = 50, chunks 7/5) passes.
+#     or 10% (the low-precision rule's); exit 1, and the results folder holds only whole files; a NaN loss as Python's
+#     json.dumps writes it is named as such, and a loss and gradients off together name the normaliser; a command
+#     that cannot run shows its command, the end of its output and which python ran it (issue #44);
+# (c) bad input exits 2 naming it: an unknown dtype, a mistyped case set (the sets listed, the nearest suggested), a
+#     malformed --cases file; a --cases file with one custom case (untied, MHA, no qk-norm, T = 50, chunks 7/5) passes;
+# (d) the temporary folder goes however a run ends (passed, failed, Ctrl-C: exit 130, the implementation stopped);
+#     nothing stays in $TMPDIR (issue #44).
 # ctest-timeout: 300
 source "$(dirname "$0")/../support/cli_common.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +34,7 @@ echo "ok: StreamBP through the protocol passes the quick matrix"
 check_faulty() {  # check_faulty MODE PATTERN [conform flags]: every selected case fails, naming PATTERN
   local mode=$1 pattern=$2 status=0
   shift 2
+  rm -rf "r-$mode" "w-$mode"  # a mode checked twice: its second run's CSV alone
   "$STREAMBP" conform --impl "python3 $HERE/../support/conform_faulty_adapter.py $mode $STREAMBP" --baseline "$impl --method standard" \
     --out "r-$mode" --work "w-$mode" "$@" >"$mode.txt" 2>"$mode.log" || status=$?
   [[ $status -eq 1 ]] || fail "$mode: exit $status, expected 1\n$(cat "$mode.txt" "$mode.log")"
@@ -53,10 +58,33 @@ check_faulty perturb "FAIL +[0-9.e+-]+ model\." --objectives grpo,dpo --dtypes f
 grep -qE "FAIL .*normwise error [0-9.e+-]+ > the fp64 bar 1e-10" perturb.txt || fail "no fp64 bar:\n$(cat perturb.txt)"
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --dtypes fp32,bf16
 grep -qE "FAIL .*x the low-precision rule's bar" perturb.txt || fail "no low-precision bar:\n$(cat perturb.txt)"
+check_faulty nan-loss "result.json: the loss is NaN" "${sft[@]}"
+check_faulty half-count "loss .* off too: usually the normaliser" "${sft[@]}"
+
+# A command that cannot run (here a python without the module it imports) is shown once: its command line, the end of
+# its output, and which python ran it beside the harness's own.
+echo '[{"name": "one", "seq": 9, "batch": 2}]' >one.json
+status=0
+"$STREAMBP" conform --impl "python3 -c 'import streambp_no_such_module'" --cases one.json --out nomodule \
+  >nomodule.txt 2>nomodule.log || status=$?
+[[ $status -eq 1 ]] || fail "a python without the module: exit $status\n$(cat nomodule.txt nomodule.log)"
+grep -q "the implementation failed (exited with status 1): python3 -c 'import streambp_no_such_module' '/" nomodule.txt &&
+  grep -q "    ModuleNotFoundError: No module named 'streambp_no_such_module'" nomodule.txt &&
+  grep -qE "^  python3 is /.*python3" nomodule.txt || fail "no command, output or python named:\n$(cat nomodule.txt)"
+if [[ -n ${2:-} && $(command -v python3) != "$2" ]]; then
+  grep -qF "the harness's python (torch, transformers, peft) is $2: --impl \"$2 -c 'import" nomodule.txt ||
+    fail "the harness's python not offered:\n$(cat nomodule.txt)"
+fi
+grep -q -- "--work DIR keeps them" nomodule.txt || fail "no word on keeping the failing cases:\n$(cat nomodule.txt)"
+echo "ok: a command that cannot run: $(grep -m1 "python3 is" nomodule.txt)"
 
 # (c)
 expect_exit_2 "an unknown dtype" "fp16x" "$STREAMBP" conform --impl true --dtypes fp16x
-expect_exit_2 "a missing cases file" "nope.json: cannot read it" "$STREAMBP" conform --impl true --cases nope.json
+expect_exit_2 "a mistyped case set" "quik: neither a case set \(quick, full, survey\) nor a file \(did you mean quick\?\)" \
+  "$STREAMBP" conform --impl true --cases quik
+expect_exit_2 "a missing cases file" "nope.json: neither a case set \(quick, full, survey\) nor a file$" \
+  "$STREAMBP" conform --impl true --cases nope.json
+"$STREAMBP" conform --help | grep -q -- "--cases.*quick, full or survey" || fail "conform --help lists no case sets"
 echo '[{"name": "x", "sequence": 9}]' >bad.json
 expect_exit_2 "an unknown key" "case 0: unknown key 'sequence'" "$STREAMBP" conform --impl true --cases bad.json
 cat >mine.json <<'JSON'
@@ -67,3 +95,25 @@ JSON
   fail "a custom case:\n$(cat mine.txt mine.log)"
 grep -q "custom-untied-mha .* PASS" mine.txt || fail "custom case not run:\n$(cat mine.txt)"
 echo "ok: a --cases file with a custom case"
+
+# (d) Ctrl-C while the implementation runs: it is stopped, the run exits 130 and its temporary folder goes.
+export CONFORM_FAULTY_PID_FILE=$PWD/hang.pid
+"$STREAMBP" conform --impl "python3 $HERE/../support/conform_faulty_adapter.py hang $STREAMBP" --cases one.json \
+  --out interrupted >interrupted.txt 2>interrupted.log &
+conform=$!
+for _ in $(seq 600); do [[ -s hang.pid ]] && break; sleep 0.1; done
+[[ -s hang.pid ]] || fail "the hanging implementation never started:\n$(cat interrupted.log)"
+kill -INT "$conform"
+status=0
+wait "$conform" || status=$?
+[[ $status -eq 130 ]] || fail "Ctrl-C: exit $status, expected 130\n$(cat interrupted.txt interrupted.log)"
+alive() {  # alive PID: running, not yet a zombie (the group's SIGKILL lands, and its reaper comes, a moment later)
+  [[ -e /proc/$1/stat && $(cut -d' ' -f3 "/proc/$1/stat") != Z ]]
+}
+for _ in $(seq 100); do alive "$(cat hang.pid)" || break; sleep 0.1; done
+! alive "$(cat hang.pid)" || fail "Ctrl-C left the implementation running (pid $(cat hang.pid))"
+grep -q "interrupted (Ctrl-C) after 0 of 1 case(s)" interrupted.txt || fail "Ctrl-C not reported:\n$(cat interrupted.txt)"
+echo "ok: Ctrl-C stops the implementation and exits 130"
+# Every run above without --work (passed, failed, interrupted) removed its temporary folder.
+[[ -z $(ls -A "$TMPDIR") ]] || fail "left in \$TMPDIR: $(ls -A "$TMPDIR")"
+echo "ok: nothing left in \$TMPDIR"

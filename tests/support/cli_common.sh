@@ -1,10 +1,13 @@
 # Sourced by the CLI tests (cli_*.sh BINARY): strict mode, the binary as $STREAMBP, the current directory a fresh
-# temporary folder removed on exit, and the helpers below.
+# temporary folder removed on exit, $TMPDIR inside it (whatever the programs under test leave there goes too), and the
+# helpers below.
 set -euo pipefail
 STREAMBP=$(realpath "$1")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbp_cli_XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
+export TMPDIR=$WORK/tmp
+mkdir "$TMPDIR"
 
 fail() {
   printf 'FAIL: %b\n' "$*" >&2

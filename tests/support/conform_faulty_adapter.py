@@ -1,13 +1,16 @@
 """Implementations that break the conformance protocol in the ways `streambp conform` must report (standard library
 only): MODE is crash (a traceback, exit 1), nothing (exit 0, no files), rename (one tensor under another name), nan
-(one entry NaN), extra (an unexpected tensor), hang (never returns: --timeout must end it), perturb (the protocol
-kept, one tensor's gradient scaled by 1 + 1e-6 in fp64 cases and by 1.1 otherwise: the judgement must fail it). The gradients of rename,
-nan and extra are the harness's own (streambp_adapter.py), then corrupted.
+(one entry NaN), extra (an unexpected tensor), hang (never returns: --timeout or Ctrl-C must end it; its pid goes to
+the file $CONFORM_FAULTY_PID_FILE when set), perturb (the protocol kept, one tensor's gradient scaled by 1 + 1e-6 in
+fp64 cases and by 1.1 otherwise: the judgement must fail it), nan-loss (result.json's loss NaN, as json.dumps writes
+it), half-count (the loss and every gradient doubled: divided by half the target count). The other modes' gradients
+are the harness's own (streambp_adapter.py), then corrupted.
 
 Usage: python3 conform_faulty_adapter.py MODE STREAMBP_BIN CASE_DIR
 """
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -20,10 +23,18 @@ if mode == "crash":
 if mode == "nothing":
     sys.exit(0)
 if mode == "hang":
+    if "CONFORM_FAULTY_PID_FILE" in os.environ:
+        Path(os.environ["CONFORM_FAULTY_PID_FILE"]).write_text(str(os.getpid()))
     time.sleep(3600)
 
 adapter = Path(__file__).resolve().parents[2] / "verify" / "conform" / "streambp_adapter.py"
 subprocess.run([sys.executable, str(adapter), "--streambp", binary, str(case_dir)], check=True)
+result = case_dir / "result.json"
+if mode in ("nan-loss", "half-count"):
+    loss = json.loads(result.read_text())["loss"]
+    result.write_text(json.dumps({"loss": math.nan if mode == "nan-loss" else 2 * loss}))
+    if mode == "nan-loss":
+        sys.exit(0)
 grads = case_dir / "grads.safetensors"
 raw = grads.read_bytes()
 (n,) = struct.unpack("<Q", raw[:8])
@@ -42,20 +53,19 @@ elif mode == "nan":
     start, _ = header[names[0]]["data_offsets"]
     fmt = {"F64": "<d", "F32": "<f"}[header[names[0]]["dtype"]]
     struct.pack_into(fmt, data, start, math.nan)
-elif mode == "perturb":
-    name = names[-1]
-    fmt = {"F64": "<d", "F32": "<f", "BF16": None}[header[name]["dtype"]]
-    start, end = header[name]["data_offsets"]
-    if fmt is None:  # bf16: the upper half of an fp32
-        for at in range(start, end, 2):
-            (value,) = struct.unpack("<f", b"\0\0" + bytes(data[at:at + 2]))
-            data[at:at + 2] = struct.pack("<f", value * 1.1)[2:]
-    else:
-        size = struct.calcsize(fmt)
-        scale = 1 + 1e-6 if fmt == "<d" else 1.1
-        for at in range(start, end, size):
-            (value,) = struct.unpack_from(fmt, data, at)
-            struct.pack_into(fmt, data, at, value * scale)
+elif mode in ("perturb", "half-count"):
+    for name in names[-1:] if mode == "perturb" else names:
+        fmt = {"F64": "<d", "F32": "<f", "BF16": None}[header[name]["dtype"]]
+        start, end = header[name]["data_offsets"]
+        scale = 2 if mode == "half-count" else 1 + 1e-6 if fmt == "<d" else 1.1
+        if fmt is None:  # bf16: the upper half of an fp32
+            for at in range(start, end, 2):
+                (value,) = struct.unpack("<f", b"\0\0" + bytes(data[at:at + 2]))
+                data[at:at + 2] = struct.pack("<f", value * scale)[2:]
+        else:
+            for at in range(start, end, struct.calcsize(fmt)):
+                (value,) = struct.unpack_from(fmt, data, at)
+                struct.pack_into(fmt, data, at, value * scale)
 else:
     sys.exit(f"unknown mode {mode}")
 text = json.dumps(header).encode()

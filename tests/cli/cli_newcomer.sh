@@ -20,7 +20,7 @@ echo "ok: run writes its gradients and record"
 
 # (2) --------------------------------------------------------------------------------------------------------------
 # One case, quick's first (tiny: GQA, qk-norm, tied head; T = 37, ragged padding, masked prompts), as each case costs
-# the adapter's start (torch and transformers) and the example adapter passes neither LoRA nor Qwen2-style norms yet.
+# the adapter's start (torch and transformers); cli_conform_example runs the example on the whole quick matrix.
 echo '[{"name": "sft-tiny-T37", "preset": "tiny", "seq": 37, "batch": 3}]' >cases.json
 "$STREAMBP" conform --impl "$PY $SRC/verify/conform/example_adapter.py" --cases cases.json --out conform \
   >conform.txt 2>conform.log || fail "the example adapter does not conform:\n$(cat conform.txt conform.log)"

@@ -39,16 +39,7 @@ expect_exit_2 "the metrics' sidecar on the record" "--json run.json and --metric
 "$STREAMBP" "${train[@]}" --checkpoint-dir ckpt --save-every 4 --metrics metrics.csv --json record.json --save-model B \
   >b.log 2>&1 &
 pid=$!
-# Ctrl-C once the run catches SIGINT (its bit in /proc/PID/status's SigCgt; a background job ignores SIGINT before),
-# which it starts to do just before its first step: the signal lands in step 1 (or before it) and the run stops after
-# that step, whatever the machine's speed, instead of racing a progress line.
-catches_sigint() {
-  local mask
-  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null) && [[ -n $mask ]] && (((16#$mask >> 1) & 1))
-}
-for _ in $(seq 6000); do catches_sigint $pid && break; kill -0 $pid 2>/dev/null || break; sleep 0.01; done
-catches_sigint $pid || { kill -9 $pid 2>/dev/null || true; fail "the run never caught SIGINT:\n$(cat b.log)"; }
-kill -INT $pid
+ctrl_c $pid b.log
 status=0
 wait $pid || status=$?
 [[ $status -eq 130 ]] || fail "Ctrl-C: exit $status, expected 130:\n$(cat b.log)"

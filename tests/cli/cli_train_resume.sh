@@ -180,9 +180,7 @@ echo "ok: metrics steps 1..6 once each, step/loss/grad_norm/lr/tokens text equal
 # run prints the command that resumes it and exits 130; that command finishes the run byte-identical to (a).
 "$STREAMBP" train "${args[@]}" --save-every 3 --checkpoint-dir I-ckpt --save-model I >i.log 2>&1 &
 pid=$!
-for _ in $(seq 1200); do grep -q "^step 1/6" i.log && break; sleep 0.05; done
-grep -q "^step 1/6" i.log || { kill -9 $pid; fail "Ctrl-C: no step in 60 s:\n$(cat i.log)"; }
-kill -INT $pid
+ctrl_c $pid i.log
 status=0
 wait $pid || status=$?
 [[ $status -eq 130 ]] || fail "Ctrl-C: exit $status, expected 130:\n$(cat i.log)"

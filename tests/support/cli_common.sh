@@ -58,3 +58,17 @@ expect_ranks_disagree() {
   grep -qE -- "$pattern" disagree0.log || fail "$what: no message matching '$pattern' in:\n$(cat disagree0.log)"
   echo "ok: $what (exit 2): $(grep -E -m1 -- "$pattern" disagree0.log)"
 }
+
+# ctrl_c PID LOG: a user's Ctrl-C, sent once the process catches SIGINT (its bit in /proc/PID/status's SigCgt; a
+# background job ignores SIGINT until then). `train` starts catching just before its first step, so the signal lands
+# in step 1 (or before it) whatever the machine's speed, instead of racing a progress line.
+ctrl_c() {
+  local pid=$1 log=$2
+  catches_sigint() {
+    local mask
+    mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null) && [[ -n $mask ]] && (((16#$mask >> 1) & 1))
+  }
+  for _ in $(seq 6000); do catches_sigint "$pid" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
+  catches_sigint "$pid" || { kill -9 "$pid" 2>/dev/null || true; fail "the run never caught SIGINT:\n$(cat "$log")"; }
+  kill -INT "$pid"
+}

@@ -24,7 +24,7 @@ def decline(why):  # exit status 3: the case is N/A for this implementation
 # Before importing torch, so that a declined case costs nothing.
 if meta["objective"]["name"] != "sft":
     decline(f"objective {meta['objective']['name']}: this adapter implements SFT only")
-if meta["ranks"] != 1:
+if meta.get("ranks", 1) != 1:  # absent in files written before the protocol had ranks: one process
     decline(f"{meta['ranks']} ranks: this adapter runs one process")
 
 import torch, torch.nn.functional as F

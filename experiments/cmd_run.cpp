@@ -60,7 +60,8 @@ void add_run_options(CLI::App& app, RunArgs& a) {
                  "every record; dropped records are counted and printed")->check(CLI::IsMember({"cupti"}));
   add_measure_options(app, a.measure, {.seq = Arity::none, .batch = Arity::none, .warmup = true, .repeats = true, .budget = true});
   app.add_flag("--model-only", a.model_only, "print the analytic memory model of this workload (and write it with "
-               "--json, status model-only) without running a step");
+               "--json, status model-only) without running a step; --save-model, --save-adapter and --save-batch "
+               "still write the step's inputs");
   app.add_flag("--no-memory-check", a.no_memory_check, "run the step even when the model's peak is above the memory "
                "it may use (--budget-bytes, the cgroup's limit, ulimit -v, MemAvailable); without it such a step is "
                "refused before it starts: status oom, exit 3, and the longest T that fits");
@@ -262,9 +263,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.save_model.empty()) check_new_folder(a.save_model, a.force, "--save-model");
   if (!a.save_adapter.empty()) check_new_folder(a.save_adapter, a.force, "--save-adapter");
   if (a.model_only)
-    for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
-                                      {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"},
-                                      {a.timeline, "--timeline"}, {a.op_profile, "--op-profile"}})
+    for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.timeline, "--timeline"},
+                                      {a.op_profile, "--op-profile"}})
       if (!value.empty()) throw std::invalid_argument(std::string(flag) + " needs a step, and --model-only runs none");
   if (!a.save_adapter.empty() && a.setup.lora.empty() && a.setup.adapter_dir.empty())
     throw std::invalid_argument("--save-adapter needs --lora or --adapter");
@@ -285,7 +285,18 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   auto workload = make_workload(*model, *objective, batch);
   workload.offload_checkpoints = a.offload.checkpoints();
   workload.offload_gradients = a.offload.gradients();
-  if (a.model_only) return print_model_only(a, *method, workload, batch, command_line);
+  // The step's inputs (weights, adapter, batch): with --model-only (what a step would take, without one), or after a
+  // finished step; an oom run (exit 3) writes what describes the attempt (--json, --timeline, --op-profile) and no
+  // file that looks like a result.
+  const auto save_inputs = [&] {
+    if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
+    if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
+    if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
+  };
+  if (a.model_only) {
+    save_inputs();
+    return print_model_only(a, *method, workload, batch, command_line);
+  }
 
   if (!a.timeline.empty()) {
     std::vector<std::string> outputs = {".csv", ".trace.json"};
@@ -337,12 +348,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));
-  // The step's inputs (weights, batch), as its gradients, only with a finished step: an oom run (exit 3) writes what
-  // describes the attempt (--json, --timeline, --op-profile) and no file that looks like a result.
   if (m.status == "passed") {
-    if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
-    if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
-    if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);
+    save_inputs();
   } else {
     std::string skipped;
     for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},

@@ -2,8 +2,8 @@
 """A training step (BP + AdamW) of StreamBP against what users run today, HF Transformers with gradient checkpointing
 and torch.optim.AdamW, on the same weights and batch, in fp32 and bf16: time ratio and whole-process peak RSS.
 
-Once: a random-weight HF checkpoint and a random SFT batch written by our binary (`streambp run --save-model
---save-batch` with a 1-byte memory budget, so that its step stops at once with status oom after writing them; exit 3).
+Once: a random-weight HF checkpoint and a random SFT batch written by our binary (`streambp run --model-only
+--save-model --save-batch`: no step runs).
 Then per round the configurations alternate (a shared machine's speed drifts over minutes; alternating spreads the
 drift over all of them alike; odd rounds run them in reverse order), each one a fresh process:
 
@@ -147,15 +147,15 @@ def main():
                             "weight_decay": a.weight_decay, "hf_attn_implementation": "sdpa",
                             "hf_gradient_checkpointing": {"use_reentrant": False}}}
 
-    # The shared inputs, written once by our binary: its step is stopped at once by a tiny budget (status oom, exit 3).
+    # The shared inputs, written once by our binary without a step (--model-only).
     model_dir, data_dir = os.path.join(a.out, "model"), os.path.join(a.out, "data")
     os.makedirs(data_dir)
     batch_file = os.path.join(data_dir, "batch.safetensors")
     print(f"[setup] {a.preset} random weights and SFT batch B={a.batch} T={a.seq}", file=sys.stderr, flush=True)
     run_measured([binary, "run", "--preset", a.preset, "--seq", str(a.seq), "--batch", str(a.batch),
                   "--prompt-fraction", str(a.prompt_fraction), "--seed", str(a.seed), "--method", "standard",
-                  "--save-model", model_dir, "--save-batch", batch_file, "--budget-bytes", "1"],
-                 os.path.join(a.out, "setup.log"), ok_codes=(0, 3))
+                  "--save-model", model_dir, "--save-batch", batch_file, "--model-only"],
+                 os.path.join(a.out, "setup.log"))
     if not (os.path.exists(os.path.join(model_dir, "config.json")) and os.path.exists(batch_file)):
         sys.exit(f"error: the setup wrote no model or batch (log: {os.path.join(a.out, 'setup.log')})")
 

@@ -38,6 +38,12 @@ echo "ok: the console says unchecked"
 "$STREAMBP" run --preset tiny --method streambp:layer_chunk=8,head_chunk=8 --dtype fp32 --batch 2 --seq 33 \
   --pad-fraction 0.2 --seed 3 --model-only --json model.json
 expect_exit_2 "--model-only with --timeline" "needs a step" "$STREAMBP" run --preset tiny --method streambp --seq 33 --model-only --timeline never
+# ...but the step's inputs need none: --model-only writes the model and batch a later step (or another library) takes.
+"$STREAMBP" run --preset tiny --method standard --seq 33 --model-only --save-model inputs-model \
+  --save-batch inputs.safetensors >inputs.txt 2>&1 || fail "--model-only with --save-model, --save-batch:\n$(cat inputs.txt)"
+[[ -s inputs-model/config.json && -s inputs-model/model.safetensors && -s inputs.safetensors ]] ||
+  fail "--model-only did not write the model and batch: $(ls)"
+echo "ok: --model-only writes --save-model and --save-batch"
 python3 - <<'PY'
 import json
 r, m = json.load(open("run.json")), json.load(open("model.json"))

@@ -37,7 +37,6 @@ done
 echo
 echo "make test summary"
 printf '  %s\n' "${summary[@]}"
-[[ $status -eq 0 ]] && verdict=passed || verdict=FAILED
-echo "make test: both trees $verdict"
+if [[ $status -eq 0 ]]; then echo "make test: both trees passed"; else echo "make test: FAILED (see above)"; fi
 echo "tests: $passed_total passed, $failed_total failed, $skipped_total skipped"
 exit $status

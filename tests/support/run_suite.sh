@@ -7,6 +7,10 @@ set -uo pipefail
 make_cmd=$1 jobs=$2
 shift 2
 summary=() status=0 passed_total=0 failed_total=0 skipped_total=0
+# No test may time the bf16 GEMM paths (STREAMBP_GEMM_PROBE=off in every test's environment): a stored measurement
+# that appears or changes during the suite is a test that timed them, and would change the paths of later processes.
+gemm_store() { ls -l --time-style=+%s "${STREAMBP_CACHE:-$HOME/.cache/streambp}"/gemm-path-*.json 2>/dev/null; }
+gemm_before=$(gemm_store)
 for tree in "$@"; do
   target=build
   [[ $tree == "$1" ]] || target=sanitize-build
@@ -34,6 +38,10 @@ for tree in "$@"; do
   passed_total=$((passed_total + passed)) failed_total=$((failed_total + failed))
   skipped_total=$((skipped_total + skipped))
 done
+if [[ $(gemm_store) != "$gemm_before" ]]; then
+  summary+=("a test measured the bf16 GEMM paths and stored them (a test's environment lacks STREAMBP_GEMM_PROBE=off)")
+  status=1
+fi
 echo
 echo "make test summary"
 printf '  %s\n' "${summary[@]}"

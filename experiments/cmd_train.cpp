@@ -31,6 +31,7 @@
 #include "experiments/ranks.h"
 #include "experiments/provenance.h"
 #include "experiments/results_table.h"
+#include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
 
 namespace sbp {
@@ -332,6 +333,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     const nlohmann::json sidecar = {{"provenance", to_json(prov)},
                                     {"method", method->spec()},
                                     {"trajectory", fingerprint},
+                                    {"narrow_gemm", narrow_gemm_json()},
                                     {"columns", kMetricsHeader},
                                     {"peak_bytes", "live tensor bytes at the step's peak (CPU allocator meter): "
                                                    "weights, optimizer states and what the step allocates, as `run` "
@@ -348,6 +350,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                precision_name(model->dtype(), model->grad_dtype()), optimizer_spec(options.optimizer),
                lr_schedule_spec(options.schedule), start_step + 1, a.steps, a.steps,
                ranks.describe());
+  if (writer)
+    for (const auto& [dtype, choice] : chosen_gemm_paths())
+      fmt::print(stderr, "kernels   {} GEMMs {} ({})\n", dtype, choice.first, choice.second);
   if (writer && random && !finished)
     fmt::print(stderr, "data      random batches (no --data): fresh random tokens every step, so the loss shows the "
                        "method at work, not learning; --data DIR trains on batch files (--save-batch writes them)\n");
@@ -495,6 +500,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"rank_peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(rank_peaks)
                                                                                                  : nlohmann::json()},
                               {"trajectory", fingerprint},
+                              {"narrow_gemm", narrow_gemm_json()},
                               {"metrics", a.metrics},
                               {"device", describe_device(device)},
                               {"provenance", to_json(prov)}};

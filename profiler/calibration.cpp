@@ -237,11 +237,14 @@ nlohmann::json calibration_json(const KernelWorkspaces& workspaces) {
       probes.push_back({{"call", p.call.describe()}, {"probed", p.probed}, {"bytes", p.bytes},
                         {"extrapolated", p.extrapolated}, {"seconds", p.seconds}});
   j["probes"] = probes;
-  // The path each narrow-dtype product took (core/model/gemm.h): native kernels or fp32 on widened operands.
+  j["narrow_gemm"] = narrow_gemm_json();
+  return j;
+}
+
+nlohmann::json narrow_gemm_json() {
   auto narrow = nlohmann::json::object();
   for (const auto& [dtype, choice] : chosen_gemm_paths()) narrow[dtype] = {{"paths", choice.first}, {"reason", choice.second}};
-  j["narrow_gemm"] = narrow;
-  return j;
+  return narrow;
 }
 
 }  // namespace sbp

@@ -35,6 +35,8 @@ std::shared_ptr<const KernelWorkspaces> machine_workspaces(c10::Device device);
 // ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY limits and the capability ATen dispatches to) and every probe run so far
 // in this process (the call, the shape probed, bytes, whether extrapolated, seconds).
 nlohmann::json calibration_json(const KernelWorkspaces& workspaces);
+// The path each narrow-dtype product of this process took (core/model/gemm.h): {"bf16": {"paths", "reason"}}.
+nlohmann::json narrow_gemm_json();
 
 // "avx2 avx512f avx512_bf16 (ATen AVX512; ONEDNN_MAX_CPU_ISA=AVX512_CORE)": the flags above in one line, for
 // provenance and CI logs.

@@ -57,3 +57,12 @@ grep -q "^note      the checkpoint's bf16 GEMM paths (nt=$other,nn=$other,tn=$ot
   fail "no note on the kept paths:\n$(cat b2.log)"
 cmp AM/model.safetensors BM/model.safetensors || fail "the resumed run is not bitwise the uninterrupted one on $other"
 echo "ok: resumed on the checkpoint's $other path, bitwise (this process's own: $own)"
+
+# A training run says and records the paths it took: its console, its record and its metrics' sidecar.
+STREAMBP_NARROW_GEMM=$other "$STREAMBP" "${train[@]}" --steps 1 --checkpoint-dir C --json rec.json --metrics m.csv \
+  >b3.log 2>&1 || fail "train with --json and --metrics:\n$(cat b3.log)"
+grep -q "^kernels   bf16 GEMMs nt=$other,nn=$other,tn=$other (" b3.log || fail "train does not print its paths:\n$(cat b3.log)"
+for f in rec.json m.json; do
+  grep -q "\"paths\": \"nt=$other,nn=$other,tn=$other\"" $f || fail "$f does not record the paths:\n$(cat $f)"
+done
+echo "ok: train prints and records the paths it took"

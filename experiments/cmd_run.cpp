@@ -288,7 +288,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   // The step's inputs (weights, adapter, batch): with --model-only (what a step would take, without one), or after a
   // finished step; an oom run (exit 3) writes what describes the attempt (--json, --timeline, --op-profile) and no
   // file that looks like a result.
-  const auto save_inputs = [&] {
+  // `model` by an init-capture: clang refuses to capture a structured binding.
+  const auto save_inputs = [&, &model = model] {
     if (!a.save_model.empty()) save_model_dir(*model, a.save_model);
     if (!a.save_adapter.empty()) save_adapter_dir(*model, a.save_adapter, a.setup.source.describe());
     if (!a.save_batch.empty()) write_batch_file(batch, a.save_batch);

@@ -117,7 +117,7 @@ $(VENV_STAMP):
 plots: $(VENV_STAMP)
 	$(VENV)/bin/python plots/plot_results.py results
 
-# The conformance survey (issue #33; README "The survey"): every public implementation of
+# The conformance survey (docs/survey.md): every public implementation of
 # experiments/survey/implementations.json through `streambp conform`, each library in a venv of its own (pinned, from
 # PyPI; under $(CACHE)/survey) -> results/survey/. Two libraries are not on PyPI: give their checkouts as
 # STREAMBP_OFFICIAL_SRC (Ledzy/StreamBP) and MST_SRC (wdlctc/mini-s), else their rows say so. SURVEY_ARGS: e.g.

@@ -106,11 +106,12 @@ class Binary:
 
 
 def check_files(binary, files):
-    """Every problem found, as 'FILE:LINE: what'."""
-    problems, to_parse = [], []
+    """Every problem found, as 'FILE:LINE: what', and the number of commands found."""
+    problems, to_parse, found = [], [], 0
     for path in files:
         where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         for line, words in doc_commands(path):
+            found += 1
             at = f"{where}:{line}"
             if not words or words[0] not in binary.commands:
                 problems.append(f"{at}: unknown command '{words[0] if words else ''}'")
@@ -128,7 +129,7 @@ def check_files(binary, files):
         for (at, words), message in zip(to_parse, pool.map(binary.parses, [w for _, w in to_parse], dirs)):
             if message:
                 problems.append(f"{at}: {' '.join(words[:1])}: {message}")
-    return problems, len(to_parse)
+    return problems, found
 
 
 def negative_control(binary):
@@ -148,9 +149,9 @@ def negative_control(binary):
         good = Path(tmp) / "good.md"
         good.write_text("```\n# a comment\nbuild/streambp compare a.safetensors b.safetensors --rtol 1e-10  # why\n"
                         "torchrun --nproc-per-node 2 --no-python build/streambp train ...same arguments... --sp 2\n```\n")
-        problems, parsed = check_files(binary, [good])
-        if problems or parsed != 2:
-            print(f"FAIL: negative control: a valid page gave {problems} ({parsed} of 2 commands parsed)")
+        problems, found = check_files(binary, [good])
+        if problems or found != 2:
+            print(f"FAIL: negative control: a valid page gave {problems} ({found} of 2 commands found)")
             ok = False
     if ok:
         print("ok: negative control: a misspelt flag, an unknown command and a bad method option are each named")
@@ -164,14 +165,14 @@ def main():
         return 1
     files = [Path(f).resolve() for f in sys.argv[2:]] or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     ok = negative_control(binary)
-    problems, parsed = check_files(binary, files)
+    problems, found = check_files(binary, files)
     for p in problems:
         print("FAIL:", p)
-    if parsed == 0:
+    if found == 0:
         print("FAIL: no streambp command found in", [str(f) for f in files])
         return 1
     if not problems:
-        print(f"ok: {parsed} commands in {len(files)} files parse")
+        print(f"ok: {found} commands in {len(files)} files parse")
     return 0 if ok and not problems else 1
 
 

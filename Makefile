@@ -37,7 +37,7 @@ DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
 VENV_STAMP := $(VENV)/.streambp-venv-4.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
-.PHONY: demo test bench build configure sanitize-build fuzz deps venv plots survey clean
+.PHONY: demo test check bench build configure sanitize-build fuzz deps venv plots survey clean
 
 # Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
 DEMO_ARGS ?=
@@ -54,6 +54,11 @@ demo:
 # and the last lines summarise both trees (each tree's ctest output is kept in <tree>/ctest.log).
 test: deps venv
 	@bash tests/support/run_suite.sh "$(MAKE) --no-print-directory" $(JOBS) $(BUILD) $(SANITIZE_BUILD)
+
+# The edit-compile-test loop: build/ alone and its unit tests that take seconds (the label `check`,
+# tests/CMakeLists.txt). `make test` stays the whole suite, in both trees.
+check: build
+	ctest --test-dir $(BUILD) -L check -j $(JOBS) --output-on-failure
 
 # The micro-benchmarks of StreamBP's pieces into a new results/bench/bench-<UTC time>.json (never overwritten).
 # Extra flags, e.g. make bench BENCH_ARGS="--preset qwen3-small --benchmark_filter=head" (build/streambp_bench --help).
@@ -112,7 +117,7 @@ $(VENV_STAMP):
 plots: $(VENV_STAMP)
 	$(VENV)/bin/python plots/plot_results.py results
 
-# The conformance survey (issue #33; README "The survey"): every public implementation of
+# The conformance survey (docs/survey.md): every public implementation of
 # experiments/survey/implementations.json through `streambp conform`, each library in a venv of its own (pinned, from
 # PyPI; under $(CACHE)/survey) -> results/survey/. Two libraries are not on PyPI: give their checkouts as
 # STREAMBP_OFFICIAL_SRC (Ledzy/StreamBP) and MST_SRC (wdlctc/mini-s), else their rows say so. SURVEY_ARGS: e.g.

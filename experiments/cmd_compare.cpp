@@ -26,7 +26,7 @@ void add_compare_options(CLI::App& app, CompareArgs& a) {
                  "judge OTHER by the low-precision rule instead of --rtol: REF is the fp64 oracle, BASELINE the "
                  "reference method's gradients in the same dtype as OTHER (e.g. standard BP in bf16); every tensor's "
                  "l2 error must be within allowance(n) x BASELINE's + a rounding floor (the rule of verify --gate, "
-                 "conform and the tests: README 'Precision')")
+                 "conform and the tests: docs/precision.md)")
       ->check(CLI::ExistingFile);
   app.add_option("--dtype", a.dtype, "with --baseline: the precision OTHER was computed in (fp32, bf16, fp16), whose "
                  "unit roundoff sets the rule's floor")

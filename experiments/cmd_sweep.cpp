@@ -308,7 +308,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
                "above, timing=shared in the CSV) say more about the other load than about the methods:\n",
                shared_points.size(), lengths.size() * batches.size());
     for (const auto& p : shared_points) fmt::print("  {}\n", p);
-    fmt::print("Measure on an idle machine (README, \"Measuring time honestly\"); peaks and checks are unaffected.\n");
+    fmt::print("Measure on an idle machine (docs/results.md, \"Measuring time honestly\"); peaks and checks are "
+               "unaffected.\n");
   }
   return all_passed ? 0 : 1;
 }

@@ -164,7 +164,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                           {"--metrics", a.metrics},
                           {"--metrics (its .json sidecar)", metrics_sidecar(a.metrics)},
                           {a.checkpoint_dir.empty() ? "--resume" : "--checkpoint-dir", checkpoint_dir}});
-  // A finished run resumed (the README's recipe after the end) takes no step: the outputs it wrote stay as they are,
+  // A finished run resumed (docs/training.md's recipe after the end) takes no step: the outputs it wrote stay as they are,
   // and one it did not write (a new --save-model) is written from its final checkpoint once the trajectory is checked
   // (a changed setting is refused as on any resume). Its metrics are only in the file its steps wrote.
   const std::int64_t taken = a.resume_dir.empty() ? 0 : checkpoint_step(a.resume_dir);

@@ -1,7 +1,7 @@
 # `demo` on a machine another process keeps busy (issue #30): it takes no more threads than the cores left free,
 # and it says that its times are unreliable, on the console and in the CSV (timing=shared, the other load in
 # numbers). Nothing here is timed: the test asserts what the run reports, not how fast it was. Whether an idle
-# machine's ratio is reproduced under load is for a person to judge with the README's recipe.
+# machine's ratio is reproduced under load is for a person to judge with docs/results.md's recipe.
 source "$(dirname "$0")/../support/cli_common.sh"
 
 bash -c 'while :; do :; done' &

@@ -7,7 +7,7 @@ and judged on their matplotlib objects:
 - memory profile: forward/backward lines and a phase strip, the legend outside the axes, categories too small to see
   listed in a note instead of drawn;
 - `make plots` over a copy of results/ writes no file into it, and its default folder is ignored by git;
-- the README says that `profile`'s figure comes from `make plots`.
+- docs/reproducing.md says that `profile`'s figure comes from `make plots`.
 
 Usage: python tests/cli/cli_figures.py BUILD/streambp   (the venv's python: matplotlib; the binary is not used)
 """
@@ -159,11 +159,11 @@ def test_make_plots(work):
 
 
 def test_profile_doc():
-    """The README says where `profile`'s stacked figure comes from (the command writes none itself)."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/reproducing.md says where `profile`'s stacked figure comes from (the command writes none itself)."""
+    readme = (ROOT / "docs" / "reproducing.md").read_text()
     bullet = readme[readme.index("- `profile` records"):]
     bullet = bullet[:bullet.index("\n- ")]
-    check("the README's profile entry says the figure comes from `make plots`", "`make plots`" in bullet, bullet)
+    check("docs/reproducing.md's profile entry says the figure comes from `make plots`", "`make plots`" in bullet, bullet)
 
 
 def main():

@@ -107,7 +107,7 @@ grep -q "^offload   checkpoints,grads,optimizer,params in" every.txt || fail "tr
 "$STREAMBP" "${train[@]}" --nproc 2 --zero 3 --offload checkpoints,grads,optimizer,params --save-model z3-all \
   >z3-all.txt 2>&1 || fail "train --nproc 2 --zero 3 --offload checkpoints,grads,optimizer,params:\n$(cat z3-all.txt)"
 cmp z3/model.safetensors z3-all/model.safetensors || fail "2 ranks, ZeRO-3: the weights differ with the parameters offloaded"
-# (a constant schedule: a finished 2-step run extends to 4 steps as a 4-step run, README "Training")
+# (a constant schedule: a finished 2-step run extends to 4 steps as a 4-step run, docs/training.md)
 resume=(train --preset tiny --method streambp:layer_chunk=16,head_chunk=16 --batch 2 --seq 32
         --optimizer adamw:lr=1e-3 --threads 1 --offload optimizer,params)
 "$STREAMBP" "${resume[@]}" --steps 4 --save-model whole >/dev/null 2>&1

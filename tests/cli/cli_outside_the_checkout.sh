@@ -1,5 +1,5 @@
 # What a user meets away from the repository (issue #30, item 7), each run from a fresh folder outside it:
-# (a) the README's LoRA recipe, scaled to tiny: the second command reads the base, the adapter and the batch the
+# (a) docs/objectives.md's LoRA recipe, scaled to tiny: the second command reads the base, the adapter and the batch the
 #     first one wrote, and its adapter gradients equal the first one's (fp64, another method);
 # (b) `project` finds the harness's own measured runs for its error bars (results/grid of the checkout the binary was
 #     built from);
@@ -11,12 +11,12 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 "$STREAMBP" run --preset tiny --dtype fp64 --method streambp:layer_chunk=16,head_chunk=16 --seq 64 \
   --lora rank=4,alpha=8,targets=all-linear,init=random \
   --save-model base-dir --save-adapter my-adapter --save-batch batch.safetensors --save-grads adapter-grads.safetensors \
-  >first.txt 2>&1 || fail "the README's first LoRA command:\n$(cat first.txt)"
+  >first.txt 2>&1 || fail "the first LoRA command of docs/objectives.md:\n$(cat first.txt)"
 "$STREAMBP" run --load base-dir --adapter my-adapter --batch-file batch.safetensors --method mst --dtype fp64 \
-  --save-grads again.safetensors >second.txt 2>&1 || fail "the README's second LoRA command:\n$(cat second.txt)"
+  --save-grads again.safetensors >second.txt 2>&1 || fail "the second LoRA command of docs/objectives.md:\n$(cat second.txt)"
 "$STREAMBP" compare adapter-grads.safetensors again.safetensors --rtol 1e-10 >compare.txt ||
   fail "the LoRA recipe's two runs disagree:\n$(cat compare.txt)"
-echo "ok: the README's LoRA recipe runs as written (scaled to tiny) and its two runs agree"
+echo "ok: docs/objectives.md's LoRA recipe runs as written (scaled to tiny) and its two runs agree"
 
 # (b)
 "$STREAMBP" project --out p >project.txt 2>&1 || fail "project:\n$(cat project.txt)"

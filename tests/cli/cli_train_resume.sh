@@ -236,7 +236,7 @@ expect_exit_2 "--data on an empty folder" "--data empty: no .safetensors batch f
   "$STREAMBP" train --preset tiny --method standard --data empty --steps 1
 
 # (d) --------------------------------------------------------------------------------------------------------------
-# A finished run resumed with its own arguments (the README's recipe after the end): nothing to do, exit 0, its
+# A finished run resumed with its own arguments (docs/training.md's recipe after the end): nothing to do, exit 0, its
 # outputs untouched. A larger --steps extends a constant-schedule run exactly as a run that long from the start
 # (metrics and checkpoint bytes equal); a cosine run refuses, saying why.
 short=(--preset tiny --method standard --seq 16 --batch 2 --seed 3 --checkpoint-dir X --save-every 1)

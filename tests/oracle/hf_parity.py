@@ -3,7 +3,7 @@ of transformers' own Qwen3 / Qwen2 / Llama modules on the same checkpoint and ba
 
 Usage: python tests/oracle/hf_parity.py BUILD/streambp
 HF rounds two things to fp32 even in an fp64 model: RMSNorm statistics (`.to(torch.float32)`) and the logits in its
-loss. We keep fp64 there (README, "Departures from HF"): the test patches RMSNorm to upcast to *at least* fp32 and
+loss. We keep fp64 there (docs/departures-from-hf.md): the test patches RMSNorm to upcast to *at least* fp32 and
 computes the shifted-label loss itself from fp64 logits. Everything else is HF's code as shipped.
 """
 # ctest-fault: hf_parity_fault STREAMBP_PARITY_FAULT=1e-6 FAIL: .*(normwise relative error|gradient error|of the allowance)

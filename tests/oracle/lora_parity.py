@@ -7,14 +7,14 @@ The other direction too: an adapter made and saved by PEFT itself (init_lora_wei
 our binary (--load BASE --adapter DIR) and gives PEFT's loss and gradients.
 
 The GRPO and DPO losses below are TRL's (GRPOTrainer._compute_loss, DPOTrainer's sigmoid loss) on the batch tensors
-of README "Objectives": position t predicts token t + 1, so the log-prob of token t is
+of docs/objectives.md: position t predicts token t + 1, so the log-prob of token t is
 log_softmax(logits[t - 1] / temperature)[input_ids[t]], read where completion_mask[t] = 1.
 The reference log-probs our binary stored in the batch (base model, adapters disabled) are checked against PEFT's
 `with model.disable_adapter():` pass, and one rerun per GRPO/DPO case drops them from the batch file so that the
 binary recomputes them from a *loaded* adapter.
 
 Usage: python tests/oracle/lora_parity.py BUILD/streambp
-RMSNorm is patched as in tests/oracle/hf_parity.py (fp64 stays fp64; README "Departures from HF").
+RMSNorm is patched as in tests/oracle/hf_parity.py (fp64 stays fp64; docs/departures-from-hf.md).
 """
 # ctest-fault: lora_parity_fault STREAMBP_PARITY_FAULT=1e-6 FAIL: .*(normwise relative error|gradient error|of the allowance)
 import json

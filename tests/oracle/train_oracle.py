@@ -20,7 +20,7 @@ weight_decay=0 while ours used 0.1, and the --grad-accum 2 run against the per-m
 micro-batch's mean / K, the pre-4.46 HF Trainer bug).
 
 Usage: python tests/oracle/train_oracle.py BUILD/streambp
-RMSNorm is patched as in tests/oracle/hf_parity.py (fp64 stays fp64; README "Departures from HF").
+RMSNorm is patched as in tests/oracle/hf_parity.py (fp64 stays fp64; docs/departures-from-hf.md).
 Exit 0 pass, 1 fail (also when transformers/peft are missing).
 """
 import csv

@@ -1,5 +1,5 @@
 """TRL's own GRPO and DPO losses (the pinned `trl` package, Makefile), driven on a Hugging Face model and a batch in
-our file layout (README "Objectives"), for tests/objective_parity.py.
+our file layout (docs/objectives.md), for tests/objective_parity.py.
 
 TRL's trainers compute their losses in methods (GRPOTrainer._compute_loss, DPOTrainer._compute_loss) whose __init__
 needs datasets, tokenizers and an output directory. We build the trainer object without __init__ and set only the

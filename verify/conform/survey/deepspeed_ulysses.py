@@ -60,6 +60,9 @@ def worker(case_dir):
             ds_common.not_expressible(f"{case.objective['name']}: this Ulysses adapter runs SFT only")
         ds_common.patch_mlps_with_tiled_mlp(TiledMLP)
         model, trainable = protocol.load_model(case)
+        heads = (model.config.num_attention_heads, model.config.num_key_value_heads)
+        if heads[0] % SP or (heads[1] % SP and SP % heads[1]):  # Ulysses' own refusal (UlyssesSPAttentionHF.__init__)
+            ds_common.not_expressible(f"{heads[0]} query / {heads[1]} KV heads on {SP} ranks: Ulysses splits heads")
         B, T = case.batch["input_ids"].shape
         if os.environ.get("DS_ULYSSES_OFF"):  # negative control: shards attend only within themselves
             import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu

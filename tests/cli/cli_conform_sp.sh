@@ -28,7 +28,11 @@ assert all(c["parallel"] == "data" for n, c in cases.items() if "-sp" not in n)
 PY
 
 verdicts() {  # verdicts CSV: "case=status:worst_tensor:worst" for the SP cases
-  python3 -c "import csv,sys; print(' '.join(f\"{r['case']}={r['status']}:{r['worst_tensor']}:{r['worst']}\" for r in csv.DictReader(open(sys.argv[1])) if '-sp' in r['case']))" "$1"
+  python3 - "$1" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if "-sp" in r["case"]]
+print(" ".join(f"{r['case']}={r['status']}:{r['worst_tensor']}:{r['worst']}" for r in rows))
+PY
 }
 
 # (a)
@@ -72,12 +76,15 @@ grep -qE "FAIL .*exited with status 1: rank 1 died \(killed by signal SIGKILL\) 
   fail "a dying rank is not named:\n$(cat die.txt)"
 echo "ok: a dying rank: $(grep -m1 -oE "rank 1 died.{0,80}" die.txt)"
 faulty hang --cases sp2.json --timeout 40
-grep -qE "FAIL .*timed out after 40 s \(--timeout\): stopped \(SIGTERM\) before every rank finished: rank 0 in the target count's all-reduce, rank 1 computing its shard" hang.txt ||
+stuck="rank 0 in the target count's all-reduce, rank 1 computing its shard"
+grep -qE "FAIL .*timed out after 40 s \(--timeout\): stopped \(SIGTERM\) before every rank finished: $stuck" hang.txt ||
   fail "a hanging rank is not named:\n$(cat hang.txt)"
 echo "ok: a hanging rank: $(grep -m1 -oE "stopped \(SIGTERM\).{0,120}" hang.txt)"
 
 # (d)
 echo '[{"name": "x", "ranks": 2, "parallel": "tensor"}]' >bad.json
-expect_exit_2 "an unknown parallel" "case 0: parallel 'tensor': data or sequence" "$STREAMBP" conform --impl true --cases bad.json
+expect_exit_2 "an unknown parallel" "case 0: parallel 'tensor': data or sequence" \
+  "$STREAMBP" conform --impl true --cases bad.json
 echo '[{"name": "x", "parallel": "sequence"}]' >one.json
-expect_exit_2 "sequence on one rank" "case 0: parallel 'sequence' needs ranks >= 2" "$STREAMBP" conform --impl true --cases one.json
+expect_exit_2 "sequence on one rank" "case 0: parallel 'sequence' needs ranks >= 2" \
+  "$STREAMBP" conform --impl true --cases one.json

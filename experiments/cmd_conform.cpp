@@ -46,6 +46,7 @@ constexpr double kExactRtol = 1e-10;
 // An adapter's exit status for a case its library cannot express (a padding side, a loss, a model family it does not
 // have): reported as such, neither passed nor failed (protocol.py's NotExpressible).
 constexpr int kNotExpressible = 3;
+constexpr double kTermGraceSeconds = 3;
 
 std::string quoted(const std::string& s) {
   std::string out = "'";
@@ -106,8 +107,9 @@ struct ChildRun {
   bool interrupted = false;  // killed because conform got a Ctrl-C
 };
 
-// `command case_dir` through /bin/sh in its own process group, output to case_dir/impl.log; SIGKILL to the group
-// after `timeout` seconds.
+// `command case_dir` through /bin/sh in its own process group, output to case_dir/impl.log; after `timeout` seconds
+// SIGTERM to the group and SIGKILL kTermGraceSeconds later: the grace lets a distributed adapter say which of its
+// ranks had not finished (hf_sp_adapter.py) before it goes.
 ChildRun run_child(const std::string& command, const fs::path& case_dir, double timeout) {
   const auto log = (case_dir / "impl.log").string();
   const auto line = command + " " + quoted(case_dir.string());
@@ -130,21 +132,28 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   int status = 0;
   rusage usage{};
   bool timed_out = false, stopped = false;
+  const auto seconds_since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   while (true) {
     r.peak_rss_bytes = std::max(r.peak_rss_bytes, group_peak_rss(pid));
     const pid_t done = wait4(pid, &status, WNOHANG, &usage);
     if (done == pid) break;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed = seconds_since_start();
     if (!timed_out && !stopped && elapsed > timeout) {
       timed_out = true;
-      kill(-pid, SIGKILL);
+      kill(-pid, SIGTERM);
     }
+    if (timed_out && elapsed > timeout + kTermGraceSeconds) kill(-pid, SIGKILL);
     if (!timed_out && !stopped && interrupted()) {  // Ctrl-C reaches only the terminal's group, not the child's own
       stopped = true;
       kill(-pid, SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // The shell may go first at a SIGTERM: the rest of the group keeps the grace to write its last words.
+  while (timed_out && kill(-pid, 0) == 0 && seconds_since_start() < timeout + kTermGraceSeconds)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   kill(-pid, SIGKILL);  // anything the command left running in its group
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
@@ -306,7 +315,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
       ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
   app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, description, objective, dtype, "
-               "lora, batch, seq, ranks, chunks) and run nothing");
+               "lora, batch, seq, ranks, parallel, chunks) and run nothing");
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "
@@ -359,7 +368,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     for (const auto& c : cases)
       list.push_back({{"name", c.name}, {"description", c.description}, {"objective", c.objective},
                       {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
-                      {"seq", c.batch.seq_len}, {"ranks", c.ranks},
+                      {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
                       {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}}});
     fmt::print("{}\n", list.dump(2));
     return 0;
@@ -449,6 +458,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       if (c.ranks != 1) {  // the yardstick is one process's standard BP in the same dtype
         auto one = c;
         one.ranks = 1;
+        one.parallel = ConformParallel::data;
         write_file_atomically(base_dir / "case.json", case_json(one, *objective).dump(2) + "\n");
       }
       base_run = run_child(baseline, base_dir, a.timeout);

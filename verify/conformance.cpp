@@ -52,6 +52,13 @@ ConformCase make_case(std::string name, std::string description, ModelConfig con
 
 const std::string kLora = "rank=4,alpha=8,init=random";  // B != 0: both factors have real gradients
 
+// The case on `ranks` ranks that split the sequence (issue #45): the library's own split and loss aggregation.
+ConformCase sequence_parallel(ConformCase c, int ranks) {
+  c.ranks = ranks;
+  c.parallel = ConformParallel::sequence;
+  return c;
+}
+
 std::vector<ConformCase> quick_cases() {
   const auto tiny = variant(false, true, false, true);
   return {
@@ -69,6 +76,16 @@ std::vector<ConformCase> quick_cases() {
       make_case("sft-lora", "LoRA on every linear layer (PEFT names)", tiny, c10::kDouble, "sft", ragged(3, 37, 7), kLora),
       make_case("sft-fp32", "fp32, judged against the baseline in fp32", tiny, c10::kFloat, "sft", ragged(3, 37, 8)),
       make_case("sft-bf16", "bf16, judged against the baseline in bf16", tiny, c10::kBFloat16, "sft", ragged(3, 37, 9)),
+      // Contiguous shards of a ragged batch hold different target counts (the prompts mask the first, the padding
+      // the last), so a per-shard normaliser fails; T divides by neither W.
+      sequence_parallel(make_case("sft-sp2-T37", "the sequence split over 2 ranks (the library's split and loss "
+                                  "aggregation), T = 37: shards with different target counts", tiny, c10::kDouble,
+                                  "sft", ragged(3, 37, 10)), 2),
+      // T mod 3 = 2 and row 0 unpadded: a split that drops the T mod W last positions loses a target (T mod W = 1
+      // would drop only the last position, which predicts nothing).
+      sequence_parallel(make_case("sft-sp3-T38", "the sequence split over 3 ranks, T = 38 (T mod 3 = 2, row 0 "
+                                  "unpadded): shards with different target counts", variant(true, false, true, false),
+                                  c10::kDouble, "sft", {3, 38, 0.03, 0.2, 11, 0}), 3),
   };
 }
 
@@ -142,6 +159,12 @@ std::vector<ConformCase> survey_cases() {
                                "gradients together the whole batch's", qwen3, c10::kDouble, "sft", ragged(4, 300, 29)));
   ranks.ranks = 2;
   cases.push_back(ranks);
+  // T = 299: odd and not a multiple of 3, shards of ~150 and ~100 positions each spanning several tiles.
+  cases.push_back(sequence_parallel(tiled(make_case("sft-qwen3-T299-sp2", "the sequence split over 2 ranks (the "
+                                                    "library's split and loss aggregation), T = 299", qwen3,
+                                                    c10::kDouble, "sft", ragged(3, 299, 30))), 2));
+  cases.push_back(sequence_parallel(tiled(make_case("sft-llama-T299-sp3", "the sequence split over 3 ranks, T = 299",
+                                                    llama, c10::kDouble, "sft", ragged(3, 299, 31))), 3));
   return cases;
 }
 
@@ -158,7 +181,7 @@ std::vector<ConformCase> file_cases(const std::string& file) {
   const std::set<std::string> known = {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
                                        "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", "qk_norm",
                                        "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description",
-                                       "ranks"};
+                                       "ranks", "parallel"};
   std::vector<ConformCase> out;
   for (std::size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
@@ -187,6 +210,14 @@ std::vector<ConformCase> file_cases(const std::string& file) {
       c.ranks = e.value("ranks", 1);
       if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1 || c.ranks < 1)
         throw std::invalid_argument("batch >= 1, seq >= 2, chunks >= 1 and ranks >= 1 are required");
+      const auto parallel = e.value("parallel", std::string("data"));
+      if (parallel != "data" && parallel != "sequence")
+        throw std::invalid_argument("parallel '" + parallel + "': data or sequence");
+      if (parallel == "sequence") {
+        if (c.ranks < 2) throw std::invalid_argument("parallel 'sequence' needs ranks >= 2");
+        if (c.batch.seq_len < c.ranks) throw std::invalid_argument("parallel 'sequence' needs seq >= ranks");
+        c.parallel = ConformParallel::sequence;
+      }
       out.push_back(std::move(c));
     } catch (const nlohmann::json::exception& ex) {
       throw std::invalid_argument(where + ": " + ex.what());
@@ -200,6 +231,8 @@ std::vector<ConformCase> file_cases(const std::string& file) {
 double number(const Spec& spec, const std::string& key) { return std::stod(spec.options.at(key)); }
 
 }  // namespace
+
+const char* parallel_name(ConformParallel p) { return p == ConformParallel::sequence ? "sequence" : "data"; }
 
 std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "quick") return quick_cases();
@@ -274,6 +307,7 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
           {"lora", !c.lora.empty()},
           {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}},
           {"ranks", c.ranks},
+          {"parallel", parallel_name(c.parallel)},
           {"returns", c.lora.empty()
                           ? "grads.safetensors: the gradient of every model parameter under its HF name (a tied "
                             "lm_head only as model.embed_tokens.weight), in the model dtype; result.json: {\"loss\": ...}"

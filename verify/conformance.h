@@ -20,6 +20,12 @@ class Objective;
 
 constexpr const char* kConformProtocol = "streambp-conform/1";
 
+// How a case's ranks split the work (case.json "parallel", issue #45): data (each rank its rows of the batch; what a
+// one-process case says too) or sequence (each rank its positions of every row, the library splitting the sequence
+// and aggregating the loss its own way). Either way the ranks together return the whole batch's gradient.
+enum class ConformParallel { data, sequence };
+const char* parallel_name(ConformParallel p);
+
 struct ConformCase {
   std::string name, description;  // what the case exposes
   ModelConfig config;
@@ -31,14 +37,16 @@ struct ConformCase {
   // Processes the implementation runs itself (a distributed one: its ranks split the batch or the sequence and
   // together return the whole batch's gradients, judged against one process like every case). 1: one process.
   int ranks = 1;
+  ConformParallel parallel = ConformParallel::data;  // sequence needs ranks >= 2
 };
 
 // "quick" (a few seconds of harness work, every kind of case once), "full" (the whole matrix), "survey" (sequences
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
 // ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
 // "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias",
-// "tie_word_embeddings", "num_key_value_heads", "ranks"} (a missing key takes the quick matrix's default). Throws
-// naming the file and key, or naming the case sets when `which` is neither a set nor a file.
+// "tie_word_embeddings", "num_key_value_heads", "ranks", "parallel" (data or sequence)} (a missing key takes the
+// quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is neither a set nor
+// a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
 
 // result.json's "loss". A non-finite loss written as Python's json.dumps writes it (a bare NaN, Infinity or

@@ -141,8 +141,9 @@ def group_key(row, ranks_by_case):
     setting = []
     if row["lora"]:
         setting.append("LoRA")
-    if ranks_by_case.get(row["case"], 1) > 1:
-        setting.append(f"{ranks_by_case[row['case']]} ranks")
+    ranks, parallel = ranks_by_case.get(row["case"], (1, "data"))
+    if ranks > 1:
+        setting.append(f"{ranks} ranks" + (", the sequence split" if parallel == "sequence" else ""))
     return row["objective"].split(":")[0], row["dtype"], " ".join(setting)
 
 
@@ -266,7 +267,8 @@ def main(argv):
                 provenance[key] = rows[0][key]
         if entry["name"] == "hf":
             hf_rows = rows
-            ranks_by_case.update({c["name"]: c.get("ranks", 1) for c in case_ranks(args.streambp, args.cases)})
+            ranks_by_case.update({c["name"]: (c.get("ranks", 1), c.get("parallel", "data"))
+                                  for c in case_ranks(args.streambp, args.cases)})
         table += summarize(entry, rows, hf_rows, command, ranks_by_case, provenance)
     for row in table:
         for key in ("machine", "threads", "torch_version"):
@@ -284,7 +286,8 @@ def main(argv):
 
 
 def case_ranks(streambp, cases):
-    """The matrix's cases with their ranks, from the harness itself (`streambp conform --list-cases`)."""
+    """The matrix's cases with their ranks and how they split the work, from the harness itself (`streambp conform
+    --list-cases`)."""
     done = subprocess.run([streambp, "conform", "--cases", cases, "--list-cases"], capture_output=True, text=True)
     return json.loads(done.stdout) if done.returncode == 0 else []
 

@@ -1,7 +1,7 @@
 # `streambp conform` (issue #21) with implementations that need no Python packages:
 # (a) the harness's own StreamBP through the protocol (verify/conform/streambp_adapter.py) passes the quick matrix:
 #     fp64 against the oracle at 1e-10, fp32/bf16 against its own standard BP as the baseline; the CSV has a row per
-#     case with provenance, status passed;
+#     case with provenance, status passed (the two sequence-parallel cases N/A: `streambp run` is one process);
 # (b) implementations that break the protocol are reported per case, naming the tensor or what happened, and the run
 #     goes on to the next case (tests/support/conform_faulty_adapter.py): a crash, no output, a renamed tensor, a NaN, an
 #     extra tensor, a hang (--timeout), and a gradient off by 1e-6 relative (the fp64 judgement's negative control)

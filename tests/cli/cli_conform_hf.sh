@@ -28,10 +28,10 @@ rows = {r["case"]: r for r in csv.DictReader(open(sys.argv[1]))}
 passed = sorted(c for c, r in rows.items() if r["status"] == "passed")
 assert passed == ["sft-T2"], passed
 for case, r in rows.items():
-    if case != "sft-T2":
+    if case != "sft-T2" and r["status"] != "not expressible":  # the sequence-parallel cases: one process
         # judged on its gradients (not a crash): the worst tensor is named and at least 5x beyond the bar (fp64: the
         # normwise 1e-10; fp32/bf16: the low-precision rule's statistic, 1 at the allowance)
         bar = 1e-10 if r["dtype"] == "fp64" else 1.0
         assert r["worst_tensor"] and float(r["worst"]) >= 5 * bar, r
-print("ok: the wrong adapter fails", len(rows) - 1, "cases, each with its worst tensor")
+print("ok: the wrong adapter fails", sum(r["status"] == "failed" for r in rows.values()), "cases, each with its worst tensor")
 PY

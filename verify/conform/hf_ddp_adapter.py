@@ -78,6 +78,9 @@ def main(argv):
         return 2
     try:
         case = protocol.read_case(args[0])
+        if case.parallel != "data":
+            raise protocol.NotExpressible(f"parallel {case.parallel}: this adapter splits the rows (hf_sp_adapter.py "
+                                          "splits the sequence)")
         if case.objective["name"] != "sft":
             raise protocol.NotExpressible(f"objective {case.objective['name']}: this adapter splits SFT's rows only")
         if case.lora:

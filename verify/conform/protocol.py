@@ -5,9 +5,12 @@ every shipped adapter shares, so that each adapter is only its loss.
   model/              HF checkpoint (config.json + safetensors): qwen3, or qwen2/llama when the case has no qk-norm
   adapter/            LoRA cases only: a PEFT adapter folder
   batch.safetensors   input_ids, attention_mask [B, T] int64 (right padding) + the objective's tensors
-  case.json           {"protocol", "case", "dtype", "objective", "lora", "chunks": {"layer", "head"}, "ranks", ...}
-                      ("ranks" > 1: a distributed implementation runs that many processes itself and returns the
-                      whole batch's gradients)
+  case.json           {"protocol", "case", "dtype", "objective", "lora", "chunks": {"layer", "head"}, "ranks",
+                      "parallel", ...} ("ranks" > 1: a distributed implementation runs that many processes itself and
+                      returns the whole batch's gradients, those rank 0's optimizer would see; "parallel": how the
+                      ranks split the work, "data" (each rank its rows; also what a one-process case says) or
+                      "sequence" (each rank its positions of every row, the library splitting the sequence and
+                      aggregating the loss its own way; ranks >= 2))
 The adapter writes, each atomically (a killed adapter leaves no half file):
   grads.safetensors   d loss / d every trainable tensor in the model dtype: HF parameter names (a tied lm_head only
                       as model.embed_tokens.weight) or, under LoRA, PEFT's saved adapter names
@@ -53,6 +56,7 @@ class Case:
     batch: dict       # tensor name -> tensor, as in batch.safetensors
     layer_chunk: int = 0  # the suggested chunk (tile) of a layer's sequence
     ranks: int = 1        # processes a distributed implementation runs (case.json "ranks")
+    parallel: str = "data"  # how the ranks split the work: "data" (rows) or "sequence" (positions)
 
 
 def read_case(case_dir):
@@ -73,9 +77,12 @@ def read_case(case_dir):
         if key not in batch:
             raise CaseError(f"{case_dir}/batch.safetensors: no tensor {key!r}")
     chunks = meta.get("chunks") or {}
+    parallel = meta.get("parallel", "data")  # absent in files written before the protocol had it: rows
+    if parallel not in ("data", "sequence"):
+        raise CaseError(f"{case_dir}/case.json: parallel {parallel!r} (data or sequence)")
     return Case(case_dir, meta.get("case", case_dir.name), DTYPES[meta["dtype"]], objective, bool(meta.get("lora")),
                 int(chunks.get("head") or batch["input_ids"].size(1)), batch,
-                int(chunks.get("layer") or batch["input_ids"].size(1)), int(meta.get("ranks", 1)))
+                int(chunks.get("layer") or batch["input_ids"].size(1)), int(meta.get("ranks", 1)), parallel)
 
 
 def quiet_hf():

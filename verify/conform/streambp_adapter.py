@@ -41,6 +41,9 @@ def main():
     args = parser.parse_args()
     case_dir = args.case_dir
     case = json.loads((case_dir / "case.json").read_text())
+    if case.get("ranks", 1) != 1:  # `streambp run` is one process (the harness's ranks: train --nproc N [--sp N])
+        print(f"{case_dir.name}: {case['ranks']} ranks: streambp run is one process", file=sys.stderr)
+        sys.exit(3)  # not expressible (protocol.py)
     method = args.method
     if method == "streambp":
         method = f"streambp:layer_chunk={case['chunks']['layer']},head_chunk={case['chunks']['head']}"

@@ -29,6 +29,13 @@ def launch(case_dir):
     ranks = int(json.loads((Path(case_dir) / "case.json").read_text()).get("ranks", 1))
     if ranks > 1:
         SP = ranks  # the case's processes: Ulysses over all of them
+    # Ulysses' own refusal (UlyssesSPAttentionHF.__init__), said before torchrun, which reports a rank's exit 3 as 1
+    config = json.loads((Path(case_dir) / "model" / "config.json").read_text())
+    heads = (config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"]))
+    if heads[0] % SP or (heads[1] % SP and SP % heads[1]):
+        print(f"{Path(case_dir).name}: {heads[0]} query / {heads[1]} KV heads on {SP} ranks: Ulysses splits heads",
+              file=sys.stderr)
+        return 3  # protocol.NOT_EXPRESSIBLE
     os.environ["DS_SP"] = str(SP)
     port = str(29500 + os.getpid() % 2000)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(SP),

@@ -8,7 +8,7 @@ It is "recalled" when the buggy pin fails (conform names the worst tensor) and t
 cannot run says why ("not_caught"). Writes results/survey/known-bugs.csv and known-bugs.md (temp file, then rename);
 exits 1 when an entry that should recall a bug does not (missed, or the fixed pin fails too).
 
-Usage: known_bugs.py [--survey results/survey] [--bugs experiments/survey/known_bugs.json]
+Usage: known_bugs.py [--survey results/survey] [--bugs experiments/survey/known_bugs.json] [--manifest ...]
 """
 import argparse
 import csv
@@ -46,22 +46,22 @@ def error_text(row):
 
 
 def judge(rows):
-    """(verdict, the row to show, failed?) for one entry's rows: the first failing group (fp64 first: its error is
-    the tensor's own normwise error), or the worst passing one."""
+    """(verdict, the row to show, failed?) for one entry's rows: its worst failing group, fp64 first (there the error
+    is the tensor's own normwise error), or its first passing one; None when it did not run."""
     if not rows:
         return "not run", None, None
     judged = [r for r in rows if r["status"] in ("passed", "failed")]
     if not judged:
-        return rows[0]["verdict"] + (f": {rows[0]['cause']}" if rows[0]["cause"] else ""), None, None
-    failed = sorted((r for r in judged if r["status"] == "failed"), key=lambda r: r["dtype"] != "fp64")
+        return rows[0]["cause"] or rows[0]["verdict"], None, None
+    failed = [r for r in judged if r["status"] == "failed"]
+    dtypes = ", ".join(dict.fromkeys(r["dtype"] for r in (failed or judged)))
     if failed:
-        groups = ", ".join(f"{r['objective']} {r['dtype']}" for r in failed)
-        return f"fails ({groups}: {failed[0]['verdict']})", failed[0], True
-    groups = ", ".join(f"{r['objective']} {r['dtype']}" for r in judged)
-    return f"passes ({groups})", judged[0], False
+        worst = max(failed, key=lambda r: (r["dtype"] == "fp64", float(r["worst"] or "inf")))
+        return f"fails in {len(failed)} of {len(judged)} groups ({dtypes}): {worst['verdict']}", worst, True
+    return f"passes in {len(judged)} of {len(judged)} groups ({dtypes})", judged[0], False
 
 
-def table_row(bug, rows):
+def table_row(bug, rows, entries):
     buggy_entry, fixed_entry = bug.get("buggy", ""), bug.get("fixed", "")
     row = {"library": bug["library"], "reference": bug["reference"], "bug": bug["bug"],
            "buggy_entry": buggy_entry, "fixed_entry": fixed_entry, "reason": bug.get("not_caught", "")}
@@ -71,14 +71,14 @@ def table_row(bug, rows):
         return row
     b_rows, f_rows = rows.get(buggy_entry, []), rows.get(fixed_entry, [])
     b_verdict, b_show, b_failed = judge(b_rows)
-    row.update(buggy_pin=pin(b_rows, bug, "buggy_pin"), buggy_verdict=b_verdict,
+    row.update(buggy_pin=pin(entries, buggy_entry), buggy_verdict=b_verdict,
                worst_tensor=b_show["worst_tensor"] if b_show else "", buggy_error=error_text(b_show),
                command=f'make survey SURVEY_ARGS="--only {" ".join(filter(None, [buggy_entry, fixed_entry]))}"',
                commit=" / ".join(dict.fromkeys(r[0]["commit"] for r in (b_rows, f_rows) if r)),
                machine=(b_rows or f_rows or [{}])[0].get("machine", ""))
     if fixed_entry:
         f_verdict, f_show, f_failed = judge(f_rows)
-        row.update(fixed_pin=pin(f_rows, bug, "fixed_pin"), fixed_verdict=f_verdict,
+        row.update(fixed_pin=pin(entries, fixed_entry), fixed_verdict=f_verdict,
                    fixed_worst_tensor=f_show["worst_tensor"] if f_show else "", fixed_error=error_text(f_show))
         if bug.get("fixed_note"):
             row["fixed_verdict"] += f"; {bug['fixed_note']}"
@@ -96,8 +96,10 @@ def table_row(bug, rows):
     return row
 
 
-def pin(rows, bug, key):
-    return f"{rows[0]['library']} {rows[0]['version']}" if rows else bug.get(key, "")
+def pin(entries, name):
+    if name not in entries:
+        raise KeyError(f"no entry {name!r} in implementations.json")
+    return f"{entries[name]['library']} {entries[name]['version']}"
 
 
 def markdown(table):
@@ -139,14 +141,16 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--survey", default=str(ROOT / "results" / "survey"))
     parser.add_argument("--bugs", default=str(HERE / "known_bugs.json"))
+    parser.add_argument("--manifest", default=str(HERE / "implementations.json"))
     args = parser.parse_args(argv)
     try:
         bugs = json.loads(Path(args.bugs).read_text())
-    except (OSError, ValueError) as e:
-        print(f"known_bugs.py: {args.bugs}: {e}", file=sys.stderr)
+        entries = {e["name"]: e for e in json.loads(Path(args.manifest).read_text())}
+        rows = newest_rows(args.survey)
+        table = [table_row(bug, rows, entries) for bug in bugs]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"known_bugs.py: {e}", file=sys.stderr)
         return 2
-    rows = newest_rows(args.survey)
-    table = [table_row(bug, rows) for bug in bugs]
     out = Path(args.survey)
     with open(out / "known-bugs.csv.tmp", "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")

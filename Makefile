@@ -127,6 +127,7 @@ survey: deps venv
 	@$(MAKE) --no-print-directory build
 	STREAMBP_PYTHON=$(VENV)/bin/python STREAMBP_CACHE=$(CACHE) $(VENV)/bin/python experiments/survey/survey.py \
 	  --streambp $(BUILD)/streambp $(SURVEY_ARGS)
+	$(VENV)/bin/python experiments/survey/known_bugs.py  # results/survey/known-bugs.{csv,md} (issue #45)
 
 clean:
 	rm -rf $(BUILD) $(SANITIZE_BUILD)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Liger-Kernel (PyPI liger-kernel) under the conformance protocol streambp-conform/1, SFT, full fine-tuning or LoRA.
 
-Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none] CASE_DIR
+Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none] CASE_DIR
 
 default           Liger's documented HF integration: apply_liger_kernel_to_<qwen3|qwen2|llama>(model=...) on the
                   loaded model (its defaults: RoPE, RMSNorm, SwiGLU kernels and the fused linear cross-entropy head),
@@ -15,6 +15,10 @@ default           Liger's documented HF integration: apply_liger_kernel_to_<qwen
                   mean in exact arithmetic; before liger-kernel 0.8.2 (PR #1298) the backward scaled every gradient by
                   grad_output[0], which is 0 when the first position is masked (a prompt or padding): zero gradients
                   for lm_head and everything below it.
+--ce-reduction-none  issue #678's setting (a Trainer.compute_loss override): the (unpatched HF) model's logits, upcast
+                  with .float(), shifted, LigerCrossEntropyLoss(reduction="none") per token, then the same masked mean
+                  by hand. Before liger-kernel 0.5.9 its backward scaled the logits' gradient by grad_output[0] only
+                  (a scalar load), so a masked first target zeroes every gradient.
 
 Runs on CUDA. Without a GPU it exits 2 with "needs a GPU: ...", unless TRITON_INTERPRET=1: then Liger's Triton
 kernels run on CPU in Triton's interpreter (gpu_common.py). Gradients are written on CPU in the model dtype.
@@ -28,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_common  # noqa: E402
 from gpu_common import CaseError, NotExpressible  # noqa: E402
 
-FLAGS = ("--flce-only", "--reduction-none")
-USAGE = "Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none] CASE_DIR"
+FLAGS = ("--flce-only", "--reduction-none", "--ce-reduction-none")
+HAND_LOSSES = ("--reduction-none", "--ce-reduction-none")  # the plain HF model, only the loss is Liger's
+USAGE = "Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none] CASE_DIR"
 
 
 def device():
@@ -50,10 +55,10 @@ def prepare(case, model, flags):
     logging.getLogger("liger_kernel").setLevel(logging.ERROR)  # backend discovery notes (CuTe DSL, Ascend) on stderr
     import liger_kernel.transformers as lt
 
-    if "--flce-only" in flags and "--reduction-none" in flags:
-        raise CaseError("--flce-only and --reduction-none exclude each other")
-    if "--reduction-none" in flags:
-        return model  # the plain HF decoder; only the loss is Liger's (LigerFusedLinearCrossEntropyLoss)
+    if len([f for f in flags if f in FLAGS]) > 1:
+        raise CaseError(f"{' and '.join(FLAGS)} exclude each other")
+    if any(f in flags for f in HAND_LOSSES):
+        return model  # the plain HF decoder; only the loss is Liger's
     base = base_of(model)
     model_type = base.config.model_type
     apply = getattr(lt, f"apply_liger_kernel_to_{model_type}", None)
@@ -74,16 +79,22 @@ def loss(model, case, flags):
     import torch
 
     b = case.batch
-    if "--reduction-none" not in flags:
+    if not any(f in flags for f in HAND_LOSSES):
         return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
                      skip_logits=True).loss
-    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
     base = base_of(model)
-    hidden = base.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
     targets = gpu_common.shifted_targets(b["labels"]).flatten()
-    per_token = LigerFusedLinearCrossEntropyLoss(reduction="none", ignore_index=-100)(
-        base.lm_head.weight, hidden.flatten(0, 1), targets)
+    if "--ce-reduction-none" in flags:
+        from liger_kernel.transformers import LigerCrossEntropyLoss
+
+        logits = base(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
+        per_token = LigerCrossEntropyLoss(reduction="none", ignore_index=-100)(logits.flatten(0, 1), targets)
+    else:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        hidden = base.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+        per_token = LigerFusedLinearCrossEntropyLoss(reduction="none", ignore_index=-100)(
+            base.lm_head.weight, hidden.flatten(0, 1), targets)  # hidden: [B*T, H]
     mask = (targets != -100).to(per_token.dtype)
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 

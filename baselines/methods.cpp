@@ -7,6 +7,7 @@
 #include "baselines/mst.h"
 #include "baselines/standard.h"
 #include "core/methods/streambp.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -60,7 +61,7 @@ std::string methods_usage() {
 
 void register_method(MethodEntry entry) {
   for (const auto& e : builtin())
-    if (e.name == entry.name) throw std::invalid_argument("register_method: '" + entry.name + "' is a built-in method");
+    if (e.name == entry.name) throw InputError("register_method: '" + entry.name + "' is a built-in method");
   for (auto& e : registered())
     if (e.name == entry.name) {  // registered again: the newer entry replaces it
       e = std::move(entry);
@@ -84,7 +85,7 @@ std::unique_ptr<BackpropMethod> make_method(const std::string& text) {
   if (!entry) {
     std::string known;
     for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown method '" + spec.name + "' (known: " + known + ")");
+    throw InputError("unknown method '" + spec.name + "' (known: " + known + ")");
   }
   // Declared options are checked here, each value against its minimum; a factory registered from its spec alone
   // (no declared options) checks its own keys.

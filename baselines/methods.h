@@ -16,11 +16,12 @@
 #include "core/io/spec.h"
 #include "core/methods/method.h"
 #include "core/methods/method_entry.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
 // Built from a spec ("standard", "mst:mini_seq=8", "streambp:layer_chunk=512,head_chunk=128"): throws
-// std::invalid_argument naming the method and the option for an unknown method, an unknown key or a value below its
+// InputError naming the method and the option for an unknown method, an unknown key or a value below its
 // minimum.
 std::unique_ptr<BackpropMethod> make_method(const std::string& spec);
 // Every entry, the built-in ones first (in the order of the list), then the registered ones.

@@ -13,6 +13,7 @@
 #include "profiler/calibration.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -26,8 +27,8 @@ Batch read_batch_file(const std::filesystem::path& file) {
     else
       batch.fields[t.name] = t.tensor;  // the objective checks its own (names, shapes, dtypes)
   }
-  if (!batch.input_ids.defined()) throw std::invalid_argument(file.string() + ": missing tensor 'input_ids'");
-  if (!batch.attention_mask.defined()) throw std::invalid_argument(file.string() + ": missing tensor 'attention_mask'");
+  if (!batch.input_ids.defined()) throw InputError(file.string() + ": missing tensor 'input_ids'");
+  if (!batch.attention_mask.defined()) throw InputError(file.string() + ": missing tensor 'attention_mask'");
   return batch;
 }
 
@@ -83,7 +84,7 @@ Workload make_workload(const Model& model, const Objective& objective, const Bat
 ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed) {
   if (!ref_dir.empty() && batch.has("ref_logps"))
-    throw std::invalid_argument(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
+    throw InputError(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
   const bool lora = model.lora().enabled();
   if (random && objective.wants_policy_logps())
     objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), seed,
@@ -91,11 +92,11 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   ReferencePass pass;
   if (!objective.needs_reference(batch)) {
     if (!ref_dir.empty())
-      throw std::invalid_argument("--ref " + ref_dir + ": objective " + objective.spec() + " reads no reference log-probs");
+      throw InputError("--ref " + ref_dir + ": objective " + objective.spec() + " reads no reference log-probs");
     return pass;
   }
   if (ref_dir.empty() && !lora)
-    throw std::invalid_argument(source + ": objective " + objective.name() + " needs ref_logps in the batch or --ref DIR (a reference model)");
+    throw InputError(source + ": objective " + objective.name() + " needs ref_logps in the batch or --ref DIR (a reference model)");
   // The pass runs where the policy lives, measured by that device's meter.
   auto& cpu_meter = CpuMemoryMeter::install();
   auto* cuda_meter = model.device().is_cuda() ? &CudaMemoryMeter::for_device(model.device().index()) : nullptr;
@@ -111,7 +112,7 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
     const auto reference = load_model_dir(ref_dir, dtype);
     reference->to(model.device());
     if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
-      throw std::invalid_argument(ref_dir + "/config.json: the reference model must have the policy's architecture and "
+      throw InputError(ref_dir + "/config.json: the reference model must have the policy's architecture and "
                                   "vocabulary; it has " + diff);
     batch = objective.with_reference(batch, sequence_logps(*reference, batch.input_ids, objective.temperature(),
                                                            kReferenceLayerChunk, kReferenceHeadChunk));

@@ -11,6 +11,7 @@
 #include "core/objectives/batch.h"
 #include "core/objectives/objective.h"
 #include "core/model/model.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -33,7 +34,7 @@ struct ReferencePass {
 // - ref_logps from a reference model (`ref_dir`, an HF checkpoint of the same architecture and vocabulary), by a
 //   chunked no-grad pass over its own hidden states, when the objective needs them and the batch lacks them;
 //   under LoRA without --ref, the reference is the base model itself with its adapters disabled.
-// Throws std::invalid_argument (exit 2) when the reference is needed but not given, given but not used, or of
+// Throws InputError (exit 2) when the reference is needed but not given, given but not used, or of
 // another architecture.
 ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed);

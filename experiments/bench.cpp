@@ -42,6 +42,7 @@
 #include "experiments/device.h"
 #include "experiments/provenance.h"
 #include "experiments/setup.h"
+#include "core/io/input_error.h"
 
 namespace {
 
@@ -76,7 +77,7 @@ Flags take_our_flags(int& argc, char** argv) {
     if (ours) flags.short_mode = true;
     for (const auto& [flag, value] : valued) {
       if (arg == flag) {
-        if (i + 1 == argc) throw std::invalid_argument(flag + " needs a value");
+        if (i + 1 == argc) throw sbp::InputError(flag + " needs a value");
         *value = argv[++i];
         ours = true;
       } else if (arg.rfind(flag + "=", 0) == 0) {

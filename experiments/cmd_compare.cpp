@@ -9,6 +9,7 @@
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
 #include "verify/grad_compare.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -74,9 +75,9 @@ int low_precision_command(const CompareArgs& a) {
 
 int compare_command(const CompareArgs& a, const std::string& command_line) {
   if (a.baseline.empty() != a.dtype.empty())
-    throw std::invalid_argument("compare: --baseline and --dtype go together (the low-precision rule needs both)");
+    throw InputError("compare: --baseline and --dtype go together (the low-precision rule needs both)");
   if (!a.baseline.empty()) {
-    if (!a.json.empty()) throw std::invalid_argument("compare: --json is not written with --baseline");
+    if (!a.json.empty()) throw InputError("compare: --json is not written with --baseline");
     return low_precision_command(a);
   }
   if (!a.json.empty()) check_new_output(a.json, a.force, "--json");

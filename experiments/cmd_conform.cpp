@@ -35,6 +35,7 @@
 #include "experiments/interrupt.h"
 #include "experiments/results_table.h"
 #include "verify/conformance.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -362,7 +363,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     if (a.lora_only && c.lora.empty()) continue;
     cases.push_back(std::move(c));
   }
-  if (cases.empty()) throw std::invalid_argument("--cases/--objectives/--dtypes/--lora select no case");
+  if (cases.empty()) throw InputError("--cases/--objectives/--dtypes/--lora select no case");
   if (a.list_cases) {
     auto list = nlohmann::json::array();
     for (const auto& c : cases)
@@ -373,7 +374,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     fmt::print("{}\n", list.dump(2));
     return 0;
   }
-  if (a.impl.empty()) throw std::invalid_argument("--impl is required (or --list-cases)");
+  if (a.impl.empty()) throw InputError("--impl is required (or --list-cases)");
   const auto impl = resolve_command(a.impl), baseline = resolve_command(a.baseline);
 
   fs::path work = a.work_dir;

@@ -31,6 +31,7 @@
 #include "experiments/commands.h"
 #include "experiments/memory_check.h"
 #include "experiments/results_table.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -94,19 +95,19 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
   const auto optimizer = a.optimizer.options();
   if (a.ranks.nproc > 1 && !optimizer)
-    throw std::invalid_argument("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
+    throw InputError("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
   const auto rows = a.measure.batch_size();  // the global batch
   const int sp = std::max(a.ranks.sp, 1), data_parts = a.ranks.nproc / sp;  // --sp S: groups of S share their rows
   if (!rank_from_environment())
     if (const auto problem = sequence_layout_problem(a.ranks.nproc, sp); !problem.empty())
-      throw std::invalid_argument(problem);
+      throw InputError(problem);
   if (rows % data_parts != 0)
-    throw std::invalid_argument(uneven_batch(data_parts, "--batch " + std::to_string(rows), rows));
+    throw InputError(uneven_batch(data_parts, "--batch " + std::to_string(rows), rows));
   if (sp > 1)
     for (const auto& spec : a.methods) {
       const auto m = make_method(spec);
       if (!m->runs_sequence_shards())
-        throw std::invalid_argument("--sp " + std::to_string(sp) + ": method " + m->spec() +
+        throw InputError("--sp " + std::to_string(sp) + ": method " + m->spec() +
                                     " does not run on a sequence-parallel rank's shard");
     }
   check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.nproc, a.ranks.zero);

@@ -27,6 +27,7 @@
 #include "core/training/optimizer.h"
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -65,7 +66,7 @@ std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>
   std::map<std::string, ErrorRange> out;
   for (const auto& dir : dirs) {
     if (!std::filesystem::is_directory(dir))
-      throw std::invalid_argument("--errors " + dir + ": no such folder (run `streambp reproduce memory-grid` first)");
+      throw InputError("--errors " + dir + ": no such folder (run `streambp reproduce memory-grid` first)");
     for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
       if (entry.path().extension() != ".csv") continue;
       ResultsTable table({});
@@ -81,7 +82,7 @@ std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>
         // A ratio divides the budget: a NaN, an Inf or a 0 would make the bar a number out of nothing.
         const double x = std::strtod(ratio.c_str(), nullptr);
         if (!std::isfinite(x) || x <= 0)
-          throw std::invalid_argument(fmt::format("--errors {}: {} at T = {}: peak_over_model '{}' is not a positive "
+          throw InputError(fmt::format("--errors {}: {} at T = {}: peak_over_model '{}' is not a positive "
                                                   "finite ratio", entry.path().string(), row.method,
                                                   table.value(row, "seq_len"), ratio));
         r.low = r.runs == 0 ? x : std::min(r.low, x);
@@ -270,14 +271,14 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
       }
   const auto errors = measured_errors(error_dirs, a.error_presets);
   for (const int n : a.world_sizes)
-    if (n < 1) throw std::invalid_argument("--world " + std::to_string(n) + ": a world size is at least 1 GPU");
+    if (n < 1) throw InputError("--world " + std::to_string(n) + ": a world size is at least 1 GPU");
   if (a.zero < 0 || a.zero > 3)
-    throw std::invalid_argument("--zero " + std::to_string(a.zero) + ": a ZeRO stage is 0 (DDP), 1, 2 or 3");
+    throw InputError("--zero " + std::to_string(a.zero) + ": a ZeRO stage is 0 (DDP), 1, 2 or 3");
   if (a.zero > 0 && a.world_sizes.empty())
-    throw std::invalid_argument("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
+    throw InputError("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
   if (a.sp > 0) return project_sequence_parallel(a, command_line);
-  if (a.nproc > 0) throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + " needs --sp N");
+  if (a.nproc > 0) throw InputError("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);
   if (!a.offload.kinds.empty()) return project_offload(a, command_line);
   const auto optimizer = a.optimizer.options();

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "experiments/commands.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -122,7 +123,7 @@ int reproduce_command(const ReproduceArgs& a, const std::string&) {
   const Reproduction* r = nullptr;
   for (const auto& x : reproductions())
     if (a.table == x.name) r = &x;
-  if (!r) throw std::invalid_argument("unknown table '" + a.table + "'");
+  if (!r) throw InputError("unknown table '" + a.table + "'");
   fmt::print("{}\n  paper:      {}\n  here:       {}\n", r->name, r->paper, r->scale_down);
   const auto self = self_path();
   for (const auto& command : r->commands) {

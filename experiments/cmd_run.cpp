@@ -26,6 +26,7 @@
 #include "profiler/cuda_memory.h"
 #include "profiler/device_timeline.h"
 #include "profiler/op_profile.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -245,13 +246,13 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   a.setup.apply_threads();
   const auto device = a.setup.parsed_device();
   if (!a.profile.empty() && (!device.is_cuda() || a.timeline.empty()))
-    throw std::invalid_argument("--profile cupti needs --device cuda and --timeline PREFIX (CUPTI records GPU activity)");
+    throw InputError("--profile cupti needs --device cuda and --timeline PREFIX (CUPTI records GPU activity)");
   if (!a.op_profile.empty() && device.is_cuda())
-    throw std::invalid_argument("--op-profile times ops on the host, which on CUDA is their launch, not their run; "
+    throw InputError("--op-profile times ops on the host, which on CUDA is their launch, not their run; "
                                 "use --profile cupti --timeline PREFIX for kernel times");
   const bool random = a.batch_file.empty();
-  if (random && a.measure.seq_len() == 0) throw std::invalid_argument("give --seq T (and --batch B) or --batch-file FILE");
-  if (!random && a.measure.seq_len() != 0) throw std::invalid_argument("--seq and --batch-file exclude each other");
+  if (random && a.measure.seq_len() == 0) throw InputError("give --seq T (and --batch B) or --batch-file FILE");
+  if (!random && a.measure.seq_len() != 0) throw InputError("--seq and --batch-file exclude each other");
   check_distinct_outputs({{"--save-grads", a.save_grads}, {"--json", a.json}, {"--save-batch", a.save_batch},
                           {"--save-model", a.save_model}, {"--save-adapter", a.save_adapter},
                           {"--timeline", a.timeline.empty() ? "" : a.timeline + ".csv"},
@@ -265,9 +266,9 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (a.model_only)
     for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.timeline, "--timeline"},
                                       {a.op_profile, "--op-profile"}})
-      if (!value.empty()) throw std::invalid_argument(std::string(flag) + " needs a step, and --model-only runs none");
+      if (!value.empty()) throw InputError(std::string(flag) + " needs a step, and --model-only runs none");
   if (!a.save_adapter.empty() && a.setup.lora.empty() && a.setup.adapter_dir.empty())
-    throw std::invalid_argument("--save-adapter needs --lora or --adapter");
+    throw InputError("--save-adapter needs --lora or --adapter");
 
   auto [dtype, model, method, objective] = build_run_parts(a);
   const auto tier = make_offload(a.offload, device, *method, /*training=*/false);  // its folder checked first

@@ -35,6 +35,7 @@
 #include "experiments/machine_load.h"
 #include "experiments/results_table.h"
 #include "verify/grad_compare.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -90,7 +91,7 @@ std::string format_duration(double seconds) {
 
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   for (const auto B : plan.batch_sizes)
-    if (B % plan.ranks.nproc != 0) throw std::invalid_argument(uneven_batch(plan.ranks.nproc, "--batch " + std::to_string(B), B));
+    if (B % plan.ranks.nproc != 0) throw InputError(uneven_batch(plan.ranks.nproc, "--batch " + std::to_string(B), B));
   const auto env = rank_from_environment();
   if (plan.ranks.nproc > 1 && !env) return launch_ranks(plan.ranks.nproc);
   const auto& setup = plan.setup;
@@ -99,14 +100,14 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
   const auto device = ranks.device;
   const auto& lengths = plan.seq_lens;
   const auto& batches = plan.batch_sizes;
-  if (lengths.empty() || batches.empty()) throw std::invalid_argument("sweep: no sequence length or batch size given");
+  if (lengths.empty() || batches.empty()) throw InputError("sweep: no sequence length or batch size given");
   std::vector<std::unique_ptr<BackpropMethod>> methods;
   std::vector<std::string> specs;  // canonical
   for (const auto& s : plan.methods) {
     methods.push_back(make_method(s));
     specs.push_back(methods.back()->spec());
   }
-  if (methods.empty()) throw std::invalid_argument("--methods: no method given");
+  if (methods.empty()) throw InputError("--methods: no method given");
   const auto seed = setup.seed;
   auto objective = build_objective(setup);
   auto model = build_model(setup);
@@ -146,11 +147,11 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     csv = plan.resume;
     table = ResultsTable::read(csv, &earlier);
     if (table.columns() != columns)
-      throw std::invalid_argument(csv.string() + ": --resume needs a CSV of this sweep's columns");
+      throw InputError(csv.string() + ": --resume needs a CSV of this sweep's columns");
     for (const auto& r : table.rows()) {
       if (r.preset != preset || r.dtype != precision || table.value(r, "objective") != objective->spec() ||
           table.value(r, "lora") != (model->lora().enabled() ? model->lora().spec() : ""))
-        throw std::invalid_argument(fmt::format("{}: --resume with another model, dtype, objective or LoRA (the file "
+        throw InputError(fmt::format("{}: --resume with another model, dtype, objective or LoRA (the file "
                                                 "has {} {} {} '{}')", csv.string(), r.preset, r.dtype,
                                                 table.value(r, "objective"), table.value(r, "lora")));
       done.insert({r.method, table.value(r, "batch_size"), table.value(r, "seq_len")});
@@ -292,7 +293,7 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
       }
       if (writer) table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
     }
-  if (table.rows().empty()) throw std::invalid_argument("the sweep has no points");
+  if (table.rows().empty()) throw InputError("the sweep has no points");
   if (!writer) return 0;
   table.write_to(csv, prov, earlier);
   fmt::print("\n");
@@ -328,7 +329,7 @@ const SweepKind kSweepKinds[] = {{"seq", {1024, 2048, 4096, 8192}, {1}, {"standa
 const SweepKind& sweep_kind(const std::string& name) {
   for (const auto& k : kSweepKinds)
     if (name == k.name) return k;
-  throw std::invalid_argument("sweep: unknown kind '" + name + "' (seq, batch, partition)");
+  throw InputError("sweep: unknown kind '" + name + "' (seq, batch, partition)");
 }
 
 std::string sweep_defaults_help(const std::string& kind) {

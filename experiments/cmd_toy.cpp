@@ -14,6 +14,7 @@
 #include "experiments/commands.h"
 #include "experiments/results_table.h"
 #include "verify/linear_toy.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -39,7 +40,7 @@ int toy_command(const ToyArgs& a, const std::string& command_line) {
   if (partitions.empty() || partitions.front() != 1) partitions.insert(partitions.begin(), 1);  // the reference
   const bool integer = a.data == "integer";
   if (integer && a.rows * a.dim > (std::int64_t(1) << 24))
-    throw std::invalid_argument(fmt::format("--data integer is exact only for N * dim <= 2^24 (got {} x {}); use fewer "
+    throw InputError(fmt::format("--data integer is exact only for N * dim <= 2^24 (got {} x {}); use fewer "
                                             "--rows or --data normal", a.rows, a.dim));
   for (const auto D : partitions) linear_toy_block_rows(a.rows, D);  // every D valid before anything runs
   const auto in = LinearToyInputs::make(a.rows, a.dim, a.dim, a.dim, integer, a.seed);

@@ -33,6 +33,7 @@
 #include "experiments/results_table.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -80,7 +81,7 @@ std::vector<fs::path> batch_files(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  if (files.empty()) throw std::invalid_argument("--data " + dir + ": no .safetensors batch files");
+  if (files.empty()) throw InputError("--data " + dir + ": no .safetensors batch files");
   return files;
 }
 
@@ -133,7 +134,7 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& fingerprint, co
   std::vector<std::int64_t> hashes;
   for (const auto& [key, text] : items) hashes.push_back(std::int64_t(std::hash<std::string>{}(text) >> 1));
   if (const auto d = first_disagreement(comm, hashes))
-    throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on {} (this rank's: {})", d->rank,
+    throw InputError(fmt::format("rank {} and rank 0 disagree on {} (this rank's: {})", d->rank,
                                             items[d->index].first, items[d->index].second));
 }
 
@@ -152,7 +153,7 @@ std::int64_t checkpoint_step(const fs::path& dir) {
 int train_command(const TrainArgs& a, const std::string& command_line) {
   // Before any rank starts: a mistyped --resume folder must not quietly become a fresh run from step 0.
   if (!a.resume_dir.empty() && !fs::is_directory(a.resume_dir))
-    throw std::invalid_argument("--resume " + a.resume_dir + ": no such folder (a mistyped path?); a fresh run that "
+    throw InputError("--resume " + a.resume_dir + ": no such folder (a mistyped path?); a fresh run that "
                                 "checkpoints there is --checkpoint-dir " + a.resume_dir + " --save-every N");
   const auto& r = a.run;
   const auto checkpoint_dir = !a.checkpoint_dir.empty() ? a.checkpoint_dir : a.resume_dir;
@@ -172,7 +173,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const auto kept = [finished](const std::string& path) { return finished && !path.empty() && fs::exists(path); };
   const bool keep_json = kept(r.json), keep_model = kept(r.save_model), keep_adapter = kept(r.save_adapter);
   if (finished && !a.metrics.empty() && !fs::exists(a.metrics))
-    throw std::invalid_argument(fmt::format("--metrics {}: the run in {} is finished (step {}, --steps {}) and the "
+    throw InputError(fmt::format("--metrics {}: the run in {} is finished (step {}, --steps {}) and the "
                                             "metrics of its steps are in the file its --metrics wrote, not in the "
                                             "checkpoints", a.metrics, a.resume_dir, taken, a.steps));
   const auto env = rank_from_environment();
@@ -180,10 +181,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   // batch splits evenly over the data-parallel ones.
   if (!env)
     if (const auto problem = sequence_layout_problem(a.ranks.nproc, a.ranks.sp); !problem.empty())
-      throw std::invalid_argument(problem);
+      throw InputError(problem);
   const int data_parts = a.ranks.nproc / std::max(a.ranks.sp, 1);
   if (data_parts > 1 && !env && a.data_dir.empty() && a.run.measure.batch_size() % data_parts != 0)
-    throw std::invalid_argument(uneven_batch(data_parts, "--batch " + std::to_string(a.run.measure.batch_size()),
+    throw InputError(uneven_batch(data_parts, "--batch " + std::to_string(a.run.measure.batch_size()),
                                              a.run.measure.batch_size()));
   check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.nproc, a.ranks.zero);
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
@@ -191,10 +192,10 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const int world = ranks.world, rank = ranks.rank;
   const auto device = ranks.device;
   const bool random = a.data_dir.empty();
-  if (random && r.measure.seq_len() == 0) throw std::invalid_argument("give --seq T (and --batch B) or --data DIR");
-  if (!random && r.measure.seq_len() != 0) throw std::invalid_argument("--seq and --data exclude each other");
+  if (random && r.measure.seq_len() == 0) throw InputError("give --seq T (and --batch B) or --data DIR");
+  if (!random && r.measure.seq_len() != 0) throw InputError("--seq and --data exclude each other");
   if (a.save_every > 0 && a.checkpoint_dir.empty() && a.resume_dir.empty())
-    throw std::invalid_argument("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
+    throw InputError("--save-every needs --checkpoint-dir DIR (or --resume DIR)");
   const bool writer = rank == 0;  // rank 0 writes every output; the ranks hold the same model after every step
   if (writer) {
     if (!r.json.empty() && !keep_json) check_new_output(r.json, r.force, "--json");
@@ -202,13 +203,13 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     if (!r.save_adapter.empty() && !keep_adapter) check_new_folder(r.save_adapter, r.force, "--save-adapter");
     if (!a.checkpoint_dir.empty())
       if (const auto why = unwritable_folder(a.checkpoint_dir); !why.empty())
-        throw std::invalid_argument("--checkpoint-dir " + a.checkpoint_dir + ": " + why);
+        throw InputError("--checkpoint-dir " + a.checkpoint_dir + ": " + why);
   }
   // The checkpoint folder exists from the start, so that a run killed before its first checkpoint is resumed (from
   // step 0) with the same --resume as any other.
   if (writer && a.save_every > 0) fs::create_directories(checkpoint_dir);
   if (!r.save_adapter.empty() && r.setup.lora.empty() && r.setup.adapter_dir.empty())
-    throw std::invalid_argument("--save-adapter needs --lora or --adapter");
+    throw InputError("--save-adapter needs --lora or --adapter");
 
   TrainOptions options;
   options.optimizer = *a.optimizer.options();
@@ -242,7 +243,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                          : read_batch_file(files[s % files.size()]);
     validate_tokens(batch, model->config(), source);
     if (ranks.data_world() > 1 && batch.batch_size() % ranks.data_world() != 0)
-      throw std::invalid_argument(uneven_batch(ranks.data_world(), source, batch.batch_size()));
+      throw InputError(uneven_batch(ranks.data_world(), source, batch.batch_size()));
     // A random batch's synthetic log-probs are drawn for the whole global batch (then split), so that every rank
     // count trains on the same numbers; a file's reference pass runs on this rank's rows only.
     const auto complete = [&] {
@@ -284,7 +285,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
             a.steps > saved.at(key).get<std::int64_t>()) {
           const auto saved_steps = saved.at(key).get<std::int64_t>();
           if (options.schedule.kind != "constant")
-            throw std::invalid_argument(fmt::format(
+            throw InputError(fmt::format(
                 "{}: the run was written for --steps {}, this one asks {}: the {} schedule decays over --steps, so the "
                 "learning rates of the steps already taken belong to a {}-step run and a longer one is another "
                 "trajectory. Resume with --steps {}, or start a new run from its weights (--save-model DIR, then "
@@ -295,7 +296,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                        saved_steps, a.steps, options.schedule.kind, a.steps);
           continue;
         }
-        throw std::invalid_argument(latest.string() + ": the checkpoint's " + key + " is " +
+        throw InputError(latest.string() + ": the checkpoint's " + key + " is " +
                                     (saved.contains(key) ? saved.at(key).dump() : "missing") + ", this run's " +
                                     value.dump() + " (resume with the arguments of the run that wrote it)");
       }

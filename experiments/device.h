@@ -5,6 +5,7 @@
 #include <string>
 
 #include <c10/core/Device.h>
+#include "core/io/input_error.h"
 
 namespace CLI {
 class App;
@@ -12,7 +13,7 @@ class App;
 
 namespace sbp {
 
-// "cpu", "cuda" (device 0) or "cuda:N". Throws std::invalid_argument naming the flag for anything else, and for a
+// "cpu", "cuda" (device 0) or "cuda:N". Throws InputError naming the flag for anything else, and for a
 // CUDA device this process cannot use (no driver, no GPU, or N out of range), with the CUDA runtime's reason.
 c10::Device parse_device(const std::string& text);
 

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "experiments/interrupt.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -36,7 +37,7 @@ int env_int(const char* name, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || value < 0) throw std::invalid_argument(fmt::format("{}='{}' is not a rank count", name, text));
+  if (used != text.size() || value < 0) throw InputError(fmt::format("{}='{}' is not a rank count", name, text));
   return value;
 }
 
@@ -80,19 +81,19 @@ std::optional<RankEnv> rank_from_environment() {
     e.rank = e.local_rank = env_int("STREAMBP_RANK", *rank);
     e.world_size = env_int("STREAMBP_WORLD_SIZE", env("STREAMBP_WORLD_SIZE").value_or(""));
     e.file_store = env("STREAMBP_STORE").value_or("");
-    if (e.file_store.empty()) throw std::invalid_argument("STREAMBP_RANK is set but STREAMBP_STORE is not");
+    if (e.file_store.empty()) throw InputError("STREAMBP_RANK is set but STREAMBP_STORE is not");
   } else if (const auto rank = env("RANK")) {  // torchrun
     e.rank = env_int("RANK", *rank);
     e.world_size = env_int("WORLD_SIZE", env("WORLD_SIZE").value_or(""));
     e.local_rank = env_int("LOCAL_RANK", env("LOCAL_RANK").value_or("0"));
     e.master_addr = env("MASTER_ADDR").value_or("");
-    if (e.master_addr.empty()) throw std::invalid_argument("RANK is set but MASTER_ADDR is not (torchrun sets both)");
+    if (e.master_addr.empty()) throw InputError("RANK is set but MASTER_ADDR is not (torchrun sets both)");
     e.master_port = env_int("MASTER_PORT", env("MASTER_PORT").value_or(""));
   } else {
     return std::nullopt;
   }
   if (e.world_size < 1 || e.rank >= e.world_size)
-    throw std::invalid_argument(fmt::format("rank {} of world size {}", e.rank, e.world_size));
+    throw InputError(fmt::format("rank {} of world size {}", e.rank, e.world_size));
   return e;
 }
 

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -17,7 +18,7 @@ struct RankEnv {
 
 // This process's rank: STREAMBP_RANK / STREAMBP_WORLD_SIZE / STREAMBP_STORE (the launcher's), else torchrun's RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; nothing when neither is set (a single process, or the launcher
-// itself). Throws std::invalid_argument naming the variable when they are malformed or incomplete.
+// itself). Throws InputError naming the variable when they are malformed or incomplete.
 std::optional<RankEnv> rank_from_environment();
 
 // Runs `nproc` ranks of this process's own command line (from /proc/self/cmdline) with STREAMBP_RANK etc. set and

@@ -14,6 +14,7 @@
 #include "core/training/trainer.h"
 #include "experiments/step_progress.h"
 #include "profiler/cuda_meter.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -104,7 +105,7 @@ Measurement measure_on_device(Model& model, const Step& step, const Owned& owned
                               std::int64_t budget_bytes, bool report_progress) {
   if (model.device().is_cuda()) {
     auto& meter = CudaMemoryMeter::for_device(model.device().index());
-    if (!meter.available()) throw std::runtime_error("CUDA memory meter: " + meter.reason());
+    if (!meter.available()) throw InputError("CUDA memory meter: " + meter.reason());
     const PhaseListenerScope listening(meter);  // per-phase peaks from the CUDA meter for this step
     auto m = measure_with(meter, model, step, owned_bytes, warmup, repeats, budget_bytes, report_progress);
     m.reserved_peak_bytes = meter.reserved_peak_bytes();

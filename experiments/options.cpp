@@ -15,6 +15,7 @@
 #include "baselines/methods.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/cli_checks.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -63,7 +64,7 @@ CLI::Validator method_list_item() {
           make_method(spec);
         } catch (const std::invalid_argument& e) {
           if (const auto list = semicolon_list(spec); !list.empty())
-            throw std::invalid_argument(std::string(e.what()) + "; --methods separates specs with ';': --methods \"" +
+            throw InputError(std::string(e.what()) + "; --methods separates specs with ';': --methods \"" +
                                         list + "\"");
           throw;
         }
@@ -185,10 +186,10 @@ void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& wh
 
 void check_offload_kinds(const OffloadOptions& o, bool training, int ranks, int zero_stage) {
   if (o.parameters() && !training)
-    throw std::invalid_argument("--offload params: no optimizer step here (train, or maxlen --optimizer, update "
+    throw InputError("--offload params: no optimizer step here (train, or maxlen --optimizer, update "
                                 "parameters that live in the tier)");
   if (o.parameters() && ranks > 1 && zero_stage != 3)
-    throw std::invalid_argument("--offload params: on ranks the parameters move as ZeRO-3's slices (--zero 3), not at "
+    throw InputError("--offload params: on ranks the parameters move as ZeRO-3's slices (--zero 3), not at "
                                 "ZeRO-" + std::to_string(zero_stage));
 }
 
@@ -197,10 +198,10 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device d
   if (o.kinds.empty()) return nullptr;
   check_offload_kinds(o, training, ranks, zero_stage);
   if (o.checkpoints() && !method.keeps_layer_checkpoints())
-    throw std::invalid_argument("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
+    throw InputError("--offload checkpoints: " + method.spec() + " keeps no layer checkpoints (one graph "
                                 "over the whole step); offload them with checkpoint, mst or streambp");
   if (o.optimizer() && !training)
-    throw std::invalid_argument("--offload optimizer: no optimizer step here (train, or maxlen --optimizer, keep "
+    throw InputError("--offload optimizer: no optimizer step here (train, or maxlen --optimizer, keep "
                                 "optimizer states)");
   return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
 }
@@ -239,23 +240,23 @@ std::string unwritable_folder(const std::filesystem::path& folder) {
 
 void check_new_folder(const std::filesystem::path& folder, bool force, const std::string& flag) {
   if (!force && std::filesystem::exists(folder))
-    throw std::invalid_argument(flag + " " + folder.string() + ": file exists; results are never overwritten silently "
+    throw InputError(flag + " " + folder.string() + ": file exists; results are never overwritten silently "
                                 "(choose another name, or pass --force)");
   if (const auto why = unwritable_folder(folder); !why.empty())
-    throw std::invalid_argument(flag + " " + folder.string() + ": " + why);
+    throw InputError(flag + " " + folder.string() + ": " + why);
 }
 
 void check_new_output(const std::filesystem::path& file, bool force, const std::string& flag) {
   if (!force && std::filesystem::exists(file))
-    throw std::invalid_argument(flag + " " + file.string() + ": file exists; results are never overwritten silently "
+    throw InputError(flag + " " + file.string() + ": file exists; results are never overwritten silently "
                                 "(choose another name, or pass --force)");
   // Before the work, not after it: an output whose folder does not exist would fail only when written.
   const auto parent = std::filesystem::absolute(file).parent_path();
   if (!std::filesystem::is_directory(parent))
-    throw std::invalid_argument(flag + " " + file.string() + ": the folder " + parent.string() +
+    throw InputError(flag + " " + file.string() + ": the folder " + parent.string() +
                                 " does not exist (create it first)");
   if (const auto why = unwritable_folder(parent); !why.empty())
-    throw std::invalid_argument(flag + " " + file.string() + ": " + why);
+    throw InputError(flag + " " + file.string() + ": " + why);
 }
 
 void check_distinct_outputs(const std::vector<OutputPath>& outputs) {
@@ -268,7 +269,7 @@ void check_distinct_outputs(const std::vector<OutputPath>& outputs) {
     for (std::size_t j = i + 1; j < outputs.size(); ++j)
       if (!outputs[i].path.empty() && !outputs[j].path.empty() &&
           resolved(outputs[i].path) == resolved(outputs[j].path))
-        throw std::invalid_argument(outputs[i].flag + " " + outputs[i].path.string() + " and " + outputs[j].flag +
+        throw InputError(outputs[i].flag + " " + outputs[i].path.string() + " and " + outputs[j].flag +
                                     " " + outputs[j].path.string() + " are one path: the second would overwrite the "
                                     "first (give them different names)");
 }

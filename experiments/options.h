@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 
 #include "core/training/optimizer.h"
+#include "core/io/input_error.h"
 
 namespace CLI {
 class App;
@@ -88,7 +89,7 @@ struct OffloadOptions {
 // `what` says what the command does with it (for --offload's help).
 void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);
 // The tier these options ask for on `device`, for `method` and, when `training`, its optimizer; made before any work
-// (nothing without --offload). Throws std::invalid_argument (exit 2) naming the flag for checkpoints with a method
+// (nothing without --offload). Throws InputError (exit 2) naming the flag for checkpoints with a method
 // that keeps none, optimizer states without an optimizer, parameters without training steps or on ranks below ZeRO-3
 // (`ranks`, `zero_stage`: --nproc and --zero), or a folder that is not writable or has no room.
 std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::Device device,

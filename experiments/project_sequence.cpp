@@ -16,6 +16,7 @@
 #include "experiments/commands.h"
 #include "experiments/projection.h"
 #include "experiments/results_table.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -36,9 +37,9 @@ std::int64_t whole_sequence_bytes(const MemoryEstimate& e) {
 
 int project_sequence_parallel(const ProjectArgs& a, const std::string& command_line) {
   const int sp = a.sp, world = a.nproc > 0 ? a.nproc : a.sp;
-  if (sp < 2) throw std::invalid_argument("--sp " + std::to_string(sp) + ": a sequence is split over at least 2 ranks");
+  if (sp < 2) throw InputError("--sp " + std::to_string(sp) + ": a sequence is split over at least 2 ranks");
   if (world % sp != 0)
-    throw std::invalid_argument(fmt::format("--sp {} --nproc {}: {} ranks do not form groups of {}", sp, world, world, sp));
+    throw InputError(fmt::format("--sp {} --nproc {}: {} ranks do not form groups of {}", sp, world, world, sp));
   const std::string spec = "streambp:layer_chunk=500,head_chunk=100";
   auto method = make_method(spec);
   auto objective = make_objective("sft");

@@ -13,6 +13,7 @@
 #include "experiments/cli_checks.h"
 #include "core/training/trainer.h"
 #include "profiler/cuda_memory.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -74,11 +75,11 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   ranks.world = env ? env->world_size : 1;
   ranks.rank = env ? env->rank : 0;
   if (ranks.world == 1 && flags.zero != 0)
-    throw std::invalid_argument(fmt::format("--zero {} shards across data-parallel ranks, and this is one process: add "
+    throw InputError(fmt::format("--zero {} shards across data-parallel ranks, and this is one process: add "
                                             "--nproc N (N >= 2) or run under torchrun, or drop --zero", flags.zero));
   ranks.zero = ranks.world > 1 ? flags.zero : 0;
   if (const auto problem = sequence_layout_problem(ranks.world, flags.sp); !problem.empty())
-    throw std::invalid_argument(problem);
+    throw InputError(problem);
   // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
   if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);
   setup.apply_threads();
@@ -89,7 +90,7 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   if (ranks.device.is_cuda()) {
     // The launcher's ranks (STREAMBP_STORE) all run here; NCCL refuses two ranks on one GPU.
     if (!env->file_store.empty() && ranks.world > cuda_device_count())
-      throw std::invalid_argument(fmt::format("--nproc {} --device cuda: NCCL takes one GPU per rank and this machine "
+      throw InputError(fmt::format("--nproc {} --device cuda: NCCL takes one GPU per rank and this machine "
                                               "has {}", ranks.world, cuda_device_count()));
     ranks.device = c10::Device(c10::kCUDA, c10::DeviceIndex(env->local_rank % cuda_device_count()));
     // The rank's GPU is this process's current device before any CUDA work (no context on another GPU).
@@ -103,7 +104,7 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   // Every rank forms the same groups: a rank given another --sp (torchrun's ranks each have their own command line)
   // would wait for a group the others never form. Compared before any is formed.
   if (const auto d = first_disagreement(*ranks.comm, {flags.sp}))
-    throw std::invalid_argument(fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", d->rank, d->theirs,
+    throw InputError(fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", d->rank, d->theirs,
                                             d->rank0));
   if (flags.sp > 1) {
     ranks.sp = flags.sp;

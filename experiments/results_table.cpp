@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/io/safetensors.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -91,26 +92,26 @@ void ResultsTable::write_to(const std::filesystem::path& csv, const Provenance& 
 
 ResultsTable ResultsTable::read(const std::filesystem::path& csv, nlohmann::json* earlier) {
   std::ifstream in(csv);
-  if (!in) throw std::invalid_argument(csv.string() + ": cannot read");
+  if (!in) throw InputError(csv.string() + ": cannot read");
   std::string line;
   std::getline(in, line);
   auto header = csv_split(line);
   if (header.size() < kCommon.size() || !std::equal(kCommon.begin(), kCommon.end(), header.begin()))
-    throw std::invalid_argument(csv.string() + ": not a results CSV (its header does not start with " +
+    throw InputError(csv.string() + ": not a results CSV (its header does not start with " +
                                 "commit,date,...,status)");
   ResultsTable table({header.begin() + std::ptrdiff_t(kCommon.size()), header.end()});
   for (int n = 2; std::getline(in, line); ++n) {
     if (line.empty()) continue;
     auto cells = csv_split(line);
     if (cells.size() != header.size())
-      throw std::invalid_argument(csv.string() + ": line " + std::to_string(n) + " has " + std::to_string(cells.size()) +
+      throw InputError(csv.string() + ": line " + std::to_string(n) + " has " + std::to_string(cells.size()) +
                                   " fields, the header " + std::to_string(header.size()));
     Row r;
     r.provenance.assign(cells.begin(), cells.begin() + 5);
     r.preset = cells[5], r.method = cells[6], r.dtype = cells[7], r.status = cells[9];
     const auto [end, error] = std::from_chars(cells[8].data(), cells[8].data() + cells[8].size(), r.seed);
     if (cells[8].empty() || error != std::errc() || end != cells[8].data() + cells[8].size())
-      throw std::invalid_argument(csv.string() + ": line " + std::to_string(n) + ": seed '" + cells[8] +
+      throw InputError(csv.string() + ": line " + std::to_string(n) + ": seed '" + cells[8] +
                                   "' is not an unsigned 64-bit integer");
     r.values.assign(cells.begin() + std::ptrdiff_t(kCommon.size()), cells.end());
     table.add(std::move(r));
@@ -124,7 +125,7 @@ ResultsTable ResultsTable::read(const std::filesystem::path& csv, nlohmann::json
       // A sidecar that is there but broken would silently drop the earlier runs' provenance from the resumed file.
       const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
       const auto broken = [&](const std::string& what) {
-        throw std::invalid_argument(csv.string() + ": its sidecar " + sidecar.string() + " " + what);
+        throw InputError(csv.string() + ": its sidecar " + sidecar.string() + " " + what);
       };
       if (!j.is_object()) broken("is not a JSON object");
       if (j.contains("resumed_runs")) {
@@ -142,7 +143,7 @@ std::vector<std::string> read_metrics_rows(const std::filesystem::path& file, co
   std::ifstream in(file);
   std::string line;
   if (!std::getline(in, line) || line != header)
-    throw std::invalid_argument("--metrics " + file.string() + ": not a metrics file of `train` (header differs)");
+    throw InputError("--metrics " + file.string() + ": not a metrics file of `train` (header differs)");
   std::vector<std::string> rows;
   for (int n = 2; std::getline(in, line); ++n) {
     if (line.empty()) continue;
@@ -150,7 +151,7 @@ std::vector<std::string> read_metrics_rows(const std::filesystem::path& file, co
     std::int64_t step = 0;
     const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), step);
     if (cell.empty() || error != std::errc() || end != cell.data() + cell.size())
-      throw std::invalid_argument("--metrics " + file.string() + ": line " + std::to_string(n) + ": step '" + cell +
+      throw InputError("--metrics " + file.string() + ": line " + std::to_string(n) + ": step '" + cell +
                                   "' is not an integer");
     if (step <= through) rows.push_back(line);
   }

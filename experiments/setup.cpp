@@ -10,6 +10,7 @@
 #include "experiments/device.h"
 #include "core/model/checkpoint_io.h"
 #include "core/model/lora.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -73,7 +74,7 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
 
 std::unique_ptr<Model> build_model(const ModelSource& s, c10::ScalarType dtype, std::uint64_t seed) {
   const int given = !s.preset.empty() + !s.config_file.empty() + !s.load_dir.empty();
-  if (given != 1) throw std::invalid_argument("give exactly one of --preset, --config, --load");
+  if (given != 1) throw InputError("give exactly one of --preset, --config, --load");
   if (!s.load_dir.empty()) return load_model_dir(s.load_dir, dtype);
   auto config = s.preset.empty() ? read_config_json(s.config_file) : preset_config(s.preset);
   return std::make_unique<Model>(std::move(config), dtype, seed);

@@ -10,6 +10,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include "core/io/input_error.h"
 
 namespace CLI {
 class App;
@@ -42,7 +43,7 @@ struct Setup {
   std::uint64_t seed = 0;   // random weights, adapters and batches
 
   c10::ScalarType model_dtype() const;
-  c10::Device parsed_device() const;  // throws std::invalid_argument naming --device (see parse_device)
+  c10::Device parsed_device() const;  // Throws InputError naming --device (see parse_device)
   // Sets the intra-op threads when asked for; every command calls it first.
   void apply_threads() const;
 };
@@ -58,7 +59,7 @@ struct SetupFlags {
 void add_setup_options(CLI::App& app, Setup& setup, SetupFlags flags = {});
 
 // The model of one source in `dtype` (a preset or config.json with random weights from `seed`, or an HF checkpoint):
-// throws std::invalid_argument unless exactly one of --preset, --config, --load is given.
+// Throws InputError unless exactly one of --preset, --config, --load is given.
 std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);
 // --lora SPEC and/or --adapter DIR on a freshly built model (nothing when both are empty).
 void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed);

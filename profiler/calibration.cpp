@@ -19,6 +19,7 @@
 #include "core/model/gemm.h"
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -38,7 +39,7 @@ template <typename Op>
 std::int64_t bytes_beyond_outputs(c10::Device device, Op&& op) {
   if (device.is_cuda()) {
     auto& meter = CudaMemoryMeter::for_device(device.index());
-    if (!meter.available()) throw std::runtime_error("kernel calibration: CUDA memory meter: " + meter.reason());
+    if (!meter.available()) throw InputError("kernel calibration: CUDA memory meter: " + meter.reason());
     synchronize(device);
     const auto before = meter.current_bytes();
     meter.reset_peak();

@@ -9,6 +9,7 @@
 #include "profiler/cpu_meter.h"
 #include "profiler/cuda_meter.h"
 #include "profiler/cupti_recorder.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -28,12 +29,12 @@ DeviceTimeline::DeviceTimeline(c10::Device device, TimelineSource source)
       if (!device.is_cuda()) {
         CpuMemoryMeter::install().start_timeline();
       } else if (!CudaMemoryMeter::for_device(device.index()).start_timeline(&reason)) {
-        throw std::runtime_error("--timeline on " + device.str() + ": " + reason);
+        throw InputError("--timeline on " + device.str() + ": " + reason);
       }
       break;
     case TimelineSource::cupti:
-      if (!device.is_cuda()) throw std::invalid_argument("--profile cupti needs a CUDA device");
-      if (!state_->cupti.start(&reason)) throw std::runtime_error("--profile cupti: " + reason);
+      if (!device.is_cuda()) throw InputError("--profile cupti needs a CUDA device");
+      if (!state_->cupti.start(&reason)) throw InputError("--profile cupti: " + reason);
       break;
   }
 }

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "profiler/chrome_trace.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -17,7 +18,7 @@ enum Category { kWeights, kGradients, kCheckpoints, kKV, kHead, kWorkingSet };
 std::vector<CategorizedEvent> categorize_timeline(const std::vector<MemoryEvent>& events, std::int64_t bytes_before,
                                                   const std::vector<std::size_t>& step_ends) {
   if (step_ends.empty() || !std::is_sorted(step_ends.begin(), step_ends.end()) || step_ends.back() > events.size())
-    throw std::invalid_argument("categorize_timeline: step_ends must be increasing event counts within the timeline");
+    throw InputError("categorize_timeline: step_ends must be increasing event counts within the timeline");
   // Per block: its birth event, its death event (events.size() if it outlives the timeline).
   struct Life {
     std::size_t birth, death;

@@ -16,6 +16,7 @@
 #include "core/io/spec.h"
 #include "core/objectives/objective.h"
 #include "verify/grad_compare.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -170,14 +171,14 @@ std::vector<ConformCase> survey_cases() {
 
 std::vector<ConformCase> file_cases(const std::string& file) {
   std::ifstream in(file);
-  if (!in) throw std::invalid_argument("--cases " + file + ": cannot read it");
+  if (!in) throw InputError("--cases " + file + ": cannot read it");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("--cases " + file + ": " + e.what());
+    throw InputError("--cases " + file + ": " + e.what());
   }
-  if (!j.is_array() || j.empty()) throw std::invalid_argument("--cases " + file + ": expected a non-empty JSON array of cases");
+  if (!j.is_array() || j.empty()) throw InputError("--cases " + file + ": expected a non-empty JSON array of cases");
   const std::set<std::string> known = {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
                                        "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", "qk_norm",
                                        "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description",
@@ -186,9 +187,9 @@ std::vector<ConformCase> file_cases(const std::string& file) {
   for (std::size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
     const auto where = fmt::format("--cases {}: case {}", file, i);
-    if (!e.is_object()) throw std::invalid_argument(where + ": not an object");
+    if (!e.is_object()) throw InputError(where + ": not an object");
     for (const auto& [key, value] : e.items())
-      if (!known.count(key)) throw std::invalid_argument(where + ": unknown key '" + key + "'");
+      if (!known.count(key)) throw InputError(where + ": unknown key '" + key + "'");
     try {
       ConformCase c;
       c.name = e.at("name").get<std::string>();
@@ -209,20 +210,20 @@ std::vector<ConformCase> file_cases(const std::string& file) {
       c.head_chunk = e.value("head_chunk", c.head_chunk);
       c.ranks = e.value("ranks", 1);
       if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1 || c.ranks < 1)
-        throw std::invalid_argument("batch >= 1, seq >= 2, chunks >= 1 and ranks >= 1 are required");
+        throw InputError("batch >= 1, seq >= 2, chunks >= 1 and ranks >= 1 are required");
       const auto parallel = e.value("parallel", std::string("data"));
       if (parallel != "data" && parallel != "sequence")
-        throw std::invalid_argument("parallel '" + parallel + "': data or sequence");
+        throw InputError("parallel '" + parallel + "': data or sequence");
       if (parallel == "sequence") {
-        if (c.ranks < 2) throw std::invalid_argument("parallel 'sequence' needs ranks >= 2");
-        if (c.batch.seq_len < c.ranks) throw std::invalid_argument("parallel 'sequence' needs seq >= ranks");
+        if (c.ranks < 2) throw InputError("parallel 'sequence' needs ranks >= 2");
+        if (c.batch.seq_len < c.ranks) throw InputError("parallel 'sequence' needs seq >= ranks");
         c.parallel = ConformParallel::sequence;
       }
       out.push_back(std::move(c));
     } catch (const nlohmann::json::exception& ex) {
-      throw std::invalid_argument(where + ": " + ex.what());
+      throw InputError(where + ": " + ex.what());
     } catch (const std::invalid_argument& ex) {
-      throw std::invalid_argument(where + ": " + ex.what());
+      throw InputError(where + ": " + ex.what());
     }
   }
   return out;
@@ -240,7 +241,7 @@ std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "survey") return survey_cases();
   if (!std::filesystem::exists(which)) {
     const auto nearest = nearest_name(which, {"quick", "full", "survey"});
-    throw std::invalid_argument("--cases " + which + ": neither a case set (quick, full, survey) nor a file" +
+    throw InputError("--cases " + which + ": neither a case set (quick, full, survey) nor a file" +
                                 (nearest.empty() ? "" : " (did you mean " + nearest + "?)"));
   }
   return file_cases(which);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include <Eigen/Core>
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -20,7 +21,7 @@ using ConstMap = Eigen::Map<const Matrix>;
 
 LinearToyInputs LinearToyInputs::make(std::int64_t rows, std::int64_t m, std::int64_t n, std::int64_t k, bool integer,
                                       std::uint64_t seed) {
-  if (rows < 1 || m < 1 || n < 1 || k < 1) throw std::invalid_argument("linear toy: every dimension must be >= 1");
+  if (rows < 1 || m < 1 || n < 1 || k < 1) throw InputError("linear toy: every dimension must be >= 1");
   LinearToyInputs in{rows, m, n, k, {}, {}, {}, {}};
   std::mt19937_64 gen(seed);
   std::uniform_int_distribution<int> trit(-1, 1);
@@ -42,7 +43,7 @@ std::int64_t LinearToyInputs::input_bytes() const {
 
 std::int64_t linear_toy_block_rows(std::int64_t rows, std::int64_t partitions) {
   if (partitions < 1 || partitions > rows)
-    throw std::invalid_argument("linear toy: partitions must be in [1, rows], got " + std::to_string(partitions));
+    throw InputError("linear toy: partitions must be in [1, rows], got " + std::to_string(partitions));
   return (rows + partitions - 1) / partitions;
 }
 

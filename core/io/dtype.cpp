@@ -1,6 +1,7 @@
 #include "core/io/dtype.h"
 
 #include <stdexcept>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -9,7 +10,7 @@ c10::ScalarType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "float32") return c10::kFloat;
   if (name == "bf16" || name == "bfloat16") return c10::kBFloat16;
   if (name == "fp16" || name == "float16") return c10::kHalf;
-  throw std::invalid_argument("unknown dtype '" + name + "' (fp64, fp32, bf16, fp16)");
+  throw InputError("unknown dtype '" + name + "' (fp64, fp32, bf16, fp16)");
 }
 
 std::string dtype_name(c10::ScalarType dtype) {
@@ -18,7 +19,7 @@ std::string dtype_name(c10::ScalarType dtype) {
     case c10::kFloat: return "fp32";
     case c10::kBFloat16: return "bf16";
     case c10::kHalf: return "fp16";
-    default: throw std::invalid_argument(std::string("unsupported model dtype ") + c10::toString(dtype));
+    default: throw InputError(std::string("unsupported model dtype ") + c10::toString(dtype));
   }
 }
 
@@ -28,7 +29,7 @@ std::string hf_dtype_name(c10::ScalarType dtype) {
     case c10::kFloat: return "float32";
     case c10::kBFloat16: return "bfloat16";
     case c10::kHalf: return "float16";
-    default: throw std::invalid_argument(std::string("unsupported model dtype ") + c10::toString(dtype));
+    default: throw InputError(std::string("unsupported model dtype ") + c10::toString(dtype));
   }
 }
 

@@ -4,10 +4,11 @@
 #include <string>
 
 #include <c10/core/ScalarType.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
-c10::ScalarType parse_dtype(const std::string& name);  // throws std::invalid_argument naming the flag value
+c10::ScalarType parse_dtype(const std::string& name);  // Throws InputError naming the flag value
 std::string dtype_name(c10::ScalarType dtype);          // "fp64", "fp32", "bf16", "fp16"
 std::string hf_dtype_name(c10::ScalarType dtype);  // "float64", "float32", "bfloat16", "float16"
 // A run's precision as results record it: the compute dtype, or "bf16-mixed" when the trainable tensors and their

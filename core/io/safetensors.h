@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/io/input_error.h"
+
 namespace sbp {
 
 struct NamedTensor {
@@ -26,8 +28,8 @@ using TensorList = std::vector<NamedTensor>;
 
 // A file or folder that is not a valid safetensors checkpoint. The message starts with the path at fault and names
 // the tensor (as `tensor '<name>'`) when one is.
-class FormatError : public std::runtime_error {
-  using std::runtime_error::runtime_error;
+class FormatError : public InputError {
+  using InputError::InputError;
 };
 
 // One .safetensors file -> contiguous CPU tensors that own their memory, in the order of their data in the file.

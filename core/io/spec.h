@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <vector>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -15,7 +16,7 @@ struct Spec {
   std::string name;
   std::map<std::string, std::string> options;
 
-  // Throws std::invalid_argument naming the spec and the key when a key is not in `known`.
+  // Throws InputError naming the spec and the key when a key is not in `known`.
   void check_keys(const std::set<std::string>& known) const;
   std::int64_t get_int(const std::string& key, std::int64_t fallback, std::int64_t min_value) const;
   // A finite number in [min_value, max_value].

@@ -6,6 +6,7 @@
 
 #include "core/methods/memory_terms.h"
 #include "core/model/model.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace memory {
@@ -14,7 +15,7 @@ namespace memory {
 // Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
 void require_whole_sequences(const Workload& w, const std::string& method) {
   if (w.sequence_parallel > 1)
-    throw std::invalid_argument("the memory model of " + method + " does not cover sequence parallelism (the method "
+    throw InputError("the memory model of " + method + " does not cover sequence parallelism (the method "
                                 "does not run on a shard); no estimate for a sequence split over " +
                                 std::to_string(w.sequence_parallel) + " ranks");
 }

@@ -14,6 +14,7 @@
 #include "core/io/dtype.h"
 #include "core/methods/memory_model.h"
 #include "core/model/sequence_shard.h"
+#include "core/io/input_error.h"
 
 namespace sbp::memory {
 
@@ -140,7 +141,7 @@ struct Sizes {
   }
 };
 
-// Throws std::invalid_argument when `w` is a rank of a sequence-parallel group, for a method whose model does not
+// Throws InputError when `w` is a rank of a sequence-parallel group, for a method whose model does not
 // cover one (the methods that do not run on a shard: BackpropMethod::runs_sequence_shards).
 void require_whole_sequences(const Workload& w, const std::string& method);
 

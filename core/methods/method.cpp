@@ -7,12 +7,13 @@
 #include "core/methods/method_entry.h"
 #include "core/model/context_attention.h"
 #include "core/model/model.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
 StepResult BackpropMethod::step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options) {
   if (model.sequence_exchange() && !runs_sequence_shards())
-    throw std::invalid_argument("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
+    throw InputError("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
                                 "BP and checkpointing do)");
   if (!options.accumulate) model.zero_grad();
   objective.prepare(batch, model.config());

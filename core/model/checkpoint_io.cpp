@@ -4,11 +4,12 @@
 #include <fmt/format.h>
 
 #include "core/io/dtype.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
 std::unique_ptr<Model> load_model_dir(const std::filesystem::path& dir, c10::ScalarType dtype) {
-  if (!std::filesystem::is_directory(dir)) throw std::runtime_error(dir.string() + ": not a checkpoint folder");
+  if (!std::filesystem::is_directory(dir)) throw InputError(dir.string() + ": not a checkpoint folder");
   auto config = read_config_json(dir / "config.json");
   const auto tensors = read_safetensors_dir(dir);
   return std::make_unique<Model>(std::move(config), dtype, tensors, dir.string());
@@ -23,12 +24,12 @@ void save_model_dir(const Model& model, const std::filesystem::path& dir, std::u
 }
 
 void load_adapter_dir(Model& model, const std::filesystem::path& dir, const LoraConfig& requested) {
-  if (!std::filesystem::is_directory(dir)) throw std::invalid_argument(dir.string() + ": not an adapter folder");
+  if (!std::filesystem::is_directory(dir)) throw InputError(dir.string() + ": not an adapter folder");
   const auto config_file = dir / "adapter_config.json";
   auto config = read_adapter_config(config_file);
   if (requested.enabled()) {
     auto contradiction = [&](const std::string& key, const std::string& theirs, const std::string& ours) {
-      throw std::invalid_argument(config_file.string() + ": key '" + key + "' is " + theirs + " but --lora says " + ours);
+      throw InputError(config_file.string() + ": key '" + key + "' is " + theirs + " but --lora says " + ours);
     };
     if (config.rank != requested.rank)
       contradiction("r", std::to_string(config.rank), "rank=" + std::to_string(requested.rank));
@@ -49,7 +50,7 @@ void load_adapter_dir(Model& model, const std::filesystem::path& dir, const Lora
 }
 
 void save_adapter_dir(const Model& model, const std::filesystem::path& dir, const std::string& base_model) {
-  if (!model.lora().enabled()) throw std::invalid_argument("--save-adapter needs --lora or --adapter");
+  if (!model.lora().enabled()) throw InputError("--save-adapter needs --lora or --adapter");
   std::filesystem::create_directories(dir);
   TensorList tensors;
   for (const auto& a : model.adapters()) tensors.push_back({a.name, a.tensor.detach()});

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -95,7 +96,7 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
 }
 
 void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("invalid model config: " + what);
+  if (!ok) throw InputError("invalid model config: " + what);
 }
 
 }  // namespace
@@ -138,7 +139,7 @@ ModelConfig preset_config(const std::string& name) {
   if (it == presets().end()) {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown preset '" + name + "' (known: " + known + ")");
+    throw InputError("unknown preset '" + name + "' (known: " + known + ")");
   }
   return it->second();
 }
@@ -151,17 +152,17 @@ std::vector<std::string> preset_names() {
 
 ModelConfig read_config_json(const std::filesystem::path& file) {
   std::ifstream in(file);
-  if (!in) throw std::runtime_error(file.string() + ": cannot open config");
+  if (!in) throw InputError(file.string() + ": cannot open config");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(file.string() + ": not valid JSON: " + e.what());
+    throw InputError(file.string() + ": not valid JSON: " + e.what());
   }
-  if (!j.is_object()) throw std::runtime_error(file.string() + ": config must be a JSON object");
+  if (!j.is_object()) throw InputError(file.string() + ": config must be a JSON object");
   auto field = [&](const char* key, auto& out, bool required) {
     if (!j.contains(key) || j[key].is_null()) {
-      if (required) throw std::runtime_error(file.string() + ": missing required field '" + key + "'");
+      if (required) throw InputError(file.string() + ": missing required field '" + key + "'");
       return;
     }
     // The JSON type must be the field's: nlohmann would convert 1e300 to an integer field (undefined behaviour) and
@@ -172,7 +173,7 @@ ModelConfig read_config_json(const std::filesystem::path& file) {
     if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
     else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
     else if constexpr (std::is_floating_point_v<T>) ok = v.is_number();
-    if (!ok) throw std::runtime_error(file.string() + ": field '" + key + "' has the wrong type (" + v.dump() + ")");
+    if (!ok) throw InputError(file.string() + ": field '" + key + "' has the wrong type (" + v.dump() + ")");
     v.get_to(out);
   };
   ModelConfig c;
@@ -180,7 +181,7 @@ ModelConfig read_config_json(const std::filesystem::path& file) {
   std::string model_type = "qwen3";
   field("model_type", model_type, false);
   if (model_type != "qwen3" && model_type != "qwen2" && model_type != "llama")
-    throw std::runtime_error(file.string() + ": unsupported model_type '" + model_type + "' (qwen3, qwen2, llama)");
+    throw InputError(file.string() + ": unsupported model_type '" + model_type + "' (qwen3, qwen2, llama)");
   c.qk_norm = model_type == "qwen3";
   c.attention_bias = model_type == "qwen2";
   field("vocab_size", c.vocab_size, true);
@@ -202,27 +203,27 @@ ModelConfig read_config_json(const std::filesystem::path& file) {
   c.o_proj_bias = model_type != "qwen2" && c.attention_bias;
   field("o_proj_bias", c.o_proj_bias, false);
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    throw std::runtime_error(file.string() + ": rope_scaling is not supported (absolute-position RoPE only)");
+    throw InputError(file.string() + ": rope_scaling is not supported (absolute-position RoPE only)");
   bool sliding_window = false;
   field("use_sliding_window", sliding_window, false);
   if (sliding_window)
-    throw std::runtime_error(file.string() + ": use_sliding_window is not supported (full causal attention only)");
+    throw InputError(file.string() + ": use_sliding_window is not supported (full causal attention only)");
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(file.string() + ": " + e.what());
+    throw InputError(file.string() + ": " + e.what());
   }
   return c;
 }
 
 std::string read_config_dtype(const std::filesystem::path& file) {
   std::ifstream in(file);
-  if (!in) throw std::runtime_error(file.string() + ": cannot open config");
+  if (!in) throw InputError(file.string() + ": cannot open config");
   const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) throw std::runtime_error(file.string() + ": not a JSON object");
+  if (!j.is_object()) throw InputError(file.string() + ": not a JSON object");
   const auto it = j.find("torch_dtype");
   if (it == j.end() || it->is_null()) return "float32";
-  if (!it->is_string()) throw std::runtime_error(file.string() + ": field 'torch_dtype' must be a string");
+  if (!it->is_string()) throw InputError(file.string() + ": field 'torch_dtype' must be a string");
   return it->get<std::string>();
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -28,7 +29,7 @@ struct ModelConfig {
   std::int64_t q_width() const { return num_attention_heads * head_dim; }
   std::int64_t kv_width() const { return num_key_value_heads * head_dim; }
   std::int64_t num_parameters() const;
-  // Throws std::invalid_argument naming the offending field.
+  // Throws InputError naming the offending field.
   void validate() const;
 };
 

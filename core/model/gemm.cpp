@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -24,7 +25,7 @@ const char* name(GemmPath p) { return p == GemmPath::native ? "native" : "widene
 GemmPath parse_path(const std::string& text, const std::string& source) {
   if (text == "native") return GemmPath::native;
   if (text == "widened") return GemmPath::widened;
-  throw std::invalid_argument(source + ": GEMM path '" + text + "' (expected native or widened)");
+  throw InputError(source + ": GEMM path '" + text + "' (expected native or widened)");
 }
 
 struct Choice {
@@ -160,17 +161,17 @@ GemmPaths parse_gemm_paths(const std::string& description, const std::string& so
     const auto comma = std::min(description.find(',', start), description.size());
     const auto item = description.substr(start, comma - start);
     const auto eq = item.find('=');
-    if (eq == std::string::npos) throw std::invalid_argument(source + ": GEMM paths '" + description + "': expected nt=..,nn=..,tn=..");
+    if (eq == std::string::npos) throw InputError(source + ": GEMM paths '" + description + "': expected nt=..,nn=..,tn=..");
     const auto key = item.substr(0, eq);
     const auto path = parse_path(item.substr(eq + 1), source);
     if (key == "nt") p.nt = path;
     else if (key == "nn") p.nn = path;
     else if (key == "tn") p.tn = path;
-    else throw std::invalid_argument(source + ": GEMM paths: unknown layout '" + key + "' (nt, nn, tn)");
+    else throw InputError(source + ": GEMM paths: unknown layout '" + key + "' (nt, nn, tn)");
     ++seen;
     start = comma + 1;
   }
-  if (seen != 3) throw std::invalid_argument(source + ": GEMM paths '" + description + "': expected nt, nn and tn");
+  if (seen != 3) throw InputError(source + ": GEMM paths '" + description + "': expected nt, nn and tn");
   return p;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -51,7 +52,7 @@ bool native_narrow_kernels(const std::string& flags, const std::string& onednn_m
 // This machine's paths of `dtype` for this process's environment and thread count, whatever is pinned, from the
 // stored measurement without measuring: a resumed run compares them with the paths its checkpoint pins.
 std::pair<GemmPaths, std::string> machine_gemm_paths(c10::ScalarType dtype);
-// "nt=native,nn=widened,tn=widened" as paths; throws std::invalid_argument naming `source` when malformed.
+// "nt=native,nn=widened,tn=widened" as paths; Throws InputError naming `source` when malformed.
 GemmPaths parse_gemm_paths(const std::string& description, const std::string& source);
 
 // Call before ATen's and oneDNN's first use (both read their knobs once). torch 2.14.1's bf16 flash attention on
@@ -71,7 +72,7 @@ std::string onednn_cap_for(const std::string& flags, const std::string& aten_cap
 std::string gemm_paths_reason(c10::ScalarType dtype);
 // Every narrow dtype whose paths this process has chosen so far: its name ("bf16") -> {paths, reason}.
 std::map<std::string, std::pair<std::string, std::string>> chosen_gemm_paths();
-// Pins the paths of `dtype` (a resumed run: the paths its checkpoint recorded). Throws std::invalid_argument naming
+// Pins the paths of `dtype` (a resumed run: the paths its checkpoint recorded). Throws InputError naming
 // `source` on a malformed description.
 void pin_gemm_paths(c10::ScalarType dtype, const std::string& description, const std::string& source);
 

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -24,7 +25,7 @@ std::string lora_target_of_module(const std::string& module, const std::string& 
   if (name.size() > 5 && name.compare(name.size() - 5, 5, "_proj") == 0) name = name.substr(0, name.size() - 5);
   const auto& known = lora_target_names();
   if (std::find(known.begin(), known.end(), name) == known.end())
-    throw std::invalid_argument(source + ": unknown LoRA target '" + module +
+    throw InputError(source + ": unknown LoRA target '" + module +
                                 "' (known: all-linear or q, k, v, o, gate, up, down, with or without _proj)");
   return name;
 }
@@ -57,14 +58,14 @@ LoraConfig parse_lora_spec(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != v.size() || !(x > 0)) throw std::invalid_argument(where + ": " + k + "=" + v + " must be a number > 0");
+    if (used != v.size() || !(x > 0)) throw InputError(where + ": " + k + "=" + v + " must be a number > 0");
     return x;
   };
   while (std::getline(in, item, ',')) {
     const auto eq = item.find('=');
     std::string value;
     if (eq == std::string::npos) {
-      if (key != "targets") throw std::invalid_argument(where + ": expected key=value, got '" + item + "'");
+      if (key != "targets") throw InputError(where + ": expected key=value, got '" + item + "'");
       value = item;
     } else {
       key = item.substr(0, eq);
@@ -74,7 +75,7 @@ LoraConfig parse_lora_spec(const std::string& text) {
       const double r = number(key, value);
       // Range first: converting a double beyond int64 is undefined behaviour (the spec fuzzer's rank=9.2e19).
       if (r > double(std::int64_t{1} << 53) || r != std::floor(r))
-        throw std::invalid_argument(where + ": rank=" + value + " must be an integer in [1, 2^53]");
+        throw InputError(where + ": rank=" + value + " must be an integer in [1, 2^53]");
       c.rank = std::int64_t(r);
     } else if (key == "alpha") {
       c.alpha = number(key, value);
@@ -86,13 +87,13 @@ LoraConfig parse_lora_spec(const std::string& text) {
         c.targets.insert(lora_target_of_module(value, where));
     } else if (key == "init") {
       if (value != "peft" && value != "random")
-        throw std::invalid_argument(where + ": init=" + value + " must be peft or random");
+        throw InputError(where + ": init=" + value + " must be peft or random");
       c.init = value;
     } else {
-      throw std::invalid_argument(where + ": unknown option '" + key + "' (known: rank, alpha, targets, init)");
+      throw InputError(where + ": unknown option '" + key + "' (known: rank, alpha, targets, init)");
     }
   }
-  if (c.rank <= 0) throw std::invalid_argument(where + ": needs rank=R with R > 0");
+  if (c.rank <= 0) throw InputError(where + ": needs rank=R with R > 0");
   if (!alpha_given) c.alpha = 2.0 * double(c.rank);
   if (c.targets.empty()) c.targets.insert(lora_target_names().begin(), lora_target_names().end());
   return c;
@@ -100,14 +101,14 @@ LoraConfig parse_lora_spec(const std::string& text) {
 
 LoraConfig read_adapter_config(const std::filesystem::path& file) {
   std::ifstream in(file);
-  if (!in) throw std::invalid_argument(file.string() + ": cannot read (a PEFT adapter folder has adapter_config.json)");
+  if (!in) throw InputError(file.string() + ": cannot read (a PEFT adapter folder has adapter_config.json)");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
-    throw std::invalid_argument(file.string() + ": not JSON: " + e.what());
+    throw InputError(file.string() + ": not JSON: " + e.what());
   }
-  auto fail = [&](const std::string& what) { throw std::invalid_argument(file.string() + ": " + what); };
+  auto fail = [&](const std::string& what) { throw InputError(file.string() + ": " + what); };
   auto get = [&](const char* key) -> const nlohmann::json& {
     if (!j.contains(key)) fail(std::string("missing key '") + key + "'");
     return j.at(key);

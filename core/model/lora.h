@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <vector>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -28,7 +29,7 @@ struct LoraConfig {
 };
 
 // "--lora rank=R,alpha=A,targets=all-linear|q,k,...,init=peft|random": alpha defaults to 2·rank, targets to
-// all-linear (the seven projections, not the LM head: PEFT's meaning). Throws std::invalid_argument naming the key.
+// all-linear (the seven projections, not the LM head: PEFT's meaning). Throws InputError naming the key.
 LoraConfig parse_lora_spec(const std::string& text);
 
 // Elements of every adapter (A: [r, in], B: [out, r]) of `lora` on a model of `config`: from the shapes, not the

@@ -16,6 +16,7 @@
 #include "core/model/vector_math.h"
 #include "core/io/dtype.h"
 #include "core/model/chunk_gradients.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -93,22 +94,22 @@ Model::Model(ModelConfig config, c10::ScalarType dtype, const std::vector<NamedT
   for (const auto& t : tensors) by_name[t.name] = t.tensor;
   for (const auto& [name, shape] : parameter_shapes(config_)) {
     auto it = by_name.find(name);
-    if (it == by_name.end()) throw std::runtime_error(source + ": missing tensor '" + name + "'");
+    if (it == by_name.end()) throw InputError(source + ": missing tensor '" + name + "'");
     if (it->second.sizes() != at::IntArrayRef(shape))
-      throw std::runtime_error(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+      throw InputError(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
                                ", the config needs " + c10::str(at::IntArrayRef(shape)));
     if (!at::isFloatingType(it->second.scalar_type()))
-      throw std::runtime_error(source + ": tensor '" + name + "' is not floating point");
+      throw InputError(source + ": tensor '" + name + "' is not floating point");
     parameters_.push_back({name, it->second.to(dtype_).detach().requires_grad_(true)});
     by_name.erase(it);
   }
   // Tied checkpoints sometimes store lm_head.weight as a copy of the embedding: accept only an exact copy.
   if (auto it = by_name.find("lm_head.weight"); it != by_name.end() && config_.tie_word_embeddings) {
     if (!it->second.to(dtype_).equal(parameters_.front().tensor.detach()))
-      throw std::runtime_error(source + ": tensor 'lm_head.weight' differs from the embedding, but the config ties them");
+      throw InputError(source + ": tensor 'lm_head.weight' differs from the embedding, but the config ties them");
     by_name.erase(it);
   }
-  if (!by_name.empty()) throw std::runtime_error(source + ": unexpected tensor '" + by_name.begin()->first + "'");
+  if (!by_name.empty()) throw InputError(source + ": unexpected tensor '" + by_name.begin()->first + "'");
   register_parameters();
 }
 
@@ -208,7 +209,7 @@ void Model::add_lora(const LoraConfig& config, std::uint64_t seed) {
 }
 
 void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& tensors, const std::string& source) {
-  if (!config.enabled()) throw std::invalid_argument(source + ": LoRA rank must be > 0");
+  if (!config.enabled()) throw InputError(source + ": LoRA rank must be > 0");
   std::map<std::string, at::Tensor> by_name;
   for (const auto& t : tensors) by_name[t.name] = t.tensor;
   std::vector<NamedTensor> adapters;
@@ -220,9 +221,9 @@ void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& 
                                          std::pair{"B", std::vector<std::int64_t>{out, config.rank}}}) {
         const auto name = lora_tensor_name(i, t, which);
         auto it = by_name.find(name);
-        if (it == by_name.end()) throw std::invalid_argument(source + ": missing tensor '" + name + "'");
+        if (it == by_name.end()) throw InputError(source + ": missing tensor '" + name + "'");
         if (it->second.sizes() != at::IntArrayRef(shape))
-          throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+          throw InputError(source + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
                                       ", this base model and rank " + std::to_string(config.rank) + " need " +
                                       c10::str(at::IntArrayRef(shape)));
         adapters.push_back({name, it->second.to(embed_.device(), grad_dtype_).detach().clone().requires_grad_(true)});
@@ -230,7 +231,7 @@ void Model::load_lora(const LoraConfig& config, const std::vector<NamedTensor>& 
       }
     }
   if (!by_name.empty())
-    throw std::invalid_argument(source + ": unexpected tensor '" + by_name.begin()->first +
+    throw InputError(source + ": unexpected tensor '" + by_name.begin()->first +
                                 "' (not an adapter of this base model and these targets)");
   lora_ = config;
   adapters_ = std::move(adapters);
@@ -254,7 +255,7 @@ void Model::attach_adapters() {
 void Model::set_grad_dtype(c10::ScalarType dtype) {
   const bool narrow = dtype_ == at::kBFloat16 || dtype_ == at::kHalf;
   if (dtype != dtype_ && !(narrow && dtype == at::kFloat))
-    throw std::invalid_argument("--grad-dtype " + dtype_name(dtype) + " with --dtype " + dtype_name(dtype_) +
+    throw InputError("--grad-dtype " + dtype_name(dtype) + " with --dtype " + dtype_name(dtype_) +
                                 ": gradients can be kept in the model dtype, or in fp32 for a bf16/fp16 model");
   grad_dtype_ = dtype;
   auto& tensors = lora_.enabled() ? adapters_ : parameters_;

@@ -19,6 +19,7 @@
 #include "core/model/config.h"
 #include "core/model/lora.h"
 #include "core/io/safetensors.h"  // NamedTensor: an HF tensor name and its tensor
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -58,7 +59,7 @@ class Model {
   // leaves its compute-dtype GEMM once rounded and is summed in fp32). A frozen base (LoRA) stays in dtype().
   c10::ScalarType grad_dtype() const { return grad_dtype_; }
   // Re-stores the trainable tensors in `dtype` (fp32 masters, or back to dtype()); call with no gradients alive.
-  // Throws std::invalid_argument unless dtype is dtype(), or fp32 for a bf16/fp16 model.
+  // Throws InputError unless dtype is dtype(), or fp32 for a bf16/fp16 model.
   void set_grad_dtype(c10::ScalarType dtype);
   // Where the weights live (a model is built on the CPU, from one seed for every device, then moved).
   c10::Device device() const { return embed_.device(); }

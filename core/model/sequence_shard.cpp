@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -28,9 +29,9 @@ std::int64_t SequenceShard::causal_pairs() const {
 
 SequenceShard zigzag_shard(std::int64_t seq_len, int rank, int world) {
   if (world < 1 || rank < 0 || rank >= world)
-    throw std::invalid_argument("zigzag_shard: rank " + std::to_string(rank) + " of " + std::to_string(world));
+    throw InputError("zigzag_shard: rank " + std::to_string(rank) + " of " + std::to_string(world));
   if (seq_len < world)  // every rank needs a position: each takes part in every layer's collectives
-    throw std::invalid_argument("zigzag_shard: a sequence of " + std::to_string(seq_len) + " positions over " +
+    throw InputError("zigzag_shard: a sequence of " + std::to_string(seq_len) + " positions over " +
                                 std::to_string(world) + " ranks (each needs at least one)");
   const std::int64_t parts = 2 * std::int64_t(world);
   const auto part_start = [&](std::int64_t i) {  // the first seq_len % parts parts are one position longer

@@ -7,12 +7,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
 
 void check(bool ok, const std::string& source, const std::string& what) {
-  if (!ok) throw std::invalid_argument(source + ": " + what);
+  if (!ok) throw InputError(source + ": " + what);
 }
 
 }  // namespace
@@ -32,7 +33,7 @@ Batch Batch::select_rows(const at::Tensor& index) const {
 
 const at::Tensor& Batch::field(const std::string& name) const {
   auto it = fields.find(name);
-  if (it == fields.end()) throw std::invalid_argument("batch has no tensor '" + name + "'");
+  if (it == fields.end()) throw InputError("batch has no tensor '" + name + "'");
   return it->second;
 }
 
@@ -58,9 +59,9 @@ void validate_tokens(const Batch& b, const ModelConfig& config, const std::strin
 }
 
 Batch random_sft_batch(const ModelConfig& config, const RandomBatchOptions& o) {
-  if (o.batch_size < 1 || o.seq_len < 2) throw std::invalid_argument("random batch needs B >= 1 and T >= 2");
-  if (o.pad_fraction < 0 || o.pad_fraction >= 1) throw std::invalid_argument("--pad-fraction must be in [0, 1)");
-  if (o.prompt_fraction < 0 || o.prompt_fraction >= 1) throw std::invalid_argument("prompt fraction must be in [0, 1)");
+  if (o.batch_size < 1 || o.seq_len < 2) throw InputError("random batch needs B >= 1 and T >= 2");
+  if (o.pad_fraction < 0 || o.pad_fraction >= 1) throw InputError("--pad-fraction must be in [0, 1)");
+  if (o.prompt_fraction < 0 || o.prompt_fraction >= 1) throw InputError("prompt fraction must be in [0, 1)");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   const auto B = o.batch_size, T = o.seq_len;
   Batch b;
@@ -83,9 +84,9 @@ Batch random_sft_batch(const ModelConfig& config, const RandomBatchOptions& o) {
 Batch random_completion_batch(const ModelConfig& config, const RandomBatchOptions& o,
                               const std::vector<std::int64_t>& prompt_of_row) {
   const auto B = o.batch_size, T = o.seq_len;
-  if (B < 1 || T < 2) throw std::invalid_argument("random batch needs B >= 1 and T >= 2 (a prompt token and a completion token)");
-  if (o.pad_fraction < 0 || o.pad_fraction >= 1) throw std::invalid_argument("--pad-fraction must be in [0, 1)");
-  if (o.prompt_fraction < 0 || o.prompt_fraction >= 1) throw std::invalid_argument("--prompt-fraction must be in [0, 1)");
+  if (B < 1 || T < 2) throw InputError("random batch needs B >= 1 and T >= 2 (a prompt token and a completion token)");
+  if (o.pad_fraction < 0 || o.pad_fraction >= 1) throw InputError("--pad-fraction must be in [0, 1)");
+  if (o.prompt_fraction < 0 || o.prompt_fraction >= 1) throw InputError("--prompt-fraction must be in [0, 1)");
   if (std::int64_t(prompt_of_row.size()) != B) throw std::logic_error("random_completion_batch: one prompt per row");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::mt19937_64 rng(o.seed ^ 0x5eed5eedULL);

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/model/config.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -22,14 +23,14 @@ struct Batch {
   std::int64_t batch_size() const { return input_ids.size(0); }
   std::int64_t seq_len() const { return input_ids.size(1); }
   bool has(const std::string& name) const { return fields.count(name) != 0; }
-  const at::Tensor& field(const std::string& name) const;  // throws std::invalid_argument naming it
+  const at::Tensor& field(const std::string& name) const;  // Throws InputError naming it
   Batch to(c10::Device device) const;  // every tensor moved
   // Rows `index` (int64 [n]) of every tensor (each has the rows first): a micro-batch or a rank's share.
   Batch select_rows(const at::Tensor& index) const;
 };
 
 // The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token. Throws
-// std::invalid_argument saying what is wrong and where (`source` names the file or flag). With right padding and no
+// InputError saying what is wrong and where (`source` names the file or flag). With right padding and no
 // loss on pads the causal rule alone gives HF's gradients, so no method ever needs a [B, T, T] mask (ARCHITECTURE.md §4);
 // left/interior padding and packed sequences are rejected.
 void validate_tokens(const Batch& batch, const ModelConfig& config, const std::string& source);

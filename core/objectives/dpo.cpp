@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -20,7 +21,7 @@ std::string DpoObjective::spec() const {
 
 Batch DpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
   if (o.batch_size % 2 != 0)
-    throw std::invalid_argument("dpo: --batch counts rows (P chosen, then P rejected) and must be even, got " +
+    throw InputError("dpo: --batch counts rows (P chosen, then P rejected) and must be even, got " +
                                 std::to_string(o.batch_size));
   const auto P = o.batch_size / 2;
   std::vector<std::int64_t> prompt_of_row(o.batch_size);
@@ -46,7 +47,7 @@ Batch DpoObjective::with_reference(const Batch& batch, const at::Tensor& token_l
 std::vector<Batch> DpoObjective::split(const Batch& batch, std::int64_t parts, const std::string& source) const {
   const auto P = batch.batch_size() / 2;
   if (batch.batch_size() % 2 != 0 || parts < 1 || P % parts != 0)
-    throw std::invalid_argument(source + ": dpo's " + std::to_string(P) + " pairs (" +
+    throw InputError(source + ": dpo's " + std::to_string(P) + " pairs (" +
                                 std::to_string(batch.batch_size()) + " rows) do not split into " +
                                 std::to_string(parts) + " equal micro-batches of whole pairs");
   std::vector<Batch> out;
@@ -62,11 +63,11 @@ void DpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std:
   check_field_names(b, {"completion_mask"}, {"ref_logps"}, "dpo", source);
   const auto rows = b.batch_size();
   if (rows % 2 != 0)
-    throw std::invalid_argument(source + ": dpo needs an even number of rows (P chosen, then P rejected), input_ids has " +
+    throw InputError(source + ": dpo needs an even number of rows (P chosen, then P rejected), input_ids has " +
                                 std::to_string(rows));
   const auto completion = checked_completion_mask(b, source);
   if (!b.has("ref_logps"))
-    throw std::invalid_argument(source + ": dpo needs ref_logps in the batch or --ref (a reference model)");
+    throw InputError(source + ": dpo needs ref_logps in the batch or --ref (a reference model)");
   ref_ = checked_float_field(b, "ref_logps", {rows}, {}, source);
   targets_ = at::where(shift_left(completion, 0) == 1, shift_left(b.input_ids, 0), -1);
   temperature_ = 1.0;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -34,10 +35,10 @@ std::string GrpoObjective::spec() const {
 Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
   const auto B = o.batch_size, G = o.group > 0 ? o.group : o.batch_size;
   if (G < 2)
-    throw std::invalid_argument("grpo: --group must be >= 2 (advantages are normalised within a group; a group of one "
+    throw InputError("grpo: --group must be >= 2 (advantages are normalised within a group; a group of one "
                                 "has advantage 0), got " + std::to_string(G));
   if (B % G != 0)
-    throw std::invalid_argument("grpo: --batch " + std::to_string(B) + " is not a multiple of --group " + std::to_string(G));
+    throw InputError("grpo: --batch " + std::to_string(B) + " is not a multiple of --group " + std::to_string(G));
   std::vector<std::int64_t> prompt_of_row(B);
   for (std::int64_t r = 0; r < B; ++r) prompt_of_row[r] = r / G;
   Batch batch = random_completion_batch(config, o, prompt_of_row);
@@ -96,7 +97,7 @@ void GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std
   ref_ = at::Tensor();
   if (options_.beta > 0) {
     if (!b.has("ref_logps"))
-      throw std::invalid_argument(source + ": grpo with beta > 0 needs ref_logps in the batch or --ref (a reference model)");
+      throw InputError(source + ": grpo with beta > 0 needs ref_logps in the batch or --ref (a reference model)");
     ref_ = shift_left(checked_float_field(b, "ref_logps", {B, T}, completion, source), 0.0);
   }
   const auto scored = shift_left(completion, 0);  // position t is scored when token t + 1 is a completion token
@@ -105,7 +106,7 @@ void GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std
   if (options_.loss_type == "dr_grpo") {
     const auto longest = counts_.max().item<double>();
     if (longest > double(options_.max_completion_length))
-      throw std::invalid_argument(source + ": a completion has " + std::to_string(std::int64_t(longest)) +
+      throw InputError(source + ": a completion has " + std::to_string(std::int64_t(longest)) +
                                   " tokens, more than max_completion_length=" +
                                   std::to_string(options_.max_completion_length) + " (dr_grpo's normaliser)");
   }

@@ -10,12 +10,13 @@
 #include "core/objectives/grpo.h"
 #include "core/objectives/sft.h"
 #include "core/io/spec.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
 
 void check(bool ok, const std::string& source, const std::string& what) {
-  if (!ok) throw std::invalid_argument(source + ": " + what);
+  if (!ok) throw InputError(source + ": " + what);
 }
 
 std::string join(const std::set<std::string>& names) {
@@ -82,7 +83,7 @@ StepTotals Objective::batch_totals() const {
 std::vector<Batch> Objective::split(const Batch& batch, std::int64_t parts, const std::string& source) const {
   const auto rows = batch.batch_size();
   if (parts < 1 || rows % parts != 0)
-    throw std::invalid_argument(source + ": " + std::to_string(rows) + " rows do not split into " +
+    throw InputError(source + ": " + std::to_string(rows) + " rows do not split into " +
                                 std::to_string(parts) + " equal micro-batches");
   std::vector<Batch> out;
   const auto n = rows / parts;
@@ -213,7 +214,7 @@ std::unique_ptr<Objective> make_objective(const std::string& text) {
   if (spec.name == "sft") return std::make_unique<SftObjective>(spec);
   if (spec.name == "grpo") return std::make_unique<GrpoObjective>(spec);
   if (spec.name == "dpo") return std::make_unique<DpoObjective>(spec);
-  throw std::invalid_argument("unknown objective '" + spec.name + "' (known: sft, grpo, dpo)");
+  throw InputError("unknown objective '" + spec.name + "' (known: sft, grpo, dpo)");
 }
 
 }  // namespace sbp

@@ -22,6 +22,7 @@
 
 #include "core/objectives/batch.h"
 #include "core/model/config.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -39,7 +40,7 @@ class Objective {
   std::string name() const { return spec().substr(0, spec().find(':')); }
   double temperature() const { return temperature_; }
 
-  // Validates the objective's tensors in `batch` (throws std::invalid_argument naming `source` and the tensor) and
+  // Validates the objective's tensors in `batch` (Throws InputError naming `source` and the tensor) and
   // fixes everything that couples positions: targets, counts, normalisers. Forgets earlier statistics.
   void prepare(const Batch& batch, const ModelConfig& config, const std::string& source = "batch");
 
@@ -66,7 +67,7 @@ class Objective {
   // micro-batches of one optimizer step share the step's totals, as HF/TRL's num_items_in_batch, so that K
   // micro-batches of B give exactly the gradient of one batch of K*B (sums over rows, each divided by the whole).
   void set_step_totals(std::optional<StepTotals> totals) { step_totals_ = totals; }
-  // The batch's rows cut into `parts` micro-batches of equal size (throws std::invalid_argument naming `source` when
+  // The batch's rows cut into `parts` micro-batches of equal size (Throws InputError naming `source` when
   // they do not divide); DPO keeps each chosen row with its rejected one.
   virtual std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const;
 
@@ -128,7 +129,7 @@ class Objective {
   std::optional<StepTotals> step_totals_;
 };
 
-// Checks shared by the objectives' prepare_fields; each throws std::invalid_argument naming `source` and the tensor.
+// Checks shared by the objectives' prepare_fields; each Throws InputError naming `source` and the tensor.
 // Every tensor of the batch is in required or optional (an unexpected one means the batch was made for another
 // objective), and every required one is there.
 void check_field_names(const Batch& batch, const std::set<std::string>& required, const std::set<std::string>& optional,
@@ -143,7 +144,7 @@ at::Tensor checked_float_field(const Batch& batch, const std::string& name, at::
 // predicts token t + 1, so a token's mask or log-prob is read at the position before it.
 at::Tensor shift_left(const at::Tensor& per_token, double fill);
 
-// "sft", "grpo:beta=0.04,...", "dpo:beta=0.1,label_smoothing=0": throws std::invalid_argument naming the unknown
+// "sft", "grpo:beta=0.04,...", "dpo:beta=0.1,label_smoothing=0": Throws InputError naming the unknown
 // objective, key or bad value.
 std::unique_ptr<Objective> make_objective(const std::string& spec);
 

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -15,7 +16,7 @@ Batch SftObjective::random_batch(const ModelConfig& config, const RandomBatchOpt
 void SftObjective::prepare_fields(const Batch& b, const ModelConfig& config, const std::string& source) {
   check_field_names(b, {"labels"}, {}, "sft", source);
   const auto& labels = b.field("labels");  // [B, T]
-  auto fail = [&](const std::string& what) { throw std::invalid_argument(source + ": " + what); };
+  auto fail = [&](const std::string& what) { throw InputError(source + ": " + what); };
   if (labels.sizes() != b.input_ids.sizes())
     fail("labels " + c10::str(labels.sizes()) + " must have the shape of input_ids " + c10::str(b.input_ids.sizes()));
   if (labels.scalar_type() != at::kLong) fail("labels must be int64, got " + std::string(c10::toString(labels.scalar_type())));

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -46,14 +47,14 @@ class FileTier final : public OffloadTier {
     const int fd = open_file();
     if (const int err = posix_fallocate(fd, 0, off_t(bytes)); err != 0) {
       ::close(fd);
-      throw std::runtime_error(fmt::format("--offload-dir {}: cannot reserve {} bytes for an offloaded tensor ({}); "
+      throw InputError(fmt::format("--offload-dir {}: cannot reserve {} bytes for an offloaded tensor ({}); "
                                            "free space there or choose another folder", dir_, bytes, std::strerror(err)));
     }
     void* data = ::mmap(nullptr, std::size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int mmap_errno = errno;
     ::close(fd);  // the mapping keeps the file
     if (data == MAP_FAILED)
-      throw std::runtime_error(fmt::format("--offload-dir {}: cannot map {} bytes ({})", dir_, bytes,
+      throw InputError(fmt::format("--offload-dir {}: cannot map {} bytes ({})", dir_, bytes,
                                            std::strerror(mmap_errno)));
     bytes_->add(bytes);
     return at::from_blob(
@@ -74,7 +75,7 @@ class FileTier final : public OffloadTier {
       if (fd >= 0) ::unlink(path.c_str());
     }
     if (fd < 0)
-      throw std::runtime_error(fmt::format("--offload-dir {}: cannot create a file there ({})", dir_, std::strerror(errno)));
+      throw InputError(fmt::format("--offload-dir {}: cannot create a file there ({})", dir_, std::strerror(errno)));
     return fd;
   }
 
@@ -85,13 +86,13 @@ class FileTier final : public OffloadTier {
 
 std::unique_ptr<OffloadTier> make_file_tier(const std::string& dir) {
   if (!std::filesystem::is_directory(dir))
-    throw std::invalid_argument("--offload-dir " + dir + ": no such folder");
+    throw InputError("--offload-dir " + dir + ": no such folder");
   auto tier = std::make_unique<FileTier>(dir);
   // Writable, with room for a page: found now, before any work, not in the middle of a step.
   try {
     (void)tier->store(at::zeros({4096}, at::kByte));
   } catch (const std::runtime_error& e) {
-    throw std::invalid_argument(e.what());
+    throw InputError(e.what());
   }
   tier->reset_peak();
   return tier;
@@ -100,7 +101,7 @@ std::unique_ptr<OffloadTier> make_file_tier(const std::string& dir) {
 std::unique_ptr<OffloadTier> make_offload_tier(c10::Device device, const std::string& dir) {
   if (device.is_cpu()) return make_file_tier(dir);
   if (device.is_cuda()) return make_pinned_tier(device);
-  throw std::invalid_argument("--offload: no offload tier for device " + device.str());
+  throw InputError("--offload: no offload tier for device " + device.str());
 }
 
 }  // namespace sbp

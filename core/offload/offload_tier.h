@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -54,7 +55,7 @@ class OffloadTier {
 };
 
 // The tier of a run on `device`: memory-mapped files in `dir` for the CPU (file_tier.cpp), pinned host memory for
-// CUDA (pinned_tier.cpp; `dir` unused). Throws std::invalid_argument naming the folder when it does not exist, is not
+// CUDA (pinned_tier.cpp; `dir` unused). Throws InputError naming the folder when it does not exist, is not
 // writable or has no room for a page, and naming the device when it has no tier.
 std::unique_ptr<OffloadTier> make_offload_tier(c10::Device device, const std::string& dir);
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/offload/offload_tier.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -112,7 +113,7 @@ class PinnedTier final : public OffloadTier {
 }  // namespace
 
 std::unique_ptr<OffloadTier> make_pinned_tier(c10::Device device) {
-  if (!device.is_cuda()) throw std::invalid_argument("make_pinned_tier: " + device.str() + " is not a CUDA device");
+  if (!device.is_cuda()) throw InputError("make_pinned_tier: " + device.str() + " is not a CUDA device");
   return std::make_unique<PinnedTier>(device);
 }
 

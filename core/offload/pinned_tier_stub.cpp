@@ -2,11 +2,12 @@
 #include <stdexcept>
 
 #include "core/offload/offload_tier.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
 std::unique_ptr<OffloadTier> make_pinned_tier(c10::Device device) {
-  throw std::invalid_argument("--offload on " + device.str() + ": this build has no CUDA half (STREAMBP_WITH_CUDA=OFF)");
+  throw InputError("--offload on " + device.str() + ": this build has no CUDA half (STREAMBP_WITH_CUDA=OFF)");
 }
 
 }  // namespace sbp

@@ -39,7 +39,7 @@ class BackendCommunicator final : public Communicator {
     try {
       group_ = factory_(store_, rank_, world_);
     } catch (const std::exception& e) {
-      throw std::runtime_error(detail::rendezvous_failure(o, e.what()));
+      throw PeerFailure(detail::rendezvous_failure(o, e.what()));
     }
   }
   // NCCL wants its group ended explicitly (its destructor otherwise warns and aborts): shut down cleanly after normal
@@ -123,7 +123,7 @@ class BackendCommunicator final : public Communicator {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " failed (a peer died or stalled?): " +
+      throw PeerFailure("rank " + std::to_string(rank_) + ": " + what + " failed (a peer died or stalled?): " +
                                first_line(e.what()));
     }
     if (copies_buffers_) release(work);
@@ -174,7 +174,7 @@ std::unique_ptr<Communicator> make_backend_communicator(const BackendFactory& fa
   try {
     store = make_store(options);
   } catch (const std::exception& e) {
-    throw std::runtime_error(rendezvous_failure(options, e.what()));
+    throw PeerFailure(rendezvous_failure(options, e.what()));
   }
   return std::make_unique<BackendCommunicator>(factory, std::move(store), options, device, copies_buffers);
 }

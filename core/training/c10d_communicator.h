@@ -21,12 +21,12 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
 };
 
-// Throws std::runtime_error naming the rank and the store when the group cannot be formed within the timeout.
-// A collective whose peer died or stalled throws std::runtime_error (naming the collective) within the timeout.
+// Throws PeerFailure naming the rank and the store when the group cannot be formed within the timeout.
+// A collective whose peer died or stalled throws PeerFailure (naming the collective) within the timeout.
 std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousOptions& options);
 
 // The same over NCCL, the collectives' tensors on CUDA device `device_index` (which becomes this thread's current
-// device). Throws std::runtime_error naming the rank, before any rendezvous, when this process has no CUDA device or
+// device). Throws InputError naming the rank, before any rendezvous, when this process has no CUDA device or
 // not that one, and in a build without CUDA; as make_gloo_communicator when the group cannot be formed. A collective
 // that outlives the timeout makes NCCL's watchdog abort the process (TORCH_NCCL_ASYNC_ERROR_HANDLING's default).
 std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousOptions& options, int device_index);

@@ -16,6 +16,12 @@
 
 namespace sbp {
 
+// A rendezvous or collective that failed because a peer died, stalled or never came: neither this rank's input nor
+// its bug. The CLI exits 1 on it; the launcher names the rank that failed first, with that rank's own exit code.
+struct PeerFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct CollectiveStats {
   std::int64_t calls = 0, bytes = 0;  // bytes: of the tensors handed to the collective on this rank
 };

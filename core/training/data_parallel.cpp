@@ -10,6 +10,7 @@
 #include "core/methods/phase.h"
 #include "core/offload/offload_tier.h"
 #include "core/training/optimizer.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -39,9 +40,9 @@ std::vector<at::Tensor> DataParallel::group_gradients(const GradientGroup& group
 DataParallel::DataParallel(Communicator& communicator, int zero_stage, OffloadTier* parameter_tier)
     : communicator_(communicator), stage_(zero_stage), parameter_tier_(parameter_tier) {
   if (zero_stage < 0 || zero_stage > 3)
-    throw std::invalid_argument("--zero " + std::to_string(zero_stage) + ": the stages are 0 (DDP), 1, 2 and 3");
+    throw InputError("--zero " + std::to_string(zero_stage) + ": the stages are 0 (DDP), 1, 2 and 3");
   if (parameter_tier && zero_stage != 3)
-    throw std::invalid_argument("--offload params: the parameters move as ZeRO-3's slices (--zero 3), not at stage " +
+    throw InputError("--offload params: the parameters move as ZeRO-3's slices (--zero 3), not at stage " +
                                 std::to_string(zero_stage));
 }
 

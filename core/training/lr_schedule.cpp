@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/io/spec.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -17,15 +18,15 @@ LrSchedule parse_lr_schedule(const std::string& text) {
   std::stringstream items(text);
   std::getline(items, spec.name, ',');
   if (spec.name != "constant" && spec.name != "cosine")
-    throw std::invalid_argument("lr schedule '" + text + "': unknown schedule '" + spec.name + "' (constant, cosine)");
+    throw InputError("lr schedule '" + text + "': unknown schedule '" + spec.name + "' (constant, cosine)");
   for (std::string item; std::getline(items, item, ',');) {
     const auto eq = item.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
-      throw std::invalid_argument("lr schedule '" + text + "': expected key=value, got '" + item + "'");
+      throw InputError("lr schedule '" + text + "': expected key=value, got '" + item + "'");
     if (!spec.options.emplace(item.substr(0, eq), item.substr(eq + 1)).second)
-      throw std::invalid_argument("lr schedule '" + text + "': key '" + item.substr(0, eq) + "' given twice");
+      throw InputError("lr schedule '" + text + "': key '" + item.substr(0, eq) + "' given twice");
   }
-  if (!text.empty() && text.back() == ',') throw std::invalid_argument("lr schedule '" + text + "': trailing ','");
+  if (!text.empty() && text.back() == ',') throw InputError("lr schedule '" + text + "': trailing ','");
   spec.check_keys({"warmup"});
   return {spec.name, spec.get_int("warmup", 0, 0)};
 }
@@ -36,7 +37,7 @@ std::string lr_schedule_spec(const LrSchedule& schedule) {
 
 double lr_at(const LrSchedule& schedule, double base_lr, std::int64_t step, std::int64_t total_steps) {
   if (step < 0 || total_steps < 0)
-    throw std::invalid_argument("lr_at: step " + std::to_string(step) + " and total_steps " +
+    throw InputError("lr_at: step " + std::to_string(step) + " and total_steps " +
                                 std::to_string(total_steps) + " must be >= 0");
   const std::int64_t warmup = schedule.warmup;
   double lambda = 1.0;
@@ -49,7 +50,7 @@ double lr_at(const LrSchedule& schedule, double base_lr, std::int64_t step, std:
     const double factor = 0.5 * (1.0 + std::cos(std::numbers::pi * 0.5 * 2.0 * progress));
     lambda = factor > 0.0 ? factor : 0.0;  // Python's max(0.0, factor): 0.0 unless factor > 0.0
   } else if (schedule.kind != "constant") {
-    throw std::invalid_argument("lr_at: unknown schedule '" + schedule.kind + "' (constant, cosine)");
+    throw InputError("lr_at: unknown schedule '" + schedule.kind + "' (constant, cosine)");
   }
   return base_lr * lambda;  // LambdaLR.get_lr: base_lr * lmbda(last_epoch)
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -12,14 +13,14 @@ struct LrSchedule {
   std::int64_t warmup = 0;        // optimizer steps of linear warmup from 0
 };
 
-// Throws std::invalid_argument naming the spec and the unknown kind, key or bad value.
+// Throws InputError naming the spec and the unknown kind, key or bad value.
 LrSchedule parse_lr_schedule(const std::string& spec);
 std::string lr_schedule_spec(const LrSchedule& schedule);  // canonical, "cosine,warmup=10"; parses back
 
 // The learning rate of optimizer step `step` (0-based: the first step uses lambda(0), as LambdaLR sets it at
 // construction) of `total_steps`. Bitwise equal to the lr that get_constant_schedule_with_warmup /
 // get_cosine_schedule_with_warmup (num_cycles 0.5) put into the optimizer: the same double arithmetic, in the same
-// order, with libm's cos. Throws std::invalid_argument for a negative step or total.
+// order, with libm's cos. Throws InputError for a negative step or total.
 double lr_at(const LrSchedule& schedule, double base_lr, std::int64_t step, std::int64_t total_steps);
 
 }  // namespace sbp

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "core/training/c10d_backend.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -38,7 +39,7 @@ std::string why_no_device(int index) {
 
 std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousOptions& o, int device_index) {
   if (const auto why = why_no_device(device_index); !why.empty())
-    throw std::runtime_error("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
+    throw InputError("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
                              ": NCCL needs a CUDA device per rank, and " + why);
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_index));
   c10::cuda::set_device(device.index());  // NCCL's streams and this thread's kernels on the rank's device

@@ -16,6 +16,7 @@
 #include "core/io/spec.h"
 
 #include "core/offload/offload_tier.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -65,10 +66,10 @@ at::Tensor where_states_are(const at::Tensor& t, c10::ScalarType dtype, const at
 
 void check_options(const OptimizerOptions& o) {
   const auto fail = [&](const std::string& what) {
-    throw std::invalid_argument("optimizer '" + o.kind + "': " + what);
+    throw InputError("optimizer '" + o.kind + "': " + what);
   };
   if (o.kind != "adamw" && o.kind != "sgd")
-    throw std::invalid_argument("unknown optimizer '" + o.kind + "' (adamw, sgd)");
+    throw InputError("unknown optimizer '" + o.kind + "' (adamw, sgd)");
   // torch's own checks (Adam.__init__, SGD.__init__), plus finiteness.
   if (!std::isfinite(o.lr) || o.lr < 0) fail("lr must be a finite number >= 0");
   if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
@@ -98,7 +99,7 @@ OptimizerOptions parse_optimizer_spec(const std::string& text) {
     spec.check_keys({"lr", "momentum", "weight_decay", "decay_norms_and_biases"});
     o.momentum = spec.get_double("momentum", o.momentum, 0, kMax);
   } else {
-    throw std::invalid_argument("optimizer spec '" + text + "': unknown optimizer '" + o.kind + "' (adamw, sgd)");
+    throw InputError("optimizer spec '" + text + "': unknown optimizer '" + o.kind + "' (adamw, sgd)");
   }
   o.lr = spec.get_double("lr", o.lr, 0, kMax);
   o.weight_decay = spec.get_double("weight_decay", o.weight_decay, 0, kMax);
@@ -120,12 +121,12 @@ c10::ScalarType parse_state_dtype(const std::string& name) {
   if (name == "fp64") return c10::kDouble;
   if (name == "fp32") return c10::kFloat;
   if (name == "bf16") return c10::kBFloat16;
-  throw std::invalid_argument("unknown optimizer state dtype '" + name + "' (fp64, fp32, bf16)");
+  throw InputError("unknown optimizer state dtype '" + name + "' (fp64, fp32, bf16)");
 }
 
 std::optional<OptimizerOptions> parse_optimizer_flags(const std::string& spec, const std::string& state_dtype) {
   if (spec.empty()) {
-    if (!state_dtype.empty()) throw std::invalid_argument("--optimizer-state-dtype needs --optimizer");
+    if (!state_dtype.empty()) throw InputError("--optimizer-state-dtype needs --optimizer");
     return std::nullopt;
   }
   auto options = parse_optimizer_spec(spec);
@@ -157,11 +158,11 @@ Optimizer::Optimizer(TensorList params, OptimizerOptions options, OffloadTier* s
   check_options(options_);
   std::set<std::string> names;
   for (auto& [name, param] : params) {
-    if (!names.insert(name).second) throw std::invalid_argument("optimizer: parameter '" + name + "' given twice");
+    if (!names.insert(name).second) throw InputError("optimizer: parameter '" + name + "' given twice");
     if (name == "step")
-      throw std::invalid_argument("optimizer: 'step' is reserved for the step count, not a parameter name");
+      throw InputError("optimizer: 'step' is reserved for the step count, not a parameter name");
     if (!param.defined() || !at::isFloatingType(param.scalar_type()))
-      throw std::invalid_argument("optimizer: parameter '" + name + "' is not a floating-point tensor");
+      throw InputError("optimizer: parameter '" + name + "' is not a floating-point tensor");
     Slot slot;
     slot.name = name;
     slot.param = param;
@@ -258,7 +259,7 @@ TensorList Optimizer::state() const {
 
 void Optimizer::load_state(const TensorList& state, const std::string& source) {
   const auto fail = [&](const std::string& name, const std::string& what) {
-    throw std::invalid_argument("optimizer state '" + source + "': tensor '" + name + "' " + what);
+    throw InputError("optimizer state '" + source + "': tensor '" + name + "' " + what);
   };
   std::map<std::string, at::Tensor> given;
   for (const auto& [name, tensor] : state)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/io/safetensors.h"  // TensorList
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -29,15 +30,15 @@ struct OptimizerOptions {
   c10::ScalarType state_dtype = c10::ScalarType::Undefined;
 };
 
-// Throws std::invalid_argument naming the spec and the unknown kind, unknown key or bad value.
+// Throws InputError naming the spec and the unknown kind, unknown key or bad value.
 OptimizerOptions parse_optimizer_spec(const std::string& spec);
 // Canonical spec with every key of the kind, numbers in their shortest exact form: parse_optimizer_spec of it gives
 // back `options` exactly. state_dtype is not part of it (a flag of its own, --optimizer-state-dtype).
 std::string optimizer_spec(const OptimizerOptions& options);
-// "fp64", "fp32" or "bf16" (--optimizer-state-dtype); throws std::invalid_argument naming the value otherwise.
+// "fp64", "fp32" or "bf16" (--optimizer-state-dtype); Throws InputError naming the value otherwise.
 c10::ScalarType parse_state_dtype(const std::string& name);
 // What a command's --optimizer SPEC and --optimizer-state-dtype D ask for: nothing when both are empty (forward +
-// backward only); throws std::invalid_argument when only D is given, or either is malformed.
+// backward only); Throws InputError when only D is given, or either is malformed.
 std::optional<OptimizerOptions> parse_optimizer_flags(const std::string& spec, const std::string& state_dtype);
 
 // Whether the tensor `name` (HF/PEFT name) gets the weight decay of `options`. With decay_norms_and_biases=false,
@@ -49,7 +50,7 @@ class Optimizer {
  public:
   // `params`: the trainable tensors (leaves; their grad() is read) under their HF/PEFT names, distinct. States are
   // allocated here (zeros), not at the first step as torch does: the same values, and a step never allocates
-  // more than its temporaries. Throws std::invalid_argument on bad options, duplicate names or non-float tensors.
+  // more than its temporaries. Throws InputError on bad options, duplicate names or non-float tensors.
   // With `states_tier`, the states live in that offload tier (ZeRO-Offload) and every update runs where they are: on
   // the CPU the same memory kind, so the same bits; from a GPU, on host copies of the gradient and parameter, the
   // parameter copied back.
@@ -75,7 +76,7 @@ class Optimizer {
   // with momentum), in the state dtype. The tensors are the live ones, not copies.
   TensorList state() const;
   // Validates everything first (every name present once, nothing unknown, shapes, dtypes, steps >= 0 and no
-  // parameter ahead of "step") and throws std::invalid_argument naming `source` and the tensor; then copies the
+  // parameter ahead of "step") and Throws InputError naming `source` and the tensor; then copies the
   // values in. Stepping after a load equals never having stopped, bit for bit.
   void load_state(const TensorList& state, const std::string& source);
 

@@ -24,6 +24,7 @@
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
 #include "core/offload/offload_tier.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -72,7 +73,7 @@ class SequenceScope {
   SequenceScope(Model& model, Communicator* group, std::int64_t T, const std::string& source) : model_(model) {
     if (!group) return;
     if (const auto d = first_disagreement(*group, {T}))
-      throw std::invalid_argument(source + ": rank " + std::to_string(d->rank) + " of the sequence-parallel group " +
+      throw InputError(source + ": rank " + std::to_string(d->rank) + " of the sequence-parallel group " +
                                   "holds sequences of " + std::to_string(d->theirs) + " positions and rank 0 of " +
                                   std::to_string(d->rank0) + " (sequence length): the ranks of a group split the " +
                                   "same sequences");
@@ -104,7 +105,7 @@ namespace {
 std::unique_ptr<ParameterHome> make_home(const Model& model, const TrainOptions& options, const DataParallel* parallel) {
   if (!options.parameter_tier) return nullptr;
   if (parallel)
-    throw std::invalid_argument("parameter offload on ranks: the tier goes to DataParallel (ZeRO-3's slices), not to "
+    throw InputError("parameter offload on ranks: the tier goes to DataParallel (ZeRO-3's slices), not to "
                                 "TrainOptions::parameter_tier");
   return std::make_unique<ParameterHome>(model.trainable(), *options.parameter_tier);
 }
@@ -119,14 +120,14 @@ Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, Tra
                         : home_  ? home_->optimizer_params()
                                  : model.trainable()),
       optimizer_(optimizer_params_, options_.optimizer, options_.optimizer_tier) {
-  if (options_.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
-  if (options_.total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
-  if (!(options_.clip_grad_norm >= 0)) throw std::invalid_argument("--clip-grad-norm must be >= 0");
+  if (options_.grad_accum < 1) throw InputError("--grad-accum must be >= 1");
+  if (options_.total_steps < 1) throw InputError("--steps must be >= 1");
+  if (!(options_.clip_grad_norm >= 0)) throw InputError("--clip-grad-norm must be >= 0");
   if (options_.sequence_group && !parallel_)
-    throw std::invalid_argument("sequence parallelism needs a DataParallel over every rank: each rank's gradient is "
+    throw InputError("sequence parallelism needs a DataParallel over every rank: each rank's gradient is "
                                 "its shard's share, summed over all ranks");
   if (options_.sequence_group && !method_.runs_sequence_shards())
-    throw std::invalid_argument("method " + method_.spec() + " does not run on a sequence-parallel rank's shard "
+    throw InputError("method " + method_.spec() + " does not run on a sequence-parallel rank's shard "
                                 "(standard BP, checkpointing and StreamBP do)");
 }
 
@@ -295,31 +296,31 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   std::optional<WholeModel> whole;
   whole.emplace(*this, /*keep=*/true);
   const auto meta_file = checkpoint / "trainer.json";
-  if (!fs::exists(meta_file)) throw std::invalid_argument(checkpoint.string() + ": not a training checkpoint (no trainer.json)");
+  if (!fs::exists(meta_file)) throw InputError(checkpoint.string() + ": not a training checkpoint (no trainer.json)");
   nlohmann::json meta;
   try {
     std::ifstream in(meta_file);
     meta = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(meta_file.string() + ": " + e.what());
+    throw InputError(meta_file.string() + ": " + e.what());
   }
   // What is read below, checked here: nlohmann's own errors name no file (found by fuzz_train_resume).
   if (!meta.is_object() || !meta.contains("step") || !meta["step"].is_number_integer() || !meta.contains("run"))
-    throw std::invalid_argument(meta_file.string() + ": not a trainer.json of `train` (needs an integer \"step\" and "
+    throw InputError(meta_file.string() + ": not a trainer.json of `train` (needs an integer \"step\" and "
                                 "\"run\")");
   const auto tensors = read_safetensors(checkpoint / "trainable.safetensors");
   const auto& trainable = model_.trainable();
   const auto file = (checkpoint / "trainable.safetensors").string();
   if (tensors.size() != trainable.size())
-    throw std::invalid_argument(file + ": " + std::to_string(tensors.size()) + " tensors, the model trains " +
+    throw InputError(file + ": " + std::to_string(tensors.size()) + " tensors, the model trains " +
                                 std::to_string(trainable.size()));
   // Everything is checked before anything is copied: source[i] is the file's tensor for trainable[i].
   std::vector<const at::Tensor*> source;
   for (const auto& p : trainable) {
     const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const NamedTensor& t) { return t.name == p.name; });
-    if (it == tensors.end()) throw std::invalid_argument(file + ": tensor '" + p.name + "' missing");
+    if (it == tensors.end()) throw InputError(file + ": tensor '" + p.name + "' missing");
     if (it->tensor.sizes() != p.tensor.sizes() || it->tensor.scalar_type() != p.tensor.scalar_type())
-      throw std::invalid_argument(file + ": tensor '" + p.name + "' is " + c10::str(it->tensor.sizes()) + " " +
+      throw InputError(file + ": tensor '" + p.name + "' is " + c10::str(it->tensor.sizes()) + " " +
                                   c10::toString(it->tensor.scalar_type()) + ", the model's is " +
                                   c10::str(p.tensor.sizes()) + " " + c10::toString(p.tensor.scalar_type()));
     source.push_back(&it->tensor);
@@ -328,10 +329,10 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   const auto state = read_safetensors(state_file);
   optimizer_.load_state(sharded ? parallel_->sliced_state(state) : state, state_file.string());
   if (optimizer_.steps_taken() != meta.at("step").get<std::int64_t>())
-    throw std::invalid_argument(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
+    throw InputError(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
   if (meta.contains("narrow_gemm")) {
     if (!meta["narrow_gemm"].is_string())
-      throw std::invalid_argument(meta_file.string() + ": \"narrow_gemm\" is not a string like \"nt=native,nn=widened,tn=widened\"");
+      throw InputError(meta_file.string() + ": \"narrow_gemm\" is not a string like \"nt=native,nn=widened,tn=widened\"");
     pin_gemm_paths(model_.dtype(), meta["narrow_gemm"].get<std::string>(), meta_file.string());
   }
   at::NoGradGuard no_grad;

@@ -14,6 +14,7 @@
 #include "core/training/lr_schedule.h"
 #include "core/methods/method.h"
 #include "core/training/optimizer.h"
+#include "core/io/input_error.h"
 
 namespace sbp {
 
@@ -110,7 +111,7 @@ class Trainer {
   // world size and stage) and rank 0 writes them (the other ranks return an empty path).
   std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& run) const;
   // Loads a checkpoint written by save_checkpoint for the same model, method-independent; returns its `run`.
-  // Throws std::invalid_argument naming the file and tensor on any mismatch.
+  // Throws InputError naming the file and tensor on any mismatch.
   nlohmann::json load_checkpoint(const std::filesystem::path& checkpoint);
   // The complete checkpoint of DIR with the most steps, or empty when there is none.
   static std::filesystem::path latest_checkpoint(const std::filesystem::path& dir);

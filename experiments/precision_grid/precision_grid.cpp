@@ -31,6 +31,7 @@
 #include "experiments/results_table.h"
 #include "experiments/options.h"
 #include "verify/grad_compare.h"
+#include "core/io/input_error.h"
 
 namespace {
 
@@ -55,7 +56,7 @@ std::vector<GridModel> grid_models(const std::vector<std::string>& names) {
       c.num_hidden_layers = 2, c.vocab_size = 2048;
       T = 256;
     } else if (name != "tiny") {
-      throw std::invalid_argument("--models: unknown model '" + name + "' (tiny, d128, small)");
+      throw sbp::InputError("--models: unknown model '" + name + "' (tiny, d128, small)");
     }
     c.name = name;
     out.push_back({name, c, T});
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      if (i + 1 >= argc) throw sbp::InputError(a + " needs a value");
       return argv[++i];
     };
     if (a == "--out") out_path = value();

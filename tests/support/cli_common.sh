@@ -27,12 +27,15 @@ expect_failure() {
   echo "ok: $what (exit $status): $(grep -E -m1 -- "$pattern" <<<"$out")"
 }
 
-# expect_exit_2 WHAT PATTERN COMMAND...: as expect_failure, and the exit code must be 2 (a usage error).
+# expect_exit_2 WHAT PATTERN COMMAND...: as expect_failure, and the exit code must be 2 (bad input), its message of
+# that class ("error:", never "internal error": a bug exits 70, experiments/exit_status.h).
 expect_exit_2() {
   local what=$1 pattern=$2 out status=0
   shift 2
   out=$("$@" 2>&1) || status=$?
   [[ $status -eq 2 ]] || fail "$what: exit $status, expected 2\n$out"
+  grep -q "internal error" <<<"$out" && fail "$what: exit 2 with an internal error's message:\n$out"
+  grep -qE "(^|: )error: " <<<"$out" || fail "$what: exit 2 without an input error's message ('error: ...'):\n$out"
   grep -qE -- "$pattern" <<<"$out" || fail "$what: no message matching '$pattern' in:\n$out"
   echo "ok: $what (exit 2): $(grep -E -m1 -- "$pattern" <<<"$out")"
 }

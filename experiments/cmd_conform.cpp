@@ -1,5 +1,5 @@
 // `streambp conform`: runs an external implementation over the conformance matrix (verify/conformance.h) through the
-// file protocol (README "Conformance"), judges its gradients against the harness's fp64 standard BP (fp64 cases) or
+// file protocol (docs/conformance.md), judges its gradients against the harness's fp64 standard BP (fp64 cases) or
 // by the low-precision rule against a baseline in the same dtype, and exits 1 when any case fails. Every case runs
 // in its own directory; the implementation is a child process in its own process group, killed after --timeout;
 // its wall time, CPU time (rusage) and peak RSS are recorded, so a conformance run is also a side-by-side.
@@ -309,7 +309,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
                  "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
-  app.add_option("--cases", a.cases, "a case set: quick, full or survey; or a JSON file of cases (README: Conformance)");
+  app.add_option("--cases", a.cases, "a case set: quick, full or survey; or a JSON file of cases (docs/conformance.md)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
       ->delimiter(',')->check(CLI::IsMember({"sft", "grpo", "dpo"}));
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
@@ -342,9 +342,9 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
   if (loss_rel > 1e-2)
     why += fmt::format("; the loss is {:.1e} off too: usually the normaliser (the token losses' sum divided by "
                        "something else than the batch's target count: per row, per chunk, padding counted) "
-                       "(README: Conformance)", loss_rel);
+                       "(docs/conformance.md)", loss_rel);
   else if (dtype == c10::kDouble && verdict.worst > 1e-9 && verdict.worst < 1e-4)
-    why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (README: Conformance)";
+    why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (docs/conformance.md)";
   return words.empty() ? why : words + "; " + why;
 }
 

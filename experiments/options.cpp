@@ -177,7 +177,7 @@ void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& wh
                  "of their backward), grads (the gradients, at their group's gradient-ready event of the step's last "
                  "micro-batch, after any data-parallel reduction), optimizer (the optimizer's states, ZeRO-Offload: "
                  "the update runs where they are), params (the trainable tensors, fetched per layer where a method "
-                 "uses them and updated in the tier; on ranks ZeRO-3's slices, with --zero 3); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (README: Offload)")
+                 "uses them and updated in the tier; on ranks ZeRO-3's slices, with --zero 3); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (docs/offload.md)")
       ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "

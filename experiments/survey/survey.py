@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make survey`: the public long-context implementations through `streambp conform` (issue #33, README "The survey").
+"""`make survey`: the public long-context implementations through `streambp conform` (issue #33, docs/survey.md).
 
 For every entry of implementations.json (a library at a pinned version, in one setting, wrapped by a thin adapter in
 verify/conform/survey/): its own venv (the pinned requirements; torch from pip's cache), then `streambp conform` over

@@ -1,4 +1,4 @@
-"""The adapter side of the conformance file protocol "streambp-conform/1" (ARCHITECTURE.md §13, README "Conformance"): what
+"""The adapter side of the conformance file protocol "streambp-conform/1" (ARCHITECTURE.md §13, docs/conformance.md): what
 every shipped adapter shares, so that each adapter is only its loss.
 
 `streambp conform` writes a case directory and runs `ADAPTER CASE_DIR`:

@@ -1,4 +1,4 @@
-"""The harness's own methods as a conformance implementation (README: Conformance): reads a case directory of the
+"""The harness's own methods as a conformance implementation (docs/conformance.md): reads a case directory of the
 streambp-conform/1 protocol, runs `streambp run` on its model, adapter and batch with the case's objective, and
 writes grads.safetensors and result.json. It is what a wrapper around any command-line trainer looks like, and it
 lets the protocol be tested without Python packages: only the standard library.

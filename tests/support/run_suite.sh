@@ -11,6 +11,10 @@ summary=() status=0 passed_total=0 failed_total=0 skipped_total=0
 # that appears or changes during the suite is a test that timed them, and would change the paths of later processes.
 gemm_store() { ls -l --time-style=+%s "${STREAMBP_CACHE:-$HOME/.cache/streambp}"/gemm-path-*.json 2>/dev/null; }
 gemm_before=$(gemm_store)
+# Tests write in temporary folders only: a file that appears in the checkout during the suite (not ignored by git) is
+# a test writing where a user's results live.
+new_files() { git -C "$(dirname "$0")/../.." status --porcelain --untracked-files=all 2>/dev/null | sed -n 's/^?? //p'; }
+files_before=$(new_files)
 for tree in "$@"; do
   target=build
   [[ $tree == "$1" ]] || target=sanitize-build
@@ -40,6 +44,11 @@ for tree in "$@"; do
 done
 if [[ $(gemm_store) != "$gemm_before" ]]; then
   summary+=("a test measured the bf16 GEMM paths and stored them (a test's environment lacks STREAMBP_GEMM_PROBE=off)")
+  status=1
+fi
+written=$(comm -13 <(sort <<<"$files_before") <(sort <<<"$(new_files)"))
+if [[ -n $written ]]; then
+  summary+=("tests wrote into the checkout (a test must write in a temporary folder): $(tr '\n' ' ' <<<"$written")")
   status=1
 fi
 echo

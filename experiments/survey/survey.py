@@ -257,8 +257,6 @@ def main(argv):
     out = Path(args.out).resolve()
     if args.cases not in ("quick", "full", "survey"):
         args.cases = str(Path(args.cases).resolve())
-    runs = out / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
@@ -268,6 +266,8 @@ def main(argv):
             parser.exit(2, f"survey.py: the checkout has uncommitted changes ({changed.splitlines()[0].strip()} ...): "
                            "commit them first (or --allow-dirty for a scratch run; its rows say -dirty)\n")
         commit += "-dirty"
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     provenance = {"commit": commit, "date": stamp, "machine": "", "threads": "", "torch_version": ""}
     ranks_by_case = {}

@@ -17,8 +17,9 @@ that path, re-stated (nothing imported from arctic-training: it pins transformer
     target counts, their target-weighted mean;
   - DeepSpeed's engine (deepspeed.initialize with Ulysses' mpu, ZeRO stage --zero, gradient_accumulation_steps
     --accum, a client SGD at lr 0): engine.backward(loss) per micro-batch (the batch's rows split into --accum
-    consecutive parts), engine.step() between micro-batches, and after the last backward, before the step, the
-    reduced gradient the optimizer would take: deepspeed.utils.safe_get_full_grad, written by rank 0.
+    consecutive parts, a short one padded with rows without targets: Ulysses wants a fixed micro-batch size),
+    engine.step() between micro-batches, and after the last backward, before the step, the reduced gradient the
+    optimizer would take: deepspeed.utils.safe_get_full_grad, written by rank 0.
 --loss=share is the control with DeepSpeed alone: no TiledFusedLogitsLoss and no all_gather, each rank back-propagates
 its tokens' CE sum over the micro-batch's target count, the share DeepSpeed's ZeRO reduction expects (it sums the
 sequence ranks' gradients and divides by the data-parallel size only: stage_1_and_2.py line 1688, stage3.py 1878).
@@ -27,6 +28,7 @@ CE in the case dtype upcast to at least fp32 (HF's loss_function would round fp6
 """
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +56,15 @@ def launch(case_dir):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(sp),
            "--master_addr", "127.0.0.1", "--master_port", port, str(HERE), f"--zero={ZERO}", f"--accum={ACCUM}", f"--loss={LOSS}",
            "--worker", case_dir]
-    return subprocess.call(cmd, env=dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo")))
+    done = subprocess.run(cmd, env=dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo")),
+                          capture_output=True, text=True)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:  # the last line is conform's cause: a rank's exception, not torchrun's banner
+        errors = re.findall(r"^\[rank(\d+)\]: (\w+(?:Error|Exception)\b.*)$", done.stderr, re.M)
+        if errors:
+            print(f"{Path(case_dir).name}: rank {errors[-1][0]}: {errors[-1][1]}", file=sys.stderr)
+    return done.returncode
 
 
 def worker(case_dir):
@@ -111,12 +121,17 @@ def worker(case_dir):
     c = Tp // sp
     mine = slice(c * rank, c * (rank + 1))
     loss_sum, targets = 0.0, 0
+    rows_per_micro = math.ceil(B / ACCUM)
     for rows in torch.arange(B).tensor_split(ACCUM):
-        ids, labels = input_ids[rows][:, mine], shift_labels[rows][:, mine]
-        pos = torch.arange(c * rank, c * (rank + 1)).expand(len(rows), c).contiguous()
+        # Ulysses wants every micro-batch of micro_batch_size rows: a short one gets rows without targets (pad id 0,
+        # labels -100), which change no loss and no gradient
+        extra = rows_per_micro - len(rows)
+        ids = F.pad(input_ids[rows], (0, 0, 0, extra), value=0)[:, mine]
+        labels = F.pad(shift_labels[rows], (0, 0, 0, extra), value=-100)[:, mine]
+        pos = torch.arange(c * rank, c * (rank + 1)).expand(rows_per_micro, c).contiguous()
         hidden = lm.model(input_ids=ids, position_ids=pos).last_hidden_state  # [b, c, H]
         if LOSS == "share":  # the convention DeepSpeed's SP reduction expects: the rank's share of the mean
-            n = (shift_labels[rows] != -100).sum()
+            n = (shift_labels[rows] != -100).sum()  # the micro-batch's targets over all ranks
             loss = F.cross_entropy(lm.lm_head(hidden).to(up).flatten(0, 1), labels.flatten(), ignore_index=-100,
                                    reduction="sum") / n
             engine.backward(loss)

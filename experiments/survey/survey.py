@@ -139,8 +139,8 @@ def portable(arg):
     the checkout, or under ~ (the survey's venvs); anything else unchanged."""
     if not arg.startswith("/"):
         return arg
-    path = Path(arg).resolve()
-    for base, prefix in ((ROOT, ""), (Path.home().resolve(), "~/")):
+    path = Path(os.path.normpath(arg))  # not resolve(): a venv's python is a symlink to the interpreter it came from
+    for base, prefix in ((ROOT, ""), (Path.home(), "~/")):
         if path.is_relative_to(base):
             return prefix + str(path.relative_to(base))
     return arg

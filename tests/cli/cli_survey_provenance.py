@@ -1,6 +1,7 @@
 """A survey row replays from any checkout and names the code that made it (issue #45):
-(a) the paths in a row's command are the checkout's relative ones, or under ~ (the survey's venvs): no absolute
-    path of the machine that ran it; a path elsewhere (a scratch --out) is left as given;
+(a) the paths in a row's command are the checkout's relative ones, or under ~ (the survey's venvs, their python a
+    symlink that must stay the venv's): no absolute path of the machine that ran it; a path elsewhere (a scratch
+    --out) is left as given;
 (b) survey.py refuses a checkout with uncommitted changes (exit 2, saying so) unless --allow-dirty: a row's commit is a
     commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs.
 No library, no binary.
@@ -26,9 +27,13 @@ def main():
              str(ROOT / "verify" / "conform" / "survey" / ".." / "hf_ddp_adapter.py"): "verify/conform/hf_ddp_adapter.py",
              str(home / ".cache" / "streambp" / "survey" / "x" / "bin" / "python"): "~/.cache/streambp/survey/x/bin/python",
              "/nonexistent-scratch/out": "/nonexistent-scratch/out", "--cases": "--cases", "survey": "survey"}
-    for given, wanted in cases.items():
-        if survey.portable(given) != wanted:
-            failures.append(f"portable({given!r}) = {survey.portable(given)!r}, wanted {wanted!r}")
+    with tempfile.TemporaryDirectory(dir=home) as tmp:  # a venv's python: a symlink to another interpreter, kept
+        link = Path(tmp, "bin-python")
+        link.symlink_to(sys.executable)
+        cases[str(link)] = "~/" + str(link.relative_to(home))
+        failures += [f"portable({g!r}) = {survey.portable(g)!r}, wanted {w!r}" for g, w in cases.items()
+                     if survey.portable(g) != w]
+
 
     with tempfile.TemporaryDirectory() as tmp:
         git = ["git", "-C", tmp, "-c", "user.name=t", "-c", "user.email=t@t"]

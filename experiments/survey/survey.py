@@ -9,7 +9,7 @@ peak RSS against HF's standard BP on the same cases (the `hf` entry, run first),
 An entry that cannot run here gets its row all the same, saying why: a library that needs a GPU, a source that is not
 on PyPI and not given (its environment variable), a venv that does not install.
 
-Usage: survey.py --streambp build/streambp [--only NAME ...] [--cases survey] [--out results/survey]
+Usage: survey.py --streambp build/streambp [--only NAME ...] [--cases survey] [--out results/survey] [--allow-dirty]
 """
 import argparse
 import csv
@@ -129,7 +129,21 @@ def run_conform(streambp, entry, python, cases, out_dir):
     if not found:
         raise RuntimeError("conform wrote no results: " + (done.stderr.strip().splitlines() or ["?"])[-1])
     settings = [f"{k}={shlex.quote(v)}" for k, v in entry.get("env", {}).items()]  # part of the command: DS_LOSS=...
-    return Path(found.group(1)), " ".join(settings + [shlex.quote(c) for c in command])
+    shown = [portable(streambp), "conform", "--impl", " ".join(portable(a) for a in shlex.split(impl))] + \
+        [portable(c) for c in command[4:]]
+    return Path(found.group(1)), " ".join(settings + [shlex.quote(c) for c in shown])
+
+
+def portable(arg):
+    """A path in a row's command as another machine replays it from the checkout (conform runs there): relative to
+    the checkout, or under ~ (the survey's venvs); anything else unchanged."""
+    if not arg.startswith("/"):
+        return arg
+    path = Path(os.path.normpath(arg))  # not resolve(): a venv's python is a symlink to the interpreter it came from
+    for base, prefix in ((ROOT, ""), (Path.home(), "~/")):
+        if path.is_relative_to(base):
+            return prefix + str(path.relative_to(base))
+    return arg
 
 
 def read_rows(path):
@@ -231,6 +245,8 @@ def main(argv):
     parser.add_argument("--cases", default="survey")
     parser.add_argument("--out", default=str(ROOT / "results" / "survey"))
     parser.add_argument("--manifest", default=str(HERE / "implementations.json"))
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="run on uncommitted changes (a test's scratch run); the rows' commit says -dirty")
     args = parser.parse_args(argv)
     entries = json.loads(Path(args.manifest).read_text())
     if args.only:
@@ -242,10 +258,17 @@ def main(argv):
     out = Path(args.out).resolve()
     if args.cases not in ("quick", "full", "survey"):
         args.cases = str(Path(args.cases).resolve())
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True).stdout.strip()
+    if changed:  # a row names the code that made it: a commit, not a commit plus edits nobody can see
+        if not args.allow_dirty:
+            parser.exit(2, f"survey.py: the checkout has uncommitted changes ({changed.splitlines()[0].strip()} ...): "
+                           "commit them first (or --allow-dirty for a scratch run; its rows say -dirty)\n")
+        commit += "-dirty"
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
-                            capture_output=True, text=True).stdout.strip()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     provenance = {"commit": commit, "date": stamp, "machine": "", "threads": "", "torch_version": ""}
     ranks_by_case = {}

@@ -5,7 +5,8 @@
 #   - DeepSpeed 0.19.8's TiledMLP + TiledFusedLogitsLoss, called with the batch's normaliser, must be exact;
 #   - DeepSpeed 0.19.7's TiledLoss (removed by PR #8587: each tile's own mean in the backward, averaged over the
 #     tiles, while the forward is right) must fail, on the tiled case, with a gradient error far beyond the bar;
-#   - HF under DDP on 2 Gloo ranks must be exact on the case for 2 ranks (the distributed check against one process).
+#   - HF under DDP on 2 Gloo ranks must be exact on the case for 2 ranks (the distributed check against one process);
+#   - every row's command replays from any checkout: no path of this checkout or this home in it.
 # A change to conform that stops catching a real library's bug turns this red.
 # Usage: cli_survey.sh BINARY PYTHON
 # ctest-needs-python
@@ -16,9 +17,9 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY OMP_NUM_THREADS=1
 
 "$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --cases "$SRC/tests/cli/survey_slice.json" \
-  --only deepspeed-tiled deepspeed-tiledloss hf-ddp --out survey >survey.txt 2>survey.log ||
+  --only deepspeed-tiled deepspeed-tiledloss hf-ddp --out survey --allow-dirty >survey.txt 2>survey.log ||
   fail "survey.py:\n$(tail -20 survey.log)\n$(cat survey.txt)"
-python3 - survey/survey-*.csv <<'PY' || fail "the slice's verdicts:\n$(cat survey.txt)\n$(tail -20 survey.log)"
+python3 - survey/survey-*.csv "$SRC" "$HOME" <<'PY' || fail "the slice's verdicts:\n$(cat survey.txt)\n$(tail -20 survey.log)"
 import csv, sys
 rows = {}
 for r in csv.DictReader(open(sys.argv[1])):
@@ -32,5 +33,7 @@ old = [r for r in rows["deepspeed-tiledloss"] if r["judged"] not in ("", "0")]
 assert any(r["verdict"] == "wrong" and float(r["worst"]) > 1e-3 for r in old), rows["deepspeed-tiledloss"]
 ddp = [r for r in rows["hf-ddp"] if "2 ranks" in r["setting"]]
 assert ddp and ddp[0]["verdict"] == "exact", rows["hf-ddp"]
+local = [r["command"] for rs in rows.values() for r in rs if sys.argv[2] in r["command"] or sys.argv[3] in r["command"]]
+assert not local, f"a command with this machine's paths: {local[0]}"
 PY
 echo "ok: DeepSpeed's tiled pieces exact, its removed TiledLoss caught, HF DDP on 2 ranks exact"

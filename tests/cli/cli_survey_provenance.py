@@ -1,0 +1,64 @@
+"""A survey row replays from any checkout and names the code that made it (issue #45):
+(a) the paths in a row's command are the checkout's relative ones, or under ~ (the survey's venvs, their python a
+    symlink that must stay the venv's): no absolute path of the machine that ran it; a path elsewhere (a scratch
+    --out) is left as given;
+(b) survey.py refuses a checkout with uncommitted changes (exit 2, saying so) unless --allow-dirty: a row's commit is a
+    commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs.
+No library, no binary.
+
+Usage: python tests/cli/cli_survey_provenance.py BUILD/streambp   (the binary is not used)
+"""
+import contextlib
+import io
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "survey"))
+import survey  # noqa: E402
+
+
+def main():
+    failures = []
+    home = Path.home()
+    cases = {str(ROOT / "build" / "streambp"): "build/streambp",
+             str(ROOT / "verify" / "conform" / "survey" / ".." / "hf_ddp_adapter.py"): "verify/conform/hf_ddp_adapter.py",
+             str(home / ".cache" / "streambp" / "survey" / "x" / "bin" / "python"): "~/.cache/streambp/survey/x/bin/python",
+             "/nonexistent-scratch/out": "/nonexistent-scratch/out", "--cases": "--cases", "survey": "survey"}
+    with tempfile.TemporaryDirectory(dir=home) as tmp:  # a venv's python: a symlink to another interpreter, kept
+        link = Path(tmp, "bin-python")
+        link.symlink_to(sys.executable)
+        cases[str(link)] = "~/" + str(link.relative_to(home))
+        failures += [f"portable({g!r}) = {survey.portable(g)!r}, wanted {w!r}" for g, w in cases.items()
+                     if survey.portable(g) != w]
+
+
+    with tempfile.TemporaryDirectory() as tmp:
+        git = ["git", "-C", tmp, "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(["git", "init", "-q", tmp], check=True)
+        Path(tmp, "f").write_text("a\n")
+        subprocess.run(git + ["add", "f"], check=True)
+        subprocess.run(git + ["commit", "-qm", "c"], check=True)
+        Path(tmp, "f").write_text("b\n")  # an uncommitted edit
+        survey.ROOT = Path(tmp)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                survey.main(["--streambp", "/bin/false", "--out", str(Path(tmp, "out"))])
+                code = 0
+            except SystemExit as e:
+                code = e.code
+        if code != 2 or "uncommitted changes" not in err.getvalue():
+            failures.append(f"a dirty checkout: exit {code}, stderr {err.getvalue()!r} (wanted 2, 'uncommitted changes')")
+        if Path(tmp, "out", "runs").exists():
+            failures.append("a dirty checkout: survey.py made its output folder before refusing")
+    for f in failures:
+        print("FAIL:", f)
+    print("ok" if not failures else f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,6 +41,9 @@ def main():
     args = parser.parse_args()
     case_dir = args.case_dir
     case = json.loads((case_dir / "case.json").read_text())
+    if "micro_batches" in case:  # exit status 3: not expressible (`streambp run` is one batch, one step)
+        print(f"{len(case['micro_batches'])} micro-batches: streambp run takes one batch per step", file=sys.stderr)
+        sys.exit(3)
     method = args.method
     if method == "streambp":
         method = f"streambp:layer_chunk={case['chunks']['layer']},head_chunk={case['chunks']['head']}"

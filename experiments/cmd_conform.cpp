@@ -320,7 +320,8 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                "lora, batch, seq, ranks, micro_batches, tied, chunks) and run nothing");
   app.add_option("--accumulation", a.accumulation, "what a step of several micro-batches is judged against: union "
                  "(the loss over their union, normalised by the step's target count) or micro-means (the mean of each "
-                 "micro-batch's own loss, for a library that documents it)")->check(CLI::IsMember({"union", "micro-means"}));
+                 "micro-batch's own loss, for a library that documents it)")
+      ->check(CLI::IsMember({"union", "micro-means"}));
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "

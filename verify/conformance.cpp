@@ -127,7 +127,8 @@ std::vector<ConformCase> full_cases() {
                                     ragged(4, 37, seed++)), {{0, 1}, {2, 3}}));
   }
   cases.push_back(micro(make_case("grpo-dapo-micro2", "GRPO dapo (the step's token count) over 2 micro-batches",
-                                  tiny, c10::kDouble, "grpo:loss_type=dapo", ragged(4, 23, seed++, 2)), {{0, 1}, {2, 3}}));
+                                  tiny, c10::kDouble, "grpo:loss_type=dapo", ragged(4, 23, seed++, 2)),
+                        {{0, 1}, {2, 3}}));
   cases.push_back(micro(make_case("sft-lora-micro2", "LoRA over 2 micro-batches", tiny, c10::kDouble, "sft",
                                   ragged(3, 23, seed++), kLora), {{0}, {1, 2}}));
   return cases;
@@ -148,7 +149,8 @@ std::vector<ConformCase> survey_cases() {
       tiled(make_case("sft-llama-T300", "Llama-shaped (no qk-norm, untied lm_head), T = 300", llama, c10::kDouble,
                       "sft", ragged(3, 300, 22))),
       tiled(make_case("sft-qwen3-untied-T300", "Qwen3-shaped with an untied lm_head: beside sft-qwen3-T300, the tied "
-                      "head alone differs", variant(false, true, false, false), c10::kDouble, "sft", ragged(3, 300, 21))),
+                      "head alone differs", variant(false, true, false, false), c10::kDouble, "sft",
+                      ragged(3, 300, 21))),
       tiled(micro(make_case("sft-qwen3-T300-micro3", "a step of 3 micro-batches (1, 2 and 1 ragged rows), T = 300",
                             qwen3, c10::kDouble, "sft", ragged(4, 300, 30)), {{0}, {1, 2}, {3}})),
       tiled(make_case("sft-qwen3-T37", "one tile shorter than the rest: T = 37", qwen3, c10::kDouble, "sft",
@@ -293,7 +295,8 @@ std::string accumulation_name(Accumulation a) { return a == Accumulation::union_
 std::string accumulation_description(Accumulation a) {
   return a == Accumulation::union_batch
              ? "union: the loss over the union of the micro-batches, normalised by the step's target count"
-             : "micro-means: the mean over micro-batches of each one's own loss (the library's documented normalisation)";
+             : "micro-means: the mean over micro-batches of each one's own loss (the library's documented "
+               "normalisation)";
 }
 
 std::string micro_batches_problem(const ConformCase& c, std::int64_t rows) {

@@ -57,7 +57,8 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
 // ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
 // "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias",
-// "tie_word_embeddings", "num_key_value_heads", "ranks", "micro_batches"} (a missing key takes the quick matrix's default). Throws
+// "tie_word_embeddings", "num_key_value_heads", "ranks", "micro_batches"} (a missing key takes the quick matrix's
+// default). Throws
 // naming the file and key, or naming the case sets when `which` is neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
 

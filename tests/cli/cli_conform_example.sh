@@ -1,5 +1,6 @@
 # The adapter the README offers to copy, verify/conform/example_adapter.py (issue #44), on the quick matrix: every SFT
-# case passes but the micro-batch step, which it declines (fp64 at 1e-10 on each model family the matrix writes: Qwen3 and the Qwen2-shaped MHA/bias case; LoRA
+# case passes but the micro-batch step, which it declines (fp64 at 1e-10 on each model family the matrix writes:
+# Qwen3 and the Qwen2-shaped MHA/bias case; LoRA
 # under PEFT's saved names), every other case is N/A (exit status 3, the reason named), none fails; nothing stays in
 # $TMPDIR. The baseline of its fp32/bf16 cases is the harness's own standard BP (no second torch start per case).
 # Usage: cli_conform_example.sh BINARY PYTHON

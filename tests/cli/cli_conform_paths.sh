@@ -62,7 +62,8 @@ grep -q "union: the loss over the union of the micro-batches" hf/conform-*.csv |
 run means "$wrong micro-means" paths.json
 [[ $(cat means.status) -eq 1 ]] || fail "a mean of micro-batch means: exit $(cat means.status)"
 verdicts means "$all" "sft-tied"
-grep -qE "sft-micro3 .* FAIL .*a step of 3 micro-batches judged against union" means.txt || fail "no hint:\n$(cat means.txt)"
+grep -qE "sft-micro3 .* FAIL .*a step of 3 micro-batches judged against union" means.txt ||
+  fail "no hint:\n$(cat means.txt)"
 run declared "$wrong micro-means" paths.json --accumulation micro-means
 [[ $(cat declared.status) -eq 0 ]] || fail "micro-means judged against its declared normalisation:\n$(cat declared.txt)"
 verdicts declared "$all" "$all"

@@ -52,7 +52,8 @@ def sft_loss(model, case):
 
     logits = forward_logits(model, b)
     shift_labels = F.pad(b["labels"], (0, 1), value=-100)[:, 1:]  # [B, T]: position t's target is token t + 1
-    return fixed_cross_entropy(logits.flatten(0, 1), shift_labels.flatten(), num_items_in_batch=items, ignore_index=-100)
+    return fixed_cross_entropy(logits.flatten(0, 1), shift_labels.flatten(), num_items_in_batch=items,
+                               ignore_index=-100)
 
 
 # ------------------------------------------------------------------------------------------------ GRPO / DPO

@@ -143,7 +143,7 @@ def group_key(row, ranks_by_case, paths_by_case=None):
         setting.append("LoRA")
     if ranks_by_case.get(row["case"], 1) > 1:
         setting.append(f"{ranks_by_case[row['case']]} ranks")
-    return row["objective"].split(":")[0], row["dtype"], " ".join(setting)
+    return row["objective"].split(":")[0], row["dtype"], ", ".join(setting)
 
 
 def number(cell):

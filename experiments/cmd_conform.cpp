@@ -241,7 +241,8 @@ struct Returned {
   std::string problem;
 };
 
-Returned read_returned(const fs::path& dir, const ChildRun& run) {
+// `micro_batches`: the case's count (0: one pass), which result.json must report.
+Returned read_returned(const fs::path& dir, const ChildRun& run, std::size_t micro_batches = 0) {
   Returned r;
   if (!run.outcome.empty()) {
     const auto tail = last_line(dir / "impl.log");
@@ -268,6 +269,10 @@ Returned read_returned(const fs::path& dir, const ChildRun& run) {
     r.loss = result_loss(std::string(std::istreambuf_iterator<char>(in), {}));
     if (std::isnan(*r.loss)) r.problem = "result.json: the loss is NaN";
     else if (std::isinf(*r.loss)) r.problem = fmt::format("result.json: the loss is {}Infinity", *r.loss < 0 ? "-" : "");
+    else if (micro_batches > 0) {
+      std::ifstream again(result);
+      r.problem = result_micro_batches_problem(std::string(std::istreambuf_iterator<char>(again), {}), micro_batches);
+    }
   } catch (const std::exception& e) {
     r.problem = std::string("result.json: ") + e.what();
   }
@@ -285,15 +290,21 @@ void write_case(const ConformCase& c, const fs::path& dir, const Model& model, c
 }
 
 // The harness's fp64 standard BP on the case's files (the weights as rounded to the case dtype, read back in fp64).
-std::pair<TensorList, double> oracle(const ConformCase& c, const fs::path& dir, const Batch& batch) {
+// A micro-batch case under union accumulation is the whole batch at once (the union, by its own totals); under
+// micro-means each micro-batch by its own totals, the gradients and losses averaged.
+std::pair<TensorList, double> oracle(const ConformCase& c, const fs::path& dir, const Batch& batch,
+                                     Accumulation accumulation) {
   auto model = load_model_dir(dir / "model", at::kDouble);
   if (!c.lora.empty()) apply_lora(*model, "", (dir / "adapter").string(), c.batch.seed);
   auto objective = make_objective(c.objective);
   auto standard = make_method("standard");
-  const auto r = standard->step(*model, *objective, batch);
+  const auto parts = accumulation == Accumulation::micro_means ? micro_batch_split(c, batch) : std::vector{batch};
+  double loss = 0;
+  for (std::size_t k = 0; k < parts.size(); ++k)
+    loss += standard->step(*model, *objective, parts[k], {.accumulate = k > 0}).loss / double(parts.size());
   TensorList grads;
-  for (const auto& g : model->gradients()) grads.push_back({g.name, g.tensor.detach().clone()});
-  return {grads, r.loss};
+  for (const auto& g : model->gradients()) grads.push_back({g.name, g.tensor.detach().clone() / double(parts.size())});
+  return {grads, loss};
 }
 
 void copy_case(const fs::path& from, const fs::path& to) {
@@ -316,7 +327,11 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
       ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
   app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, description, objective, dtype, "
-               "lora, batch, seq, ranks, parallel, chunks) and run nothing");
+               "lora, batch, seq, ranks, parallel, micro_batches, tied, chunks) and run nothing");
+  app.add_option("--accumulation", a.accumulation, "what a step of several micro-batches is judged against: union "
+                 "(the loss over their union, normalised by the step's target count) or micro-means (the mean of each "
+                 "micro-batch's own loss, for a library that documents it)")
+      ->check(CLI::IsMember({"union", "micro-means"}));
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "
@@ -370,12 +385,14 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       list.push_back({{"name", c.name}, {"description", c.description}, {"objective", c.objective},
                       {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
                       {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
+                      {"micro_batches", c.micro_batches}, {"tied", c.config.tie_word_embeddings},
                       {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}}});
     fmt::print("{}\n", list.dump(2));
     return 0;
   }
   if (a.impl.empty()) throw InputError("--impl is required (or --list-cases)");
   const auto impl = resolve_command(a.impl), baseline = resolve_command(a.baseline);
+  const auto accumulation = parse_accumulation(a.accumulation);
 
   fs::path work = a.work_dir;
   const bool temporary = work.empty();
@@ -399,7 +416,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
   const auto csv = ResultsTable::new_path(a.output.out_dir, "conform", prov);
   ResultsTable table({"case", "description", "objective", "lora", "rule", "worst_tensor", "worst", "loss",
                       "oracle_loss", "loss_rel_error", "seconds", "cpu_seconds", "peak_rss_bytes", "baseline_seconds",
-                      "baseline_peak_rss_bytes", "problem", "impl"});
+                      "baseline_peak_rss_bytes", "problem", "impl", "accumulation"});
   fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
   std::vector<std::string> lines;
   int passed = 0, failed = 0, not_expressible = 0;
@@ -415,7 +432,9 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     auto batch = objective->random_batch(c.config, c.batch);
     complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
     write_case(c, dir, model, *objective, batch);
-    const auto [reference, reference_loss] = oracle(c, dir, batch);
+    const auto [reference, reference_loss] = oracle(c, dir, batch, accumulation);
+    // A micro-batch case's row names the normalisation it was judged against.
+    const auto judged_against = c.micro_batches.empty() ? std::string() : accumulation_description(accumulation);
 
     const auto run = run_child(impl, dir, a.timeout);
     if (run.interrupted) break;
@@ -428,7 +447,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       table.add({c.config.name, a.impl, dtype_name(c.dtype), "not expressible", c.batch.seed,
                  {c.name, c.description, objective->spec(), c.lora, "", "", "", "", fmt::format("{:.17g}", reference_loss),
                   "", fmt::format("{:.3f}", run.wall_seconds), fmt::format("{:.3f}", run.cpu_seconds),
-                  std::to_string(run.peak_rss_bytes), "", "", why, impl}});
+                  std::to_string(run.peak_rss_bytes), "", "", why, impl, judged_against}});
       const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name,
                                     dtype_name(c.dtype), "N/A", "-", "-", run.wall_seconds,
                                     format_bytes(run.peak_rss_bytes), "not expressible: " + why);
@@ -438,7 +457,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       fs::remove_all(dir);
       continue;
     }
-    const auto got = read_returned(dir, run);
+    const auto got = read_returned(dir, run, c.micro_batches.size());
     ConformVerdict verdict;
     ChildRun base_run;
     if (!got.problem.empty()) {
@@ -466,7 +485,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       if (base_run.interrupted) break;
       if (failed_run.empty() && !base_run.outcome.empty())
         failed_run = failed_run_note("the baseline", baseline, base_dir, base_run.outcome);
-      const auto base = read_returned(base_dir, base_run);
+      const auto base = read_returned(base_dir, base_run, c.micro_batches.size());
       if (!base.problem.empty()) {
         verdict.rule = dtype_name(c.dtype);
         verdict.problem = "the baseline " + base.problem;
@@ -479,6 +498,11 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     const auto loss_rel = got.loss ? std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300)
                                    : std::numeric_limits<double>::quiet_NaN();
     const bool compared = !verdict.worst_tensor.empty();  // gradients were judged (a loss problem may come on top)
+    const auto micro_words = compared && !c.micro_batches.empty()
+                                 ? fmt::format("; a step of {} micro-batches judged against {}: usually each "
+                                               "micro-batch normalised by its own count, or one micro-batch's gradient "
+                                               "missing", c.micro_batches.size(), accumulation_name(accumulation))
+                                 : std::string();
     table.add({c.config.name, a.impl, dtype_name(c.dtype), pass ? "passed" : "failed", c.batch.seed,
                {c.name, c.description, objective->spec(), c.lora, verdict.rule, verdict.worst_tensor,
                 compared ? fmt::format("{:.3e}", verdict.worst) : "",
@@ -486,11 +510,13 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                 got.loss ? fmt::format("{:.3e}", loss_rel) : "", fmt::format("{:.3f}", run.wall_seconds),
                 fmt::format("{:.3f}", run.cpu_seconds), std::to_string(run.peak_rss_bytes),
                 c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
-                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl}});
+                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl,
+                judged_against}});
     const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                   pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
                                   compared ? verdict.worst_tensor : "-", run.wall_seconds,
-                                  format_bytes(run.peak_rss_bytes), pass ? "" : failure_words(c.dtype, verdict, compared, loss_rel));
+                                  format_bytes(run.peak_rss_bytes),
+                                  pass ? "" : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words);
     fmt::print(stderr, "  {}\n", line);
     lines.push_back(line);
     table.write_to(csv, prov);  // after every case: a killed run keeps what it judged

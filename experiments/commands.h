@@ -122,6 +122,7 @@ struct ConformArgs {
   OutputOptions output{.out_dir = "results/conform"};
   bool lora_only = false, list_cases = false;
   double timeout = 300;  // seconds per case
+  std::string accumulation = "union";  // what micro-batch cases are judged against (verify/conformance.h)
 };
 void add_conform_options(CLI::App& app, ConformArgs& args);
 int conform_command(const ConformArgs& args, const std::string& command_line);

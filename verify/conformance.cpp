@@ -51,6 +51,12 @@ ConformCase make_case(std::string name, std::string description, ModelConfig con
   return c;
 }
 
+// A case whose optimizer step is these micro-batches of its rows (issue #45).
+ConformCase micro(ConformCase c, std::vector<std::vector<std::int64_t>> rows) {
+  c.micro_batches = std::move(rows);
+  return c;
+}
+
 const std::string kLora = "rank=4,alpha=8,init=random";  // B != 0: both factors have real gradients
 
 // The case on `ranks` ranks that split the sequence (issue #45): the library's own split and loss aggregation.
@@ -87,6 +93,14 @@ std::vector<ConformCase> quick_cases() {
       sequence_parallel(make_case("sft-sp3-T38", "the sequence split over 3 ranks, T = 38 (T mod 3 = 2, row 0 "
                                   "unpadded): shards with different target counts", variant(true, false, true, false),
                                   c10::kDouble, "sft", {3, 38, 0.03, 0.2, 11, 0}), 3),
+      // Micro-batches of different sizes over ragged rows: their target counts (tokens, rows, pairs) all differ.
+      micro(make_case("sft-micro3", "a step of 3 micro-batches (1, 2 and 1 rows, each its own target count)", tiny,
+                      c10::kDouble, "sft", ragged(4, 37, 10)), {{0}, {1, 2}, {3}}),
+      micro(make_case("grpo-micro2", "GRPO (per-sequence means) over 2 micro-batches of 2 and 1 rows", tiny,
+                      c10::kDouble, "grpo:beta=0.04,loss_type=grpo", ragged(3, 29, 11, 3)), {{0, 1}, {2}}),
+      micro(make_case("dpo-micro2", "DPO over 2 micro-batches of 2 pairs and 1 pair, untied lm_head",
+                      variant(false, true, false, false), c10::kDouble, "dpo:beta=0.1", ragged(6, 31, 12)),
+            {{0, 1, 3, 4}, {2, 5}}),
   };
 }
 
@@ -127,7 +141,14 @@ std::vector<ConformCase> full_cases() {
     cases.push_back(make_case("grpo-" + d, "GRPO in " + d, tiny, dtype, "grpo:beta=0.04", ragged(3, 37, seed++, 3)));
     cases.push_back(make_case("dpo-" + d, "DPO in " + d, tiny, dtype, "dpo", ragged(4, 37, seed++)));
     cases.push_back(make_case("sft-lora-" + d, "LoRA in " + d, tiny, dtype, "sft", ragged(3, 37, seed++), kLora));
+    cases.push_back(micro(make_case("sft-micro-" + d, "2 micro-batches of 2 ragged rows in " + d, tiny, dtype, "sft",
+                                    ragged(4, 37, seed++)), {{0, 1}, {2, 3}}));
   }
+  cases.push_back(micro(make_case("grpo-dapo-micro2", "GRPO dapo (the step's token count) over 2 micro-batches",
+                                  tiny, c10::kDouble, "grpo:loss_type=dapo", ragged(4, 23, seed++, 2)),
+                        {{0, 1}, {2, 3}}));
+  cases.push_back(micro(make_case("sft-lora-micro2", "LoRA over 2 micro-batches", tiny, c10::kDouble, "sft",
+                                  ragged(3, 23, seed++), kLora), {{0}, {1, 2}}));
   return cases;
 }
 
@@ -145,6 +166,11 @@ std::vector<ConformCase> survey_cases() {
                       "and masked prompts", qwen3, c10::kDouble, "sft", ragged(3, 300, 21))),
       tiled(make_case("sft-llama-T300", "Llama-shaped (no qk-norm, untied lm_head), T = 300", llama, c10::kDouble,
                       "sft", ragged(3, 300, 22))),
+      tiled(make_case("sft-qwen3-untied-T300", "Qwen3-shaped with an untied lm_head: beside sft-qwen3-T300, the tied "
+                      "head alone differs", variant(false, true, false, false), c10::kDouble, "sft",
+                      ragged(3, 300, 21))),
+      tiled(micro(make_case("sft-qwen3-T300-micro3", "a step of 3 micro-batches (1, 2 and 1 ragged rows), T = 300",
+                            qwen3, c10::kDouble, "sft", ragged(4, 300, 30)), {{0}, {1, 2}, {3}})),
       tiled(make_case("sft-qwen3-T37", "one tile shorter than the rest: T = 37", qwen3, c10::kDouble, "sft",
                       ragged(3, 37, 23))),
       tiled(make_case("grpo-qwen3-T300", "GRPO with a KL term, T = 300", qwen3, c10::kDouble,
@@ -182,7 +208,7 @@ std::vector<ConformCase> file_cases(const std::string& file) {
   const std::set<std::string> known = {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
                                        "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", "qk_norm",
                                        "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description",
-                                       "ranks", "parallel"};
+                                       "ranks", "parallel", "micro_batches"};
   std::vector<ConformCase> out;
   for (std::size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
@@ -209,6 +235,7 @@ std::vector<ConformCase> file_cases(const std::string& file) {
       c.layer_chunk = e.value("layer_chunk", c.layer_chunk);
       c.head_chunk = e.value("head_chunk", c.head_chunk);
       c.ranks = e.value("ranks", 1);
+      c.micro_batches = e.value("micro_batches", c.micro_batches);
       if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1 || c.ranks < 1)
         throw InputError("batch >= 1, seq >= 2, chunks >= 1 and ranks >= 1 are required");
       const auto parallel = e.value("parallel", std::string("data"));
@@ -219,6 +246,8 @@ std::vector<ConformCase> file_cases(const std::string& file) {
         if (c.batch.seq_len < c.ranks) throw InputError("parallel 'sequence' needs seq >= ranks");
         c.parallel = ConformParallel::sequence;
       }
+      if (const auto problem = micro_batches_problem(c, c.batch.batch_size); !problem.empty())
+        throw InputError(problem);
       out.push_back(std::move(c));
     } catch (const nlohmann::json::exception& ex) {
       throw InputError(where + ": " + ex.what());
@@ -247,9 +276,11 @@ std::vector<ConformCase> conform_cases(const std::string& which) {
   return file_cases(which);
 }
 
-double result_loss(const std::string& text) {
-  // Python's json.dumps writes a non-finite float as a bare NaN, Infinity or -Infinity, which JSON does not have:
-  // quote those tokens (outside strings), then read the quoted loss back as its number.
+namespace {
+
+// result.json as JSON. Python's json.dumps writes a non-finite float as a bare NaN, Infinity or -Infinity, which JSON
+// does not have: quote those tokens (outside strings); result_loss reads a quoted one back as its number.
+nlohmann::json python_json(const std::string& text) {
   std::string quoted;
   bool in_string = false;
   for (std::size_t i = 0; i < text.size(); ++i) {
@@ -271,7 +302,13 @@ double result_loss(const std::string& text) {
       }
     if (!replaced) quoted += c;
   }
-  const auto loss = nlohmann::json::parse(quoted).at("loss");
+  return nlohmann::json::parse(quoted);
+}
+
+}  // namespace
+
+double result_loss(const std::string& text) {
+  const auto loss = python_json(text).at("loss");
   if (loss.is_string()) {
     const auto word = loss.get<std::string>();
     if (word == "NaN") return std::numeric_limits<double>::quiet_NaN();
@@ -279,6 +316,65 @@ double result_loss(const std::string& text) {
     if (word == "-Infinity") return -std::numeric_limits<double>::infinity();
   }
   return loss.get<double>();
+}
+
+Accumulation parse_accumulation(const std::string& name) {
+  if (name == "union") return Accumulation::union_batch;
+  if (name == "micro-means") return Accumulation::micro_means;
+  throw InputError("--accumulation " + name + ": union or micro-means");
+}
+
+std::string accumulation_name(Accumulation a) { return a == Accumulation::union_batch ? "union" : "micro-means"; }
+
+std::string accumulation_description(Accumulation a) {
+  return a == Accumulation::union_batch
+             ? "union: the loss over the union of the micro-batches, normalised by the step's target count"
+             : "micro-means: the mean over micro-batches of each one's own loss (the library's documented "
+               "normalisation)";
+}
+
+std::string micro_batches_problem(const ConformCase& c, std::int64_t rows) {
+  if (c.micro_batches.empty()) return "";
+  std::vector<int> seen(rows, 0);
+  for (std::size_t k = 0; k < c.micro_batches.size(); ++k) {
+    const auto& m = c.micro_batches[k];
+    if (m.empty()) return fmt::format("micro_batches[{}] is empty", k);
+    for (const auto r : m) {
+      if (r < 0 || r >= rows) return fmt::format("micro_batches[{}]: row {} of a batch of {} rows", k, r, rows);
+      if (seen[r]++) return fmt::format("micro_batches: row {} appears twice", r);
+    }
+    if (c.objective.rfind("dpo", 0) == 0) {  // its chosen rows, then their rejected ones (rows + P) in that order
+      const auto n = m.size() / 2;
+      bool paired = m.size() % 2 == 0;
+      for (std::size_t i = 0; paired && i < n; ++i) paired = m[i] < rows / 2 && m[n + i] == m[i] + rows / 2;
+      if (!paired)
+        return fmt::format("micro_batches[{}]: dpo's micro-batch is its chosen rows, then their rejected rows "
+                           "(row + {}) in the same order", k, rows / 2);
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (!seen[r]) return fmt::format("micro_batches: row {} is in no micro-batch", r);
+  return "";
+}
+
+std::vector<Batch> micro_batch_split(const ConformCase& c, const Batch& batch) {
+  if (c.micro_batches.empty()) return {batch};
+  std::vector<Batch> out;
+  for (const auto& rows : c.micro_batches)
+    out.push_back(batch.select_rows(at::tensor(rows, at::TensorOptions().dtype(at::kLong))));
+  return out;
+}
+
+std::string result_micro_batches_problem(const std::string& text, std::size_t expected) {
+  const auto j = python_json(text);
+  const auto how = fmt::format("the case's step is {} micro-batches (case.json micro_batches): an implementation "
+                               "runs them and says how many ran (README: Conformance)", expected);
+  if (!j.contains("micro_batches")) return "result.json has no \"micro_batches\"; " + how;
+  const auto& v = j["micro_batches"];
+  if (!v.is_number_integer()) return "result.json: \"micro_batches\" is " + v.dump() + ", not an integer; " + how;
+  if (v.get<std::int64_t>() != std::int64_t(expected))
+    return fmt::format("result.json: {} micro-batches ran; {}", v.get<std::int64_t>(), how);
+  return "";
 }
 
 nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
@@ -300,7 +396,7 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
   }
   const std::map<c10::ScalarType, std::string> torch_names = {
       {c10::kDouble, "float64"}, {c10::kFloat, "float32"}, {c10::kBFloat16, "bfloat16"}, {c10::kHalf, "float16"}};
-  return {{"protocol", kConformProtocol},
+  nlohmann::json out = {{"protocol", kConformProtocol},
           {"case", c.name},
           {"description", c.description},
           {"dtype", torch_names.at(c.dtype)},
@@ -314,6 +410,13 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
                             "lm_head only as model.embed_tokens.weight), in the model dtype; result.json: {\"loss\": ...}"
                           : "grads.safetensors: the gradient of every adapter tensor under its PEFT name (as in "
                             "adapter/adapter_model.safetensors), in the model dtype; result.json: {\"loss\": ...}"}};
+  if (!c.micro_batches.empty()) {
+    // Only in a micro-batch case: an adapter written before them sees the case.json it knows.
+    out["micro_batches"] = c.micro_batches;
+    out["returns"] = out["returns"].get<std::string>() + " and \"micro_batches\": how many ran; the gradient and "
+                     "loss after the whole step, as the trainer hands them to the optimizer";
+  }
+  return out;
 }
 
 std::vector<std::string> protocol_problems(const TensorList& expected, const TensorList& got) {

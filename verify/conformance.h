@@ -38,15 +38,35 @@ struct ConformCase {
   // together return the whole batch's gradients, judged against one process like every case). 1: one process.
   int ranks = 1;
   ConformParallel parallel = ConformParallel::data;  // sequence needs ranks >= 2
+  // The optimizer step's micro-batches (issue #45): each the batch's rows it holds (DPO: its chosen rows, then their
+  // rejected rows in the same order). Empty: the step is the whole batch in one pass.
+  std::vector<std::vector<std::int64_t>> micro_batches;
 };
+
+// What a step of several micro-batches is judged against. union_batch: the promise of accumulation, the objective
+// over the union of the micro-batches normalised by the step's totals (HF/TRL's num_items_in_batch). micro_means: the
+// mean over micro-batches of each one's own loss (a library that documents it declares it: conform --accumulation).
+enum class Accumulation { union_batch, micro_means };
+Accumulation parse_accumulation(const std::string& name);  // "union" or "micro-means"; throws naming the flag
+std::string accumulation_name(Accumulation a);
+std::string accumulation_description(Accumulation a);
+
+// What is wrong with a case's micro-batches for a batch of `rows` rows and `objective` (its rows not each exactly
+// once, an empty micro-batch, a DPO pair split); empty when fine or when there are none.
+std::string micro_batches_problem(const ConformCase& c, std::int64_t rows);
+// The case's micro-batches as batches (Batch::select_rows); the whole batch when it has none.
+std::vector<Batch> micro_batch_split(const ConformCase& c, const Batch& batch);
+// result.json's "micro_batches" (how many micro-batches the implementation's step ran) against the case's: empty
+// when they agree, else what is wrong (missing, not an integer, another count).
+std::string result_micro_batches_problem(const std::string& text, std::size_t expected);
 
 // "quick" (a few seconds of harness work, every kind of case once), "full" (the whole matrix), "survey" (sequences
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
 // ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
 // "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias",
-// "tie_word_embeddings", "num_key_value_heads", "ranks", "parallel" (data or sequence)} (a missing key takes the
-// quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is neither a set nor
-// a file.
+// "tie_word_embeddings", "num_key_value_heads", "ranks", "parallel" (data or sequence), "micro_batches"} (a missing
+// key takes the quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is
+// neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
 
 // result.json's "loss". A non-finite loss written as Python's json.dumps writes it (a bare NaN, Infinity or

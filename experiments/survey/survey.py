@@ -35,7 +35,7 @@ TORCH = "torch==2.14.1"  # the harness's: pip takes it from its cache, no downlo
 
 COLUMNS = ["commit", "date", "machine", "threads", "torch_version", "implementation", "library", "version", "setting", "objective", "dtype",
            "status", "verdict", "cases", "passed", "judged", "not_expressible", "worst_tensor", "worst", "rule",
-           "loss_rel_error", "seconds_vs_hf", "peak_rss_vs_hf", "cause", "command"]
+           "loss_rel_error", "seconds_vs_hf", "peak_rss_vs_hf", "cause", "command", "accumulation"]
 
 
 def log(message):
@@ -119,9 +119,9 @@ def run_conform(streambp, entry, python, cases, out_dir):
     impl = " ".join([shlex.quote(python), shlex.quote(str(ADAPTERS / entry["adapter"]))] +
                     [shlex.quote(a) for a in entry.get("args", [])]) if entry.get("adapter") else entry["impl"]
     command = [streambp, "conform", "--impl", impl, "--cases", cases, "--out", str(out_dir)]
-    for flag in ("objectives", "dtypes"):
+    for flag in ("objectives", "dtypes", "accumulation"):
         if entry.get(flag):
-            command += [f"--{flag}", ",".join(entry[flag])]
+            command += [f"--{flag}", entry[flag] if flag == "accumulation" else ",".join(entry[flag])]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **entry.get("env", {}))
     log(f"{entry['name']}: {' '.join(shlex.quote(c) for c in command)}")
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -151,14 +151,14 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
-def group_key(row, ranks_by_case):
-    setting = []
+def group_key(row, ranks_by_case, paths_by_case=None):
+    setting = list((paths_by_case or {}).get(row["case"], []))
     if row["lora"]:
         setting.append("LoRA")
     ranks, parallel = ranks_by_case.get(row["case"], (1, "data"))
     if ranks > 1:
         setting.append(f"{ranks} ranks" + (", the sequence split" if parallel == "sequence" else ""))
-    return row["objective"].split(":")[0], row["dtype"], " ".join(setting)
+    return row["objective"].split(":")[0], row["dtype"], ", ".join(setting)
 
 
 def number(cell):
@@ -186,12 +186,18 @@ def ratio(mine, theirs):
     return f"{statistics.median(values):.2f}" if values else ""
 
 
-def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance):
+def path_words(case):
+    """The training path of a listed case (conform --list-cases) as a row's setting: its micro-batches and its head."""
+    words = [f"{len(case['micro_batches'])} micro-batches"] if case.get("micro_batches") else []
+    return words + ["tied head" if case.get("tied", True) else "untied head"]
+
+
+def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance, paths_by_case=None):
     """One row per objective x dtype (x LoRA / ranks) of the entry's cases."""
     hf = {r["case"]: r for r in hf_rows}
     groups = {}
     for r in rows:
-        groups.setdefault(group_key(r, ranks_by_case), []).append(r)
+        groups.setdefault(group_key(r, ranks_by_case, paths_by_case), []).append(r)
     out = []
     for (objective, dtype, setting), members in sorted(groups.items()):
         judged = [r for r in members if r["status"] in ("passed", "failed")]
@@ -227,7 +233,9 @@ def summarize(entry, rows, hf_rows, command, ranks_by_case, provenance):
                     "seconds_vs_hf": ratio([r["seconds"] for r in judged], [hf.get(r["case"], {}).get("seconds") for r in judged]),
                     "peak_rss_vs_hf": ratio([r["peak_rss_bytes"] for r in judged],
                                             [hf.get(r["case"], {}).get("peak_rss_bytes") for r in judged]),
-                    "cause": cause, "command": command})
+                    "cause": cause, "command": command,
+                    # what a micro-batch row was judged against (conform's column; the entry's "accumulation")
+                    "accumulation": next((r["accumulation"] for r in members if r.get("accumulation")), "")})
     return out
 
 
@@ -271,7 +279,7 @@ def main(argv):
     runs.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     provenance = {"commit": commit, "date": stamp, "machine": "", "threads": "", "torch_version": ""}
-    ranks_by_case = {}
+    ranks_by_case, paths_by_case = {}, {}
     table, hf_rows = [], []
     for entry in sorted(entries, key=lambda e: e["name"] != "hf"):
         try:
@@ -290,9 +298,10 @@ def main(argv):
                 provenance[key] = rows[0][key]
         if entry["name"] == "hf":
             hf_rows = rows
-            ranks_by_case.update({c["name"]: (c.get("ranks", 1), c.get("parallel", "data"))
-                                  for c in case_ranks(args.streambp, args.cases)})
-        table += summarize(entry, rows, hf_rows, command, ranks_by_case, provenance)
+            listing = case_ranks(args.streambp, args.cases)
+            ranks_by_case.update({c["name"]: (c.get("ranks", 1), c.get("parallel", "data")) for c in listing})
+            paths_by_case.update({c["name"]: path_words(c) for c in listing})
+        table += summarize(entry, rows, hf_rows, command, ranks_by_case, provenance, paths_by_case)
     for row in table:
         for key in ("machine", "threads", "torch_version"):
             row[key] = row[key] or provenance[key]

@@ -15,7 +15,7 @@ export STREAMBP_PYTHON=$PY
 
 "$STREAMBP" conform --impl hf-checkpointing --baseline hf --out ok >ok.txt 2>ok.log ||
   fail "HF gradient checkpointing does not pass the quick matrix:\n$(cat ok.txt ok.log)"
-grep -q "9 of 9 case(s) passed" ok.txt || fail "quick matrix:\n$(cat ok.txt)"
+grep -q "12 of 12 case(s) passed" ok.txt || fail "quick matrix:\n$(cat ok.txt)"
 echo "ok: hf-checkpointing passes the quick matrix ($(grep -c ' PASS ' ok.txt) cases)"
 
 status=0
@@ -24,7 +24,8 @@ status=0
 [[ $status -eq 1 ]] || fail "the wrong adapter: exit $status, expected 1:\n$(cat wrong.txt wrong.log)"
 python3 - wrong/conform-*.csv <<'PY' || fail "the wrong adapter's verdicts:\n$(cat wrong.txt)"
 import csv, sys
-rows = {r["case"]: r for r in csv.DictReader(open(sys.argv[1]))}
+# the micro-batch cases are N/A: it does not accumulate (cli_conform_paths.sh has the micro-batch controls)
+rows = {r["case"]: r for r in csv.DictReader(open(sys.argv[1])) if r["status"] != "not expressible"}
 passed = sorted(c for c, r in rows.items() if r["status"] == "passed")
 assert passed == ["sft-T2"], passed
 for case, r in rows.items():

@@ -26,6 +26,8 @@ if meta["objective"]["name"] != "sft":
     decline(f"objective {meta['objective']['name']}: this adapter implements SFT only")
 if meta.get("ranks", 1) != 1:  # absent in files written before the protocol had ranks: one process
     decline(f"{meta['ranks']} ranks: this adapter runs one process")
+if "micro_batches" in meta:  # a step of several micro-batches: hf_adapter.py shows how to accumulate them
+    decline(f"{len(meta['micro_batches'])} micro-batches: this adapter runs one batch per step")
 
 import torch, torch.nn.functional as F
 import transformers

@@ -5,7 +5,8 @@ gradient checkpointing (`--gradient-checkpointing`: activation_checkpointing_ena
 
 Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR   (protocol: protocol.py; losses: losses.py)
 fp64 cases stay fp64 end to end (RMSNorm patched, SFT loss without HF's fp32 cast of the logits), so they are
-judged at 1e-10 against the harness's fp64 standard BP; fp32 and bf16 cases run HF as shipped.
+judged at 1e-10 against the harness's fp64 standard BP; fp32 and bf16 cases run HF as shipped. A micro-batch case
+runs as HF's Trainer accumulates: a forward + backward per micro-batch, each loss over the step's target count.
 """
 import sys
 from pathlib import Path
@@ -15,4 +16,6 @@ import losses  # noqa: E402
 import protocol  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(protocol.main(sys.argv[1:], losses.loss, "Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR"))
+    # accumulates: a micro-batch case runs its micro-batches, each normalised by the step's totals (losses.step_batch)
+    sys.exit(protocol.main(sys.argv[1:], losses.loss, "Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR",
+                           accumulates=True))

@@ -21,6 +21,13 @@ import torch.nn.functional as F
 from protocol import CaseError
 
 
+def step_batch(case):
+    """The batch whose totals normalise the loss: the whole step's (Case.union) on a micro-batch, else the case's own.
+    Every loss here is a sum over rows or tokens divided by such a total, so the micro-batches' losses sum to the
+    union batch's (HF Trainer's and TRL's num_items_in_batch)."""
+    return case.union if case.union is not None else case.batch
+
+
 def forward_logits(model, b):
     """[B, T, V] in the loss dtype: the model's, raised to at least fp32 (HF's loss upcast, without narrowing fp64)."""
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
@@ -36,13 +43,17 @@ def sft_loss(model, case):
     b = case.batch
     if "labels" not in b:
         raise CaseError("sft: batch.safetensors has no 'labels'")
+    # A micro-batch: HF Trainer's num_items_in_batch, the step's target count (None: this batch's own mean).
+    items = (step_batch(case)["labels"][:, 1:] != -100).sum() if case.union is not None else None
     if case.dtype != torch.float64:
-        return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
+        return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
+                     num_items_in_batch=items).loss
     from transformers.loss.loss_utils import fixed_cross_entropy
 
     logits = forward_logits(model, b)
     shift_labels = F.pad(b["labels"], (0, 1), value=-100)[:, 1:]  # [B, T]: position t's target is token t + 1
-    return fixed_cross_entropy(logits.flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
+    return fixed_cross_entropy(logits.flatten(0, 1), shift_labels.flatten(), num_items_in_batch=items,
+                               ignore_index=-100)
 
 
 # ------------------------------------------------------------------------------------------------ GRPO / DPO
@@ -115,11 +126,13 @@ def grpo_per_token(model, case):
 
 def grpo_loss(model, case):
     per_token, mask, o = grpo_per_token(model, case)
+    step = step_batch(case)  # the normalisers' batch: on a micro-batch, the whole step's
+    rows = step["input_ids"].size(0)
     if o["loss_type"] == "grpo":  # mean over sequences of each sequence's token mean
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / rows
     if o["loss_type"] in ("bnpo", "dapo"):  # dapo: the generation batch's token count = this batch's (one process)
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
-    return (per_token * mask).sum() / (per_token.size(0) * o["max_len"])  # dr_grpo
+        return (per_token * mask).sum() / step["completion_mask"][:, 1:].sum().clamp(min=1).to(mask.dtype)
+    return (per_token * mask).sum() / (rows * o["max_len"])  # dr_grpo
 
 
 def dpo_options(o):
@@ -141,12 +154,13 @@ def dpo_row_sums(model, case, skip_first=False):
     return (token_logps(logits, b["input_ids"], 1.0) * mask).sum(-1)
 
 
-def dpo_from_sums(s, ref, beta, ls):
-    """TRL DPOTrainer, loss_type="sigmoid": rows 0..P-1 chosen, P..2P-1 rejected; label smoothing as TRL 0.17."""
+def dpo_from_sums(s, ref, beta, ls, pairs=None):
+    """TRL DPOTrainer, loss_type="sigmoid": rows 0..P-1 chosen, P..2P-1 rejected; label smoothing as TRL 0.17. The
+    mean over pairs; `pairs`: the step's pair count instead of this batch's (a micro-batch's share of the step)."""
     P = s.size(0) // 2
     ref = ref.to(s.dtype)
     z = beta * ((s[:P] - ref[:P]) - (s[P:] - ref[P:]))
-    return (-F.logsigmoid(z) * (1 - ls) - F.logsigmoid(-z) * ls).mean()
+    return (-F.logsigmoid(z) * (1 - ls) - F.logsigmoid(-z) * ls).sum() / (pairs or P)
 
 
 def dpo_loss(model, case):
@@ -154,7 +168,7 @@ def dpo_loss(model, case):
     if case.batch["input_ids"].size(0) % 2:
         raise CaseError("dpo: an odd number of rows (P chosen then P rejected)")
     ref = reference(model, case, "dpo")
-    return dpo_from_sums(dpo_row_sums(model, case), ref, beta, ls)
+    return dpo_from_sums(dpo_row_sums(model, case), ref, beta, ls, step_batch(case)["input_ids"].size(0) // 2)
 
 
 LOSSES = {"sft": sft_loss, "grpo": grpo_loss, "dpo": dpo_loss}

@@ -10,11 +10,15 @@ every shipped adapter shares, so that each adapter is only its loss.
                       returns the whole batch's gradients, those rank 0's optimizer would see; "parallel": how the
                       ranks split the work, "data" (each rank its rows; also what a one-process case says) or
                       "sequence" (each rank its positions of every row, the library splitting the sequence and
-                      aggregating the loss its own way; ranks >= 2))
+                      aggregating the loss its own way; ranks >= 2), and in a micro-batch case "micro_batches":
+                      [[row, ...], ...], the optimizer step's micro-batches, each the batch rows it holds (DPO: its
+                      chosen rows, then their rejected rows in the same order); the step's gradient is the trainer's
+                      after all of them
 The adapter writes, each atomically (a killed adapter leaves no half file):
   grads.safetensors   d loss / d every trainable tensor in the model dtype: HF parameter names (a tied lm_head only
                       as model.embed_tokens.weight) or, under LoRA, PEFT's saved adapter names
-  result.json         {"loss": float, "seconds": float}  (seconds: forward + backward)
+  result.json         {"loss": float, "seconds": float}  (seconds: forward + backward); in a micro-batch case also
+                      "micro_batches": int, how many the step ran (the harness checks it against the case's)
 """
 import json
 import os
@@ -22,7 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,9 +61,13 @@ class Case:
     layer_chunk: int = 0  # the suggested chunk (tile) of a layer's sequence
     ranks: int = 1        # processes a distributed implementation runs (case.json "ranks")
     parallel: str = "data"  # how the ranks split the work: "data" (rows) or "sequence" (positions)
+    micro_batches: list = None  # the step's micro-batches, each a list of rows (case.json "micro_batches"); None: one
+    union: dict = None    # on a micro-batch's Case (micro_case): the whole step's batch, whose totals normalise
 
 
-def read_case(case_dir):
+def read_case(case_dir, accumulates=False):
+    """The case; a micro-batch case is NotExpressible unless the caller `accumulates` (runs the step's micro-batches
+    into one gradient, normalised by the step's totals: run_step with a loss that reads Case.union)."""
     case_dir = Path(case_dir)
     try:
         meta = json.loads((case_dir / "case.json").read_text())
@@ -80,9 +88,19 @@ def read_case(case_dir):
     parallel = meta.get("parallel", "data")  # absent in files written before the protocol had it: rows
     if parallel not in ("data", "sequence"):
         raise CaseError(f"{case_dir}/case.json: parallel {parallel!r} (data or sequence)")
+    micro = meta.get("micro_batches")
+    if micro is not None and not accumulates:
+        raise NotExpressible(f"{len(micro)} micro-batches: this adapter runs one batch per optimizer step")
     return Case(case_dir, meta.get("case", case_dir.name), DTYPES[meta["dtype"]], objective, bool(meta.get("lora")),
                 int(chunks.get("head") or batch["input_ids"].size(1)), batch,
-                int(chunks.get("layer") or batch["input_ids"].size(1)), int(meta.get("ranks", 1)), parallel)
+                int(chunks.get("layer") or batch["input_ids"].size(1)), int(meta.get("ranks", 1)), parallel=parallel,
+                micro_batches=micro)
+
+
+def micro_case(case, rows):
+    """The Case of one micro-batch: its rows of every batch tensor, and the whole step's batch as `union`."""
+    index = torch.tensor(rows, dtype=torch.long)
+    return replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items()}, union=case.batch)
 
 
 def quiet_hf():
@@ -163,12 +181,17 @@ def load_model(case, gradient_checkpointing=False):
 
 
 def run_step(case, model, trainable, loss_fn):
-    """loss_fn(model, case) -> scalar loss; one forward + backward, timed. Returns (loss, {name: gradient})."""
+    """loss_fn(model, case) -> scalar loss; one forward + backward, timed. A micro-batch case: one per micro-batch
+    (loss_fn gets micro_case's Case: its share of the step's loss), the gradients accumulating as a trainer's do.
+    Returns (the step's loss, {name: gradient}, seconds)."""
     for p in trainable.values():
         p.grad = None
     start = time.perf_counter()
-    loss = loss_fn(model, case)
-    loss.backward()
+    loss = 0.0
+    for part in [micro_case(case, rows) for rows in case.micro_batches] if case.micro_batches else [case]:
+        part_loss = loss_fn(model, part)
+        part_loss.backward()
+        loss = loss + part_loss.detach()
     seconds = time.perf_counter() - start
     missing = [n for n, p in trainable.items() if p.grad is None]
     if missing:  # e.g. a tensor the loss does not reach: the protocol wants every trainable tensor
@@ -188,22 +211,26 @@ def _replace_atomically(target, write):
             os.remove(tmp)
 
 
-def write_outputs(case, loss, grads, seconds=None):
-    """grads.safetensors first, then result.json: a result.json always has its gradients beside it."""
+def write_outputs(case, loss, grads, seconds=None, micro_batches=None):
+    """grads.safetensors first, then result.json: a result.json always has its gradients beside it. micro_batches:
+    how many the step ran (a micro-batch case)."""
     _replace_atomically(case.dir / "grads.safetensors", lambda tmp: save_file(grads, tmp, metadata={"format": "pt"}))
     result = {"loss": loss} if seconds is None else {"loss": loss, "seconds": seconds}
+    if micro_batches is not None:
+        result["micro_batches"] = micro_batches
     _replace_atomically(case.dir / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result) + "\n"))
 
 
-def main(argv, loss_fn, usage):
+def main(argv, loss_fn, usage, accumulates=False):
     """The adapters' shared command line: [--gradient-checkpointing] CASE_DIR. Exit 0 with outputs written, 2 on a
-    case this adapter cannot run (message on stderr), 3 on one it cannot express (NotExpressible)."""
+    case this adapter cannot run (message on stderr), 3 on one it cannot express (NotExpressible). `accumulates`:
+    loss_fn normalises a micro-batch by the step's totals (Case.union), so micro-batch cases run (run_step)."""
     args = [a for a in argv if a != "--gradient-checkpointing"]
     if len(args) != 1 or args[0].startswith("-"):
         print(usage, file=sys.stderr)
         return 2
     try:
-        case = read_case(args[0])
+        case = read_case(args[0], accumulates)
         if case.ranks != 1:
             raise NotExpressible(f"{case.ranks} ranks: this adapter runs one process")
         model, trainable = load_model(case, gradient_checkpointing=len(args) != len(argv))
@@ -214,5 +241,5 @@ def main(argv, loss_fn, usage):
     except NotExpressible as e:
         print(f"{Path(argv[-1]).name}: {e}", file=sys.stderr)
         return NOT_EXPRESSIBLE
-    write_outputs(case, loss, grads, seconds)
+    write_outputs(case, loss, grads, seconds, len(case.micro_batches) if case.micro_batches else None)
     return 0

@@ -44,6 +44,9 @@ def main():
     if case.get("ranks", 1) != 1:  # `streambp run` is one process (the harness's ranks: train --nproc N [--sp N])
         print(f"{case_dir.name}: {case['ranks']} ranks: streambp run is one process", file=sys.stderr)
         sys.exit(3)  # not expressible (protocol.py)
+    if "micro_batches" in case:  # exit status 3: not expressible (`streambp run` is one batch, one step)
+        print(f"{len(case['micro_batches'])} micro-batches: streambp run takes one batch per step", file=sys.stderr)
+        sys.exit(3)
     method = args.method
     if method == "streambp":
         method = f"streambp:layer_chunk={case['chunks']['layer']},head_chunk={case['chunks']['head']}"

@@ -1,0 +1,70 @@
+// The conformance matrix's training-path cases (issue #45): every micro-batch case splits its rows exactly once
+// (DPO: whole pairs), and its micro-batches hold different target counts, so that a normalisation per micro-batch
+// cannot pass it by accident; the case-set checks and result.json's micro-batch count name what is wrong.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include "core/objectives/objective.h"
+#include "verify/conformance.h"
+
+namespace {
+
+// What the objective normalises a micro-batch by: its scored tokens (SFT; GRPO bnpo/dapo) or its rows.
+std::int64_t target_count(const sbp::ConformCase& c, const sbp::Batch& micro) {
+  const bool by_rows = c.objective.rfind("dpo", 0) == 0 || c.objective.find("loss_type=grpo") != std::string::npos ||
+                       c.objective.find("dr_grpo") != std::string::npos;
+  if (by_rows) return micro.batch_size();
+  const auto scored = micro.has("labels") ? micro.field("labels").slice(1, 1).ne(-100)
+                                          : micro.field("completion_mask").slice(1, 1).ne(0);
+  return scored.sum().item<std::int64_t>();
+}
+
+}  // namespace
+
+TEST_CASE("every micro-batch case of the case sets splits its rows once into micro-batches of different target counts",
+          "[conform]") {
+  int micro_cases = 0;
+  for (const auto* set : {"quick", "full", "survey"}) {
+    bool tied = false, untied = false;
+    for (const auto& c : sbp::conform_cases(set)) {
+      (c.config.tie_word_embeddings ? tied : untied) = true;
+      if (c.micro_batches.empty()) continue;
+      ++micro_cases;
+      INFO(set << ": " << c.name);
+      REQUIRE(c.micro_batches.size() >= 2);
+      CHECK(sbp::micro_batches_problem(c, c.batch.batch_size).empty());
+      const auto batch = sbp::make_objective(c.objective)->random_batch(c.config, c.batch);
+      std::set<std::int64_t> counts;
+      for (const auto& micro : sbp::micro_batch_split(c, batch)) counts.insert(target_count(c, micro));
+      CHECK(counts.size() > 1);
+    }
+    INFO(set);
+    CHECK((tied && untied));  // tied and untied heads side by side in every set
+  }
+  CHECK(micro_cases >= 6);
+}
+
+TEST_CASE("conform names malformed micro-batches and a result.json whose micro-batch count is missing or wrong",
+          "[conform]") {
+  sbp::ConformCase c;
+  c.micro_batches = {{0, 1}, {1}};
+  CHECK(sbp::micro_batches_problem(c, 3) == "micro_batches: row 1 appears twice");
+  c.micro_batches = {{0, 5}};
+  CHECK(sbp::micro_batches_problem(c, 3) == "micro_batches[0]: row 5 of a batch of 3 rows");
+  c.objective = "dpo";
+  c.micro_batches = {{0, 2}, {1, 3}};
+  CHECK(sbp::micro_batches_problem(c, 4).empty());
+  c.micro_batches = {{0, 1}, {2, 3}};  // rows 0 and 1 are both chosen rows
+  CHECK_THAT(sbp::micro_batches_problem(c, 4), Catch::Contains("chosen rows, then their rejected rows (row + 2)"));
+
+  CHECK(sbp::result_micro_batches_problem(R"({"loss": 1.0, "micro_batches": 3})", 3).empty());
+  CHECK_THAT(sbp::result_micro_batches_problem(R"({"loss": NaN})", 3),
+             Catch::StartsWith("result.json has no \"micro_batches\"; the case's step is 3 micro-batches"));
+  CHECK_THAT(sbp::result_micro_batches_problem(R"({"loss": 1, "micro_batches": 2})", 3),
+             Catch::StartsWith("result.json: 2 micro-batches ran"));
+  CHECK_THAT(sbp::result_micro_batches_problem(R"({"loss": 1, "micro_batches": "3"})", 3),
+             Catch::StartsWith("result.json: \"micro_batches\" is \"3\", not an integer"));
+}

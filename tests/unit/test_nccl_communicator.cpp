@@ -1,5 +1,5 @@
 // make_nccl_communicator (c10d_communicator.h): without a GPU (these machines have none) it refuses with a
-// std::runtime_error naming the rank and the missing CUDA device, before any rendezvous (the store's peer never comes
+// an InputError naming the rank and the missing CUDA device, before any rendezvous (the store's peer never comes
 // here, so a refusal after it would take the whole timeout), and never crashes; a build without CUDA refuses with the
 // stub's message. With a GPU (tests/gpu/run.sh step 1): a group of one rank on cuda:0 runs every collective in
 // place on the device, and a device that does not exist is refused the same way.
@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/io/input_error.h"
 #include "core/training/c10d_communicator.h"
 #include "profiler/cuda_memory.h"
 
@@ -29,7 +30,7 @@ struct TemporaryStore {
 std::string refusal(const sbp::RendezvousOptions& options, int device_index) {
   try {
     sbp::make_nccl_communicator(options, device_index);
-  } catch (const std::runtime_error& e) {
+  } catch (const sbp::InputError& e) {
     return e.what();
   }
   FAIL("make_nccl_communicator did not throw");

@@ -89,13 +89,14 @@ class Binary:
             p = subprocess.run([self.path, *words, "--help"], capture_output=True, text=True, cwd=scratch)
             if p.returncode == 0:
                 return ""
-            missing = MISSING_PATH.search(p.stderr)
+            stderr = p.stderr.replace("streambp: error: ", "")  # the CLI's prefix of every input error
+            missing = MISSING_PATH.search(stderr)
             if not missing:
-                return (p.stderr.strip() or p.stdout.strip()).splitlines()[0]
+                return (stderr.strip() or p.stdout.strip()).splitlines()[0]
             kind, name = missing.group(1), missing.group(2).strip()
             target = Path(scratch) / name.lstrip("/~")  # an absolute path is made inside the scratch folder too
             if target.exists():
-                return p.stderr.strip().splitlines()[0]
+                return stderr.strip().splitlines()[0]
             if kind == "Directory":
                 target.mkdir(parents=True)
             else:

@@ -9,11 +9,16 @@
 
 #include "core/io/input_error.h"
 #include "core/training/communicator.h"
-#include "experiments/interrupt.h"
 
 namespace sbp {
 
-static_assert(kExitInterrupted == kInterruptedExit);
+namespace {
+int internal_error(const char* what) {
+  fmt::print(stderr, "streambp: internal error: {} (please report it with the command line: this is a bug, not your "
+             "input)\n", what);
+  return kExitInternal;
+}
+}  // namespace
 
 int run_with_exit_status(const std::function<int()>& command) {
   try {
@@ -38,15 +43,12 @@ int run_with_exit_status(const std::function<int()>& command) {
     fmt::print(stderr, "streambp: a peer rank failed: {}\n", e.what());
     return kExitFailed;
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "streambp: internal error: {} (please report it with the command line: this is a bug, not "
-               "your input)\n", e.what_without_backtrace());
+    return internal_error(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    fmt::print(stderr, "streambp: internal error: {} (please report it with the command line: this is a bug, not "
-               "your input)\n", e.what());
+    return internal_error(e.what());
   } catch (...) {
-    fmt::print(stderr, "streambp: internal error: an exception of unknown type (please report it)\n");
+    return internal_error("an exception of unknown type");
   }
-  return kExitInternal;
 }
 
 }  // namespace sbp

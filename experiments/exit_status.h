@@ -4,6 +4,8 @@
 
 #include <functional>
 
+#include "experiments/interrupt.h"
+
 namespace sbp {
 
 enum ExitStatus : int {
@@ -12,7 +14,7 @@ enum ExitStatus : int {
   kExitInput = 2,           // bad input: a flag, a file, a spec or a combination (InputError, CLI11's rejections)
   kExitOutOfMemory = 3,     // out of memory (an oom record); conform: a case the implementation cannot express
   kExitInternal = 70,       // an internal error: a bug to report (sysexits' EX_SOFTWARE)
-  kExitInterrupted = 130,   // Ctrl-C (SIGINT): stopped after a consistent point
+  kExitInterrupted = kInterruptedExit,  // Ctrl-C (SIGINT): stopped after a consistent point
 };
 
 // Runs `command` and returns its status; an exception it throws is printed on stderr as "streambp: error: ..." (input,

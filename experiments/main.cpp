@@ -2,7 +2,6 @@
 // are in experiments/cmd_<name>.cpp. Exit codes: experiments/exit_status.h (bad input 2, out of memory 3, a bug 70).
 #include <algorithm>
 #include <csignal>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <string>

@@ -241,8 +241,9 @@ struct Returned {
   std::string problem;
 };
 
-// `micro_batches`: the case's count (0: one pass), which result.json must report.
-Returned read_returned(const fs::path& dir, const ChildRun& run, std::size_t micro_batches = 0) {
+// `dtype`: the case's, every returned tensor's; `micro_batches`: the case's count (0: one pass), which result.json must
+// report.
+Returned read_returned(const fs::path& dir, const ChildRun& run, c10::ScalarType dtype, std::size_t micro_batches = 0) {
   Returned r;
   if (!run.outcome.empty()) {
     const auto tail = last_line(dir / "impl.log");
@@ -258,6 +259,10 @@ Returned read_returned(const fs::path& dir, const ChildRun& run, std::size_t mic
     r.grads = read_safetensors(grads);
   } catch (const std::exception& e) {
     r.problem = std::string("grads.safetensors: ") + e.what();
+    return r;
+  }
+  if (auto problem = dtype_problem(r.grads, dtype); !problem.empty()) {
+    r.problem = "grads.safetensors: " + problem;
     return r;
   }
   if (!fs::exists(result)) {
@@ -457,7 +462,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       fs::remove_all(dir);
       continue;
     }
-    const auto got = read_returned(dir, run, c.micro_batches.size());
+    const auto got = read_returned(dir, run, c.dtype, c.micro_batches.size());
     ConformVerdict verdict;
     ChildRun base_run;
     if (!got.problem.empty()) {
@@ -485,7 +490,7 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       if (base_run.interrupted) break;
       if (failed_run.empty() && !base_run.outcome.empty())
         failed_run = failed_run_note("the baseline", baseline, base_dir, base_run.outcome);
-      const auto base = read_returned(base_dir, base_run, c.micro_batches.size());
+      const auto base = read_returned(base_dir, base_run, c.dtype, c.micro_batches.size());
       if (!base.problem.empty()) {
         verdict.rule = dtype_name(c.dtype);
         verdict.problem = "the baseline " + base.problem;

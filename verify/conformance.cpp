@@ -451,6 +451,19 @@ std::vector<std::string> protocol_problems(const TensorList& expected, const Ten
   return problems;
 }
 
+std::string dtype_problem(const TensorList& got, c10::ScalarType dtype) {
+  std::vector<std::string> wrong;
+  for (const auto& t : got)
+    if (t.tensor.scalar_type() != dtype) wrong.push_back("'" + t.name + "' is " + hf_dtype_name(t.tensor.scalar_type()));
+  if (wrong.empty()) return {};
+  constexpr std::size_t kNamed = 3;  // a whole model in the wrong dtype is one message, not one per tensor
+  std::string named;
+  for (std::size_t i = 0; i < std::min(kNamed, wrong.size()); ++i) named += (i ? ", " : "") + wrong[i];
+  if (wrong.size() > kNamed) named += fmt::format(" and {} more", wrong.size() - kNamed);
+  return fmt::format("{} of {} tensor(s) not in the case's dtype {}: {}", wrong.size(), got.size(), hf_dtype_name(dtype),
+                     named);
+}
+
 namespace {
 
 // What a judge's problems call its inputs.

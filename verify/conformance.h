@@ -87,6 +87,10 @@ struct ConformVerdict {
 // What an implementation's gradients must be before any number is compared: every expected tensor exactly once
 // under its name, of its shape, every entry finite. Returns the problems, each naming the tensor.
 std::vector<std::string> protocol_problems(const TensorList& expected, const TensorList& got);
+// The protocol's dtype: every returned tensor in the case's model dtype. A gradient kept in another one (an fp32
+// master gradient in a bf16 case, an fp32 result of an fp64 case) would be judged as if it were the dtype's, so it is a
+// protocol problem naming the tensors, not a verdict on their values. Empty when all match.
+std::string dtype_problem(const TensorList& got, c10::ScalarType dtype);
 // fp64: every tensor within `rtol` (normwise, ARCHITECTURE.md §8) of the oracle.
 ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol);
 // fp32/bf16: every tensor's l2 error against the fp64 oracle within the low-precision rule's allowance x the

@@ -5,10 +5,11 @@
 #     row per case with provenance, status passed;
 # (b) implementations that break the protocol are reported per case, naming the tensor or what happened, and the run
 #     goes on to the next case (tests/support/conform_faulty_adapter.py): a crash, no output, a renamed tensor, a NaN, an
-#     extra tensor, a hang (--timeout), and a gradient off by 1e-6 relative (the fp64 judgement's negative control)
-#     or 10% (the low-precision rule's); exit 1, and the results folder holds only whole files; a NaN loss as Python's
-#     json.dumps writes it is named as such, and a loss and gradients off together name the normaliser; a command
-#     that cannot run shows its command, the end of its output and which python ran it (issue #44);
+#     extra tensor, an fp64 case's gradients in fp32 (the dtype named), a hang (--timeout), and a gradient off by 1e-6
+#     relative (the fp64 judgement's negative control) or 10% (the low-precision rule's); exit 1, and the results
+#     folder holds only whole files; a NaN loss as Python's json.dumps writes it is named as such, and a loss and
+#     gradients off together name the normaliser; a command that cannot run shows its command, the end of its output
+#     and which python ran it (issue #44);
 # (c) bad input exits 2 naming it: an unknown dtype, a mistyped case set (the sets listed, the nearest suggested), a
 #     malformed --cases file; a --cases file with one custom case (untied, MHA, no qk-norm, T = 50, chunks 7/5) passes;
 # (d) the temporary folder goes however a run ends (passed, failed, Ctrl-C: exit 130, the implementation stopped);
@@ -54,6 +55,7 @@ check_faulty nothing "wrote no grads.safetensors" "${sft[@]}"
 check_faulty rename "tensor '[^']+' missing; unexpected tensor '[^']+\.renamed'" "${sft[@]}"
 check_faulty nan "has 1 non-finite entries" "${sft[@]}"
 check_faulty extra "unexpected tensor 'model.not_a_parameter'" "${sft[@]}"
+check_faulty fp32 "grads.safetensors: [0-9]+ of [0-9]+ tensor\(s\) not in the case's dtype float64: '[^']+' is float32" "${sft[@]}"
 check_faulty hang "timed out after 2 s" --objectives grpo,dpo --dtypes fp64 --timeout 2
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --objectives grpo,dpo --dtypes fp64
 # A failing line names its bar, so that a reader knows how far off the implementation is.

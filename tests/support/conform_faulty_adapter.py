@@ -3,7 +3,8 @@ only): MODE is crash (a traceback, exit 1), nothing (exit 0, no files), rename (
 (one entry NaN), extra (an unexpected tensor), hang (never returns: --timeout or Ctrl-C must end it; its pid goes to
 the file $CONFORM_FAULTY_PID_FILE when set), perturb (the protocol kept, one tensor's gradient scaled by 1 + 1e-6 in
 fp64 cases and by 1.1 otherwise: the judgement must fail it), nan-loss (result.json's loss NaN, as json.dumps writes
-it), half-count (the loss and every gradient doubled: divided by half the target count). The other modes' gradients
+it), half-count (the loss and every gradient doubled: divided by half the target count), fp32 (an fp64 case's
+gradients returned in fp32: right values, the wrong dtype). The other modes' gradients
 are the harness's own (streambp_adapter.py), then corrupted.
 
 Usage: python3 conform_faulty_adapter.py MODE STREAMBP_BIN CASE_DIR
@@ -68,6 +69,20 @@ elif mode in ("perturb", "half-count"):
             for at in range(start, end, struct.calcsize(fmt)):
                 (value,) = struct.unpack_from(fmt, data, at)
                 struct.pack_into(fmt, data, at, value * scale)
+elif mode == "fp32":  # every F64 tensor rewritten as F32, the offsets laid out again
+    packed = bytearray()
+    for name in names:
+        entry = header[name]
+        start, end = entry["data_offsets"]
+        if entry["dtype"] == "F64":
+            values = struct.unpack(f"<{(end - start) // 8}d", data[start:end])
+            chunk = struct.pack(f"<{len(values)}f", *values)
+            entry["dtype"] = "F32"
+        else:
+            chunk = bytes(data[start:end])
+        entry["data_offsets"] = [len(packed), len(packed) + len(chunk)]
+        packed += chunk
+    data = packed
 else:
     sys.exit(f"unknown mode {mode}")
 text = json.dumps(header).encode()

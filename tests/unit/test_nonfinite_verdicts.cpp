@@ -219,3 +219,18 @@ TEST_CASE("the memory-model check fails a zero model or a zero measured peak", "
   CHECK_FALSE(sbp::test::matches_model(1000, zero));
   CHECK_FALSE(sbp::test::matches_model(0, model));
 }
+
+TEST_CASE("conform names returned gradients in another dtype than the case's, which its judges would take as the case's",
+          "[conform]") {
+  const auto g = [](const char* name, at::ScalarType dtype) { return sbp::NamedTensor{name, at::ones({2, 3}, dtype)}; };
+  // Control: the case's dtype throughout is no problem.
+  CHECK(sbp::dtype_problem({g("a", at::kBFloat16), g("b", at::kBFloat16)}, at::kBFloat16).empty());
+  // fp32 master gradients returned in a bf16 case: more precise than the rule judges bf16 by, so they could pass it.
+  const auto one = sbp::dtype_problem({g("a", at::kBFloat16), g("b", at::kFloat)}, at::kBFloat16);
+  CHECK(one == "1 of 2 tensor(s) not in the case's dtype bfloat16: 'b' is float32");
+  // A whole model in the wrong dtype: three named, the rest counted.
+  sbp::TensorList all;
+  for (const char* name : {"a", "b", "c", "d", "e"}) all.push_back(g(name, at::kFloat));
+  CHECK(sbp::dtype_problem(all, at::kDouble) ==
+        "5 of 5 tensor(s) not in the case's dtype float64: 'a' is float32, 'b' is float32, 'c' is float32 and 2 more");
+}

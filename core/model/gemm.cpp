@@ -73,6 +73,10 @@ bool cap_below_amx(const std::string& onednn_max_isa) {
 
 std::pair<GemmPath, std::string> default_narrow_gemm_path(const std::string& flags, const std::string& onednn_max_isa) {
   const auto padded = " " + flags + " ";
+  const bool bf16_instructions = has_flag(padded, "avx512_bf16") || has_flag(padded, "amx_bf16");
+  if (bf16_instructions && cap_below_bf16(onednn_max_isa))
+    return {GemmPath::widened, "ONEDNN_MAX_CPU_ISA=" + onednn_max_isa +
+                                   " keeps oneDNN off the CPU's bf16 instructions: native bf16 GEMMs are emulated"};
   if (!(has_flag(padded, "amx_bf16") && has_flag(padded, "amx_tile")))
     return {GemmPath::widened, has_flag(padded, "avx512_bf16")
                                    ? "AVX512-BF16 without AMX and no measurement of this machine: widened"

@@ -69,6 +69,10 @@ TEST_CASE("the default GEMM path follows the CPU's flags and oneDNN's cap, never
   const auto no_amx = sbp::default_narrow_gemm_path(avx512_bf16, "");
   CHECK(no_amx.first == GemmPath::widened);
   CHECK_THAT(no_amx.second, Catch::Contains("without AMX"));
+  // ... unless oneDNN is capped below its bf16 instructions: then the cap is the reason.
+  const auto no_amx_capped = sbp::default_narrow_gemm_path(avx512_bf16, "AVX2");
+  CHECK(no_amx_capped.first == GemmPath::widened);
+  CHECK_THAT(no_amx_capped.second, Catch::Contains("ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN off"));
   CHECK(sbp::default_narrow_gemm_path(amx, "").first == GemmPath::native);
   CHECK(sbp::default_narrow_gemm_path(amx, "ALL").first == GemmPath::native);
   CHECK(sbp::default_narrow_gemm_path(amx, "avx10_1_512_amx").first == GemmPath::native);

@@ -54,6 +54,12 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
                  "clip_grad_norm_ (0: off; the norm is reported either way)")->check(CLI::NonNegativeNumber);
   app.add_option("--grad-accum", a.grad_accum, "micro-batches per step: each global batch is split by rows into K "
                  "(normalised by the step's total target count, HF/TRL's num_items_in_batch)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--micro-batches", a.micro_batches, "each step's micro-batches by rows of its global batch, e.g. "
+                 "\"0;1,2;3\" (';' between micro-batches; DPO: a micro-batch is its chosen rows, then their rejected "
+                 "rows); uneven ones allowed, normalised as --grad-accum's; one data-parallel group (--nproc = --sp)");
+  app.add_option("--save-grads", a.run.save_grads, "write the last step's gradients as its update read them (summed "
+                 "over ranks, after clipping; safetensors, HF names, PEFT names under LoRA); ZeRO 0-1, no gradient or "
+                 "parameter offload");
   app.add_option("--data", a.data_dir, "folder of batch files (safetensors, as --save-batch writes them), one global "
                  "batch per step in lexical order, cycled; default: a seeded random batch per step (--batch, --seq)")
       ->check(CLI::ExistingDirectory);
@@ -105,7 +111,8 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
           {"lr_schedule", a.lr_schedule},
           {"steps", a.steps},
           {"clip_grad_norm", a.clip_grad_norm},
-          {"grad_accum", a.grad_accum}};
+          {"grad_accum", a.grad_accum},
+          {"micro_batches", a.micro_batches}};
 }
 
 // The model's moment as named terms (bytes), so the JSON explains its number: per rank when data-parallel.
@@ -160,6 +167,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   // Every output at once, before any rank starts: two on one path would overwrite each other (the metrics' sidecar
   // once overwrote --json's record of the same name).
   check_distinct_outputs({{"--json", r.json},
+                          {"--save-grads", r.save_grads},
                           {"--save-model", r.save_model},
                           {"--save-adapter", r.save_adapter},
                           {"--metrics", a.metrics},
@@ -172,6 +180,9 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const bool finished = !a.resume_dir.empty() && taken >= a.steps;
   const auto kept = [finished](const std::string& path) { return finished && !path.empty() && fs::exists(path); };
   const bool keep_json = kept(r.json), keep_model = kept(r.save_model), keep_adapter = kept(r.save_adapter);
+  if (finished && !r.save_grads.empty())
+    throw InputError(fmt::format("--save-grads {}: the run in {} is finished (step {}, --steps {}): it takes no step "
+                                 "whose gradients could be written", r.save_grads, a.resume_dir, taken, a.steps));
   if (finished && !a.metrics.empty() && !fs::exists(a.metrics))
     throw InputError(fmt::format("--metrics {}: the run in {} is finished (step {}, --steps {}) and the "
                                             "metrics of its steps are in the file its --metrics wrote, not in the "
@@ -187,6 +198,18 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
     throw InputError(uneven_batch(data_parts, "--batch " + std::to_string(a.run.measure.batch_size()),
                                              a.run.measure.batch_size()));
   check_offload_kinds(a.run.offload, /*training=*/true, a.ranks.nproc, a.ranks.zero);
+  const auto micro_rows = a.micro_batches.empty() ? MicroBatchRows{} : parse_micro_batch_rows(a.micro_batches, "--micro-batches");
+  if (!micro_rows.empty() && a.grad_accum != 1)
+    throw InputError("--micro-batches gives each step's micro-batches: it excludes --grad-accum");
+  if (!micro_rows.empty() && data_parts > 1)
+    throw InputError(fmt::format("--micro-batches names rows of one batch: {} data-parallel groups (--nproc {} / --sp "
+                                 "{}) would each hold other rows", data_parts, a.ranks.nproc, std::max(a.ranks.sp, 1)));
+  if (!r.save_grads.empty()) {
+    // The gradients are whole on every rank only until ZeRO-2 shards them; offloaded ones are not the model's.
+    if (a.ranks.zero >= 2) throw InputError("--save-grads needs whole gradients on rank 0: --zero 0 or 1");
+    if (r.offload.gradients() || r.offload.parameters())
+      throw InputError("--save-grads reads the model's gradients: not with --offload grads or params");
+  }
   if (a.ranks.nproc > 1 && !env) return launch_ranks(a.ranks.nproc);
   auto ranks = join_ranks(a.ranks, env, r.setup);
   const int world = ranks.world, rank = ranks.rank;
@@ -199,6 +222,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   const bool writer = rank == 0;  // rank 0 writes every output; the ranks hold the same model after every step
   if (writer) {
     if (!r.json.empty() && !keep_json) check_new_output(r.json, r.force, "--json");
+    if (!r.save_grads.empty()) check_new_output(r.save_grads, r.force, "--save-grads");
     if (!r.save_model.empty() && !keep_model) check_new_folder(r.save_model, r.force, "--save-model");
     if (!r.save_adapter.empty() && !keep_adapter) check_new_folder(r.save_adapter, r.force, "--save-adapter");
     if (!a.checkpoint_dir.empty())
@@ -216,6 +240,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   options.schedule = parse_lr_schedule(a.lr_schedule);
   options.total_steps = a.steps;
   options.grad_accum = a.grad_accum;
+  options.micro_batch_rows = micro_rows;
   options.clip_grad_norm = a.clip_grad_norm;
 
   // Named, not a structured binding: clang before 16 cannot capture bindings in the lambdas below (sanitized build).
@@ -400,11 +425,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   for (std::int64_t s = start_step; s < a.steps; ++s) {
     const auto [batch, source] = batch_for_step(s);
     if (!estimate) {
-      const auto micro = objective->split(batch, a.grad_accum, source);
+      const auto micro = trainer.micro_batches(batch, source);
       objective->prepare(micro.front(), model->config(), source);
       auto workload = make_workload(*model, *objective, micro.front());
       trainer.add_optimizer_memory(workload);
-      workload.accumulating = a.grad_accum > 1;
+      workload.accumulating = micro.size() > 1;
       workload.offload_checkpoints = r.offload.checkpoints();
       workload.offload_optimizer = r.offload.optimizer();
       workload.offload_gradients = r.offload.gradients();
@@ -479,6 +504,11 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       list += fmt::format("{}rank {} {}", q ? ", " : "", q, format_bytes(rank_peaks[q]));
     fmt::print(stderr, "peak      per rank: {}\n", list);
   }
+  // The last step's gradients are still the model's: the next step would zero them.
+  if (writer && !r.save_grads.empty() && trainer.steps_taken() > start_step)
+    save_gradients(*model, r.save_grads, {{"method", method->spec()},
+                                          {"dtype", precision_name(model->dtype(), model->grad_dtype())},
+                                          {"commit", prov.commit}, {"command", prov.command}});
   if (!r.save_model.empty() && !keep_model) save_model_dir(*model, r.save_model);
   if (!r.save_adapter.empty() && !keep_adapter) save_adapter_dir(*model, r.save_adapter, r.setup.source.describe());
   if (!r.json.empty() && !keep_json) {
@@ -525,6 +555,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                                                                            std::to_string(start_step) + ")");
     return 0;
   }
+  add("gradients", r.save_grads);
   add("model", r.save_model);
   add("adapter", r.save_adapter);
   add("metrics", a.metrics);

@@ -52,6 +52,7 @@ struct TrainArgs {
   std::string lr_schedule = "constant";
   double clip_grad_norm = 0;
   std::string data_dir, checkpoint_dir, resume_dir, metrics;
+  std::string micro_batches;  // --micro-batches "0;1,2;3": each step's micro-batches by rows (empty: --grad-accum's)
   RankFlags ranks;           // --nproc, --zero, --dist-timeout
 };
 void add_train_options(CLI::App& app, TrainArgs& args);

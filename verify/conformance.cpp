@@ -334,27 +334,8 @@ std::string accumulation_description(Accumulation a) {
 }
 
 std::string micro_batches_problem(const ConformCase& c, std::int64_t rows) {
-  if (c.micro_batches.empty()) return "";
-  std::vector<int> seen(rows, 0);
-  for (std::size_t k = 0; k < c.micro_batches.size(); ++k) {
-    const auto& m = c.micro_batches[k];
-    if (m.empty()) return fmt::format("micro_batches[{}] is empty", k);
-    for (const auto r : m) {
-      if (r < 0 || r >= rows) return fmt::format("micro_batches[{}]: row {} of a batch of {} rows", k, r, rows);
-      if (seen[r]++) return fmt::format("micro_batches: row {} appears twice", r);
-    }
-    if (c.objective.rfind("dpo", 0) == 0) {  // its chosen rows, then their rejected ones (rows + P) in that order
-      const auto n = m.size() / 2;
-      bool paired = m.size() % 2 == 0;
-      for (std::size_t i = 0; paired && i < n; ++i) paired = m[i] < rows / 2 && m[n + i] == m[i] + rows / 2;
-      if (!paired)
-        return fmt::format("micro_batches[{}]: dpo's micro-batch is its chosen rows, then their rejected rows "
-                           "(row + {}) in the same order", k, rows / 2);
-    }
-  }
-  for (std::int64_t r = 0; r < rows; ++r)
-    if (!seen[r]) return fmt::format("micro_batches: row {} is in no micro-batch", r);
-  return "";
+  if (c.micro_batches.empty()) return "";  // one pass over the whole batch
+  return micro_batch_rows_problem(c.micro_batches, rows, c.objective.rfind("dpo", 0) == 0);
 }
 
 std::vector<Batch> micro_batch_split(const ConformCase& c, const Batch& batch) {

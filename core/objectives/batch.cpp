@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
 #include "core/io/input_error.h"
 
 namespace sbp {
@@ -28,6 +30,59 @@ Batch Batch::select_rows(const at::Tensor& index) const {
   const auto i = index.to(input_ids.device());
   Batch out{input_ids.index_select(0, i), attention_mask.index_select(0, i), {}};
   for (const auto& [name, t] : fields) out.fields[name] = t.index_select(0, i.to(t.device()));
+  return out;
+}
+
+std::string micro_batch_rows_problem(const MicroBatchRows& micro, std::int64_t batch_rows, bool pairs) {
+  std::vector<int> seen(std::size_t(std::max<std::int64_t>(batch_rows, 0)), 0);
+  for (std::size_t k = 0; k < micro.size(); ++k) {
+    const auto& m = micro[k];
+    if (m.empty()) return fmt::format("micro_batches[{}] is empty", k);
+    for (const auto r : m) {
+      if (r < 0 || r >= batch_rows) return fmt::format("micro_batches[{}]: row {} of a batch of {} rows", k, r, batch_rows);
+      if (seen[std::size_t(r)]++) return fmt::format("micro_batches: row {} appears twice", r);
+    }
+    if (pairs) {
+      const auto n = m.size() / 2;
+      bool paired = m.size() % 2 == 0;
+      for (std::size_t i = 0; paired && i < n; ++i) paired = m[i] < batch_rows / 2 && m[n + i] == m[i] + batch_rows / 2;
+      if (!paired)
+        return fmt::format("micro_batches[{}]: dpo's micro-batch is its chosen rows, then their rejected rows "
+                           "(row + {}) in the same order", k, batch_rows / 2);
+    }
+  }
+  for (std::int64_t r = 0; r < batch_rows; ++r)
+    if (!seen[std::size_t(r)]) return fmt::format("micro_batches: row {} is in no micro-batch", r);
+  return "";
+}
+
+MicroBatchRows parse_micro_batch_rows(const std::string& text, const std::string& flag) {
+  MicroBatchRows out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const auto end = std::min(text.find(';', start), text.size());
+    const auto part = text.substr(start, end - start);
+    std::vector<std::int64_t> rows;
+    std::size_t at = 0;
+    while (at < part.size()) {
+      const auto comma = std::min(part.find(',', at), part.size());
+      const auto item = part.substr(at, comma - at);
+      std::size_t used = 0;
+      long long row = -1;
+      try {
+        row = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (item.empty() || used != item.size() || row < 0)
+        throw InputError(fmt::format("{} {}: '{}' is not a row index (micro-batches separated by ';', their rows by "
+                                     "',', e.g. \"0;1,2;3\")", flag, text, item));
+      rows.push_back(row);
+      at = comma + 1;
+    }
+    out.push_back(std::move(rows));
+    start = end + 1;
+  }
   return out;
 }
 

@@ -35,6 +35,15 @@ struct Batch {
 // left/interior padding and packed sequences are rejected.
 void validate_tokens(const Batch& batch, const ModelConfig& config, const std::string& source);
 
+// The micro-batches of one optimizer step by rows: rows[k] the batch rows micro-batch k holds.
+using MicroBatchRows = std::vector<std::vector<std::int64_t>>;
+// What is wrong with `micro` as a step's micro-batches of a batch of `batch_rows` rows (empty: nothing): every row in
+// exactly one non-empty micro-batch; with `pairs` (DPO: P chosen rows, then their P rejected ones) each micro-batch
+// is its chosen rows, then their rejected rows (row + P) in the same order, so that no pair is cut.
+std::string micro_batch_rows_problem(const MicroBatchRows& micro, std::int64_t batch_rows, bool pairs);
+// "0;1,2;3": micro-batches separated by ';', each its rows separated by ','. Throws InputError naming `flag`.
+MicroBatchRows parse_micro_batch_rows(const std::string& text, const std::string& flag);
+
 struct RandomBatchOptions {
   std::int64_t batch_size = 1, seq_len = 128;
   double pad_fraction = 0.0;     // SFT: row b gets round(F*T*(b+1)/B) pads; GRPO/DPO: each row up to F*T, drawn

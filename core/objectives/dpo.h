@@ -30,6 +30,7 @@ class DpoObjective : public Objective {
   bool needs_reference(const Batch& batch) const override { return !batch.has("ref_logps"); }
   // Pairs stay whole: micro-batch k has chosen rows [k*P/K, (k+1)*P/K) and the rejected rows P + the same.
   std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const override;
+  bool paired_rows() const override { return true; }
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
 
  protected:

@@ -91,6 +91,15 @@ std::vector<Batch> Objective::split(const Batch& batch, std::int64_t parts, cons
   return out;
 }
 
+std::vector<Batch> Objective::micro_batches(const Batch& batch, const MicroBatchRows& rows,
+                                            const std::string& source) const {
+  if (const auto problem = micro_batch_rows_problem(rows, batch.batch_size(), paired_rows()); !problem.empty())
+    throw InputError(source + ": " + problem);
+  std::vector<Batch> out;
+  for (const auto& r : rows) out.push_back(batch.select_rows(at::tensor(r, at::TensorOptions().dtype(at::kLong))));
+  return out;
+}
+
 at::Tensor Objective::chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like) {
   return per_position.slice(1, start, start + like.size(1)).to(like.scalar_type());
 }

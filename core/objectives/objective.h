@@ -70,6 +70,11 @@ class Objective {
   // The batch's rows cut into `parts` micro-batches of equal size (Throws InputError naming `source` when
   // they do not divide); DPO keeps each chosen row with its rejected one.
   virtual std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const;
+  // The batch's rows as the given micro-batches (micro_batch_rows_problem's rules; Throws InputError naming `source`).
+  std::vector<Batch> micro_batches(const Batch& batch, const MicroBatchRows& rows, const std::string& source) const;
+  // A row of the first half and its partner in the second make one example (DPO's chosen and rejected rows): a
+  // micro-batch never separates them.
+  virtual bool paired_rows() const { return false; }
 
   // Bytes per position of what prepare() keeps for the step (the memory models' "objective buffers").
   virtual std::int64_t buffer_bytes_per_token() const { return 16; }  // targets (int64) + scored mask (fp64)

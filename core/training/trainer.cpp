@@ -121,6 +121,8 @@ Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, Tra
                                  : model.trainable()),
       optimizer_(optimizer_params_, options_.optimizer, options_.optimizer_tier) {
   if (options_.grad_accum < 1) throw InputError("--grad-accum must be >= 1");
+  if (!options_.micro_batch_rows.empty() && options_.grad_accum != 1)
+    throw InputError("--micro-batches gives the step's micro-batches: --grad-accum is then 1");
   if (options_.total_steps < 1) throw InputError("--steps must be >= 1");
   if (!(options_.clip_grad_norm >= 0)) throw InputError("--clip-grad-norm must be >= 0");
   if (options_.sequence_group && !parallel_)
@@ -131,9 +133,15 @@ Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, Tra
                                 "(standard BP, checkpointing and StreamBP do)");
 }
 
+std::vector<Batch> Trainer::micro_batches(const Batch& batch, const std::string& source) const {
+  return options_.micro_batch_rows.empty() ? objective_.split(batch, options_.grad_accum, source)
+                                           : objective_.micro_batches(batch, options_.micro_batch_rows,
+                                                                      source + ", --micro-batches");
+}
+
 TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   TrainStepResult out;
-  const auto micro = objective_.split(batch, options_.grad_accum, source);
+  const auto micro = micro_batches(batch, source);
   // The step's totals: every micro-batch prepared once (its checks run before any gradient exists).
   StepTotals totals;
   for (const auto& m : micro) {

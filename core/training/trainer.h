@@ -28,7 +28,10 @@ struct TrainOptions {
   OptimizerOptions optimizer;
   LrSchedule schedule;
   std::int64_t total_steps = 1;  // of the whole run (the schedule's horizon), resumed or not
-  std::int64_t grad_accum = 1;   // micro-batches per step
+  std::int64_t grad_accum = 1;   // micro-batches per step, of equal size
+  // Set: the step's micro-batches by rows of its batch instead (Objective::micro_batches; uneven ones allowed), as a
+  // conformance case's step gives them. grad_accum is then 1.
+  MicroBatchRows micro_batch_rows;
   double clip_grad_norm = 0;     // 0: no clipping (the norm is still reported)
   // The optimizer's states in this offload tier, the update where they are (null: on the device). Outlives the trainer.
   OffloadTier* optimizer_tier = nullptr;
@@ -85,6 +88,8 @@ class Trainer {
     bool keep_;
   };
 
+  // The micro-batches of a step on `batch` (options' micro_batch_rows, else grad_accum equal ones).
+  std::vector<Batch> micro_batches(const Batch& batch, const std::string& source) const;
   // One optimizer step on a global batch (prepared log-probs included, see complete_batch): split into
   // options.grad_accum micro-batches (Objective::split), each back-propagated with the step's totals.
   TrainStepResult step(const Batch& batch, const std::string& source = "batch");

@@ -1,8 +1,8 @@
 # `streambp conform` (issue #21) with implementations that need no Python packages:
-# (a) the harness's own StreamBP through the protocol (verify/conform/streambp_adapter.py) passes the quick matrix
-#     (its micro-batch steps N/A: `streambp run` takes one batch; the two sequence-parallel cases N/A: it is one
-#     process): fp64 against the oracle at 1e-10, fp32/bf16 against its own standard BP as the baseline; the CSV has a
-#     row per case with provenance, status passed;
+# (a) the harness's own StreamBP through the protocol (verify/conform/streambp_adapter.py) passes every case of the
+#     quick matrix, its micro-batch steps and sequence-parallel ranks through `streambp train` (the trainer's own
+#     accumulation and reduction): fp64 against the oracle at 1e-10, fp32/bf16 against its own standard BP as the
+#     baseline; the CSV has a row per case with provenance, status passed;
 # (b) implementations that break the protocol are reported per case, naming the tensor or what happened, and the run
 #     goes on to the next case (tests/support/conform_faulty_adapter.py): a crash, no output, a renamed tensor, a NaN, an
 #     extra tensor, an fp64 case's gradients in fp32 (the dtype named), a hang (--timeout), and a gradient off by 1e-6
@@ -28,8 +28,8 @@ rows() {  # rows CSV STATUS: how many rows have this status
 "$STREAMBP" conform --impl "$impl" --baseline "$impl --method standard" --out ok >ok.txt 2>ok.log ||
   fail "the harness's own StreamBP does not conform:\n$(cat ok.txt ok.log)"
 csv=$(ls ok/conform-*.csv)
-[[ $(rows "$csv" passed) -eq 9 && $(rows "$csv" failed) -eq 0 ]] || fail "quick matrix rows:\n$(cat "$csv")"
-grep -q "9 of 9 case(s) passed (5 more not expressible by the implementation)" ok.txt ||
+[[ $(rows "$csv" passed) -eq 14 && $(rows "$csv" failed) -eq 0 ]] || fail "quick matrix rows:\n$(cat "$csv")"
+grep -q "14 of 14 case(s) passed; results" ok.txt ||
   fail "no summary:\n$(cat ok.txt)"
 echo "ok: StreamBP through the protocol passes the quick matrix"
 

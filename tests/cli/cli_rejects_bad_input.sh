@@ -77,6 +77,15 @@ expect_exit_2 "--metrics named .json" "--metrics m.json and --metrics \\(its .js
   "$STREAMBP" train --preset tiny --method standard --seq 8 --metrics m.json
 expect_exit_2 "--save-model on the checkpoint folder" "--save-model c and --checkpoint-dir ./c are one path" \
   "$STREAMBP" train --preset tiny --method standard --seq 8 --save-model c --checkpoint-dir ./c --save-every 1
+# train's micro-batches by rows and its gradients: what they cannot mean is refused before any rank starts.
+expect_exit_2 "--micro-batches not a row list" "--micro-batches 0;1,x: 'x' is not a row index" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --batch 3 --micro-batches "0;1,x"
+expect_exit_2 "--micro-batches leaving a row out" "random batch of step 1, --micro-batches: micro_batches: row 2 is in no micro-batch" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --batch 3 --micro-batches "0;1"
+expect_exit_2 "--micro-batches over data-parallel groups" "--micro-batches names rows of one batch: 2 data-parallel groups" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --batch 4 --nproc 2 --micro-batches "0,1;2,3"
+expect_exit_2 "--save-grads under ZeRO-2" "--save-grads needs whole gradients on rank 0: --zero 0 or 1" \
+  "$STREAMBP" train --preset tiny --method standard --seq 8 --batch 2 --nproc 2 --zero 2 --save-grads g
 expect_exit_2 "two outputs of run on one path" "--save-grads x and --save-batch sub/../x are one path" \
   "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads x --save-batch sub/../x
 expect_exit_2 "--timeline on --op-profile" "--timeline t.csv and --op-profile t.csv are one path" \

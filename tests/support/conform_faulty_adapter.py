@@ -30,12 +30,13 @@ if mode == "hang":
 
 adapter = Path(__file__).resolve().parents[2] / "verify" / "conform" / "streambp_adapter.py"
 done = subprocess.run([sys.executable, str(adapter), "--streambp", binary, str(case_dir)])
-if done.returncode:  # 3: a case the harness's adapter declines (a micro-batch step) stays N/A here too
+if done.returncode:  # 3: a case the harness's adapter declines stays N/A here too
     sys.exit(done.returncode)
 result = case_dir / "result.json"
 if mode in ("nan-loss", "half-count"):
-    loss = json.loads(result.read_text())["loss"]
-    result.write_text(json.dumps({"loss": math.nan if mode == "nan-loss" else 2 * loss}))
+    written = json.loads(result.read_text())  # its other keys kept (a micro-batch step's count)
+    written["loss"] = math.nan if mode == "nan-loss" else 2 * written["loss"]
+    result.write_text(json.dumps(written))
     if mode == "nan-loss":
         sys.exit(0)
 grads = case_dir / "grads.safetensors"

@@ -68,3 +68,33 @@ TEST_CASE("conform names malformed micro-batches and a result.json whose micro-b
   CHECK_THAT(sbp::result_micro_batches_problem(R"({"loss": 1, "micro_batches": "3"})", 3),
              Catch::StartsWith("result.json: \"micro_batches\" is \"3\", not an integer"));
 }
+
+TEST_CASE("train's --micro-batches parses rows per micro-batch and the objective checks them as conform's cases are",
+          "[conform][train]") {
+  using Rows = sbp::MicroBatchRows;
+  CHECK(sbp::parse_micro_batch_rows("0;1,2;3", "--micro-batches") == Rows{{0}, {1, 2}, {3}});
+  for (const char* bad : {"0;1,x", "0;-1", "0;1 ,2", "0;;1"}) {
+    INFO(bad);
+    if (std::string(bad) == "0;;1") {  // parses to an empty micro-batch, which the row check names
+      CHECK(sbp::micro_batch_rows_problem(sbp::parse_micro_batch_rows(bad, "--micro-batches"), 2, false) ==
+            "micro_batches[1] is empty");
+      continue;
+    }
+    CHECK_THROWS_AS(sbp::parse_micro_batch_rows(bad, "--micro-batches"), sbp::InputError);
+  }
+  // The objective selects the rows, DPO's pairs kept together; a row left out is named with the batch's source.
+  const auto sft = sbp::make_objective("sft");
+  sbp::ModelConfig config;
+  config.vocab_size = 32;
+  const auto batch = sft->random_batch(config, {.batch_size = 4, .seq_len = 6, .seed = 3});
+  const auto micro = sft->micro_batches(batch, {{0}, {1, 2}, {3}}, "b.safetensors");
+  REQUIRE(micro.size() == 3);
+  CHECK(micro[1].batch_size() == 2);
+  CHECK(at::equal(micro[1].input_ids, batch.input_ids.slice(0, 1, 3)));
+  CHECK_THROWS_WITH(sft->micro_batches(batch, {{0}, {1, 2}}, "b.safetensors"),
+                    "b.safetensors: micro_batches: row 3 is in no micro-batch");
+  const auto dpo = sbp::make_objective("dpo");
+  CHECK_THROWS_WITH(dpo->micro_batches(batch, {{0, 1}, {2, 3}}, "b.safetensors"),
+                    Catch::Contains("chosen rows, then their rejected rows (row + 2)"));
+  CHECK(dpo->micro_batches(batch, {{0, 2}, {1, 3}}, "b.safetensors").size() == 2);
+}

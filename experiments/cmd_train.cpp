@@ -26,8 +26,11 @@
 #include "core/training/trainer.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
+#include "experiments/exit_status.h"
 #include "experiments/interrupt.h"
 #include "experiments/launch.h"
+#include "experiments/memory_check.h"
+#include "experiments/measure.h"
 #include "experiments/ranks.h"
 #include "experiments/provenance.h"
 #include "experiments/results_table.h"
@@ -60,6 +63,9 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--save-grads", a.run.save_grads, "write the last step's gradients as its update read them (summed "
                  "over ranks, after clipping; safetensors, HF names, PEFT names under LoRA); ZeRO 0-1, no gradient or "
                  "parameter offload");
+  app.add_flag("--no-memory-check", a.no_memory_check, "train even when the model's peak of a step is above the "
+               "memory the process may use (the cgroup's limit, ulimit -v, MemAvailable); without it such a run stops "
+               "before its first step (exit 3), naming the longest T that fits");
   app.add_option("--data", a.data_dir, "folder of batch files (safetensors, as --save-batch writes them), one global "
                  "batch per step in lexical order, cycled; default: a seeded random batch per step (--batch, --seq)")
       ->check(CLI::ExistingDirectory);
@@ -113,6 +119,29 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
           {"clip_grad_norm", a.clip_grad_norm},
           {"grad_accum", a.grad_accum},
           {"micro_batches", a.micro_batches}};
+}
+
+// Before the first step: the model's peak of a step against what the process may use (experiments/memory_check.h),
+// so that a run that cannot fit stops in seconds instead of after its first minutes. The ranks decide together: one
+// refusing alone would leave the others waiting in a collective. Returns why it does not fit ("": it does).
+std::string memory_refusal(const BackpropMethod& method, const Workload& workload, const MemoryEstimate& estimate,
+                           const Model& model, std::int64_t held_bytes, Communicator* comm) {
+  const auto peak_at = [&](std::int64_t T) {
+    auto w = workload;
+    w.seq_len = T;
+    return training_memory(method, w).total_bytes();
+  };
+  const auto check = check_memory(peak_at, workload.seq_len, estimate.moment, /*budget_bytes=*/0,
+                                  model.device().is_cpu() ? memory_limits() : std::vector<MemoryLimit>{}, held_bytes);
+  double refused = check.fits() ? 0 : 1;
+  if (comm) {
+    std::vector<at::Tensor> flag = {at::full({1}, refused, at::TensorOptions(at::kFloat).device(comm->device()))};
+    comm->all_reduce_sum(flag);
+    refused = flag[0].item<double>();
+  }
+  if (refused == 0) return "";
+  return check.fits() ? "another rank's step does not fit its memory"
+                      : memory_shortfall(check, workload.batch_size);
 }
 
 // The model's moment as named terms (bytes), so the JSON explains its number: per rank when data-parallel.
@@ -436,6 +465,14 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       workload.offload_parameters = r.offload.parameters();
       workload.sequence_parallel = ranks.sp;
       estimate = training_memory(*method, workload);
+      if (!a.no_memory_check) {
+        if (const auto why = memory_refusal(*method, workload, *estimate, *model, weight_bytes + trainer.held_bytes(), comm);
+            !why.empty()) {
+          if (writer)
+            fmt::print(stderr, "streambp: out of memory: not run: {} (--no-memory-check trains anyway)\n", why);
+          return kExitOutOfMemory;
+        }
+      }
     }
     model->zero_grad();  // the previous step's gradients are not part of this step
     meter.reset_peak();

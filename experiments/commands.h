@@ -53,6 +53,7 @@ struct TrainArgs {
   double clip_grad_norm = 0;
   std::string data_dir, checkpoint_dir, resume_dir, metrics;
   std::string micro_batches;  // --micro-batches "0;1,2;3": each step's micro-batches by rows (empty: --grad-accum's)
+  bool no_memory_check = false;  // --no-memory-check: train even when the model's peak does not fit
   RankFlags ranks;           // --nproc, --zero, --dist-timeout
 };
 void add_train_options(CLI::App& app, TrainArgs& args);

@@ -81,6 +81,22 @@ assert 2 <= c["model_max_seq"] < 60000, c
 print("ok: refused under ulimit -v:", c["limited_by"], "; T that fits:", c["model_max_seq"])
 PY
 
+# train checks the same before its first step: a run whose step cannot fit stops at once (exit 3, the longest T that
+# fits named, nothing written), and --no-memory-check trains anyway (here into the refused block: exit 3 too).
+train=(train --preset tiny --method standard --dtype fp32 --threads 1 --seq 60000 --json train.json)
+status=0
+(ulimit -v $((mapped_kib + margin_kib)) && "$STREAMBP" "${train[@]}" >train.txt 2>&1) || status=$?
+[[ $status -eq 3 ]] || fail "a training step over ulimit -v by the model exited $status, expected 3:\n$(cat train.txt)"
+grep -qE "^streambp: out of memory: not run: .*ulimit -v.*the longest sequence that fits is T = [0-9]+ " train.txt ||
+  fail "train's refusal does not name the limit and the T that fits:\n$(cat train.txt)"
+! grep -q "^step 1/" train.txt && [[ ! -e train.json ]] || fail "a refused run trained or wrote:\n$(cat train.txt)"
+echo "ok: train refused before its first step: $(grep -oE 'the longest sequence that fits is T = [0-9]+' train.txt)"
+status=0
+(ulimit -v $((mapped_kib + margin_kib)) && "$STREAMBP" "${train[@]}" --no-memory-check >tried_train.txt 2>&1) || status=$?
+[[ $status -eq 3 ]] && ! grep -q "not run:" tried_train.txt ||
+  fail "train --no-memory-check: exit $status, expected 3 from the refused block:\n$(cat tried_train.txt)"
+echo "ok: train --no-memory-check trains into the limit: $(grep -m1 -oE 'out of memory: .{0,80}' tried_train.txt)"
+
 # The step tried anyway: the block the system refuses ends it as oom naming its size, exit 3.
 status=0
 (ulimit -v $((mapped_kib + margin_kib)) &&

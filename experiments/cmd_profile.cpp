@@ -12,6 +12,9 @@
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
+#include "experiments/exit_status.h"
+#include "experiments/measure.h"
+#include "experiments/memory_check.h"
 #include "experiments/results_table.h"
 #include "profiler/memory_categories.h"
 
@@ -23,6 +26,8 @@ void add_profile_options(CLI::App& app, ProfileArgs& a) {
   add_measure_options(app, a.measure, {});
   app.add_option("--steps", a.steps, "forward + backward steps in the timeline (the paper shows two)")->check(CLI::PositiveNumber)->capture_default_str();
   add_output_options(app, a.output, "results folder");
+  app.add_flag("--no-memory-check", a.no_memory_check, "profile even a method whose modelled peak is above the memory "
+               "the process may use; without it such a run stops before any step (exit 3)");
   app.footer("Categories are attributed by the phase that allocated a block and its lifetime (weights & batch: live "
              "before the first step; gradients: still alive when its step ends; checkpoints / activations: made in the "
              "forward and alive after it; K/V: StreamBP's K/V recompute; logits / head: the head phases; working set: "
@@ -38,6 +43,24 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
   auto model = build_model(setup);
   const auto batch = prepared_random_batch(*model, *objective, a.measure.batch_size(), a.measure.seq_len(), 0, seed);
   const auto workload = make_workload(*model, *objective, batch);
+  // Every method's modelled peak against what the process may use, before any step (experiments/memory_check.h): a
+  // method that cannot fit stops the run in seconds, not after the methods before it.
+  if (!a.no_memory_check)
+    for (const auto& spec_text : a.methods) {
+      const auto method = make_method(spec_text);
+      const auto peak_at = [&](std::int64_t T) {
+        auto w = workload;
+        w.seq_len = T;
+        return method->memory_model(w).total_bytes();
+      };
+      const auto check = check_memory(peak_at, workload.seq_len, method->memory_model(workload).moment,
+                                      a.measure.budget_bytes, memory_limits(), model_weight_bytes(*model));
+      if (!check.fits()) {
+        fmt::print(stderr, "streambp: out of memory: not run: {}: {} (--no-memory-check profiles anyway)\n",
+                   method->spec(), memory_shortfall(check, workload.batch_size));
+        return kExitOutOfMemory;
+      }
+    }
 
   std::vector<std::string> columns = {"objective", "lora", "batch_size", "seq_len", "steps", "peak_bytes",
                                       "model_peak_bytes", "timeline"};

@@ -160,6 +160,7 @@ struct ProfileArgs {
   MeasureOptions measure{.seq_lens = {4096}, .batch_sizes = {1}};
   OutputOptions output{.out_dir = "results/profile"};
   int steps = 2;
+  bool no_memory_check = false;  // profile even a method whose modelled peak does not fit
 };
 void add_profile_options(CLI::App& app, ProfileArgs& args);
 int profile_command(const ProfileArgs& args, const std::string& command_line);

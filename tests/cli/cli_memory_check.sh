@@ -97,6 +97,15 @@ status=0
   fail "train --no-memory-check: exit $status, expected 3 from the refused block:\n$(cat tried_train.txt)"
 echo "ok: train --no-memory-check trains into the limit: $(grep -m1 -oE 'out of memory: .{0,80}' tried_train.txt)"
 
+# profile checks every method's step before the first one runs.
+status=0
+(ulimit -v $((mapped_kib + margin_kib)) &&
+  "$STREAMBP" profile --preset tiny --methods "streambp;standard" --dtype fp32 --threads 1 --seq 60000 --out prof \
+    >profile.txt 2>&1) || status=$?
+[[ $status -eq 3 ]] && grep -qE "^streambp: out of memory: not run: standard: .*ulimit -v" profile.txt &&
+  ! grep -q "step 1/" profile.txt || fail "profile over ulimit -v: exit $status:\n$(cat profile.txt)"
+echo "ok: profile refused before any step: $(grep -oE 'not run: standard: .{0,60}' profile.txt)"
+
 # The step tried anyway: the block the system refuses ends it as oom naming its size, exit 3.
 status=0
 (ulimit -v $((mapped_kib + margin_kib)) &&

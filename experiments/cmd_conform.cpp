@@ -33,6 +33,7 @@
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/interrupt.h"
+#include "experiments/junit.h"
 #include "experiments/results_table.h"
 #include "verify/conformance.h"
 #include "core/io/input_error.h"
@@ -320,7 +321,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
                  "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
-  app.add_option("--cases", a.cases, "a case set: quick, full or survey; or a JSON file of cases (docs/conformance.md)");
+  app.add_option("--cases", a.cases, "a case set: ci, quick, full or survey; or a JSON file of cases (docs/conformance.md)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
       ->delimiter(',')->check(CLI::IsMember({"sft", "grpo", "dpo"}));
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
@@ -332,6 +333,8 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "(the loss over their union, normalised by the step's target count) or micro-means (the mean of each "
                  "micro-batch's own loss, for a library that documents it)")
       ->check(CLI::IsMember({"union", "micro-means"}));
+  app.add_option("--junit", a.junit, "also write a JUnit XML report here (one testcase per case; a failure's message "
+                 "its worst tensor, error, bar and hint; N/A as skipped), for a CI's test page");
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "
@@ -361,6 +364,16 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
   else if (dtype == c10::kDouble && verdict.worst > 1e-9 && verdict.worst < 1e-4)
     why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (docs/conformance.md)";
   return words.empty() ? why : words + "; " + why;
+}
+
+// A JUnit row for a case: grouped by objective on a CI page, named by the case and what it runs on.
+static JUnitCase junit_case(const ConformCase& c, JUnitCase::Status status, std::string message, std::string details,
+                            double seconds) {
+  auto name = c.name + "[" + dtype_name(c.dtype);
+  if (c.ranks != 1) name += fmt::format(",ranks={}", c.ranks);
+  if (!c.micro_batches.empty()) name += fmt::format(",micro_batches={}", c.micro_batches.size());
+  return {"streambp.conform." + c.objective.substr(0, c.objective.find(':')), name + "]", status, std::move(message),
+          std::move(details), seconds};
 }
 
 int conform_command(const ConformArgs& a, const std::string& command_line) {
@@ -419,6 +432,13 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                       "baseline_peak_rss_bytes", "problem", "impl", "accumulation"});
   fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
   std::vector<std::string> lines;
+  std::vector<JUnitCase> junit;
+  const std::vector<std::pair<std::string, std::string>> junit_properties = {
+      {"commit", prov.commit}, {"date_utc", prov.date_utc}, {"machine", prov.machine},
+      {"torch_version", prov.torch_version}, {"command", prov.command}, {"implementation", impl}, {"csv", csv.string()}};
+  const auto write_report = [&] {  // after every case, as the CSV: a killed run keeps what it judged
+    if (!a.junit.empty()) write_junit(a.junit, "streambp conform " + a.cases, junit, junit_properties);
+  };
   int passed = 0, failed = 0, not_expressible = 0;
   std::string failed_run;  // the first command that failed to run: what it was, its output's end, its python
   for (const auto& c : cases) {
@@ -454,6 +474,8 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       fmt::print(stderr, "  {}\n", line);
       lines.push_back(line);
       table.write_to(csv, prov);
+      junit.push_back(junit_case(c, JUnitCase::Status::skipped, "not expressible: " + why, "", run.wall_seconds));
+      write_report();
       fs::remove_all(dir);
       continue;
     }
@@ -512,14 +534,20 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                 c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
                 c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl,
                 judged_against}});
+    const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
     const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                   pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
                                   compared ? verdict.worst_tensor : "-", run.wall_seconds,
                                   format_bytes(run.peak_rss_bytes),
-                                  pass ? "" : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words);
+                                  words);
     fmt::print(stderr, "  {}\n", line);
     lines.push_back(line);
     table.write_to(csv, prov);  // after every case: a killed run keeps what it judged
+    junit.push_back(junit_case(
+        c, pass ? JUnitCase::Status::passed : JUnitCase::Status::failed,
+        compared ? fmt::format("worst tensor '{}': {:.2e}; {}", verdict.worst_tensor, verdict.worst, words) : words,
+        line, run.wall_seconds));
+    write_report();
     if (pass) {
       fs::remove_all(dir);
       fs::remove_all(work / (c.name + ".baseline"));

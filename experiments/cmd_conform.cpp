@@ -327,6 +327,8 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
       ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
+  app.add_option("--only", a.only, "only these cases of the set, by name, comma-separated (a pytest item runs one)")
+      ->delimiter(',');
   app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, description, objective, dtype, "
                "lora, batch, seq, ranks, parallel, micro_batches, tied, chunks) and run nothing");
   app.add_option("--accumulation", a.accumulation, "what a step of several micro-batches is judged against: union "
@@ -389,9 +391,10 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
         }) == dtypes.end())
       continue;
     if (a.lora_only && c.lora.empty()) continue;
+    if (!a.only.empty() && std::find(a.only.begin(), a.only.end(), c.name) == a.only.end()) continue;
     cases.push_back(std::move(c));
   }
-  if (cases.empty()) throw InputError("--cases/--objectives/--dtypes/--lora select no case");
+  if (cases.empty()) throw InputError("--cases/--objectives/--dtypes/--lora/--only select no case");
   if (a.list_cases) {
     auto list = nlohmann::json::array();
     for (const auto& c : cases)

@@ -64,6 +64,10 @@ check_faulty perturb "FAIL +[0-9.e+-]+ model\." --objectives grpo,dpo --dtypes f
 grep -qE "FAIL .*normwise error [0-9.e+-]+ > the fp64 bar 1e-10" perturb.txt || fail "no fp64 bar:\n$(cat perturb.txt)"
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --dtypes fp32,bf16
 grep -qE "FAIL .*x the low-precision rule's bar" perturb.txt || fail "no low-precision bar:\n$(cat perturb.txt)"
+# The JUnit check's negative control: a report whose failure names another tensor than the CSV's is rejected.
+python3 -c "import re, sys; open('tampered.xml', 'w').write(re.sub(r\"worst tensor &apos;[^&]+&apos;\", \"worst tensor &apos;x&apos;\", open(sys.argv[1]).read()))" r-perturb/report.xml
+! python3 "$HERE/../support/junit_check.py" tampered.xml r-perturb/conform-*.csv >/dev/null 2>&1 ||
+  fail "junit_check.py accepts a report naming another tensor than the CSV"
 check_faulty nan-loss "result.json: the loss is NaN" "${sft[@]}"
 check_faulty half-count "loss .* off too: usually the normaliser" "${sft[@]}"
 

@@ -155,6 +155,7 @@ class AdapterCollector(pytest.Collector):
         return items
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect
 def pytest_collection_modifyitems(session, config, items):
     if config.getoption("--streambp-adapter"):
         items += AdapterCollector.from_parent(session, name="streambp-conform").collect()

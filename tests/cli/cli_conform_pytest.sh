@@ -35,9 +35,9 @@ PY=$VENV/bin/python
 
 # A user's project as the page's jobs see it after the harness build: the harness checked out in streambp/ (here its
 # package and built binary), the sample as tests/conform, the venv, a requirements.txt.
-mkdir -p project/streambp/build project/streambp/verify project/tests
+mkdir -p project/streambp/ci-build project/streambp/verify project/tests
 cp -r "$SRC/verify/conform" project/streambp/verify/  # pip builds in the source folder: the checkout stays clean
-ln -s "$STREAMBP" project/streambp/build/streambp
+ln -s "$STREAMBP" project/streambp/ci-build/streambp
 cp -r "$SRC/tests/conform_sample" project/tests/conform
 ln -s "$VENV" project/.venv
 printf 'torch==2.13.0\ntransformers==5.18.0\n' >project/requirements.txt
@@ -72,7 +72,7 @@ PY
 echo "ok: the right chunked loss passes, the chunk-means one fails naming the tensor: $(tail -1 page.txt)"
 
 status=0
-(cd project && STREAMBP=streambp/build/streambp .venv/bin/pytest tests/conform -k wrong -x) >wrong.txt 2>&1 || status=$?
+(cd project && STREAMBP=streambp/ci-build/streambp .venv/bin/pytest tests/conform -k wrong -x) >wrong.txt 2>&1 || status=$?
 [[ $status -eq 1 ]] || fail "the wrong loss: pytest exit $status, expected 1:\n$(cat wrong.txt)"
 grep -qE "1 failed" wrong.txt && ! grep -q "passed" wrong.txt || fail "-x did not stop at the first case:\n$(cat wrong.txt)"
 grep -qE "worst tensor 'model\.[a-z_.0-9]+': [0-9.e+-]+;.* > the fp64 bar 1e-10" wrong.txt ||

@@ -33,6 +33,7 @@
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/interrupt.h"
+#include "experiments/junit.h"
 #include "experiments/results_table.h"
 #include "verify/conformance.h"
 #include "core/io/input_error.h"
@@ -325,18 +326,22 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
                  "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
-  app.add_option("--cases", a.cases, "a case set: quick, full or survey; or a JSON file of cases (docs/conformance.md)");
+  app.add_option("--cases", a.cases, "a case set: ci, quick, full or survey; or a JSON file of cases (docs/conformance.md)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
       ->delimiter(',')->check(CLI::IsMember({"sft", "grpo", "dpo"}));
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
       ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
+  app.add_option("--only", a.only, "only these cases of the set, by name, comma-separated (a pytest item runs one)")
+      ->delimiter(',');
   app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, description, objective, dtype, "
                "lora, batch, seq, ranks, parallel, micro_batches, tied, chunks) and run nothing");
   app.add_option("--accumulation", a.accumulation, "what a step of several micro-batches is judged against: union "
                  "(the loss over their union, normalised by the step's target count) or micro-means (the mean of each "
                  "micro-batch's own loss, for a library that documents it)")
       ->check(CLI::IsMember({"union", "micro-means"}));
+  app.add_option("--junit", a.junit, "also write a JUnit XML report here (one testcase per case; a failure's message "
+                 "its worst tensor, error, bar and hint; N/A as skipped), for a CI's test page");
   app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "
@@ -368,6 +373,16 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
   return words.empty() ? why : words + "; " + why;
 }
 
+// A JUnit row for a case: grouped by objective on a CI page, named by the case and what it runs on.
+static JUnitCase junit_case(const ConformCase& c, JUnitCase::Status status, std::string message, std::string details,
+                            double seconds) {
+  auto name = c.name + "[" + dtype_name(c.dtype);
+  if (c.ranks != 1) name += fmt::format(",ranks={}", c.ranks);
+  if (!c.micro_batches.empty()) name += fmt::format(",micro_batches={}", c.micro_batches.size());
+  return {"streambp.conform." + c.objective.substr(0, c.objective.find(':')), name + "]", status, std::move(message),
+          std::move(details), seconds};
+}
+
 int conform_command(const ConformArgs& a, const std::string& command_line) {
   at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
   std::vector<ConformCase> cases;
@@ -381,9 +396,10 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
         }) == dtypes.end())
       continue;
     if (a.lora_only && c.lora.empty()) continue;
+    if (!a.only.empty() && std::find(a.only.begin(), a.only.end(), c.name) == a.only.end()) continue;
     cases.push_back(std::move(c));
   }
-  if (cases.empty()) throw InputError("--cases/--objectives/--dtypes/--lora select no case");
+  if (cases.empty()) throw InputError("--cases/--objectives/--dtypes/--lora/--only select no case");
   if (a.list_cases) {
     auto list = nlohmann::json::array();
     for (const auto& c : cases)
@@ -424,6 +440,13 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                       "baseline_peak_rss_bytes", "problem", "impl", "accumulation"});
   fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
   std::vector<std::string> lines;
+  std::vector<JUnitCase> junit;
+  const std::vector<std::pair<std::string, std::string>> junit_properties = {
+      {"commit", prov.commit}, {"date_utc", prov.date_utc}, {"machine", prov.machine},
+      {"torch_version", prov.torch_version}, {"command", prov.command}, {"implementation", impl}, {"csv", csv.string()}};
+  const auto write_report = [&] {  // after every case, as the CSV: a killed run keeps what it judged
+    if (!a.junit.empty()) write_junit(a.junit, "streambp conform " + a.cases, junit, junit_properties);
+  };
   int passed = 0, failed = 0, not_expressible = 0;
   std::string failed_run;  // the first command that failed to run: what it was, its output's end, its python
   for (const auto& c : cases) {
@@ -459,6 +482,8 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
       fmt::print(stderr, "  {}\n", line);
       lines.push_back(line);
       table.write_to(csv, prov);
+      junit.push_back(junit_case(c, JUnitCase::Status::skipped, "not expressible: " + why, "", run.wall_seconds));
+      write_report();
       fs::remove_all(dir);
       continue;
     }
@@ -517,14 +542,20 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                 c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
                 c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl,
                 judged_against}});
+    const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
     const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                   pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
                                   compared ? verdict.worst_tensor : "-", run.wall_seconds,
                                   format_bytes(run.peak_rss_bytes),
-                                  pass ? "" : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words);
+                                  words);
     fmt::print(stderr, "  {}\n", line);
     lines.push_back(line);
     table.write_to(csv, prov);  // after every case: a killed run keeps what it judged
+    junit.push_back(junit_case(
+        c, pass ? JUnitCase::Status::passed : JUnitCase::Status::failed,
+        compared ? fmt::format("worst tensor '{}': {:.2e}; {}", verdict.worst_tensor, verdict.worst, words) : words,
+        line, run.wall_seconds));
+    write_report();
     if (pass) {
       fs::remove_all(dir);
       fs::remove_all(work / (c.name + ".baseline"));

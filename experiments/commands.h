@@ -119,8 +119,8 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
 
 struct ConformArgs {
-  std::string impl, baseline = "hf", cases = "quick", work_dir;
-  std::vector<std::string> objectives, dtypes;  // empty: every one of the matrix
+  std::string impl, baseline = "hf", cases = "quick", work_dir, junit;  // junit: a JUnit XML report (issue #47)
+  std::vector<std::string> objectives, dtypes, only;  // empty: every one of the matrix; only: case names
   OutputOptions output{.out_dir = "results/conform"};
   bool lora_only = false, list_cases = false;
   double timeout = 300;  // seconds per case

@@ -10,6 +10,8 @@
 #     folder holds only whole files; a NaN loss as Python's json.dumps writes it is named as such, and a loss and
 #     gradients off together name the normaliser; a command that cannot run shows its command, the end of its output
 #     and which python ran it (issue #44);
+# (b') --junit FILE: one testcase per row of the CSV, failures naming the worst tensor and bar, N/A cases skipped with
+#     their reason (tests/support/junit_check.py), written whole (temporary file, then rename).
 # (c) bad input exits 2 naming it: an unknown dtype, a mistyped case set (the sets listed, the nearest suggested), a
 #     malformed --cases file; a --cases file with one custom case (untied, MHA, no qk-norm, T = 50, chunks 7/5) passes;
 # (d) the temporary folder goes however a run ends (passed, failed, Ctrl-C: exit 130, the implementation stopped);
@@ -25,10 +27,11 @@ rows() {  # rows CSV STATUS: how many rows have this status
 }
 
 # (a)
-"$STREAMBP" conform --impl "$impl" --baseline "$impl --method standard" --out ok >ok.txt 2>ok.log ||
+"$STREAMBP" conform --impl "$impl" --baseline "$impl --method standard" --out ok --junit ok/report.xml >ok.txt 2>ok.log ||
   fail "the harness's own StreamBP does not conform:\n$(cat ok.txt ok.log)"
 csv=$(ls ok/conform-*.csv)
 [[ $(rows "$csv" passed) -eq 14 && $(rows "$csv" failed) -eq 0 ]] || fail "quick matrix rows:\n$(cat "$csv")"
+python3 "$HERE/../support/junit_check.py" ok/report.xml "$csv" || fail "--junit:\n$(cat ok/report.xml)"
 grep -q "14 of 14 case(s) passed; results" ok.txt ||
   fail "no summary:\n$(cat ok.txt)"
 echo "ok: StreamBP through the protocol passes the quick matrix"
@@ -39,7 +42,7 @@ check_faulty() {  # check_faulty MODE PATTERN [conform flags]: every selected ca
   shift 2
   rm -rf "r-$mode" "w-$mode"  # a mode checked twice: its second run's CSV alone
   "$STREAMBP" conform --impl "python3 $HERE/../support/conform_faulty_adapter.py $mode $STREAMBP" --baseline "$impl --method standard" \
-    --out "r-$mode" --work "w-$mode" "$@" >"$mode.txt" 2>"$mode.log" || status=$?
+    --out "r-$mode" --work "w-$mode" --junit "r-$mode/report.xml" "$@" >"$mode.txt" 2>"$mode.log" || status=$?
   [[ $status -eq 1 ]] || fail "$mode: exit $status, expected 1\n$(cat "$mode.txt" "$mode.log")"
   local csv total
   csv=$(ls "r-$mode"/conform-*.csv)
@@ -47,6 +50,7 @@ check_faulty() {  # check_faulty MODE PATTERN [conform flags]: every selected ca
   [[ $(rows "$csv" failed) -eq $total && $total -ge 2 ]] || fail "$mode: not every case failed:\n$(cat "$csv")"
   [[ $(grep -cE -- "$pattern" "$mode.txt") -ge $total ]] || fail "$mode: '$pattern' not named per case:\n$(cat "$mode.txt")"
   [[ -z $(find "r-$mode" -name '*.tmp*') ]] || fail "$mode: half-written results: $(ls -a "r-$mode")"
+  python3 "$HERE/../support/junit_check.py" "r-$mode/report.xml" "$csv" >/dev/null || fail "$mode: --junit"
   echo "ok: $mode fails all $total cases: $(grep -m1 -oE -- "$pattern.{0,60}" "$mode.txt")"
 }
 sft=(--objectives sft --dtypes fp64)
@@ -62,6 +66,10 @@ check_faulty perturb "FAIL +[0-9.e+-]+ model\." --objectives grpo,dpo --dtypes f
 grep -qE "FAIL .*normwise error [0-9.e+-]+ > the fp64 bar 1e-10" perturb.txt || fail "no fp64 bar:\n$(cat perturb.txt)"
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --dtypes fp32,bf16
 grep -qE "FAIL .*x the low-precision rule's bar" perturb.txt || fail "no low-precision bar:\n$(cat perturb.txt)"
+# The JUnit check's negative control: a report whose failure names another tensor than the CSV's is rejected.
+python3 -c "import re, sys; open('tampered.xml', 'w').write(re.sub(r\"worst tensor &apos;[^&]+&apos;\", \"worst tensor &apos;x&apos;\", open(sys.argv[1]).read()))" r-perturb/report.xml
+! python3 "$HERE/../support/junit_check.py" tampered.xml r-perturb/conform-*.csv >/dev/null 2>&1 ||
+  fail "junit_check.py accepts a report naming another tensor than the CSV"
 check_faulty nan-loss "result.json: the loss is NaN" "${sft[@]}"
 check_faulty half-count "loss .* off too: usually the normaliser" "${sft[@]}"
 
@@ -84,9 +92,9 @@ echo "ok: a command that cannot run: $(grep -m1 "python3 is" nomodule.txt)"
 
 # (c)
 expect_exit_2 "an unknown dtype" "fp16x" "$STREAMBP" conform --impl true --dtypes fp16x
-expect_exit_2 "a mistyped case set" "quik: neither a case set \(quick, full, survey\) nor a file \(did you mean quick\?\)" \
+expect_exit_2 "a mistyped case set" "quik: neither a case set \(ci, quick, full, survey\) nor a file \(did you mean quick\?\)" \
   "$STREAMBP" conform --impl true --cases quik
-expect_exit_2 "a missing cases file" "nope.json: neither a case set \(quick, full, survey\) nor a file$" \
+expect_exit_2 "a missing cases file" "nope.json: neither a case set \(ci, quick, full, survey\) nor a file$" \
   "$STREAMBP" conform --impl true --cases nope.json
 "$STREAMBP" conform --help | grep -q -- "--cases.*quick, full or survey" || fail "conform --help lists no case sets"
 echo '[{"name": "x", "sequence": 9}]' >bad.json

@@ -19,7 +19,7 @@ grep -q "6 of 6 case(s) passed (8 more not expressible by the implementation)" o
   fail "the GRPO and DPO cases are not N/A with their reason:\n$(cat ok.txt)"
 [[ $(grep -cE "^sft-sp[0-9]-.* N/A .*ranks: this adapter runs one process" ok.txt) -eq 2 ]] ||
   fail "the sequence-parallel cases are not N/A with their reason:\n$(cat ok.txt)"
-grep -qE "^sft-micro3 .* N/A .*3 micro-batches: this adapter runs one batch per step" ok.txt ||
+grep -qE "^sft-micro3 .* N/A .*3 micro-batches: this adapter runs one batch per optimizer step" ok.txt ||
   fail "the micro-batch case is not N/A with its reason:\n$(cat ok.txt)"
 grep -qE "^sft-mha-bias-untied .* PASS" ok.txt && grep -qE "^sft-lora .* PASS" ok.txt ||
   fail "the Qwen2-shaped or the LoRA case:\n$(cat ok.txt)"

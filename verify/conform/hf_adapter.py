@@ -3,7 +3,7 @@
 gradient checkpointing (`--gradient-checkpointing`: activation_checkpointing_enable + train mode; dropout is 0).
 `streambp conform --impl hf|hf-checkpointing` runs it; it must pass every case.
 
-Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR   (protocol: protocol.py; losses: losses.py)
+Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR   (protocol: streambp_conform via protocol.py; losses: losses.py)
 fp64 cases stay fp64 end to end (RMSNorm patched, SFT loss without HF's fp32 cast of the logits), so they are
 judged at 1e-10 against the harness's fp64 standard BP; fp32 and bf16 cases run HF as shipped. A micro-batch case
 runs as HF's Trainer accumulates: a forward + backward per micro-batch, each loss over the step's target count.

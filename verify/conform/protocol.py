@@ -1,106 +1,19 @@
-"""The adapter side of the conformance file protocol "streambp-conform/1" (ARCHITECTURE.md §13, docs/conformance.md): what
-every shipped adapter shares, so that each adapter is only its loss.
-
-`streambp conform` writes a case directory and runs `ADAPTER CASE_DIR`:
-  model/              HF checkpoint (config.json + safetensors): qwen3, or qwen2/llama when the case has no qk-norm
-  adapter/            LoRA cases only: a PEFT adapter folder
-  batch.safetensors   input_ids, attention_mask [B, T] int64 (right padding) + the objective's tensors
-  case.json           {"protocol", "case", "dtype", "objective", "lora", "chunks": {"layer", "head"}, "ranks",
-                      "parallel", ...} ("ranks" > 1: a distributed implementation runs that many processes itself and
-                      returns the whole batch's gradients, those rank 0's optimizer would see; "parallel": how the
-                      ranks split the work, "data" (each rank its rows; also what a one-process case says) or
-                      "sequence" (each rank its positions of every row, the library splitting the sequence and
-                      aggregating the loss its own way; ranks >= 2), and in a micro-batch case "micro_batches":
-                      [[row, ...], ...], the optimizer step's micro-batches, each the batch rows it holds (DPO: its
-                      chosen rows, then their rejected rows in the same order); the step's gradient is the trainer's
-                      after all of them
-The adapter writes, each atomically (a killed adapter leaves no half file):
-  grads.safetensors   d loss / d every trainable tensor in the model dtype: HF parameter names (a tied lm_head only
-                      as model.embed_tokens.weight) or, under LoRA, PEFT's saved adapter names
-  result.json         {"loss": float, "seconds": float}  (seconds: forward + backward); in a micro-batch case also
-                      "micro_batches": int, how many the step ran (the harness checks it against the case's)
-"""
+"""What the shipped HF adapters share beside the protocol, so that each adapter is only its loss: HF's model loaded as
+the case says (PEFT under LoRA, fp64 kept fp64, checkpointing), one step run as a trainer runs it. The file protocol
+itself (case.json, batch, grads.safetensors, result.json, exit statuses) is the installable package streambp_conform
+beside this file (docs/conformance.md), imported from the checkout when it is not installed."""
 import json
-import os
 import sys
-import tempfile
 import time
 import warnings
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-PROTOCOL = "streambp-conform/1"
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class CaseError(Exception):
-    """A malformed case or one this adapter cannot run: exit 2 with the message (the harness reports it)."""
-
-
-class NotExpressible(Exception):
-    """A well-formed case the wrapped library cannot express (a model family, a loss, a distributed layout it does not
-    have): exit 3 with the reason as the last line; the harness reports the case as not expressible, neither passed
-    nor failed."""
-
-
-NOT_EXPRESSIBLE = 3
-
-
-@dataclass
-class Case:
-    dir: Path
-    name: str
-    dtype: torch.dtype
-    objective: dict   # {"name": "sft"|"grpo"|"dpo", ...TRL config names}
-    lora: bool
-    head_chunk: int   # the suggested sequence chunk of the LM head (chunked implementations; plain ones ignore it)
-    batch: dict       # tensor name -> tensor, as in batch.safetensors
-    layer_chunk: int = 0  # the suggested chunk (tile) of a layer's sequence
-    ranks: int = 1        # processes a distributed implementation runs (case.json "ranks")
-    parallel: str = "data"  # how the ranks split the work: "data" (rows) or "sequence" (positions)
-    micro_batches: list = None  # the step's micro-batches, each a list of rows (case.json "micro_batches"); None: one
-    union: dict = None    # on a micro-batch's Case (micro_case): the whole step's batch, whose totals normalise
-
-
-def read_case(case_dir, accumulates=False):
-    """The case; a micro-batch case is NotExpressible unless the caller `accumulates` (runs the step's micro-batches
-    into one gradient, normalised by the step's totals: run_step with a loss that reads Case.union)."""
-    case_dir = Path(case_dir)
-    try:
-        meta = json.loads((case_dir / "case.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CaseError(f"{case_dir}/case.json: {e}")
-    if meta.get("protocol") != PROTOCOL:
-        raise CaseError(f"{case_dir}/case.json: protocol {meta.get('protocol')!r}, this adapter speaks {PROTOCOL!r}")
-    if meta.get("dtype") not in DTYPES:
-        raise CaseError(f"{case_dir}/case.json: dtype {meta.get('dtype')!r} (one of {', '.join(DTYPES)})")
-    objective = meta.get("objective") or {}
-    if objective.get("name") not in ("sft", "grpo", "dpo"):
-        raise CaseError(f"{case_dir}/case.json: objective {objective!r} (name sft, grpo or dpo)")
-    batch = load_file(str(case_dir / "batch.safetensors"))
-    for key in ("input_ids", "attention_mask"):
-        if key not in batch:
-            raise CaseError(f"{case_dir}/batch.safetensors: no tensor {key!r}")
-    chunks = meta.get("chunks") or {}
-    parallel = meta.get("parallel", "data")  # absent in files written before the protocol had it: rows
-    if parallel not in ("data", "sequence"):
-        raise CaseError(f"{case_dir}/case.json: parallel {parallel!r} (data or sequence)")
-    micro = meta.get("micro_batches")
-    if micro is not None and not accumulates:
-        raise NotExpressible(f"{len(micro)} micro-batches: this adapter runs one batch per optimizer step")
-    return Case(case_dir, meta.get("case", case_dir.name), DTYPES[meta["dtype"]], objective, bool(meta.get("lora")),
-                int(chunks.get("head") or batch["input_ids"].size(1)), batch,
-                int(chunks.get("layer") or batch["input_ids"].size(1)), int(meta.get("ranks", 1)), parallel=parallel,
-                micro_batches=micro)
-
-
-def micro_case(case, rows):
-    """The Case of one micro-batch: its rows of every batch tensor, and the whole step's batch as `union`."""
-    index = torch.tensor(rows, dtype=torch.long)
-    return replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items()}, union=case.batch)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the checkout's streambp_conform when it is not installed
+from streambp_conform.protocol import (NOT_EXPRESSIBLE, PROTOCOL, Case, CaseError, NotExpressible, Result,  # noqa: E402,F401
+                                       micro_case, read_case, run, saved_peft_name, write_outputs)
 
 
 def quiet_hf():
@@ -127,11 +40,6 @@ def patch_rms_norms_for_fp64():
             return self.weight * xc.to(x.dtype)
 
         cls.forward = forward
-
-
-def saved_peft_name(name):
-    """named_parameters() carries the adapter name ("lora_A.default.weight"); PEFT's saved files do not."""
-    return name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
 def load_model(case, gradient_checkpointing=False):
@@ -200,46 +108,15 @@ def run_step(case, model, trainable, loss_fn):
     return loss.item(), grads, seconds
 
 
-def _replace_atomically(target, write):
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_outputs(case, loss, grads, seconds=None, micro_batches=None):
-    """grads.safetensors first, then result.json: a result.json always has its gradients beside it. micro_batches:
-    how many the step ran (a micro-batch case)."""
-    _replace_atomically(case.dir / "grads.safetensors", lambda tmp: save_file(grads, tmp, metadata={"format": "pt"}))
-    result = {"loss": loss} if seconds is None else {"loss": loss, "seconds": seconds}
-    if micro_batches is not None:
-        result["micro_batches"] = micro_batches
-    _replace_atomically(case.dir / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result) + "\n"))
-
-
 def main(argv, loss_fn, usage, accumulates=False):
-    """The adapters' shared command line: [--gradient-checkpointing] CASE_DIR. Exit 0 with outputs written, 2 on a
-    case this adapter cannot run (message on stderr), 3 on one it cannot express (NotExpressible). `accumulates`:
-    loss_fn normalises a micro-batch by the step's totals (Case.union), so micro-batch cases run (run_step)."""
+    """The HF adapters' command line, [--gradient-checkpointing] CASE_DIR, on streambp_conform.run (exit 0 with the
+    outputs written, 2 a case this adapter cannot run, 3 NotExpressible). `accumulates`: loss_fn normalises a
+    micro-batch by the step's totals (Case.union), so micro-batch cases run (run_step)."""
     args = [a for a in argv if a != "--gradient-checkpointing"]
-    if len(args) != 1 or args[0].startswith("-"):
-        print(usage, file=sys.stderr)
-        return 2
-    try:
-        case = read_case(args[0], accumulates)
-        if case.ranks != 1:
-            raise NotExpressible(f"{case.ranks} ranks: this adapter runs one process")
+
+    def step(case):
         model, trainable = load_model(case, gradient_checkpointing=len(args) != len(argv))
         loss, grads, seconds = run_step(case, model, trainable, loss_fn)
-    except CaseError as e:
-        print(f"{Path(argv[-1]).name}: {e}", file=sys.stderr)
-        return 2
-    except NotExpressible as e:
-        print(f"{Path(argv[-1]).name}: {e}", file=sys.stderr)
-        return NOT_EXPRESSIBLE
-    write_outputs(case, loss, grads, seconds, len(case.micro_batches) if case.micro_batches else None)
-    return 0
+        return Result(loss, grads, seconds)
+
+    return run(step, args, accumulates=accumulates, usage=usage)

@@ -1,0 +1,240 @@
+"""The file protocol "streambp-conform/1" (docs/conformance.md), adapter side: read a case directory into a typed
+Case, run the user's function on it, write what it returns, and exit with the status the harness reads.
+
+  model/ (HF checkpoint), adapter/ (PEFT, LoRA cases), batch.safetensors, case.json   <- written by the harness
+  grads.safetensors (every trainable tensor, HF/PEFT saved names, the case dtype), result.json   <- written here
+"""
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+PROTOCOL = "streambp-conform/1"
+NOT_EXPRESSIBLE = 3  # the harness reports the case N/A, neither passed nor failed
+BAD_CASE = 2
+DTYPE_NAMES = ("float64", "float32", "bfloat16")
+
+
+class CaseError(Exception):
+    """A malformed case, or one this adapter cannot run: exit 2, the message naming the case."""
+
+
+class NotExpressible(Exception):
+    """A well-formed case the wrapped library cannot express (a model family, a loss, a distributed layout it does not
+    have): exit 3 with the reason as the last line; the harness reports the case N/A."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    """case.json's objective: `name` (sft, grpo, dpo) and TRL's option names and values (GRPO beta, epsilon, loss_type,
+    importance_sampling_level, temperature, ...; DPO beta, label_smoothing, loss_type). Reads like the dict it was
+    (objective["beta"], objective.get("epsilon", 0.2)), so losses written against case.json keep working."""
+    name: str
+    options: dict = field(default_factory=dict)
+
+    def get(self, key, default=None):
+        return self.name if key == "name" else self.options.get(key, default)
+
+    def __getitem__(self, key):
+        if key == "name":
+            return self.name
+        return self.options[key]
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The suggested tile sizes along the sequence (a chunked implementation's; a plain one ignores them)."""
+    layer: int
+    head: int
+
+
+@dataclass
+class Case:
+    dir: Path
+    name: str
+    dtype: "torch.dtype"  # noqa: F821  (float64, float32 or bfloat16: the model's, the gradients')
+    objective: Objective
+    lora: bool            # True: only the PEFT adapter in adapter/ trains
+    head_chunk: int       # the suggested sequence chunk of the LM head
+    batch: dict           # tensor name -> tensor [B, T], as in batch.safetensors (input_ids, attention_mask, labels, ...)
+    layer_chunk: int = 0  # the suggested chunk (tile) of a layer's sequence
+    ranks: int = 1        # processes a distributed implementation runs itself (1: one)
+    parallel: str = "data"  # how the ranks split the work: "data" (rows) or "sequence" (positions)
+    micro_batches: list = None  # the optimizer step's micro-batches, each a list of batch rows; None: one pass
+    union: dict = None    # on one micro-batch's Case (micro_case): the whole step's batch, whose totals normalise
+
+    @property
+    def model_dir(self):
+        """An HF checkpoint in the case dtype: transformers.AutoModelForCausalLM.from_pretrained(case.model_dir)."""
+        return self.dir / "model"
+
+    @property
+    def adapter_dir(self):
+        """The PEFT adapter folder of a LoRA case (None otherwise)."""
+        return self.dir / "adapter" if self.lora else None
+
+    @property
+    def config(self):
+        """model/config.json as a dict (model_type qwen3, qwen2 or llama)."""
+        return json.loads((self.model_dir / "config.json").read_text())
+
+    @property
+    def chunks(self):
+        return Chunks(self.layer_chunk, self.head_chunk)
+
+
+@dataclass
+class Result:
+    """What a step returns when more than (loss, gradients) is to be said: its own timing, or how many micro-batches
+    it ran (the harness checks that against the case's)."""
+    loss: float
+    grads: dict
+    seconds: float = None
+    micro_batches: int = None
+
+
+def _dtypes():
+    import torch
+
+    return {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _meta(case_dir):
+    try:
+        meta = json.loads((case_dir / "case.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CaseError(f"case.json: {e}")
+    if meta.get("protocol") != PROTOCOL:
+        raise CaseError(f"case.json: protocol {meta.get('protocol')!r}, this adapter speaks {PROTOCOL!r}")
+    if meta.get("dtype") not in DTYPE_NAMES:
+        raise CaseError(f"case.json: dtype {meta.get('dtype')!r} (one of {', '.join(DTYPE_NAMES)})")
+    objective = meta.get("objective") or {}
+    if objective.get("name") not in ("sft", "grpo", "dpo"):
+        raise CaseError(f"case.json: objective {objective!r} (name sft, grpo or dpo)")
+    if meta.get("parallel", "data") not in ("data", "sequence"):
+        raise CaseError(f"case.json: parallel {meta.get('parallel')!r} (data or sequence)")
+    return meta
+
+
+def read_case(case_dir, accumulates=False, distributed=True, objectives=None):
+    """The case. Declined (NotExpressible) before torch loads: a micro-batch case unless the caller `accumulates` (runs
+    the step's micro-batches into one gradient normalised by the step's totals), a case of several ranks unless it is
+    `distributed`, an objective not in `objectives` (None: any)."""
+    case_dir = Path(case_dir)
+    meta = _meta(case_dir)
+    if objectives is not None and meta["objective"]["name"] not in objectives:
+        raise NotExpressible(f"objective {meta['objective']['name']}: this adapter implements "
+                             f"{' and '.join(sorted(o.upper() for o in objectives))} only")
+    micro = meta.get("micro_batches")
+    if micro is not None and not accumulates:
+        raise NotExpressible(f"{len(micro)} micro-batches: this adapter runs one batch per optimizer step")
+    ranks = int(meta.get("ranks", 1))  # absent in files written before the protocol had ranks: one process
+    if ranks != 1 and not distributed:
+        raise NotExpressible(f"{ranks} ranks: this adapter runs one process")
+    from safetensors.torch import load_file
+
+    batch = load_file(str(case_dir / "batch.safetensors"))
+    for key in ("input_ids", "attention_mask"):
+        if key not in batch:
+            raise CaseError(f"batch.safetensors: no tensor {key!r}")
+    chunks = meta.get("chunks") or {}
+    T = batch["input_ids"].size(1)
+    objective = dict(meta["objective"])
+    return Case(case_dir, meta.get("case", case_dir.name), _dtypes()[meta["dtype"]],
+                Objective(objective.pop("name"), objective), bool(meta.get("lora")), int(chunks.get("head") or T),
+                batch, int(chunks.get("layer") or T), ranks, parallel=meta.get("parallel", "data"),
+                micro_batches=micro)
+
+
+def micro_case(case, rows):
+    """The Case of one micro-batch: its rows of every batch tensor, and the whole step's batch as `union`."""
+    import torch
+
+    index = torch.tensor(rows, dtype=torch.long)
+    return replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items()}, union=case.batch)
+
+
+def saved_peft_name(name):
+    """named_parameters() carries PEFT's adapter name ("lora_A.default.weight"); its saved files, and the harness, do
+    not ("lora_A.weight")."""
+    return name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+
+
+def _grads_to_save(case, grads):
+    """{saved name: contiguous gradient in the case dtype}; a name given twice (with and without PEFT's adapter name)
+    or a value that is not a tensor is the adapter's bug, named."""
+    import torch
+
+    out = {}
+    for name, g in grads.items():
+        saved = saved_peft_name(name)
+        if saved in out:
+            raise CaseError(f"gradient {saved!r} returned twice")
+        if not isinstance(g, torch.Tensor):
+            raise CaseError(f"gradient {name!r} is {type(g).__name__}, not a tensor (a parameter without .grad?)")
+        out[saved] = g.detach().to(case.dtype).contiguous()
+    return out
+
+
+def _replace_atomically(target, write):
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_outputs(case, loss, grads, seconds=None, micro_batches=None):
+    """grads.safetensors first, then result.json, each atomically: a result.json always has its gradients beside it.
+    micro_batches: how many the step ran (a micro-batch case)."""
+    from safetensors.torch import save_file
+
+    grads = _grads_to_save(case, grads)
+    _replace_atomically(case.dir / "grads.safetensors", lambda tmp: save_file(grads, tmp, metadata={"format": "pt"}))
+    result = {"loss": float(loss)} if seconds is None else {"loss": float(loss), "seconds": seconds}
+    if micro_batches is not None:
+        result["micro_batches"] = micro_batches
+    _replace_atomically(case.dir / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result) + "\n"))
+
+
+def run(step, argv=None, accumulates=False, distributed=False, objectives=None, usage=None):
+    """The adapter's command line, CASE_DIR: read the case, call step(case) -> (loss, {name: gradient}) or a Result,
+    write the outputs; returns the exit status (0 written; 2 a bad case or usage; 3 NotExpressible; 1 any other
+    exception, its traceback and then one line naming the case). `accumulates`: step runs a micro-batch case's
+    micro-batches (micro_case) as its trainer does; `distributed`: step runs case.ranks processes itself. Otherwise
+    such cases are declined before torch loads, as are objectives not in `objectives` (None: any). Gradients may carry PEFT's in-memory names; they are saved as PEFT's
+    files name them, in the case dtype."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(usage or f"Usage: {Path(sys.argv[0]).name} CASE_DIR", file=sys.stderr)
+        return BAD_CASE
+    name = Path(argv[0]).name
+    try:
+        case = read_case(argv[0], accumulates, distributed, objectives)
+        name = case.name
+        start = time.perf_counter()
+        out = step(case)
+        seconds = time.perf_counter() - start
+        result = out if isinstance(out, Result) else Result(*out)
+        if result.micro_batches is None and case.micro_batches:
+            result.micro_batches = len(case.micro_batches)
+        write_outputs(case, result.loss, result.grads, seconds if result.seconds is None else result.seconds,
+                      result.micro_batches)
+    except CaseError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return BAD_CASE
+    except NotExpressible as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return NOT_EXPRESSIBLE
+    except Exception as e:  # noqa: BLE001  the harness shows the last line: make it name the case
+        traceback.print_exc()
+        print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0

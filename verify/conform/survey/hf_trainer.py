@@ -11,8 +11,9 @@ count) are the ones judged. Two things are the adapter's, neither a normalisatio
   - the data loader yields the case's micro-batches (their sizes differ, which a fixed batch_size cannot say); it
     goes through the Trainer's accelerator.prepare like the Trainer's own loader;
   - the optimizer is a no-op whose step() copies the .grad it is handed (clipping off: max_grad_norm=0).
---liger: apply_liger_kernel_to_<family>(model=...) first (Liger's HF integration: its patched forward and fused
-linear cross-entropy), Triton's CPU interpreter when TRITON_INTERPRET=1 (gpu_common.py).
+--liger: apply_liger_kernel_to_<family>(model=..., rope/rms_norm/swiglu off) first: Liger's HF integration, its
+patched forward and fused linear cross-entropy (where its loss normalisation lives), its other kernels off; Triton's
+CPU interpreter when TRITON_INTERPRET=1 (gpu_common.py).
 The loss reported is the Trainer's training_loss (its accumulated tr_loss over the one step).
 HF's causal-LM loss casts the logits to fp32 (`logits.float()`), so the survey runs this on fp32 cases only.
 """
@@ -49,13 +50,18 @@ def load(case):
 
 
 def apply_liger(model):
-    import gpu_common  # noqa: F401 (Triton's interpreter shims when TRITON_INTERPRET=1)
+    import gpu_common
+
+    if gpu_common.pick_device("liger-kernel", triton_interpretable=True) != "cpu":
+        raise CaseError("this entry runs on the CPU (the Trainer's use_cpu): set TRITON_INTERPRET=1, hide the GPU")
     import liger_kernel.transformers as lt
 
     apply = getattr(lt, f"apply_liger_kernel_to_{model.config.model_type}", None)
     if apply is None:
         raise NotExpressible(f"liger-kernel has no apply_liger_kernel_to_{model.config.model_type}")
-    apply(model=model)
+    # the patched forward and its fused linear cross-entropy only: 0.4.0's RMSNorm backward asks torch.cuda for the
+    # SM count, so its other kernels cannot run in the CPU interpreter (off at both pins alike)
+    apply(model=model, rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
 
 
 def run(case, liger):

@@ -185,6 +185,10 @@ std::vector<ConformCase> survey_cases() {
                       ragged(3, 300, 21))),
       tiled(micro(make_case("sft-qwen3-T300-micro3", "a step of 3 micro-batches (1, 2 and 1 ragged rows), T = 300",
                             qwen3, c10::kDouble, "sft", ragged(4, 300, 30)), {{0}, {1, 2}, {3}})),
+      // Llama's shape in fp32: a step of micro-batches that transformers releases before Qwen3 (4.51) can load,
+      // where HF's loss (logits.float()) is not below the bar
+      tiled(micro(make_case("sft-llama-T300-micro3-fp32", "Llama-shaped, fp32, a step of 3 micro-batches (1, 2 and 1 "
+                            "ragged rows), T = 300", llama, c10::kFloat, "sft", ragged(4, 300, 32)), {{0}, {1, 2}, {3}})),
       tiled(make_case("sft-qwen3-T37", "one tile shorter than the rest: T = 37", qwen3, c10::kDouble, "sft",
                       ragged(3, 37, 23))),
       tiled(make_case("grpo-qwen3-T300", "GRPO with a KL term, T = 300", qwen3, c10::kDouble,

@@ -219,11 +219,23 @@ void Objective::add_synthetic_logps(Batch&, const at::Tensor&, std::uint64_t, bo
 Batch Objective::with_reference(const Batch& batch, const at::Tensor&) const { return batch; }
 
 std::unique_ptr<Objective> make_objective(const std::string& text) {
+  // One row per objective (issue #46 item 2): the factory and the error's list of known names read the same table.
+  struct ObjectiveEntry {
+    const char* name;
+    std::unique_ptr<Objective> (*make)(const Spec&);
+  };
+  static const ObjectiveEntry entries[] = {
+      {"sft", [](const Spec& s) -> std::unique_ptr<Objective> { return std::make_unique<SftObjective>(s); }},
+      {"grpo", [](const Spec& s) -> std::unique_ptr<Objective> { return std::make_unique<GrpoObjective>(s); }},
+      {"dpo", [](const Spec& s) -> std::unique_ptr<Objective> { return std::make_unique<DpoObjective>(s); }},
+  };
   const Spec spec = parse_spec(text, "objective");
-  if (spec.name == "sft") return std::make_unique<SftObjective>(spec);
-  if (spec.name == "grpo") return std::make_unique<GrpoObjective>(spec);
-  if (spec.name == "dpo") return std::make_unique<DpoObjective>(spec);
-  throw InputError("unknown objective '" + spec.name + "' (known: sft, grpo, dpo)");
+  std::string known;
+  for (const ObjectiveEntry& entry : entries) {
+    if (spec.name == entry.name) return entry.make(spec);
+    known += (known.empty() ? "" : ", ") + std::string(entry.name);
+  }
+  throw InputError("unknown objective '" + spec.name + "' (known: " + known + ")");
 }
 
 }  // namespace sbp

@@ -28,6 +28,7 @@
 #include "experiments/commands.h"
 #include "experiments/interrupt.h"
 #include "experiments/launch.h"
+#include "experiments/memory_record.h"
 #include "experiments/ranks.h"
 #include "experiments/provenance.h"
 #include "experiments/results_table.h"
@@ -107,13 +108,6 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
           {"steps", a.steps},
           {"clip_grad_norm", a.clip_grad_norm},
           {"grad_accum", a.grad_accum}};
-}
-
-// The model's moment as named terms (bytes), so the JSON explains its number: per rank when data-parallel.
-nlohmann::json terms_json(const MemoryEstimate& estimate) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& t : estimate.terms) out.push_back({{"name", t.name}, {"bytes", t.bytes}});
-  return out;
 }
 
 std::string eta_text(double seconds) {
@@ -490,7 +484,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(peak) : nlohmann::json()},
                               {"model_peak_bytes", estimate ? nlohmann::json(estimate->total_bytes()) : nlohmann::json()},
                               {"model_peak_moment", estimate ? nlohmann::json(estimate->moment) : nlohmann::json()},
-                              {"model_peak_terms", estimate ? terms_json(*estimate) : nlohmann::json()},
+                              {"model_terms", estimate ? terms_json(estimate->terms) : nlohmann::json()},
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"offload", r.offload.describe()},
                               {"host_peak_bytes", tier ? nlohmann::json(tier->peak_bytes()) : nlohmann::json()},

@@ -21,6 +21,7 @@
 #include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
 #include "experiments/memory_check.h"
+#include "experiments/memory_record.h"
 #include "experiments/provenance.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
@@ -122,14 +123,6 @@ void print_calibration(const Workload& w) {
     fmt::print("kernels   {} GEMMs {} ({})\n", dtype, choice.first, choice.second);
 }
 
-nlohmann::json terms_json_of(const std::vector<MemoryTerm>& terms) {
-  auto out = nlohmann::json::array();
-  for (const auto& t : terms) out.push_back({{"name", t.name}, {"bytes", t.bytes}});
-  return out;
-}
-
-nlohmann::json terms_json(const MemoryEstimate& est) { return terms_json_of(est.terms); }
-
 const char* chunk_attention_name(const Model& model) {
   return choose_chunk_attention(model.device().type(), model.dtype()).name();
 }
@@ -225,7 +218,7 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
     const nlohmann::json j = {{"status", "model-only"},
                               {"model_peak_bytes", est.total_bytes()},
                               {"model_peak_moment", est.moment},
-                              {"model_terms", terms_json(est)},
+                              {"model_terms", terms_json(est.terms)},
                               {"model_host_bytes", est.host_bytes()},
                               {"preset", a.setup.source.describe()},
                               {"method", method.spec()},
@@ -379,12 +372,12 @@ int run_command(const RunArgs& a, const std::string& command_line) {
                         {"peak_bytes", unless_oom(m.peak_bytes)},
                         {"model_peak_bytes", est.total_bytes()},
                         {"model_peak_moment", est.moment},
-                        {"model_terms", terms_json(est)},
+                        {"model_terms", terms_json(est.terms)},
                         {"offload", a.offload.describe()},
                         {"offload_tier", tier ? nlohmann::json(tier->describe()) : nlohmann::json()},
                         {"host_peak_bytes", tier ? nlohmann::json(tier->peak_bytes()) : nlohmann::json()},
                         {"model_host_bytes", tier ? nlohmann::json(est.host_bytes()) : nlohmann::json()},
-                        {"model_host_terms", terms_json_of(est.host)},
+                        {"model_host_terms", terms_json(est.host)},
                         {"calibration", calibration_json(*workload.workspaces)},
                         {"weight_bytes", m.weight_bytes},
                         {"bp_seconds", unless_oom(m.median_seconds())},

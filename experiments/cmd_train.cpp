@@ -31,9 +31,11 @@
 #include "experiments/launch.h"
 #include "experiments/memory_check.h"
 #include "experiments/measure.h"
+#include "experiments/memory_record.h"
 #include "experiments/ranks.h"
 #include "experiments/provenance.h"
 #include "experiments/results_table.h"
+#include "experiments/train_metrics.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
 #include "core/io/input_error.h"
@@ -144,23 +146,10 @@ std::string memory_refusal(const BackpropMethod& method, const Workload& workloa
                       : memory_shortfall(check, workload.batch_size);
 }
 
-// The model's moment as named terms (bytes), so the JSON explains its number: per rank when data-parallel.
-nlohmann::json terms_json(const MemoryEstimate& estimate) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& t : estimate.terms) out.push_back({{"name", t.name}, {"bytes", t.bytes}});
-  return out;
-}
-
 std::string eta_text(double seconds) {
   const auto s = std::int64_t(std::llround(seconds));
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
-
-const char* kMetricsHeader =
-    "step,loss,grad_norm,lr,tokens,bp_seconds,optimizer_seconds,peak_bytes,world_size,zero,all_reduce_calls,"
-    "all_reduce_bytes,reduce_scatter_calls,reduce_scatter_bytes,all_gather_calls,all_gather_bytes,sp,"
-    "sp_all_gather_calls,sp_all_gather_bytes,sp_reduce_scatter_calls,sp_reduce_scatter_bytes,sp_all_reduce_calls,"
-    "sp_all_reduce_bytes";
 
 // The ranks must run the same thing: every fingerprint entry (and the method) hashed and gathered; the first that
 // differs is named with the ranks that disagree.
@@ -371,7 +360,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   std::vector<std::string> metric_rows;
   if (!a.metrics.empty() && writer) {
     if (fs::exists(a.metrics) && start_step > 0 && !r.force) {
-      metric_rows = read_metrics_rows(a.metrics, kMetricsHeader, start_step);
+      metric_rows = read_metrics_rows(a.metrics, metrics_header(), start_step);
     } else {
       const bool replace = r.force || (start_step == 0 && !a.resume_dir.empty());
       check_new_output(a.metrics, replace, "--metrics");
@@ -382,14 +371,14 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
   auto write_metrics = [&] {
     if (a.metrics.empty() || !writer) return;
     std::ostringstream csv;
-    csv << kMetricsHeader << "\n";
+    csv << metrics_header() << "\n";
     for (const auto& row : metric_rows) csv << row << "\n";
     write_file_atomically(a.metrics, csv.str());
     const nlohmann::json sidecar = {{"provenance", to_json(prov)},
                                     {"method", method->spec()},
                                     {"trajectory", fingerprint},
                                     {"narrow_gemm", narrow_gemm_json()},
-                                    {"columns", kMetricsHeader},
+                                    {"columns", metrics_header()},
                                     {"peak_bytes", "live tensor bytes at the step's peak (CPU allocator meter): "
                                                    "weights, optimizer states and what the step allocates, as `run` "
                                                    "counts (not the batch); empty on CUDA"}};
@@ -501,12 +490,17 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       fmt::print(stderr, "step {}/{}  loss {:.6g}  grad_norm {:.4g}  lr {:.4g}  {:.0f} tok/s  peak {}  ETA {}\n", t.step,
                a.steps, t.loss, t.grad_norm, t.lr, double(t.tokens) / (t.bp_seconds + t.optimizer_seconds),
                metered ? format_bytes(step_peak) : "-", eta_text(per_step * double(a.steps - t.step)));
-    metric_rows.push_back(fmt::format("{},{:.17g},{:.17g},{:.17g},{},{:.6f},{:.6f},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-                                      t.step, t.loss, t.grad_norm, t.lr, t.tokens, t.bp_seconds, t.optimizer_seconds,
-                                      metered ? std::to_string(step_peak) : "", world, ranks.zero,
-                                      reduced.calls, reduced.bytes, scattered.calls, scattered.bytes, gathered.calls,
-                                      gathered.bytes, ranks.sp, sp_gathered.calls, sp_gathered.bytes,
-                                      sp_scattered.calls, sp_scattered.bytes, sp_reduced.calls, sp_reduced.bytes));
+    metric_rows.push_back(metrics_row({.step = t,
+                                       .peak_bytes = metered ? std::optional(step_peak) : std::nullopt,
+                                       .world_size = world,
+                                       .zero = ranks.zero,
+                                       .sp = ranks.sp,
+                                       .all_reduce = reduced,
+                                       .reduce_scatter = scattered,
+                                       .all_gather = gathered,
+                                       .sp_all_gather = sp_gathered,
+                                       .sp_reduce_scatter = sp_scattered,
+                                       .sp_all_reduce = sp_reduced}));
     write_metrics();
     const bool last = t.step == a.steps;
     // Every rank takes part (ZeRO gathers its slices into whole tensors); rank 0 writes.
@@ -557,7 +551,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
                               {"peak_bytes", metered && trainer.steps_taken() > start_step ? nlohmann::json(peak) : nlohmann::json()},
                               {"model_peak_bytes", estimate ? nlohmann::json(estimate->total_bytes()) : nlohmann::json()},
                               {"model_peak_moment", estimate ? nlohmann::json(estimate->moment) : nlohmann::json()},
-                              {"model_peak_terms", estimate ? terms_json(*estimate) : nlohmann::json()},
+                              {"model_terms", estimate ? terms_json(estimate->terms) : nlohmann::json()},
                               {"optimizer_state_bytes", trainer.optimizer().state_bytes()},
                               {"offload", r.offload.describe()},
                               {"host_peak_bytes", tier ? nlohmann::json(tier->peak_bytes()) : nlohmann::json()},

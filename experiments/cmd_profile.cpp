@@ -48,13 +48,8 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
   if (!a.no_memory_check)
     for (const auto& spec_text : a.methods) {
       const auto method = make_method(spec_text);
-      const auto peak_at = [&](std::int64_t T) {
-        auto w = workload;
-        w.seq_len = T;
-        return method->memory_model(w).total_bytes();
-      };
-      const auto check = check_memory(peak_at, workload.seq_len, method->memory_model(workload).moment,
-                                      a.measure.budget_bytes, memory_limits(), model_weight_bytes(*model));
+      const auto check = check_workload_memory([&](const Workload& w) { return method->memory_model(w); }, workload,
+                                               a.measure.budget_bytes, /*cpu=*/true, model_weight_bytes(*model));
       if (!check.fits()) {
         fmt::print(stderr, "streambp: out of memory: not run: {}: {} (--no-memory-check profiles anyway)\n",
                    method->spec(), memory_shortfall(check, workload.batch_size));

@@ -183,13 +183,8 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
 // against --budget-bytes and, on the CPU, the process's limits; the weights already allocated are part of the peak.
 MemoryCheck check_step_memory(const RunArgs& a, const BackpropMethod& method, const Workload& workload,
                               const Model& model) {
-  const auto peak_at = [&](std::int64_t T) {
-    auto w = workload;
-    w.seq_len = T;
-    return method.memory_model(w).total_bytes();
-  };
-  return check_memory(peak_at, workload.seq_len, method.memory_model(workload).moment, a.measure.budget_bytes,
-                      model.device().is_cpu() ? memory_limits() : std::vector<MemoryLimit>{}, model_weight_bytes(model));
+  return check_workload_memory([&](const Workload& w) { return method.memory_model(w); }, workload,
+                               a.measure.budget_bytes, model.device().is_cpu(), model_weight_bytes(model));
 }
 
 nlohmann::json memory_check_json(const MemoryCheck& check, bool enforced) {

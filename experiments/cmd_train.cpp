@@ -126,15 +126,10 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
 // Before the first step: the model's peak of a step against what the process may use (experiments/memory_check.h),
 // so that a run that cannot fit stops in seconds instead of after its first minutes. The ranks decide together: one
 // refusing alone would leave the others waiting in a collective. Returns why it does not fit ("": it does).
-std::string memory_refusal(const BackpropMethod& method, const Workload& workload, const MemoryEstimate& estimate,
-                           const Model& model, std::int64_t held_bytes, Communicator* comm) {
-  const auto peak_at = [&](std::int64_t T) {
-    auto w = workload;
-    w.seq_len = T;
-    return training_memory(method, w).total_bytes();
-  };
-  const auto check = check_memory(peak_at, workload.seq_len, estimate.moment, /*budget_bytes=*/0,
-                                  model.device().is_cpu() ? memory_limits() : std::vector<MemoryLimit>{}, held_bytes);
+std::string memory_refusal(const BackpropMethod& method, const Workload& workload, const Model& model,
+                           std::int64_t held_bytes, Communicator* comm) {
+  const auto check = check_workload_memory([&](const Workload& w) { return training_memory(method, w); }, workload,
+                                           /*budget_bytes=*/0, model.device().is_cpu(), held_bytes);
   double refused = check.fits() ? 0 : 1;
   if (comm) {
     std::vector<at::Tensor> flag = {at::full({1}, refused, at::TensorOptions(at::kFloat).device(comm->device()))};
@@ -455,7 +450,7 @@ int train_command(const TrainArgs& a, const std::string& command_line) {
       workload.sequence_parallel = ranks.sp;
       estimate = training_memory(*method, workload);
       if (!a.no_memory_check) {
-        if (const auto why = memory_refusal(*method, workload, *estimate, *model, weight_bytes + trainer.held_bytes(), comm);
+        if (const auto why = memory_refusal(*method, workload, *model, weight_bytes + trainer.held_bytes(), comm);
             !why.empty()) {
           if (writer)
             fmt::print(stderr, "streambp: out of memory: not run: {} (--no-memory-check trains anyway)\n", why);

@@ -48,4 +48,15 @@ std::string memory_shortfall(const MemoryCheck& check, std::int64_t batch_size) 
                         : fmt::format("no sequence fits at B = {}", batch_size));
 }
 
+MemoryCheck check_workload_memory(const std::function<MemoryEstimate(const Workload&)>& model, const Workload& workload,
+                                  std::int64_t budget_bytes, bool cpu, std::int64_t held_bytes) {
+  const auto peak_at = [&](std::int64_t T) {
+    auto w = workload;
+    w.seq_len = T;
+    return model(w).total_bytes();
+  };
+  return check_memory(peak_at, workload.seq_len, model(workload).moment, budget_bytes,
+                      cpu ? memory_limits() : std::vector<MemoryLimit>{}, held_bytes);
+}
+
 }  // namespace sbp

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/methods/workload.h"
 #include "experiments/available_memory.h"
 
 namespace sbp {
@@ -30,6 +31,11 @@ struct MemoryCheck {
 MemoryCheck check_memory(const std::function<std::int64_t(std::int64_t)>& peak_at, std::int64_t seq_len,
                          const std::string& moment, std::int64_t budget_bytes, const std::vector<MemoryLimit>& limits,
                          std::int64_t held_bytes);
+
+// The same for a workload whose peak `model` gives (a method's memory_model, or training_memory around it), at any
+// T: held against the budget and, on the CPU (`cpu`), the process's limits (memory_limits()).
+MemoryCheck check_workload_memory(const std::function<MemoryEstimate(const Workload&)>& model, const Workload& workload,
+                                  std::int64_t budget_bytes, bool cpu, std::int64_t held_bytes);
 
 // Why a step does not fit: the prediction, the limit, and what would fit at `batch_size` rows.
 std::string memory_shortfall(const MemoryCheck& check, std::int64_t batch_size);

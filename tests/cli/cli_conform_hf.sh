@@ -1,10 +1,11 @@
 # `streambp conform` with the shipped HF adapters (issue #21; needs the venv's python: STREAMBP_PYTHON):
-# (a) HF gradient checkpointing passes the quick matrix (fp64 at 1e-10 against the harness's oracle; fp32/bf16 within
-#     the low-precision rule with HF standard BP in the same dtype as the baseline);
+# (a) HF gradient checkpointing passes the ci matrix end to end (fp64 at 1e-10 against the harness's oracle; bf16
+#     within the low-precision rule with HF standard BP in the same dtype as the baseline); the adapters' every
+#     objective, dtype, LoRA and head against the oracle is tests/oracle/conform_adapters.py's job;
 # (b) the suite's negative control, verify/conform/wrong_per_chunk.py (per-chunk normalisation, DPO's skipped first
-#     token), fails every case whose chunks hold different target counts, naming the tensor; it passes only T = 2
-#     (one chunk: its mean is the batch's); every failure stands at least 5x beyond its bar (issue #28), so that no
-#     CPU's rounding can hide it.
+#     token), fails every case whose chunks hold different target counts, naming the tensor (one case per objective
+#     and dtype); it passes only T = 2 (one chunk: its mean is the batch's); every failure stands at least 5x beyond
+#     its bar (issue #28), so that no CPU's rounding can hide it.
 # Usage: cli_conform_hf.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 600
@@ -13,13 +14,14 @@ PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY
 
-"$STREAMBP" conform --impl hf-checkpointing --baseline hf --out ok >ok.txt 2>ok.log ||
-  fail "HF gradient checkpointing does not pass the quick matrix:\n$(cat ok.txt ok.log)"
-grep -q "12 of 12 case(s) passed" ok.txt || fail "quick matrix:\n$(cat ok.txt)"
-echo "ok: hf-checkpointing passes the quick matrix ($(grep -c ' PASS ' ok.txt) cases)"
+"$STREAMBP" conform --impl hf-checkpointing --baseline hf --cases ci --out ok >ok.txt 2>ok.log ||
+  fail "HF gradient checkpointing does not pass the ci matrix:\n$(cat ok.txt ok.log)"
+grep -q "7 of 7 case(s) passed" ok.txt || fail "ci matrix:\n$(cat ok.txt)"
+echo "ok: hf-checkpointing passes the ci matrix ($(grep -c ' PASS ' ok.txt) cases)"
 
 status=0
-"$STREAMBP" conform --impl "$PY $SRC/verify/conform/wrong_per_chunk.py" --baseline hf --out wrong >wrong.txt 2>wrong.log ||
+"$STREAMBP" conform --impl "$PY $SRC/verify/conform/wrong_per_chunk.py" --baseline hf --out wrong \
+  --only sft-T2,sft-gqa-qknorm-tied,grpo-beta0.04-grpo-token,dpo-3pairs-ls0.1,sft-lora,sft-fp32,sft-bf16 >wrong.txt 2>wrong.log ||
   status=$?
 [[ $status -eq 1 ]] || fail "the wrong adapter: exit $status, expected 1:\n$(cat wrong.txt wrong.log)"
 python3 - wrong/conform-*.csv <<'PY' || fail "the wrong adapter's verdicts:\n$(cat wrong.txt)"

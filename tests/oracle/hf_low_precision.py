@@ -22,7 +22,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
     sys.exit(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the oracles' shared helpers
-from parity_metrics import low_precision_verdict, with_fault  # noqa: E402
+from parity_metrics import low_precision_verdict, stop_if_fault_run, with_fault  # noqa: E402
 
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FAILURES = []
@@ -69,6 +69,7 @@ def main():
                 print(("ok: " if passed else "FAIL: ") + line)
                 if not passed:
                     FAILURES.append(line + "\n  " + summary)
+                    stop_if_fault_run()
     return 1 if FAILURES else 0
 
 

@@ -23,7 +23,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
     sys.exit(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the oracles' shared helpers
-from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
+from parity_metrics import finite, normwise_error, stop_if_fault_run, with_fault  # noqa: E402
 
 RTOL = 1e-10
 
@@ -84,12 +84,17 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        failures += check(binary, work, "tiny", ["--preset", "tiny"])
+        runs = [("tiny", ["--preset", "tiny"])]
         for name, cfg in variants.items():
             (work / f"{name}-config.json").write_text(json.dumps(cfg))
-            failures += check(binary, work, name, ["--config", str(work / f"{name}-config.json")])
-    for f in failures:
-        print("FAIL:", f)
+            runs.append((name, ["--config", str(work / f"{name}-config.json")]))
+        for name, source_args in runs:
+            found = check(binary, work, name, source_args)
+            for f in found:
+                print("FAIL:", f)
+            if found:
+                stop_if_fault_run()
+            failures += found
     return 1 if failures else 0
 
 

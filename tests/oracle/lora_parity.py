@@ -37,7 +37,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from hf_parity import patch_rms_norms  # noqa: E402  (the one RMSNorm patch, shared)
-from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
+from parity_metrics import finite, normwise_error, stop_if_fault_run, with_fault  # noqa: E402
 
 GRAD_RTOL = 1e-10
 LOSS_RTOL = 1e-12
@@ -51,6 +51,7 @@ MST = "mst:mini_seq=3"
 def fail(msg):
     FAILURES.append(msg)
     print("FAIL:", msg)
+    stop_if_fault_run()
 
 
 def run(binary, args, what):

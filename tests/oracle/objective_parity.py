@@ -34,7 +34,7 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
     sys.exit(1)
 
 from hf_parity import patch_rms_norms  # noqa: E402
-from parity_metrics import finite, normwise_error, with_fault  # noqa: E402
+from parity_metrics import finite, normwise_error, stop_if_fault_run, with_fault  # noqa: E402
 from lora_parity import dpo_loss, grpo_loss, parse_objective, token_logps, completion_sums  # noqa: E402
 
 GRAD_RTOL, LOSS_RTOL, REF_RTOL = 1e-10, 1e-12, 1e-12
@@ -49,6 +49,7 @@ FAILURES = []
 def fail(msg):
     FAILURES.append(msg)
     print("FAIL:", msg)
+    stop_if_fault_run()
 
 
 def run(binary, args):

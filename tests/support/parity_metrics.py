@@ -10,6 +10,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -82,3 +83,10 @@ def check():
 
 if __name__ == "__main__":
     check()
+
+
+def stop_if_fault_run():
+    """Called after a failure is printed: a negative control's run (STREAMBP_PARITY_FAULT or STREAMBP_TRL_FAULT set)
+    has shown what it must at its first failure, so it stops there instead of walking the rest of the matrix."""
+    if os.environ.get("STREAMBP_PARITY_FAULT") or os.environ.get("STREAMBP_TRL_FAULT"):
+        sys.exit(1)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Liger-Kernel (PyPI liger-kernel) under the conformance protocol streambp-conform/1, SFT, full fine-tuning or LoRA.
 
-Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none] CASE_DIR
+Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none |
+                         --tiled-swiglu] CASE_DIR
 
 default           Liger's documented HF integration: apply_liger_kernel_to_<qwen3|qwen2|llama>(model=...) on the
                   loaded model (its defaults: RoPE, RMSNorm, SwiGLU kernels and the fused linear cross-entropy head),
@@ -19,6 +20,11 @@ default           Liger's documented HF integration: apply_liger_kernel_to_<qwen
                   with .float(), shifted, LigerCrossEntropyLoss(reduction="none") per token, then the same masked mean
                   by hand. Before liger-kernel 0.5.9 its backward scaled the logits' gradient by grad_output[0] only
                   (a scalar load), so a masked first target zeroes every gradient.
+--tiled-swiglu    LigerTiledSwiGLUMLP in every decoder layer, as its docstring offers it for long sequences (a module
+                  swapped in by hand: no apply_liger_kernel_to_* option builds it), with its default shard count
+                  (ceil(T / hidden_size)) and the layer's own projections (PEFT's LoRA-wrapped ones included); the
+                  rest of the model and the loss are HF's. Its backward recomputes each shard's MLP (DeepSpeed's
+                  TiledMLP, flattened rows) and its SiLU-times-up is Liger's Triton kernel.
 
 Runs on CUDA. Without a GPU it exits 2 with "needs a GPU: ...", unless TRITON_INTERPRET=1: then Liger's Triton
 kernels run on CPU in Triton's interpreter (gpu_common.py). Gradients are written on CPU in the model dtype.
@@ -32,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_common  # noqa: E402
 from gpu_common import CaseError, NotExpressible  # noqa: E402
 
-FLAGS = ("--flce-only", "--reduction-none", "--ce-reduction-none")
+FLAGS = ("--flce-only", "--reduction-none", "--ce-reduction-none", "--tiled-swiglu")
 HAND_LOSSES = ("--reduction-none", "--ce-reduction-none")  # the plain HF model, only the loss is Liger's
-USAGE = "Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none] CASE_DIR"
+USAGE = ("Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none | "
+         "--tiled-swiglu] CASE_DIR")
 
 
 def device():
@@ -60,6 +67,13 @@ def prepare(case, model, flags):
     if any(f in flags for f in HAND_LOSSES):
         return model  # the plain HF decoder; only the loss is Liger's
     base = base_of(model)
+    if "--tiled-swiglu" in flags:
+        for layer in base.model.layers:
+            tiled = lt.LigerTiledSwiGLUMLP(base.config)
+            # the layer's own projections (the same parameters the protocol reads the gradients of)
+            tiled.gate_proj, tiled.up_proj, tiled.down_proj = layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj
+            layer.mlp = tiled
+        return model
     model_type = base.config.model_type
     apply = getattr(lt, f"apply_liger_kernel_to_{model_type}", None)
     if apply is None:
@@ -79,6 +93,8 @@ def loss(model, case, flags):
     import torch
 
     b = case.batch
+    if "--tiled-swiglu" in flags:
+        return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
     if not any(f in flags for f in HAND_LOSSES):
         return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
                      skip_logits=True).loss

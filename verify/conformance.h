@@ -79,7 +79,7 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective);
 
 struct ConformVerdict {
   bool passed = false;
-  std::string rule;          // "fp64 normwise <= 1e-10" or "l2 <= 1.5x baseline + floor"
+  std::string rule;          // the bar in words: fp64's normwise 1e-10, or the low-precision rule (grad_compare.h)
   std::string worst_tensor;
   double worst = 0;          // fp64: the worst normwise relative error; low precision: the worst ratio to the bar
   std::string problem;       // protocol failures (missing, extra, misshapen or non-finite tensors, unreadable files)

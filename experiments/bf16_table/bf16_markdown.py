@@ -3,7 +3,8 @@
 
 One row per (ISA, model, full/LoRA, bf16/mixed, method); per chunk count the worst per-tensor ratio of StreamBP's
 l2 error to standard-bf16's (non-degenerate tensors), and the worst tensor at 512 chunks. With two files, each cell is
-before -> after. Also prints each file's largest ratio to the 1.5x allowance under the former floor u and the new one.
+before -> after. Also prints each file's worst low-precision rule statistic (rule=, <= 1 passes; tables made before
+the rule of issue #28 have rule_old/rule_new, the 1.5x allowance under the former floor u and the new one).
 """
 import re
 import sys
@@ -42,6 +43,8 @@ for key in files[0]:
     print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(chunk_part) + f" | {worst} | "
           + " | ".join(other_part) + " |")
 for path, fl in zip(sys.argv[1:], files):
-    for rule in ("rule_old", "rule_new"):
+    for rule in ("rule", "rule_old", "rule_new"):
+        if rule not in next(iter(next(iter(fl.values())).values())):
+            continue
         worst = max((float(f[rule]), k, c) for k, row in fl.items() for c, f in row.items())
-        print(f"\n{path}: largest {rule} (error / (1.5 x standard + floor)) = {worst[0]:.3f} at {worst[1]} {worst[2]}")
+        print(f"\n{path}: largest {rule} (the rule's statistic, <= 1 passes) = {worst[0]:.3f} at {worst[1]} {worst[2]}")

@@ -1,9 +1,10 @@
 // The bf16 table (issue #18 item 3): per-tensor l2 errors of StreamBP (and other methods) against the fp64 oracle on
-// the same bf16 weights, divided by standard-bf16's error on the same tensor. Uses only the public API, so the same
-// file builds against any commit's libraries (see bf16_table.sh).
-//   bf16_table MODEL LORA MIXED SPEC...      MODEL: preset name or config.json; LORA: "-" or a LoRA spec; MIXED: 0/1
-// Prints per spec a RESULT line: the worst ratio over non-degenerate tensors, that tensor, and the largest ratio to the
-// 1.5x allowance under the new and the former floor; with --all, every tensor's errors before it.
+// the same bf16 weights, divided by standard-bf16's error on the same tensor (CMake target streambp_bf16_table; run
+// by bf16_table.sh).
+//   streambp_bf16_table MODEL LORA MIXED SPEC...   MODEL: preset name or config.json; LORA: "-" or a LoRA spec; MIXED: 0/1
+// Prints per spec a RESULT line: the worst ratio over non-degenerate tensors, that tensor, and the harness's
+// low-precision rule's verdict on the run (verify/grad_compare.h low_precision_rule: its statistic, <= 1 passes, and
+// where it is worst); with --all, every tensor's errors before it.
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
@@ -82,30 +83,23 @@ int main(int argc, char** argv) {
     double worst = 0;
     std::string worst_name;
     double worst_m = 0, worst_s = 0;
-    // The low-precision rule at factor 1.5 with the floor of issue #18 (u x floor x sqrt(n) / l2 scale, as
-    // verify/grad_compare.cpp's low_precision_floor; recomputed here so that this file builds at older commits)
-    // and with the former floor u.
-    const double u = std::ldexp(1.0, model.dtype() == at::kFloat ? -24 : -8);
-    double rule_new = 0, rule_old = 0;
+    // The one low-precision rule, as conform, verify --gate and the tests judge (no copy of it here).
+    const auto rule = sbp::low_precision_rule(standard, method, model.dtype());
     for (std::size_t i = 0; i < method.tensors.size(); ++i) {
       const auto& m = method.tensors[i];
       const auto& s = standard.tensors[i];
-      const double n_sqrt = std::sqrt(double(s.numel));
-      const double scale = std::max(oracle[i].tensor.to(at::kDouble).norm().item<double>(), standard.floor * n_sqrt);
-      rule_new = std::max(rule_new, m.l2_rel / (1.5 * s.l2_rel + u * standard.floor * n_sqrt / scale));
-      rule_old = std::max(rule_old, m.l2_rel / (1.5 * s.l2_rel + u));
       if (all)
-        std::printf("  %-55s std %.3e  method %.3e  ratio %.3f  floor %.2e%s\n", m.name.c_str(), s.l2_rel, m.l2_rel,
-                    m.l2_rel / s.l2_rel, u * standard.floor * n_sqrt / scale, s.degenerate ? " (degenerate)" : "");
+        std::printf("  %-55s std %.3e  method %.3e  ratio %.3f  rule %.3f%s\n", m.name.c_str(), s.l2_rel, m.l2_rel,
+                    m.l2_rel / s.l2_rel, rule.tensors[i].statistic, s.degenerate ? " (degenerate)" : "");
 
       if (s.degenerate) continue;
       const double r = m.l2_rel / s.l2_rel;
       if (r > worst) worst = r, worst_name = m.name, worst_m = m.l2_rel, worst_s = s.l2_rel;
     }
     std::printf("RESULT model=%s lora=%s mixed=%d spec=%s worst_ratio=%.3f tensor=%s method=%.3e standard=%.3e "
-                "rule_new=%.3f rule_old=%.3f\n",
+                "rule=%.3f rule_tensor=%s\n",
                 config.name.c_str(), lora.c_str(), int(mixed), spec.c_str(), worst, worst_name.c_str(), worst_m,
-                worst_s, rule_new, rule_old);
+                worst_s, rule.worst_ratio, rule.worst_tensor.c_str());
     std::fflush(stdout);
   }
   return 0;

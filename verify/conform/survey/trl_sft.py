@@ -5,12 +5,13 @@ case's micro-batches (a one-batch case is a step of one micro-batch).
 Usage: trl_sft.py CASE_DIR
 
 The step runs as a TRL user's does: SFTTrainer(model, args=SFTConfig(gradient_accumulation_steps=K, max_steps=1,
-max_grad_norm=0, bf16=False), train_dataset=the case's rows tokenized ("input_ids", "labels": TRL's processed-dataset form, which
-it neither re-tokenizes nor appends an EOS to), processing_class).train(), so TRL's compute_loss (loss_type "nll":
-the token losses' sum over the Trainer's num_items_in_batch) and the Trainer's accumulation are the ones judged. The
-adapter's parts, none a normalisation: the data loader yields the case's micro-batches (their sizes differ, which a
-fixed batch size cannot say) of the trainer's own processed dataset, collated by its own data_collator and prepared by
-its accelerator; the optimizer is a no-op whose step() copies the .grad it is handed (clipping off).
+max_grad_norm=0, bf16=False), train_dataset=the case's rows tokenized ("input_ids", "labels": TRL's processed-dataset
+form, which it neither re-tokenizes nor appends an EOS to), processing_class).train(), so TRL's compute_loss
+(loss_type "nll": the token losses' sum over the Trainer's num_items_in_batch) and the Trainer's accumulation are the
+ones judged. The adapter's parts, none a normalisation: the data loader yields the case's micro-batches (their sizes
+differ, which a fixed batch size cannot say) of the trainer's own processed dataset, collated by its own
+data_collator and prepared by its accelerator; the optimizer is a no-op whose step() copies the .grad it is handed
+(clipping off).
 SFTConfig's default bf16=True (autocast) is turned off: the case's dtype is the one judged. fp32 cases only: TRL's
 fused LM head computes its log-probs in fp32, as HF's loss rounds the logits to fp32.
 The loss reported is the Trainer's training_loss over the one step.

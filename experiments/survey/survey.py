@@ -287,7 +287,8 @@ def main(argv):
             if problem:
                 raise RuntimeError(problem)
             python = venv_python(entry)
-            csv_path, command = run_conform(args.streambp, entry, python, args.cases, runs)
+            cases = entry_cases(entry, args.cases)
+            csv_path, command = run_conform(args.streambp, entry, python, cases, runs)
         except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
             log(f"{entry['name']}: {e}")
             table.append(unavailable_row(entry, provenance, str(e)))
@@ -298,7 +299,8 @@ def main(argv):
                 provenance[key] = rows[0][key]
         if entry["name"] == "hf":
             hf_rows = rows
-            listing = case_ranks(args.streambp, args.cases)
+        if entry["name"] == "hf" or cases != args.cases:  # an entry's own cases name their paths too
+            listing = case_ranks(args.streambp, cases)
             ranks_by_case.update({c["name"]: (c.get("ranks", 1), c.get("parallel", "data")) for c in listing})
             paths_by_case.update({c["name"]: path_words(c) for c in listing})
         table += summarize(entry, rows, hf_rows, command, ranks_by_case, provenance, paths_by_case)
@@ -315,6 +317,12 @@ def main(argv):
     print(markdown(table))
     print(f"\nresults: {path}")
     return 0
+
+
+def entry_cases(entry, cases):
+    """The cases an entry runs: its own file (relative to the checkout) when the survey's matrix cannot hold its
+    path, e.g. a DPO step of micro-batches on a model its pinned transformers loads; else the survey's."""
+    return str(ROOT / entry["cases"]) if entry.get("cases") else cases
 
 
 def case_ranks(streambp, cases):

@@ -2,7 +2,8 @@
 (a) the paths in a row's command are the checkout's relative ones, or under ~ (the survey's venvs, their python a
     symlink that must stay the venv's): no absolute path of the machine that ran it; a path elsewhere (a scratch
     --out) is left as given;
-(b) survey.py refuses a checkout with uncommitted changes (exit 2, saying so) unless --allow-dirty: a row's commit is a
+(b) an entry's own cases file (its "cases") is read from the checkout and shown relative to it;
+(c) survey.py refuses a checkout with uncommitted changes (exit 2, saying so) unless --allow-dirty: a row's commit is a
     commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs.
 No library, no binary.
 
@@ -33,6 +34,12 @@ def main():
         cases[str(link)] = "~/" + str(link.relative_to(home))
         failures += [f"portable({g!r}) = {survey.portable(g)!r}, wanted {w!r}" for g, w in cases.items()
                      if survey.portable(g) != w]
+    # an entry's own cases file: read from the checkout, shown relative to it; without one, the survey's
+    own = survey.entry_cases({"cases": "experiments/survey/cases-trl-dpo.json"}, "survey")
+    if not Path(own).is_file() or survey.portable(own) != "experiments/survey/cases-trl-dpo.json":
+        failures.append(f"an entry's cases file: {own!r}, shown as {survey.portable(own)!r}")
+    if survey.entry_cases({}, "survey") != "survey":
+        failures.append("an entry without cases does not run the survey's")
 
 
     with tempfile.TemporaryDirectory() as tmp:

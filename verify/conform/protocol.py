@@ -32,7 +32,10 @@ def patch_rms_norms_for_fp64():
     import importlib
 
     for module, cls_name in (("qwen3", "Qwen3RMSNorm"), ("qwen2", "Qwen2RMSNorm"), ("llama", "LlamaRMSNorm")):
-        cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name)
+        try:
+            cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name)
+        except ModuleNotFoundError:  # an older transformers (a survey pin): no Qwen3 before 4.51
+            continue
 
         def forward(self, x):
             xc = x.to(torch.promote_types(x.dtype, torch.float32))

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""TRL's SFTTrainer with its default loss under streambp-conform/1: SFT, full fine-tuning, one process, a step of the
+case's micro-batches (a one-batch case is a step of one micro-batch).
+
+Usage: trl_sft.py CASE_DIR
+
+The step runs as a TRL user's does: SFTTrainer(model, args=SFTConfig(gradient_accumulation_steps=K, max_steps=1,
+max_grad_norm=0, bf16=False), train_dataset=the case's rows tokenized ("input_ids", "labels": TRL's processed-dataset
+form, which it neither re-tokenizes nor appends an EOS to), processing_class).train(), so TRL's compute_loss
+(loss_type "nll": the token losses' sum over the Trainer's num_items_in_batch) and the Trainer's accumulation are the
+ones judged. The adapter's parts, none a normalisation: the data loader yields the case's micro-batches (their sizes
+differ, which a fixed batch size cannot say) of the trainer's own processed dataset, collated by its own
+data_collator and prepared by its accelerator; the optimizer is a no-op whose step() copies the .grad it is handed
+(clipping off).
+SFTConfig's default bf16=True (autocast) is turned off: the case's dtype is the one judged. fp32 cases only: TRL's
+fused LM head computes its log-probs in fp32, as HF's loss rounds the logits to fp32.
+The loss reported is the Trainer's training_loss over the one step.
+"""
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import protocol  # noqa: E402
+from protocol import CaseError, NotExpressible  # noqa: E402
+from trl_dpo import tokenizer  # noqa: E402
+
+USAGE = "Usage: trl_sft.py CASE_DIR"
+
+
+def run(case):
+    import datasets
+    import torch
+    import trl
+
+    if case.objective["name"] != "sft" or case.lora or case.ranks != 1:
+        raise NotExpressible("this entry runs TRL's SFTTrainer step, full fine-tuning, one process")
+    if case.dtype == torch.float64:
+        raise NotExpressible("fp64: TRL's default loss (its fused LM head, trl/kernels/chunked_logprob.py) computes "
+                             "the log-probs in fp32")
+    b = case.batch
+    rows = []
+    for r in range(b["input_ids"].size(0)):
+        n = int(b["attention_mask"][r].sum())
+        if not b["attention_mask"][r][:n].all():
+            raise CaseError(f"sft: row {r} is not right-padded")
+        rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
+    micro = case.micro_batches or [list(range(len(rows)))]
+    model, trainable = protocol.load_model(case)
+    model.train()
+    seen = {}
+
+    class Capture(torch.optim.Optimizer):
+        """The optimizer the Trainer hands its accumulated gradients to: it keeps them and changes nothing."""
+
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.0})
+
+        def step(self, closure=None):
+            seen.update({n: p.grad.detach().clone() for n, p in trainable.items() if p.grad is not None})
+
+    class StepTrainer(trl.SFTTrainer):
+        def get_train_dataloader(self):
+            loader = torch.utils.data.DataLoader(self.train_dataset, batch_sampler=micro,
+                                                 collate_fn=self.data_collator)
+            return self.accelerator.prepare(loader)
+
+    optimizer = Capture(model.parameters())
+    with tempfile.TemporaryDirectory() as out:
+        args = trl.SFTConfig(
+            output_dir=out, gradient_accumulation_steps=len(micro), max_steps=1, max_grad_norm=0.0,
+            per_device_train_batch_size=1, learning_rate=0.0, lr_scheduler_type="constant", report_to=[],
+            save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+            max_length=None, bf16=False)  # SFTConfig's default bf16=True autocasts: the case's dtype is judged
+        trainer = StepTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
+                              processing_class=tokenizer(model.config.vocab_size),
+                              optimizers=(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)))
+        start = time.perf_counter()
+        output = trainer.train()
+        seconds = time.perf_counter() - start
+    missing = [n for n in trainable if n not in seen]
+    if missing:
+        raise CaseError(f"the Trainer's optimizer step saw no gradient for {missing[:4]}")
+    return float(output.training_loss), {n: g.contiguous() for n, g in seen.items()}, seconds, len(micro)
+
+
+def main(argv):
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        case = protocol.read_case(argv[0], accumulates=True)
+        loss, grads, seconds, steps = run(case)
+    except CaseError as e:
+        print(f"{Path(argv[0]).name}: {e}", file=sys.stderr)
+        return 2
+    except NotExpressible as e:
+        print(f"{Path(argv[0]).name}: {e}", file=sys.stderr)
+        return protocol.NOT_EXPRESSIBLE
+    protocol.write_outputs(case, loss, grads, seconds, steps if case.micro_batches else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

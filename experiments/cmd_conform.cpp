@@ -31,6 +31,7 @@
 #include "core/model/checkpoint_io.h"
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
+#include "core/objectives/catalogue.h"
 #include "experiments/commands.h"
 #include "experiments/interrupt.h"
 #include "experiments/junit.h"
@@ -328,7 +329,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
   app.add_option("--cases", a.cases, "a case set: ci, quick, full or survey; or a JSON file of cases (docs/conformance.md)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
-      ->delimiter(',')->check(CLI::IsMember({"sft", "grpo", "dpo"}));
+      ->delimiter(',')->check(CLI::IsMember(objective_names()));
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
       ->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");

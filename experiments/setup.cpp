@@ -6,6 +6,7 @@
 #include "core/io/dtype.h"
 #include "core/model/config.h"
 #include "core/model/model.h"
+#include "core/objectives/catalogue.h"
 #include "core/objectives/objective.h"
 #include "experiments/device.h"
 #include "core/model/checkpoint_io.h"
@@ -62,9 +63,7 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
     app.add_option("--adapter", s.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + "
                    "adapter_model.safetensors)")->check(CLI::ExistingDirectory);
   app.add_option("--objective", s.objective,
-                 "objective spec: sft | grpo:beta=0,epsilon_low=0.2,epsilon_high=0.2,loss_type=dapo,temperature=1,"
-                 "importance=token,max_completion_length=256 | dpo:beta=0.1,label_smoothing=0 (keys optional; "
-                 "defaults shown: TRL's)");
+                 "objective spec: " + objectives_usage() + " (keys optional; defaults shown: TRL's)");
   if (flags.group)
     app.add_option("--group", s.group, "GRPO random batch: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
   if (flags.device) add_device_option(app, s.device);

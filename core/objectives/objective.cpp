@@ -6,9 +6,6 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "core/objectives/dpo.h"
-#include "core/objectives/grpo.h"
-#include "core/objectives/sft.h"
 #include "core/io/spec.h"
 #include "core/io/input_error.h"
 
@@ -217,25 +214,5 @@ double Objective::chunk_loss_and_grad_by_autograd(at::Tensor& logits, std::int64
 void Objective::add_synthetic_logps(Batch&, const at::Tensor&, std::uint64_t, bool) const {}
 
 Batch Objective::with_reference(const Batch& batch, const at::Tensor&) const { return batch; }
-
-std::unique_ptr<Objective> make_objective(const std::string& text) {
-  // One row per objective (issue #46 item 2): the factory and the error's list of known names read the same table.
-  struct ObjectiveEntry {
-    const char* name;
-    std::unique_ptr<Objective> (*make)(const Spec&);
-  };
-  static const ObjectiveEntry entries[] = {
-      {"sft", [](const Spec& s) -> std::unique_ptr<Objective> { return std::make_unique<SftObjective>(s); }},
-      {"grpo", [](const Spec& s) -> std::unique_ptr<Objective> { return std::make_unique<GrpoObjective>(s); }},
-      {"dpo", [](const Spec& s) -> std::unique_ptr<Objective> { return std::make_unique<DpoObjective>(s); }},
-  };
-  const Spec spec = parse_spec(text, "objective");
-  std::string known;
-  for (const ObjectiveEntry& entry : entries) {
-    if (spec.name == entry.name) return entry.make(spec);
-    known += (known.empty() ? "" : ", ") + std::string(entry.name);
-  }
-  throw InputError("unknown objective '" + spec.name + "' (known: " + known + ")");
-}
 
 }  // namespace sbp

@@ -149,8 +149,8 @@ at::Tensor checked_float_field(const Batch& batch, const std::string& name, at::
 // predicts token t + 1, so a token's mask or log-prob is read at the position before it.
 at::Tensor shift_left(const at::Tensor& per_token, double fill);
 
-// "sft", "grpo:beta=0.04,...", "dpo:beta=0.1,label_smoothing=0": Throws InputError naming the unknown
-// objective, key or bad value.
+// "sft", "grpo:beta=0.04,...", "dpo:beta=0.1,label_smoothing=0", from the catalogue (catalogue.h): Throws
+// InputError naming the unknown objective, key or bad value.
 std::unique_ptr<Objective> make_objective(const std::string& spec);
 
 }  // namespace sbp

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "core/objectives/batch.h"
+#include "core/objectives/catalogue.h"
 #include "core/objectives/objective.h"
 #include "tests/support/test_support.h"
 
@@ -43,16 +44,20 @@ Problem make_problem(const std::string& spec, bool keep_old_logps = true) {
   return p;
 }
 
-const std::vector<std::string> kSpecs = {
-    "sft",
-    "grpo",  // TRL's current defaults: beta 0, dapo, token importance
-    "grpo:beta=0.04,loss_type=bnpo,temperature=0.9",
-    "grpo:loss_type=grpo,epsilon_high=0.28,beta=0.1",
-    "grpo:loss_type=dr_grpo,max_completion_length=30,importance=sequence,beta=0.2",
-    "grpo:importance=sequence,temperature=0.7,loss_type=grpo",
-    "dpo",
-    "dpo:beta=0.5,label_smoothing=0.2",
-};
+// Every objective of the catalogue at its test specs (a new objective is in these tests by its entry), and the option
+// branches of the built-in ones beyond those.
+const std::vector<std::string> kSpecs = [] {
+  std::vector<std::string> specs;
+  for (const auto& e : objective_catalogue()) specs.insert(specs.end(), e.test_specs.begin(), e.test_specs.end());
+  for (const char* spec : {"grpo",  // TRL's current defaults: beta 0, dapo, token importance
+                           "grpo:beta=0.04,loss_type=bnpo,temperature=0.9",
+                           "grpo:loss_type=grpo,epsilon_high=0.28,beta=0.1",
+                           "grpo:loss_type=dr_grpo,max_completion_length=30,importance=sequence,beta=0.2",
+                           "grpo:importance=sequence,temperature=0.7,loss_type=grpo", "dpo",
+                           "dpo:beta=0.5,label_smoothing=0.2"})
+    specs.push_back(spec);
+  return specs;
+}();
 
 void run_statistics_pass(Problem& p, std::int64_t chunk) {
   if (!p.objective->needs_statistics()) return;
@@ -130,7 +135,7 @@ TEST_CASE("objective specs reject unknown keys and bad values, naming them", "[o
   CHECK_THROWS_WITH(make_objective("grpo:beta=-1"), Catch::Contains("beta=-1"));
   CHECK_THROWS_WITH(make_objective("dpo:label_smoothing=0.7"), Catch::Contains("label_smoothing=0.7"));
   CHECK_THROWS_WITH(make_objective("sft:beta=1"), Catch::Contains("it takes none"));
-  CHECK_THROWS_WITH(make_objective("ppo"), Catch::Contains("unknown objective 'ppo'"));
+  CHECK_THROWS_WITH(make_objective("ppo"), Catch::Contains("unknown objective 'ppo' (known: sft, grpo, dpo)"));
   // The canonical spec names every option and rebuilds the same objective.
   const auto grpo = make_objective("grpo:beta=0.04,loss_type=bnpo,temperature=0.9");
   CHECK(grpo->spec() == "grpo:beta=0.04,epsilon_low=0.2,epsilon_high=0.2,loss_type=bnpo,temperature=0.9,"
@@ -181,4 +186,22 @@ TEST_CASE("objectives reject malformed batch tensors, naming the source and the 
   expect_rejected("dpo", [](Batch& b) { b.fields["ref_logps"] = at::zeros({4, 12}, at::kDouble); }, "ref_logps has shape");
   expect_rejected("sft", [](Batch& b) { b.fields["completion_mask"] = b.attention_mask.clone(); },
                   "unexpected tensor 'completion_mask'");
+}
+
+TEST_CASE("the objective catalogue builds every entry from its name and its test specs, each spec round-tripping",
+          "[objective][spec]") {
+  CHECK(objective_names() == std::vector<std::string>{"sft", "grpo", "dpo"});
+  for (const auto& e : objective_catalogue()) {
+    INFO(e.name);
+    REQUIRE_FALSE(e.test_specs.empty());
+    CHECK(make_objective(e.name)->name() == e.name);
+    CHECK(e.usage() == make_objective(e.name)->spec());  // --help shows the defaults the objective itself names
+    CHECK(objectives_usage().find(e.usage()) != std::string::npos);
+    for (const auto& spec : e.test_specs) {
+      const auto built = make_objective(spec);
+      CHECK(built->name() == e.name);
+      CHECK(make_objective(built->spec())->spec() == built->spec());
+    }
+  }
+  CHECK(typical_objective_specs() == std::vector<std::string>{"sft", "grpo:beta=0.04,loss_type=grpo", "dpo:beta=0.1"});
 }

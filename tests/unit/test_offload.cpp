@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include "baselines/methods.h"
+#include "core/objectives/catalogue.h"
 #include "core/methods/layer_checkpoints.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
@@ -110,7 +111,7 @@ TEST_CASE("every method gives the same bits with its checkpoints and gradients o
           "dtype and LoRA", "[offload][exactness]") {
   const sbp::test::TempDir dir("sbp_offload_");
   constexpr std::int64_t T = 24;
-  for (const std::string objective_spec : {"sft", "grpo:beta=0.04,loss_type=grpo", "dpo:beta=0.1"})
+  for (const std::string& objective_spec : sbp::typical_objective_specs())
     for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16})
       for (const std::string lora : {"", "rank=4,alpha=8,init=random"}) {
         sbp::Model model(sbp::test::tiny_config(), dtype, 7);
@@ -314,7 +315,7 @@ TEST_CASE("training steps with the optimizer's states, the gradients, the parame
 TEST_CASE("training steps of every objective, full and LoRA, with everything offloaded end on the same bits",
           "[offload][training][exactness]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
-  for (const std::string objective : {"sft", "grpo:beta=0.04,loss_type=grpo", "dpo:beta=0.1"})
+  for (const std::string& objective : sbp::typical_objective_specs())
     for (const std::string lora : {"", "rank=4,alpha=8,init=random"})
       for (const auto dtype : {at::kFloat, at::kBFloat16})
         for (const auto& spec : sbp::typical_method_specs(24)) {

@@ -115,21 +115,8 @@ def run(case, liger):
 
 def main(argv):
     liger = "--liger" in argv
-    args = [a for a in argv if a != "--liger"]
-    if len(args) != 1 or args[0].startswith("-"):
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        case = protocol.read_case(args[0], accumulates=True)
-        loss, grads, seconds = run(case, liger)
-    except CaseError as e:
-        print(f"{Path(args[0]).name}: {e}", file=sys.stderr)
-        return 2
-    except NotExpressible as e:
-        print(f"{Path(args[0]).name}: {e}", file=sys.stderr)
-        return protocol.NOT_EXPRESSIBLE
-    protocol.write_outputs(case, loss, grads, seconds, len(case.micro_batches) if case.micro_batches else None)
-    return 0
+    return protocol.run(lambda case: run(case, liger), [a for a in argv if a != "--liger"], accumulates=True,
+                        usage=USAGE)
 
 
 if __name__ == "__main__":

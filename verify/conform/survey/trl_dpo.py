@@ -137,20 +137,11 @@ def run(case):
 
 
 def main(argv):
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        case = protocol.read_case(argv[0], accumulates=True)
+    def step(case):
         loss, grads, seconds, steps = run(case)
-    except CaseError as e:
-        print(f"{Path(argv[0]).name}: {e}", file=sys.stderr)
-        return 2
-    except NotExpressible as e:
-        print(f"{Path(argv[0]).name}: {e}", file=sys.stderr)
-        return protocol.NOT_EXPRESSIBLE
-    protocol.write_outputs(case, loss, grads, seconds, steps if case.micro_batches else None)
-    return 0
+        return protocol.Result(loss, grads, seconds, steps if case.micro_batches else None)
+
+    return protocol.run(step, argv, accumulates=True, usage=USAGE)
 
 
 if __name__ == "__main__":

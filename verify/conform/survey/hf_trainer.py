@@ -7,24 +7,20 @@ Usage: hf_trainer.py [--liger] CASE_DIR
 The step runs as a Trainer user's does: Trainer(model, TrainingArguments(gradient_accumulation_steps=K, max_steps=1,
 max_grad_norm=0), train_dataset=the case's rows).train(), so the Trainer's accumulation loop and its loss
 normalisation (before 4.46: each micro-batch's mean divided by K; from 4.46: num_items_in_batch, the step's target
-count) are the ones judged. Two things are the adapter's, neither a normalisation:
-  - the data loader yields the case's micro-batches (their sizes differ, which a fixed batch_size cannot say); it
-    goes through the Trainer's accelerator.prepare like the Trainer's own loader;
-  - the optimizer is a no-op whose step() copies the .grad it is handed (clipping off: max_grad_norm=0).
+count) are the ones judged. The adapter's two parts, neither a normalisation, are trainer_step.py's: a loader of the
+case's micro-batches and a no-op optimizer that keeps the gradient it is handed.
 --liger: apply_liger_kernel_to_<family>(model=..., rope/rms_norm/swiglu off) first: Liger's HF integration, its
 patched forward and fused linear cross-entropy (where its loss normalisation lives), its other kernels off; Triton's
 CPU interpreter when TRITON_INTERPRET=1 (gpu_common.py).
 The loss reported is the Trainer's training_loss (its accumulated tr_loss over the one step).
 HF's causal-LM loss casts the logits to fp32 (`logits.float()`), so the survey runs this on fp32 cases only.
 """
-import inspect
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import protocol  # noqa: E402
+import trainer_step  # noqa: E402
 from protocol import CaseError, NotExpressible  # noqa: E402
 
 USAGE = "Usage: hf_trainer.py [--liger] CASE_DIR"
@@ -32,21 +28,10 @@ USAGE = "Usage: hf_trainer.py [--liger] CASE_DIR"
 
 def load(case):
     import torch
-    import transformers
 
-    protocol.quiet_hf()
-    try:
-        config = transformers.AutoConfig.from_pretrained(case.dir / "model")
-    except (KeyError, ValueError) as e:  # e.g. qwen3 before transformers 4.51
-        raise NotExpressible(f"transformers {transformers.__version__} has no class for this model: {e}")
-    kwarg = "dtype" if "dtype" in inspect.signature(transformers.PreTrainedModel.from_pretrained).parameters \
-        else "torch_dtype"
-    model = transformers.AutoModelForCausalLM.from_pretrained(case.dir / "model", config=config,
-                                                              attn_implementation="sdpa", **{kwarg: case.dtype})
-    model.config.use_cache = False
     if case.dtype == torch.float64:
         raise NotExpressible("fp64: HF's causal-LM loss rounds the logits to fp32 (logits.float())")
-    return model
+    return trainer_step.load_pinned_model(case)
 
 
 def apply_liger(model):
@@ -76,41 +61,13 @@ def run(case, liger):
     rows = [{k: v[r] for k, v in case.batch.items() if k in ("input_ids", "attention_mask", "labels")}
             for r in range(case.batch["input_ids"].size(0))]
     micro = case.micro_batches or [list(range(len(rows)))]
-    names = dict(model.named_parameters())
-    seen = {}
-
-    class Capture(torch.optim.Optimizer):
-        """The optimizer the Trainer hands its accumulated gradients to: it keeps them and changes nothing."""
-
-        def __init__(self, params):
-            super().__init__(params, {"lr": 0.0})
-
-        def step(self, closure=None):
-            seen.update({n: p.grad.detach().clone() for n, p in names.items() if p.grad is not None})
-
-    class StepTrainer(transformers.Trainer):
-        def get_train_dataloader(self):
-            loader = torch.utils.data.DataLoader(rows, batch_sampler=micro, collate_fn=lambda b: {
-                k: torch.stack([r[k] for r in b]) for k in b[0]})
-            return self.accelerator.prepare(loader)
-
-    optimizer = Capture(model.parameters())
-    with tempfile.TemporaryDirectory() as out:
-        args = transformers.TrainingArguments(
-            output_dir=out, gradient_accumulation_steps=len(micro), max_steps=1, max_grad_norm=0.0,
-            per_device_train_batch_size=1, learning_rate=0.0, lr_scheduler_type="constant", report_to=[],
-            save_strategy="no", logging_strategy="no", use_cpu=True, remove_unused_columns=False,
-            dataloader_num_workers=0, disable_tqdm=True)
-        trainer = StepTrainer(model=model, args=args, train_dataset=rows,
-                              optimizers=(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)))
-        start = time.perf_counter()
-        output = trainer.train()
-        seconds = time.perf_counter() - start
-    missing = [n for n in names if n not in seen]
-    if missing:
-        raise CaseError(f"the Trainer's optimizer step saw no gradient for {missing[:4]}")
-    grads = {n: g.to(case.dtype).contiguous() for n, g in seen.items()}
-    return float(output.training_loss), grads, seconds
+    loss, grads, seconds = trainer_step.trainer_step(
+        transformers.Trainer,
+        lambda out: transformers.TrainingArguments(**trainer_step.step_arguments(out, len(micro)),
+                                                   remove_unused_columns=False),
+        model, dict(model.named_parameters()), micro, loader_rows=rows,
+        collate=lambda b: {k: torch.stack([r[k] for r in b]) for k in b[0]}, train_dataset=rows)
+    return loss, {n: g.to(case.dtype).contiguous() for n, g in grads.items()}, seconds
 
 
 def main(argv):

@@ -14,16 +14,16 @@ The adapter's parts, none a normalisation:
     data_collator and prepared by its accelerator. It does not read the train_dataset TRL tokenized in __init__ (the
     same pairs as text over a word-level tokenizer): TRL's tokenize_row appends an EOS to every completion, which
     the case's rows do not have;
-  - the optimizer is a no-op whose step() copies the .grad it is handed (clipping off: max_grad_norm=0).
+  - the optimizer is a no-op whose step() copies the .grad it is handed (clipping off: max_grad_norm=0; both in
+    trainer_step.py).
 The loss reported is the Trainer's training_loss over the one step.
 """
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import protocol  # noqa: E402
+import trainer_step  # noqa: E402
 from protocol import CaseError, NotExpressible  # noqa: E402
 
 USAGE = "Usage: trl_dpo.py CASE_DIR"
@@ -31,19 +31,10 @@ USAGE = "Usage: trl_dpo.py CASE_DIR"
 
 def load(case):
     import torch
-    import transformers
 
-    protocol.quiet_hf()
-    try:
-        config = transformers.AutoConfig.from_pretrained(case.dir / "model")
-    except (KeyError, ValueError) as e:  # e.g. qwen3 before transformers 4.51
-        raise NotExpressible(f"transformers {transformers.__version__} has no class for this model: {e}")
     if case.dtype == torch.float64:
         protocol.patch_rms_norms_for_fp64()
-    model = transformers.AutoModelForCausalLM.from_pretrained(case.dir / "model", config=config,
-                                                              attn_implementation="sdpa", torch_dtype=case.dtype)
-    model.config.use_cache = False
-    return model
+    return trainer_step.load_pinned_model(case)
 
 
 def tokenizer(vocab_size):
@@ -82,7 +73,6 @@ def pairs(case):
 
 def run(case):
     import datasets
-    import torch
     import trl
 
     if case.objective["name"] != "dpo" or case.lora or case.ranks != 1:
@@ -97,43 +87,15 @@ def run(case):
         if sorted(rows_of) != sorted(m + [i + P for i in m]):
             raise NotExpressible(f"micro-batch {list(rows_of)} splits a pair: TRL's batches hold whole pairs")
     model = load(case)
-    processing = tokenizer(model.config.vocab_size)
     text = datasets.Dataset.from_list([{k: " ".join(f"t{t}" for t in r[f"{k}_input_ids"])
                                         for k in ("prompt", "chosen", "rejected")} for r in rows])
-    names = dict(model.named_parameters())
-    seen = {}
-
-    class Capture(torch.optim.Optimizer):
-        """The optimizer the Trainer hands its accumulated gradients to: it keeps them and changes nothing."""
-
-        def __init__(self, params):
-            super().__init__(params, {"lr": 0.0})
-
-        def step(self, closure=None):
-            seen.update({n: p.grad.detach().clone() for n, p in names.items() if p.grad is not None})
-
-    class StepTrainer(trl.DPOTrainer):
-        def get_train_dataloader(self):
-            loader = torch.utils.data.DataLoader(rows, batch_sampler=micro, collate_fn=self.data_collator)
-            return self.accelerator.prepare(loader)
-
-    optimizer = Capture(model.parameters())
-    with tempfile.TemporaryDirectory() as out:
-        args = trl.DPOConfig(
-            output_dir=out, beta=float(case.objective.get("beta", 0.1)),
-            label_smoothing=float(case.objective.get("label_smoothing", 0.0)), loss_type="sigmoid",
-            precompute_ref_log_probs=True, gradient_accumulation_steps=len(micro), max_steps=1, max_grad_norm=0.0,
-            per_device_train_batch_size=1, learning_rate=0.0, lr_scheduler_type="constant", report_to=[],
-            save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
-        trainer = StepTrainer(model=model, args=args, train_dataset=text, processing_class=processing,
-                              optimizers=(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)))
-        start = time.perf_counter()
-        output = trainer.train()
-        seconds = time.perf_counter() - start
-    missing = [n for n in names if n not in seen]
-    if missing:
-        raise CaseError(f"the Trainer's optimizer step saw no gradient for {missing[:4]}")
-    return float(output.training_loss), {n: g.contiguous() for n, g in seen.items()}, seconds, len(micro)
+    dpo = dict(beta=float(case.objective.get("beta", 0.1)), loss_type="sigmoid", precompute_ref_log_probs=True,
+               label_smoothing=float(case.objective.get("label_smoothing", 0.0)))
+    loss, grads, seconds = trainer_step.trainer_step(
+        trl.DPOTrainer, lambda out: trl.DPOConfig(**trainer_step.step_arguments(out, len(micro)), **dpo),
+        model, dict(model.named_parameters()), micro, loader_rows=rows, train_dataset=text,
+        processing_class=tokenizer(model.config.vocab_size))
+    return loss, {n: g.contiguous() for n, g in grads.items()}, seconds, len(micro)
 
 
 def main(argv):

@@ -17,13 +17,12 @@ fused LM head computes its log-probs in fp32, as HF's loss rounds the logits to 
 The loss reported is the Trainer's training_loss over the one step.
 """
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import protocol  # noqa: E402
+import trainer_step  # noqa: E402
 from protocol import CaseError, NotExpressible  # noqa: E402
 from trl_dpo import tokenizer  # noqa: E402
 
@@ -50,40 +49,13 @@ def run(case):
     micro = case.micro_batches or [list(range(len(rows)))]
     model, trainable = protocol.load_model(case)
     model.train()
-    seen = {}
-
-    class Capture(torch.optim.Optimizer):
-        """The optimizer the Trainer hands its accumulated gradients to: it keeps them and changes nothing."""
-
-        def __init__(self, params):
-            super().__init__(params, {"lr": 0.0})
-
-        def step(self, closure=None):
-            seen.update({n: p.grad.detach().clone() for n, p in trainable.items() if p.grad is not None})
-
-    class StepTrainer(trl.SFTTrainer):
-        def get_train_dataloader(self):
-            loader = torch.utils.data.DataLoader(self.train_dataset, batch_sampler=micro,
-                                                 collate_fn=self.data_collator)
-            return self.accelerator.prepare(loader)
-
-    optimizer = Capture(model.parameters())
-    with tempfile.TemporaryDirectory() as out:
-        args = trl.SFTConfig(
-            output_dir=out, gradient_accumulation_steps=len(micro), max_steps=1, max_grad_norm=0.0,
-            per_device_train_batch_size=1, learning_rate=0.0, lr_scheduler_type="constant", report_to=[],
-            save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-            max_length=None, bf16=False)  # SFTConfig's default bf16=True autocasts: the case's dtype is judged
-        trainer = StepTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-                              processing_class=tokenizer(model.config.vocab_size),
-                              optimizers=(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)))
-        start = time.perf_counter()
-        output = trainer.train()
-        seconds = time.perf_counter() - start
-    missing = [n for n in trainable if n not in seen]
-    if missing:
-        raise CaseError(f"the Trainer's optimizer step saw no gradient for {missing[:4]}")
-    return float(output.training_loss), {n: g.contiguous() for n, g in seen.items()}, seconds, len(micro)
+    loss, grads, seconds = trainer_step.trainer_step(
+        trl.SFTTrainer,
+        # SFTConfig's default bf16=True autocasts: the case's dtype is judged
+        lambda out: trl.SFTConfig(**trainer_step.step_arguments(out, len(micro)), max_length=None, bf16=False),
+        model, trainable, micro, train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer(model.config.vocab_size))
+    return loss, {n: g.contiguous() for n, g in grads.items()}, seconds, len(micro)
 
 
 def main(argv):

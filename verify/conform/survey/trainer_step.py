@@ -75,3 +75,13 @@ def trainer_step(trainer_class, make_args, model, params, micro, loader_rows=Non
     if missing:
         raise CaseError(f"the Trainer's optimizer step saw no gradient for {missing[:4]}")
     return float(output.training_loss), seen, seconds
+
+
+def main(argv, run, usage):
+    """A trainer adapter's command line on the package's protocol.run: run(case) -> (loss, {name: gradient}, seconds,
+    the micro-batches the Trainer stepped over), checked by the harness against the case's."""
+    def step(case):
+        loss, grads, seconds, steps = run(case)
+        return protocol.Result(loss, grads, seconds, steps if case.micro_batches else None)
+
+    return protocol.run(step, argv, accumulates=True, usage=usage)

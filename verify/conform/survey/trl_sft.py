@@ -59,11 +59,7 @@ def run(case):
 
 
 def main(argv):
-    def step(case):
-        loss, grads, seconds, steps = run(case)
-        return protocol.Result(loss, grads, seconds, steps if case.micro_batches else None)
-
-    return protocol.run(step, argv, accumulates=True, usage=USAGE)
+    return trainer_step.main(argv, run, USAGE)
 
 
 if __name__ == "__main__":

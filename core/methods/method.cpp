@@ -5,14 +5,14 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/methods/method_entry.h"
-#include "core/model/context_attention.h"
+#include "core/model/kv_source.h"
 #include "core/model/model.h"
 #include "core/io/input_error.h"
 
 namespace sbp {
 
 StepResult BackpropMethod::step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options) {
-  if (model.sequence_exchange() && !runs_sequence_shards())
+  if (!model.kv_source().is_local() && !runs_sequence_shards())
     throw InputError("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
                                 "BP and checkpointing do)");
   if (!options.accumulate) model.zero_grad();
@@ -59,29 +59,26 @@ LayerCheckpoints BackpropMethod::checkpointed_forward(
 }
 
 at::Tensor BackpropMethod::rank_tokens(const Model& model, const Batch& batch) {
-  const auto* exchange = model.sequence_exchange();
-  if (!exchange) return batch.input_ids;
-  const auto positions = at::tensor(exchange->shard().positions(), at::kLong).to(batch.input_ids.device());
-  return batch.input_ids.index_select(1, positions);
+  return model.kv_source().own_positions(batch.input_ids, 1);
 }
 
 at::Tensor BackpropMethod::rank_loss(const Model& model, Objective& objective, const at::Tensor& logits) {
-  auto* exchange = model.sequence_exchange();
-  if (!exchange) return objective.chunk_loss(logits, 0);
-  const auto& shard = exchange->shard();
-  if (objective.needs_statistics()) {
+  auto& source = model.kv_source();
+  const auto rows = logits.size(1);
+  if (objective.needs_statistics() && !source.is_local()) {
     // A row term couples positions across ranks: its statistics summed over the group first (each block's logits
     // copied, as the pass overwrites what it reads).
     at::NoGradGuard no_grad;
-    shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-      auto copy = logits.narrow(1, offset, b.length()).clone();
-      objective.accumulate_statistics(copy, b.start);
+    source.for_each_chunk(rows, rows, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+      auto copy = logits.narrow(1, s, e - s).clone();
+      objective.accumulate_statistics(copy, position);
     });
-    objective.finish_statistics([&](at::Tensor& s) { exchange->sum_over_group(s); });
+    objective.finish_statistics([&](at::Tensor& values) { source.sum_over_group(values); });
   }
+  // Block by block at each block's global start (locally one block: the whole logits at 0).
   at::Tensor loss;
-  shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-    auto term = objective.chunk_loss(logits.narrow(1, offset, b.length()), b.start);
+  source.for_each_chunk(rows, rows, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+    auto term = objective.chunk_loss(narrow_or_whole(logits, 1, s, e - s), position);
     loss = loss.defined() ? loss + term : term;
   });
   return loss;

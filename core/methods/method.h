@@ -83,7 +83,7 @@ class BackpropMethod {
   // Whether the method keeps layer checkpoints that offload_checkpoints_to can move (false: it ignores the tier).
   virtual bool keeps_layer_checkpoints() const { return false; }
   // Whether the method runs on one rank's shard of a sequence split over a sequence-parallel group
-  // (Model::set_sequence_exchange; ARCHITECTURE.md §16). step() refuses the others while an exchange is set, and
+  // (a Model::kv_source that is not local; ARCHITECTURE.md §16). step() refuses the others on such a source, and
   // their memory_model refuses such a workload (Workload::sequence_parallel > 1) rather than answer for whole
   // sequences.
   virtual bool runs_sequence_shards() const { return false; }

@@ -11,7 +11,7 @@
 #include "core/model/chunk_attention.h"
 #include "core/methods/memory_model.h"
 #include "core/methods/method_entry.h"
-#include "core/model/context_attention.h"
+#include "core/model/kv_source.h"
 #include "core/model/model.h"
 #include "core/methods/streaming.h"
 
@@ -75,9 +75,9 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
                                      PhaseClock& clock) const {
   const auto T = h_in.size(1);  // a sequence-parallel rank: its shard's positions
   const auto c = options_.layer_chunk;
-  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph. A
-  // sequence-parallel rank computes its shard's and gathers the rest (kv_chunked); dK/dV then sum, over the whole
-  // sequence, what this rank's queries give, and the group's sum reaches each rank's positions after the chunk loop.
+  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph. The
+  // model's K/V source completes what the rows held here give (kv_chunked: a sequence-parallel rank gathers the other
+  // ranks' K/V); dK/dV then sum, over the whole sequence, what these rows' queries give.
   at::Tensor K, V;  // [B, n_kv, T, hd]
   {
     Phase phase(clock, "kv_recompute");
@@ -85,7 +85,7 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   }
   // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
   const auto sum_options = K.options().dtype(accumulation_dtype(K.scalar_type()));
-  auto dKV = at::zeros([&] {  // [2, B, n_kv, T, hd]: one block, reduce-scattered as it is under SP
+  auto dKV = at::zeros([&] {  // [2, B, n_kv, T, hd]: one block, as the source takes it back
     auto sizes = K.sizes().vec();
     sizes.insert(sizes.begin(), 2);
     return sizes;
@@ -100,27 +100,26 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
   // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
   {
     Phase phase(clock, "layer");
-    const KVGradSums sums{dK, dV};
-    for_each_rank_chunk(model, T, c, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
-      const auto grads =
-          layer_chunk_backward(model, layer, h_in, s, e, position, K, V, sums, g.slice(1, s, e), params);
-      g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
-      weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
-    });
-  }
-  K.reset();
-  V.reset();
-  if (auto* exchange = model.sequence_exchange()) {
-    // Once per layer, after the last chunk (never per chunk): the group's sums at this rank's positions.
-    Phase phase(clock, "kv_exchange");
+    {
+      const KVGradSums sums{dK, dV};
+      for_each_rank_chunk(model, T, c, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+        const auto grads =
+            layer_chunk_backward(model, layer, h_in, s, e, position, K, V, sums, g.slice(1, s, e), params);
+        g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
+        weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+      });
+    }
+    K.reset();
+    V.reset();
+    // Once per layer, after the last chunk (never per chunk): the sums at the rows held here (an exchange: the
+    // group's, reduce-scattered; locally the sums themselves).
     dK.reset();
     dV.reset();
-    const auto mine = exchange->scatter_sum(dKV);  // [2, B, n_kv, t, hd]
+    const auto mine = model.kv_source().scatter_sum(dKV);  // [2, B, n_kv, t, hd]
     dKV.reset();
     dK = mine[0];
     dV = mine[1];
   }
-  dKV.reset();  // one process: dK and dV are its views
 
   // Step 3: dK/dV through the K/V path.
   kv_path_backward(model, layer, h_in, dK, dV, g, weights, clock);

@@ -6,7 +6,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "core/model/context_attention.h"
+#include "core/model/kv_source.h"
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/methods/phase.h"
@@ -15,21 +15,12 @@ namespace sbp {
 
 void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
                          const std::function<void(std::int64_t s, std::int64_t e, std::int64_t position)>& f) {
-  const auto* exchange = model.sequence_exchange();
-  if (!exchange) {
-    for_each_chunk(T, c, [&](std::int64_t s, std::int64_t e) { f(s, e, s); });
-    return;
-  }
-  TORCH_CHECK(T == exchange->shard().length(), "for_each_rank_chunk: ", T, " rows for a shard of ",
-              exchange->shard().length(), " positions");
-  exchange->shard().for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-    for_each_chunk(b.length(), c, [&](std::int64_t s, std::int64_t e) { f(offset + s, offset + e, b.start + s); });
-  });
+  model.kv_source().for_each_chunk(T, c, f);
 }
 
 std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
   at::NoGradGuard no_grad;
-  at::Tensor KV;  // [2, B, n_kv, T, hd]: K and V in one block (a sequence-parallel rank: its shard's, then gathered)
+  at::Tensor KV;  // [2, B, n_kv, T, hd]: K and V in one block (of the rows held here; the source gathers the rest)
   for_each_rank_chunk(model, h.size(1), chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     const auto kv = model.kv(layer, h.slice(1, s, e), position);
     if (!KV.defined()) {
@@ -41,7 +32,7 @@ std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, cons
     KV[0].slice(2, s, e).copy_(kv.first);
     KV[1].slice(2, s, e).copy_(kv.second);
   });
-  if (auto* exchange = model.sequence_exchange()) KV = exchange->gather(KV);  // K and V in one exchange
+  KV = model.kv_source().gather(KV);  // an exchange: K and V in one
   return {KV[0], KV[1]};
 }
 
@@ -67,17 +58,16 @@ void statistics_pass(const Model& model, Objective& objective, const at::Tensor&
     auto logits = model.logits(model.final_norm(h_last.slice(1, s, e)));  // [B, c_h, V]
     objective.accumulate_statistics(logits, position);
   });
-  auto* exchange = model.sequence_exchange();
-  if (!exchange) return objective.finish_statistics();
-  objective.finish_statistics([&](at::Tensor& s) { exchange->sum_over_group(s); });
+  auto& source = model.kv_source();
+  objective.finish_statistics([&](at::Tensor& s) { source.sum_over_group(s); });
 }
 
 HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
                          PhaseClock& clock) {
   const auto T = h_last.size(1);
   // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
-  // not the whole sequence (a sequence-parallel rank never holds it: their sum over the group).
-  if (objective.needs_statistics() && (head_chunk < T || model.sequence_exchange())) {
+  // not the whole sequence (a source that is not local never holds it: their sum over the group).
+  if (objective.needs_statistics() && (head_chunk < T || !model.kv_source().is_local())) {
     Phase phase(clock, "statistics");
     statistics_pass(model, objective, h_last, head_chunk);
   }

@@ -26,8 +26,8 @@ void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
 }
 
 // Chunks of at most c of the positions this process holds, h's rows [0, T): f(s, e, position) with [s, e) the rows
-// and `position` the global position of row s. One process: position == s. On a sequence-parallel rank
-// (Model::sequence_exchange) the rows are its shard's positions in order and a chunk never crosses one of its blocks.
+// and `position` the global position of row s (Model::kv_source: locally position == s; on a sequence-parallel rank
+// the rows are its shard's positions in order and a chunk never crosses one of its blocks).
 void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
                          const std::function<void(std::int64_t s, std::int64_t e, std::int64_t position)>& f);
 

@@ -31,6 +31,21 @@ at::Tensor gather_sequence(KVExchange& exchange, const at::Tensor& local) {
   return GatherSequence::apply(local, &exchange);
 }
 
+SequenceShard KVExchange::shard_of(std::int64_t rows) const {
+  TORCH_CHECK(rows == shard().length(), rows, " rows on rank ", shard().rank, " of a sequence-parallel group, whose "
+              "shard has ", shard().length(), " positions");
+  return shard();
+}
+
+at::Tensor KVExchange::own_positions(const at::Tensor& whole, std::int64_t dim) const {
+  return whole.index_select(dim, at::tensor(shard().positions(), at::kLong).to(whole.device()));
+}
+
+std::pair<at::Tensor, at::Tensor> KVExchange::gather_with_graph(const at::Tensor& k, const at::Tensor& v) {
+  const auto kv = gather_sequence(*this, at::stack({k, v}));  // [2, B, n_kv, T, hd]
+  return {kv[0], kv[1]};
+}
+
 at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SequenceShard& shard,
                            double scale) {
   TORCH_CHECK(q.size(2) == shard.length(), "shard_attention: ", q.size(2), " queries for a shard of ", shard.length(),
@@ -39,10 +54,10 @@ at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               " positions for a sequence of ", shard.seq_len);
   std::vector<at::Tensor> outs;
   shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-    outs.push_back(prefix_attention(q.narrow(2, offset, b.length()), k.narrow(2, 0, b.end), v.narrow(2, 0, b.end),
-                                    b.start, scale));
+    outs.push_back(prefix_attention(narrow_or_whole(q, 2, offset, b.length()), narrow_or_whole(k, 2, 0, b.end),
+                                    narrow_or_whole(v, 2, 0, b.end), b.start, scale));
   });
-  return outs.size() == 1 ? outs.front() : at::cat(outs, 2);
+  return cat_or_one(outs, 2);
 }
 
 }  // namespace sbp

@@ -8,24 +8,24 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/model/kv_source.h"
 #include "core/model/sequence_shard.h"
 
 namespace sbp {
 
-// How a layer's K/V move among the group's ranks. The model layer sees only this; the implementation over a
-// Communicator is core/training/sequence_parallel.h.
-class KVExchange {
+// The K/V source of a rank of a sequence-parallel group: the exchanges below, over a Communicator in
+// core/training/sequence_parallel.h. The rest of KVSource follows from them and the rank's shard.
+class KVExchange : public KVSource {
  public:
-  virtual ~KVExchange() = default;
+  // This rank's positions; gather, scatter_sum and sum_over_group are the group's collectives.
   virtual const SequenceShard& shard() const = 0;
-  // This rank's [..., t, hd] (its positions, shard order) -> the whole sequence's [..., T, hd], every rank's
-  // positions in place.
-  virtual at::Tensor gather(const at::Tensor& local) = 0;
-  // The whole sequence's [..., T, hd] made on this rank -> the SUM over the group's ranks at this rank's positions
-  // [..., t, hd].
-  virtual at::Tensor scatter_sum(const at::Tensor& whole) = 0;
-  // `values` summed over the group's ranks in place (an objective's row statistics: each rank saw its positions).
-  virtual void sum_over_group(at::Tensor& values) = 0;
+
+  // Checks that `rows` are this rank's shard (a rank handed other rows would attend the wrong positions).
+  SequenceShard shard_of(std::int64_t rows) const override;
+  bool is_local() const override { return false; }
+  at::Tensor own_positions(const at::Tensor& whole, std::int64_t dim) const override;
+  // K and V stacked into one exchange (gather_sequence).
+  std::pair<at::Tensor, at::Tensor> gather_with_graph(const at::Tensor& k, const at::Tensor& v) override;
 };
 
 // Differentiable gather: the forward is exchange.gather, the backward exchange.scatter_sum. `exchange` must outlive
@@ -34,7 +34,7 @@ at::Tensor gather_sequence(KVExchange& exchange, const at::Tensor& local);
 
 // This rank's queries q [B, n_h, t, hd] (its positions, shard order) over the whole sequence's k, v
 // [B, n_kv, T, hd]: each block [s, e) of the shard attends to keys [0, e) with the causal rule aligned at s
-// (prefix_attention). Differentiable in q, k and v.
+// (prefix_attention; a local source's one block [0, T) is one process's attention). Differentiable in q, k and v.
 at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SequenceShard& shard,
                            double scale);
 

@@ -357,28 +357,23 @@ at::Tensor Model::mlp_block(int layer, const at::Tensor& h_mid) const {
 at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
   const auto& w = layers_.at(layer);
   const auto hn = rms_norm(h, w.input_norm);
-  if (sequence_) {
-    // This rank's shard: each block's q and K/V at its global positions, the K/V of the whole sequence gathered (K
-    // and V in one exchange), the shard's queries attended over them.
-    const auto& shard = sequence_->shard();
-    TORCH_CHECK(h.size(1) == shard.length(), "attention_block: ", h.size(1), " positions on rank ", shard.rank,
-                " whose shard has ", shard.length());
-    std::vector<at::Tensor> qs, ks, vs;
-    shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-      // One contiguous copy of the block (a view when B = 1): the q, k and v projections (and LoRA's A) would each
-      // fold a strided narrow into a copy of their own and keep it, three to six [B, t, d] per layer where one process
-      // keeps one.
-      const auto hb = hn.narrow(1, offset, b.length()).contiguous();
-      auto kv = kv_from_normed(w, hb, b.start);
-      ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, b.start));
-    });
-    const auto kv = gather_sequence(*sequence_, at::stack({at::cat(ks, 2), at::cat(vs, 2)}));
-    const auto q = at::cat(qs, 2);
-    const auto o = shard_attention(q, kv[0], kv[1], shard, 1.0 / std::sqrt(double(config_.head_dim)));
-    return h + project(w, "o", o.transpose(1, 2).reshape({h.size(0), h.size(1), q.size(1) * q.size(3)}), w.o_w, w.o_b);
-  }
-  const auto [k, v] = kv_from_normed(w, hn, 0);
-  return h + project(w, "o", attend(q_from_normed(w, hn, 0), k, v, 0), w.o_w, w.o_b);
+  const auto B = h.size(0), T = h.size(1);  // T: the rows this process holds
+  // Each block of the rows (the source's: one process has one, [0, T)) gives its q and K/V at its global positions;
+  // the source makes the K/V the whole sequence's (an exchange: one all-gather for K and V), and the queries attend
+  // over them.
+  std::vector<at::Tensor> qs, ks, vs;
+  kv_source_->for_each_chunk(T, T, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
+    // One contiguous copy of a block (a view when B = 1 or for the whole): the q, k and v projections (and LoRA's A)
+    // would each fold a strided narrow into a copy of their own and keep it, three to six [B, t, d] per layer.
+    const auto hb = narrow_or_whole(hn, 1, s, e - s).contiguous();
+    auto kv = kv_from_normed(w, hb, position);
+    ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, position));
+  });
+  const auto kv = kv_source_->gather_with_graph(cat_or_one(ks, 2), cat_or_one(vs, 2));  // [B, n_kv, T_whole, hd]
+  const auto q = cat_or_one(qs, 2);                                                      // [B, n_h, T, hd]
+  const auto o = shard_attention(q, kv.first, kv.second, kv_source_->shard_of(T),
+                                 1.0 / std::sqrt(double(config_.head_dim)));  // [B, n_h, T, hd]
+  return h + project(w, "o", o.transpose(1, 2).reshape({B, T, q.size(1) * q.size(3)}), w.o_w, w.o_b);
 }
 
 at::Tensor Model::layer_forward(int layer, const at::Tensor& h) const { return mlp_block(layer, attention_block(layer, h)); }

@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/model/config.h"
+#include "core/model/kv_source.h"
 #include "core/model/lora.h"
 #include "core/io/safetensors.h"  // NamedTensor: an HF tensor name and its tensor
 #include "core/io/input_error.h"
@@ -24,7 +25,6 @@
 namespace sbp {
 
 struct KVGradSums;  // core/model/chunk_attention.h
-class KVExchange;   // core/model/context_attention.h
 
 struct LayerWeights {
   at::Tensor input_norm;            // [d]
@@ -147,12 +147,13 @@ class Model {
   std::vector<at::Tensor> head_trainable() const;
   std::vector<at::Tensor> embedding_trainable() const;
 
-  // Sequence parallelism (ARCHITECTURE.md §16): while an exchange is set, attention_block works on this rank's shard
-  // of the sequence ([B, t, d], the shard's positions in order): RoPE at each block's global positions, the K/V
-  // all-gathered over the group and the queries attended causally over them (shard_attention); the K/V gradients
-  // reduce-scattered in the backward. Every other piece is position-wise and unchanged. nullptr: one process.
-  void set_sequence_exchange(KVExchange* exchange) { sequence_ = exchange; }
-  KVExchange* sequence_exchange() const { return sequence_; }
+  // Where attention_block's K/V come from (ARCHITECTURE.md §16), and what the methods ask about the rows they hold:
+  // the local source (whole sequences) unless another is set. An exchange makes attention_block work on this rank's
+  // shard of the sequence ([B, t, d], the shard's positions in order): RoPE at each block's global positions, the K/V
+  // all-gathered over the group, their gradients reduce-scattered in the backward. Every other piece is
+  // position-wise. `source` outlives its use; nullptr: the local source again.
+  void set_kv_source(KVSource* source) { kv_source_ = source ? source : &local_kv_source(); }
+  KVSource& kv_source() const { return *kv_source_; }
 
  private:
   void register_parameters();
@@ -180,7 +181,7 @@ class Model {
   LoraConfig lora_;
   std::vector<NamedTensor> adapters_;
   mutable bool adapters_enabled_ = true;
-  KVExchange* sequence_ = nullptr;
+  KVSource* kv_source_ = &local_kv_source();
 };
 
 // "model.layers.{i}." prefix etc. live in model.cpp; this lists (name, shape) for a config, in HF order.

@@ -49,7 +49,7 @@ class Objective {
   bool needs_statistics() const { return has_row_term() && !statistics_ready_; }
   void accumulate_statistics(at::Tensor& logits, std::int64_t start);  // logits: [B, c, V] of positions [start, start+c)
   // On a sequence-parallel rank each rank saw only its own positions: `group_sum` sums the statistics over the group
-  // in place first (KVExchange::sum_over_group), so that every rank holds the whole sequence's S.
+  // in place first (KVSource::sum_over_group), so that every rank holds the whole sequence's S.
   void finish_statistics(const std::function<void(at::Tensor&)>& group_sum = {});
 
   // logits: [B, c, V] for positions [start, start + c), in compute dtype. Returns the 0-dim chunk term, with a graph.

@@ -78,10 +78,10 @@ class SequenceScope {
                                   std::to_string(d->rank0) + " (sequence length): the ranks of a group split the " +
                                   "same sequences");
     exchange_.emplace(*group, T);
-    model_.set_sequence_exchange(&*exchange_);
+    model_.set_kv_source(&*exchange_);
   }
   ~SequenceScope() {
-    if (exchange_) model_.set_sequence_exchange(nullptr);
+    if (exchange_) model_.set_kv_source(nullptr);
   }
   SequenceScope(const SequenceScope&) = delete;
   SequenceScope& operator=(const SequenceScope&) = delete;

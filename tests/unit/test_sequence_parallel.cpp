@@ -249,7 +249,7 @@ double sequence_parallel_error(int world, const ModelCase& c, Fault fault = Faul
     auto model = make_model();
     sbp::SequenceParallel sp(comm, c.T);
     FaultyExchange faulty(sp, /*local_kv=*/false, /*local_statistics=*/true);
-    model->set_sequence_exchange(fault == Fault::rank_statistics ? static_cast<sbp::KVExchange*>(&faulty) : &sp);
+    model->set_kv_source(fault == Fault::rank_statistics ? static_cast<sbp::KVExchange*>(&faulty) : &sp);
     auto local = batch;
     auto& labels = local.fields[c.objective == "sft" ? "labels" : "completion_mask"];  // the label faults are SFT's
     if (fault == Fault::shift_after_split || fault == Fault::per_rank_normaliser) labels = labels.clone();
@@ -314,7 +314,7 @@ TEST_CASE("a method that cannot run on a sequence shard is refused, not silently
   run_ranks(1, [&](sbp::Communicator& comm) {
     sbp::Model model(config, at::kDouble, 91);
     sbp::SequenceParallel sp(comm, 16);
-    model.set_sequence_exchange(&sp);
+    model.set_kv_source(&sp);
     for (const auto& spec : sbp::metered_method_specs())
       if (!sbp::make_method(spec)->runs_sequence_shards())
         CHECK_THROWS_WITH(sbp::test::run_step(model, spec, batch), Catch::Contains("sequence-parallel"));

@@ -556,20 +556,14 @@ std::vector<std::int64_t> TrainSession::rank_peaks() const {
 // --json: what ran and what it measured beside the model's terms (a value the run did not reach is null).
 void TrainSession::write_record(const std::vector<std::int64_t>& rank_peaks) const {
   const auto unless_none = [](bool have, nlohmann::json value) { return have ? value : nlohmann::json(); };
-  const nlohmann::json j = {
+  nlohmann::json j = {
       {"status", "completed"},
       {"steps", trainer_->steps_taken()},
       {"start_step", start_step_},
       {"final_loss", unless_none(stepped(), totals_.last_loss)},
       {"seconds", totals_.seconds},
       {"peak_bytes", unless_none(metered_ && stepped(), totals_.peak_bytes)},
-      {"model_peak_bytes", estimate_ ? nlohmann::json(estimate_->total_bytes()) : nlohmann::json()},
-      {"model_peak_moment", estimate_ ? nlohmann::json(estimate_->moment) : nlohmann::json()},
-      {"model_terms", estimate_ ? terms_json(estimate_->terms) : nlohmann::json()},
       {"optimizer_state_bytes", trainer_->optimizer().state_bytes()},
-      {"offload", r_.offload.describe()},
-      {"host_peak_bytes", tier_ ? nlohmann::json(tier_->peak_bytes()) : nlohmann::json()},
-      {"model_host_bytes", tier_ && estimate_ ? nlohmann::json(estimate_->host_bytes()) : nlohmann::json()},
       {"method", method().spec()},
       {"world_size", ranks_.world},
       {"zero", ranks_.zero},
@@ -579,6 +573,7 @@ void TrainSession::write_record(const std::vector<std::int64_t>& rank_peaks) con
       {"metrics", a_.metrics},
       {"device", describe_device(ranks_.device)},
       {"provenance", to_json(prov_)}};
+  j.update(memory_record(estimate_ ? &*estimate_ : nullptr, r_.offload.describe(), tier_.get()));
   write_file_atomically(r_.json, j.dump(2) + "\n");
 }
 

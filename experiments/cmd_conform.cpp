@@ -384,8 +384,10 @@ static JUnitCase junit_case(const ConformCase& c, JUnitCase::Status status, std:
           std::move(details), seconds};
 }
 
-int conform_command(const ConformArgs& a, const std::string& command_line) {
-  at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
+namespace {
+
+// The cases of --cases that --objectives, --dtypes, --lora and --only keep (none: an input error).
+std::vector<ConformCase> select_cases(const ConformArgs& a) {
   std::vector<ConformCase> cases;
   const auto& objectives = a.objectives;
   const auto& dtypes = a.dtypes;
@@ -401,183 +403,271 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
     cases.push_back(std::move(c));
   }
   if (cases.empty()) throw InputError("--cases/--objectives/--dtypes/--lora/--only select no case");
-  if (a.list_cases) {
-    auto list = nlohmann::json::array();
-    for (const auto& c : cases)
-      list.push_back({{"name", c.name}, {"description", c.description}, {"objective", c.objective},
-                      {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
-                      {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
-                      {"micro_batches", c.micro_batches}, {"tied", c.config.tie_word_embeddings},
-                      {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}}});
-    fmt::print("{}\n", list.dump(2));
-    return 0;
-  }
-  if (a.impl.empty()) throw InputError("--impl is required (or --list-cases)");
-  const auto impl = resolve_command(a.impl), baseline = resolve_command(a.baseline);
-  const auto accumulation = parse_accumulation(a.accumulation);
+  return cases;
+}
 
-  fs::path work = a.work_dir;
-  const bool temporary = work.empty();
-  // A temporary folder goes however the run ends (passed, failed, an error, Ctrl-C); --work keeps what failed.
-  struct RemoveOnExit {
-    fs::path dir;
-    ~RemoveOnExit() {
-      std::error_code ignored;
-      if (!dir.empty()) fs::remove_all(dir, ignored);
+// --list-cases: the selected cases as JSON on stdout.
+void print_case_list(const std::vector<ConformCase>& cases) {
+  auto list = nlohmann::json::array();
+  for (const auto& c : cases)
+    list.push_back({{"name", c.name}, {"description", c.description}, {"objective", c.objective},
+                    {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
+                    {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
+                    {"micro_batches", c.micro_batches}, {"tied", c.config.tie_word_embeddings},
+                    {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}}});
+  fmt::print("{}\n", list.dump(2));
+}
+
+// The folder the cases run in: --work, else a temporary one that goes however the run ends (passed, failed, an
+// error, Ctrl-C); --work keeps what failed.
+class WorkFolder {
+ public:
+  explicit WorkFolder(const std::string& given) : path_(given) {
+    if (path_.empty()) {
+      auto pattern = (fs::temp_directory_path() / "streambp-conform-XXXXXX").string();
+      if (!mkdtemp(pattern.data())) throw std::runtime_error("cannot create a temporary folder");
+      path_ = temporary_ = pattern;
     }
-  } temporary_folder;
-  if (temporary) {
-    auto pattern = (fs::temp_directory_path() / "streambp-conform-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("cannot create a temporary folder");
-    work = temporary_folder.dir = pattern;
+    fs::create_directories(path_);
   }
-  fs::create_directories(work);
+  ~WorkFolder() {
+    std::error_code ignored;
+    if (!temporary_.empty()) fs::remove_all(temporary_, ignored);
+  }
+  WorkFolder(const WorkFolder&) = delete;
+  WorkFolder& operator=(const WorkFolder&) = delete;
+  const fs::path& path() const { return path_; }
+  bool temporary() const { return !temporary_.empty(); }
+
+ private:
+  fs::path path_, temporary_;
+};
+
+// A conformance run over the selected cases: each case's inputs written, the implementation run on them, its
+// gradients judged, and its row added to the CSV (and the JUnit report) before the next case starts.
+class ConformRun {
+ public:
+  ConformRun(const ConformArgs& a, std::vector<ConformCase> cases, const std::string& command_line);
+  int run();  // 0: every judged case passed; 1: one failed or none was judged; kInterruptedExit: Ctrl-C
+
+ private:
+  bool run_case(const ConformCase& c);
+  std::optional<ConformVerdict> judge(const ConformCase& c, const Objective& objective, const fs::path& dir,
+                                      const TensorList& reference, double reference_loss, const Returned& got,
+                                      ChildRun& base_run);
+  void record_not_expressible(const ConformCase& c, const Objective& objective, double reference_loss,
+                              const ChildRun& run, const std::string& judged_against);
+  void record_verdict(const ConformCase& c, const Objective& objective, double reference_loss, const Returned& got,
+                      const ConformVerdict& verdict, const ChildRun& run, const ChildRun& base_run,
+                      const std::string& judged_against);
+  void add_line(const std::string& line);
+  void write_report() const;
+  int summarize() const;
+
+  const ConformArgs& a_;
+  const std::vector<ConformCase> cases_;
+  const std::string impl_, baseline_;
+  const Accumulation accumulation_;
+  WorkFolder work_;
+  Provenance prov_;
+  std::filesystem::path csv_;
+  ResultsTable table_;
+  std::vector<std::string> lines_;
+  std::vector<JUnitCase> junit_;
+  std::vector<std::pair<std::string, std::string>> junit_properties_;
+  int passed_ = 0, failed_ = 0, not_expressible_ = 0;
+  std::string failed_run_;  // the first command that failed to run: what it was, its output's end, its python
+};
+
+ConformRun::ConformRun(const ConformArgs& a, std::vector<ConformCase> cases, const std::string& command_line)
+    : a_(a),
+      cases_(std::move(cases)),
+      impl_(resolve_command(a.impl)),
+      baseline_(resolve_command(a.baseline)),
+      accumulation_(parse_accumulation(a.accumulation)),
+      work_(a.work_dir),
+      table_({"case", "description", "objective", "lora", "rule", "worst_tensor", "worst", "loss", "oracle_loss",
+              "loss_rel_error", "seconds", "cpu_seconds", "peak_rss_bytes", "baseline_seconds",
+              "baseline_peak_rss_bytes", "problem", "impl", "accumulation"}) {
   watch_interrupts("\ninterrupt: stopping the implementation and the run (Ctrl-C again to stop at once)\n");
-  const auto prov = collect_provenance(command_line);
+  prov_ = collect_provenance(command_line);
   fs::create_directories(a.output.out_dir);
-  const auto csv = ResultsTable::new_path(a.output.out_dir, "conform", prov);
-  ResultsTable table({"case", "description", "objective", "lora", "rule", "worst_tensor", "worst", "loss",
-                      "oracle_loss", "loss_rel_error", "seconds", "cpu_seconds", "peak_rss_bytes", "baseline_seconds",
-                      "baseline_peak_rss_bytes", "problem", "impl", "accumulation"});
-  fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases.size(), a.cases, work.string(), impl);
-  std::vector<std::string> lines;
-  std::vector<JUnitCase> junit;
-  const std::vector<std::pair<std::string, std::string>> junit_properties = {
-      {"commit", prov.commit}, {"date_utc", prov.date_utc}, {"machine", prov.machine},
-      {"torch_version", prov.torch_version}, {"command", prov.command}, {"implementation", impl}, {"csv", csv.string()}};
-  const auto write_report = [&] {  // after every case, as the CSV: a killed run keeps what it judged
-    if (!a.junit.empty()) write_junit(a.junit, "streambp conform " + a.cases, junit, junit_properties);
-  };
-  int passed = 0, failed = 0, not_expressible = 0;
-  std::string failed_run;  // the first command that failed to run: what it was, its output's end, its python
-  for (const auto& c : cases) {
-    if (interrupted()) break;
-    const auto dir = work / c.name;
-    fs::remove_all(dir);
-    // The case: a seeded model in the case dtype (LoRA adapters too), a random batch with its log-probs completed.
-    Model model(c.config, c.dtype, c.batch.seed);
-    apply_lora(model, c.lora, "", c.batch.seed + 1);
-    auto objective = make_objective(c.objective);
-    auto batch = objective->random_batch(c.config, c.batch);
-    complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
-    write_case(c, dir, model, *objective, batch);
-    const auto [reference, reference_loss] = oracle(c, dir, batch, accumulation);
-    // A micro-batch case's row names the normalisation it was judged against.
-    const auto judged_against = c.micro_batches.empty() ? std::string() : accumulation_description(accumulation);
+  csv_ = ResultsTable::new_path(a.output.out_dir, "conform", prov_);
+  junit_properties_ = {{"commit", prov_.commit}, {"date_utc", prov_.date_utc}, {"machine", prov_.machine},
+                       {"torch_version", prov_.torch_version}, {"command", prov_.command}, {"implementation", impl_},
+                       {"csv", csv_.string()}};
+}
 
-    const auto run = run_child(impl, dir, a.timeout);
-    if (run.interrupted) break;
-    if (failed_run.empty() && !run.outcome.empty() && run.exit_status != kNotExpressible)
-      failed_run = failed_run_note("the implementation", impl, dir, run.outcome);
-    if (run.exit_status == kNotExpressible) {
-      // The adapter's own word that its library cannot run this case: no gradients to judge, no failure.
-      const auto why = last_line(dir / "impl.log");
-      ++not_expressible;
-      table.add({c.config.name, a.impl, dtype_name(c.dtype), "not expressible", c.batch.seed,
-                 {c.name, c.description, objective->spec(), c.lora, "", "", "", "", fmt::format("{:.17g}", reference_loss),
-                  "", fmt::format("{:.3f}", run.wall_seconds), fmt::format("{:.3f}", run.cpu_seconds),
-                  std::to_string(run.peak_rss_bytes), "", "", why, impl, judged_against}});
-      const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name,
-                                    dtype_name(c.dtype), "N/A", "-", "-", run.wall_seconds,
-                                    format_bytes(run.peak_rss_bytes), "not expressible: " + why);
-      fmt::print(stderr, "  {}\n", line);
-      lines.push_back(line);
-      table.write_to(csv, prov);
-      junit.push_back(junit_case(c, JUnitCase::Status::skipped, "not expressible: " + why, "", run.wall_seconds));
-      write_report();
-      fs::remove_all(dir);
-      continue;
-    }
-    const auto got = read_returned(dir, run, c.dtype, c.micro_batches.size());
-    ConformVerdict verdict;
-    ChildRun base_run;
-    if (!got.problem.empty()) {
-      verdict.problem = got.problem;
-      verdict.rule = c.dtype == c10::kDouble ? "fp64" : dtype_name(c.dtype);
-    } else if (c.dtype == c10::kDouble) {
-      verdict = judge_exact(reference, got.grads, kExactRtol);
-      const double loss_error = std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300);
-      if (verdict.problem.empty() && loss_error > kExactRtol) {
-        verdict.passed = false;
-        verdict.problem = fmt::format("loss {:.17g}, the oracle's {:.17g} (relative error {:.2e})", *got.loss,
-                                      reference_loss, loss_error);
-      }
-    } else {
-      const auto base_dir = work / (c.name + ".baseline");
-      fs::remove_all(base_dir);
-      copy_case(dir, base_dir);
-      if (c.ranks != 1) {  // the yardstick is one process's standard BP in the same dtype
-        auto one = c;
-        one.ranks = 1;
-        one.parallel = ConformParallel::data;
-        write_file_atomically(base_dir / "case.json", case_json(one, *objective).dump(2) + "\n");
-      }
-      base_run = run_child(baseline, base_dir, a.timeout);
-      if (base_run.interrupted) break;
-      if (failed_run.empty() && !base_run.outcome.empty())
-        failed_run = failed_run_note("the baseline", baseline, base_dir, base_run.outcome);
-      const auto base = read_returned(base_dir, base_run, c.dtype, c.micro_batches.size());
-      if (!base.problem.empty()) {
-        verdict.rule = dtype_name(c.dtype);
-        verdict.problem = "the baseline " + base.problem;
-      } else {
-        verdict = judge_low_precision(reference, base.grads, got.grads, c.dtype);
-      }
-    }
-    const bool pass = verdict.passed && verdict.problem.empty();
-    (pass ? passed : failed) += 1;
-    const auto loss_rel = got.loss ? std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300)
-                                   : std::numeric_limits<double>::quiet_NaN();
-    const bool compared = !verdict.worst_tensor.empty();  // gradients were judged (a loss problem may come on top)
-    const auto micro_words = compared && !c.micro_batches.empty()
-                                 ? fmt::format("; a step of {} micro-batches judged against {}: usually each "
-                                               "micro-batch normalised by its own count, or one micro-batch's gradient "
-                                               "missing", c.micro_batches.size(), accumulation_name(accumulation))
-                                 : std::string();
-    table.add({c.config.name, a.impl, dtype_name(c.dtype), pass ? "passed" : "failed", c.batch.seed,
-               {c.name, c.description, objective->spec(), c.lora, verdict.rule, verdict.worst_tensor,
-                compared ? fmt::format("{:.3e}", verdict.worst) : "",
-                got.loss ? fmt::format("{:.17g}", *got.loss) : "", fmt::format("{:.17g}", reference_loss),
-                got.loss ? fmt::format("{:.3e}", loss_rel) : "", fmt::format("{:.3f}", run.wall_seconds),
-                fmt::format("{:.3f}", run.cpu_seconds), std::to_string(run.peak_rss_bytes),
-                c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
-                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl,
-                judged_against}});
-    const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
-    const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
-                                  pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
-                                  compared ? verdict.worst_tensor : "-", run.wall_seconds,
-                                  format_bytes(run.peak_rss_bytes),
-                                  words);
-    fmt::print(stderr, "  {}\n", line);
-    lines.push_back(line);
-    table.write_to(csv, prov);  // after every case: a killed run keeps what it judged
-    junit.push_back(junit_case(
-        c, pass ? JUnitCase::Status::passed : JUnitCase::Status::failed,
-        compared ? fmt::format("worst tensor '{}': {:.2e}; {}", verdict.worst_tensor, verdict.worst, words) : words,
-        line, run.wall_seconds));
-    write_report();
-    if (pass) {
-      fs::remove_all(dir);
-      fs::remove_all(work / (c.name + ".baseline"));
-    }
+int ConformRun::run() {
+  fmt::print(stderr, "conform: {} case(s) of {} in {}; implementation: {}\n", cases_.size(), a_.cases,
+             work_.path().string(), impl_);
+  for (const auto& c : cases_)
+    if (interrupted() || !run_case(c)) break;
+  return summarize();
+}
+
+// One case: a seeded model in the case dtype (LoRA adapters too) and a random batch with its log-probs completed,
+// written with the oracle's answer; then the implementation's run, judged. False when Ctrl-C stopped a child (the
+// case then has no row).
+bool ConformRun::run_case(const ConformCase& c) {
+  const auto dir = work_.path() / c.name;
+  fs::remove_all(dir);
+  Model model(c.config, c.dtype, c.batch.seed);
+  apply_lora(model, c.lora, "", c.batch.seed + 1);
+  auto objective = make_objective(c.objective);
+  auto batch = objective->random_batch(c.config, c.batch);
+  complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
+  write_case(c, dir, model, *objective, batch);
+  const auto [reference, reference_loss] = oracle(c, dir, batch, accumulation_);
+  // A micro-batch case's row names the normalisation it was judged against.
+  const auto judged_against = c.micro_batches.empty() ? std::string() : accumulation_description(accumulation_);
+
+  const auto run = run_child(impl_, dir, a_.timeout);
+  if (run.interrupted) return false;
+  if (failed_run_.empty() && !run.outcome.empty() && run.exit_status != kNotExpressible)
+    failed_run_ = failed_run_note("the implementation", impl_, dir, run.outcome);
+  if (run.exit_status == kNotExpressible) {
+    record_not_expressible(c, *objective, reference_loss, run, judged_against);
+    fs::remove_all(dir);
+    return true;
   }
+  const auto got = read_returned(dir, run, c.dtype, c.micro_batches.size());
+  ChildRun base_run;
+  const auto verdict = judge(c, *objective, dir, reference, reference_loss, got, base_run);
+  if (!verdict) return false;
+  record_verdict(c, *objective, reference_loss, got, *verdict, run, base_run, judged_against);
+  if (verdict->passed && verdict->problem.empty()) {
+    fs::remove_all(dir);
+    fs::remove_all(work_.path() / (c.name + ".baseline"));
+  }
+  return true;
+}
+
+// What the implementation returned, judged: an fp64 case against the oracle (gradients and loss); any other dtype by
+// the low-precision rule, beside the baseline's run of the same case (base_run). Nullopt when Ctrl-C stopped the
+// baseline.
+std::optional<ConformVerdict> ConformRun::judge(const ConformCase& c, const Objective& objective, const fs::path& dir,
+                                                const TensorList& reference, double reference_loss,
+                                                const Returned& got, ChildRun& base_run) {
+  ConformVerdict verdict;
+  if (!got.problem.empty()) {
+    verdict.problem = got.problem;
+    verdict.rule = c.dtype == c10::kDouble ? "fp64" : dtype_name(c.dtype);
+    return verdict;
+  }
+  if (c.dtype == c10::kDouble) {
+    verdict = judge_exact(reference, got.grads, kExactRtol);
+    const double loss_error = std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300);
+    if (verdict.problem.empty() && loss_error > kExactRtol) {
+      verdict.passed = false;
+      verdict.problem = fmt::format("loss {:.17g}, the oracle's {:.17g} (relative error {:.2e})", *got.loss,
+                                    reference_loss, loss_error);
+    }
+    return verdict;
+  }
+  const auto base_dir = work_.path() / (c.name + ".baseline");
+  fs::remove_all(base_dir);
+  copy_case(dir, base_dir);
+  if (c.ranks != 1) {  // the yardstick is one process's standard BP in the same dtype
+    auto one = c;
+    one.ranks = 1;
+    one.parallel = ConformParallel::data;
+    write_file_atomically(base_dir / "case.json", case_json(one, objective).dump(2) + "\n");
+  }
+  base_run = run_child(baseline_, base_dir, a_.timeout);
+  if (base_run.interrupted) return std::nullopt;
+  if (failed_run_.empty() && !base_run.outcome.empty())
+    failed_run_ = failed_run_note("the baseline", baseline_, base_dir, base_run.outcome);
+  const auto base = read_returned(base_dir, base_run, c.dtype, c.micro_batches.size());
+  if (!base.problem.empty()) {
+    verdict.rule = dtype_name(c.dtype);
+    verdict.problem = "the baseline " + base.problem;
+    return verdict;
+  }
+  return judge_low_precision(reference, base.grads, got.grads, c.dtype);
+}
+
+// The adapter's own word that its library cannot run this case: no gradients to judge, no failure.
+void ConformRun::record_not_expressible(const ConformCase& c, const Objective& objective, double reference_loss,
+                                        const ChildRun& run, const std::string& judged_against) {
+  const auto why = last_line(work_.path() / c.name / "impl.log");
+  ++not_expressible_;
+  table_.add({c.config.name, a_.impl, dtype_name(c.dtype), "not expressible", c.batch.seed,
+              {c.name, c.description, objective.spec(), c.lora, "", "", "", "", fmt::format("{:.17g}", reference_loss),
+               "", fmt::format("{:.3f}", run.wall_seconds), fmt::format("{:.3f}", run.cpu_seconds),
+               std::to_string(run.peak_rss_bytes), "", "", why, impl_, judged_against}});
+  add_line(fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype), "N/A",
+                       "-", "-", run.wall_seconds, format_bytes(run.peak_rss_bytes), "not expressible: " + why));
+  table_.write_to(csv_, prov_);
+  junit_.push_back(junit_case(c, JUnitCase::Status::skipped, "not expressible: " + why, "", run.wall_seconds));
+  write_report();
+}
+
+// The case's row, line and JUnit entry, written at once: a killed run keeps what it judged.
+void ConformRun::record_verdict(const ConformCase& c, const Objective& objective, double reference_loss,
+                                const Returned& got, const ConformVerdict& verdict, const ChildRun& run,
+                                const ChildRun& base_run, const std::string& judged_against) {
+  const bool pass = verdict.passed && verdict.problem.empty();
+  (pass ? passed_ : failed_) += 1;
+  const auto loss_rel = got.loss ? std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300)
+                                 : std::numeric_limits<double>::quiet_NaN();
+  const bool compared = !verdict.worst_tensor.empty();  // gradients were judged (a loss problem may come on top)
+  const auto micro_words = compared && !c.micro_batches.empty()
+                               ? fmt::format("; a step of {} micro-batches judged against {}: usually each "
+                                             "micro-batch normalised by its own count, or one micro-batch's gradient "
+                                             "missing", c.micro_batches.size(), accumulation_name(accumulation_))
+                               : std::string();
+  table_.add({c.config.name, a_.impl, dtype_name(c.dtype), pass ? "passed" : "failed", c.batch.seed,
+              {c.name, c.description, objective.spec(), c.lora, verdict.rule, verdict.worst_tensor,
+               compared ? fmt::format("{:.3e}", verdict.worst) : "",
+               got.loss ? fmt::format("{:.17g}", *got.loss) : "", fmt::format("{:.17g}", reference_loss),
+               got.loss ? fmt::format("{:.3e}", loss_rel) : "", fmt::format("{:.3f}", run.wall_seconds),
+               fmt::format("{:.3f}", run.cpu_seconds), std::to_string(run.peak_rss_bytes),
+               c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
+               c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl_,
+               judged_against}});
+  const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
+  const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
+                                pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
+                                compared ? verdict.worst_tensor : "-", run.wall_seconds,
+                                format_bytes(run.peak_rss_bytes), words);
+  add_line(line);
+  table_.write_to(csv_, prov_);
+  junit_.push_back(junit_case(
+      c, pass ? JUnitCase::Status::passed : JUnitCase::Status::failed,
+      compared ? fmt::format("worst tensor '{}': {:.2e}; {}", verdict.worst_tensor, verdict.worst, words) : words,
+      line, run.wall_seconds));
+  write_report();
+}
+
+void ConformRun::add_line(const std::string& line) {
+  fmt::print(stderr, "  {}\n", line);
+  lines_.push_back(line);
+}
+
+// After every case, as the CSV: a killed run keeps what it judged.
+void ConformRun::write_report() const {
+  if (!a_.junit.empty()) write_junit(a_.junit, "streambp conform " + a_.cases, junit_, junit_properties_);
+}
+
+// The table of every case, the count, where the failing cases' inputs are, and the exit code.
+int ConformRun::summarize() const {
   fmt::print("\n{:<28} {:<5} {:<4} {:>10} {:<44} {:>8} {:>8}\n", "case", "dtype", "", "worst", "tensor (fp64: normwise "
              "error; else ratio to the bar)", "time", "peak RSS");
-  for (const auto& line : lines) fmt::print("{}\n", line);
-  const auto judged = passed + failed;
-  fmt::print("\n{} of {} case(s) passed{}; results: {}\n", passed, judged,
-             not_expressible ? fmt::format(" ({} more not expressible by the implementation)", not_expressible) : "",
-             std::filesystem::absolute(csv).string());
-  if (!failed_run.empty()) fmt::print("{}", failed_run);
-  if (failed > 0 && temporary)
+  for (const auto& line : lines_) fmt::print("{}\n", line);
+  const auto judged = passed_ + failed_;
+  fmt::print("\n{} of {} case(s) passed{}; results: {}\n", passed_, judged,
+             not_expressible_ ? fmt::format(" ({} more not expressible by the implementation)", not_expressible_) : "",
+             std::filesystem::absolute(csv_).string());
+  if (!failed_run_.empty()) fmt::print("{}", failed_run_);
+  if (failed_ > 0 && work_.temporary())
     fmt::print("the failing cases' directories went with the temporary folder; --work DIR keeps them (inputs, the "
-               "implementation's output, impl.log) to rerun one by hand: {} DIR/CASE\n", impl);
-  else if (failed > 0)
+               "implementation's output, impl.log) to rerun one by hand: {} DIR/CASE\n", impl_);
+  else if (failed_ > 0)
     fmt::print("the failing cases' directories (inputs, the implementation's output, impl.log): {}; rerun one by "
-               "hand: {} {}/CASE\n", work.string(), impl, work.string());
+               "hand: {} {}/CASE\n", work_.path().string(), impl_, work_.path().string());
   if (interrupted()) {
-    fmt::print("interrupted (Ctrl-C) after {} of {} case(s)\n", judged + not_expressible, cases.size());
+    fmt::print("interrupted (Ctrl-C) after {} of {} case(s)\n", judged + not_expressible_, cases_.size());
     return kInterruptedExit;
   }
   if (judged == 0) {
@@ -585,7 +675,21 @@ int conform_command(const ConformArgs& a, const std::string& command_line) {
                kNotExpressible);
     return 1;
   }
-  return failed > 0 ? 1 : 0;
+  return failed_ > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int conform_command(const ConformArgs& a, const std::string& command_line) {
+  at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
+  auto cases = select_cases(a);
+  if (a.list_cases) {
+    print_case_list(cases);
+    return 0;
+  }
+  if (a.impl.empty()) throw InputError("--impl is required (or --list-cases)");
+  ConformRun run(a, std::move(cases), command_line);
+  return run.run();
 }
 
 }  // namespace sbp

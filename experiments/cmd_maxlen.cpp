@@ -72,6 +72,292 @@ ChunkChoice choose_streambp_chunks(std::optional<std::int64_t> layer_chunk, std:
   return chosen;
 }
 
+
+// Before any rank starts: what the flags cannot mean together.
+void check_maxlen_flags(const MaxlenArgs& a, bool training) {
+  if (a.ranks.nproc > 1 && !training)
+    throw InputError("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
+  const auto rows = a.measure.batch_size();  // the global batch
+  const int sp = std::max(a.ranks.sp, 1), data_parts = a.ranks.nproc / sp;  // --sp S: groups of S share their rows
+  if (!rank_from_environment())
+    if (const auto problem = sequence_layout_problem(a.ranks.nproc, sp); !problem.empty())
+      throw InputError(problem);
+  if (rows % data_parts != 0)
+    throw InputError(uneven_batch(data_parts, "--batch " + std::to_string(rows), rows));
+  if (sp > 1)
+    for (const auto& spec : a.methods) {
+      const auto m = make_method(spec);
+      if (!m->runs_sequence_shards())
+        throw InputError("--sp " + std::to_string(sp) + ": method " + m->spec() +
+                                    " does not run on a sequence-parallel rank's shard");
+    }
+  check_offload_kinds(a.offload, training, a.ranks.nproc, a.ranks.zero);
+}
+
+// One measured run at a length T.
+struct Probe {
+  std::int64_t T;
+  Measurement m;
+  std::int64_t host_peak_bytes = 0;  // the offload tier's
+};
+
+// The measured bracket: the largest T that fit and the T one step above it that did not (0: none), walking from
+// `start` up while probes fit, else down until one does.
+struct Bracket {
+  std::int64_t fits = 0, fails = 0;
+};
+Bracket walk_to_bracket(std::int64_t start, std::int64_t shortest, std::int64_t max_seq, double step,
+                        const std::function<bool(std::int64_t)>& probe) {
+  const auto up = [&](std::int64_t T) { return std::max(T + 1, std::int64_t(std::ceil(double(T) * (1 + step)))); };
+  const auto down = [&](std::int64_t T) { return std::min(T - 1, std::int64_t(std::floor(double(T) / (1 + step)))); };
+  Bracket b;
+  if (probe(start)) {
+    b.fits = start;
+    while (b.fits < max_seq && probe(up(b.fits))) b.fits = up(b.fits);
+    b.fails = b.fits < max_seq ? up(b.fits) : 0;
+    return b;
+  }
+  b.fails = start;
+  for (auto t = down(start); t >= shortest; t = down(t)) {
+    if (probe(t)) {
+      b.fits = t;
+      break;
+    }
+    b.fails = t;
+  }
+  return b;
+}
+
+// The search on this rank: per method, the model's T* under the budget, then (unless --model-only) the probes that
+// bracket the measured T*, their rows written after every method.
+class MaxlenSearch {
+ public:
+  MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& env, const std::string& command_line);
+  int run();
+
+ private:
+  Batch batch_at(std::int64_t T) const;
+  Workload workload_at(std::int64_t T) const;
+  MemoryEstimate modelled(const BackpropMethod& method, std::int64_t T) const;
+  std::int64_t modelled_max_seq(const BackpropMethod& method) const;
+  std::unique_ptr<BackpropMethod> method_for_budget(const std::string& spec_text) const;
+  Trainer make_trainer(BackpropMethod& method, DataParallel* parallel, OffloadTier* tier) const;
+  Probe probe(BackpropMethod& method, OffloadTier* tier, std::int64_t T) const;
+  void search(const std::string& spec_text);
+  void add_rows(const BackpropMethod& method, const OffloadTier* tier, const std::vector<Probe>& probes,
+                std::int64_t predicted, const Bracket& bracket);
+
+  const MaxlenArgs& a_;
+  const std::optional<OptimizerOptions> optimizer_;
+  const std::int64_t rows_;  // the global batch
+  const int sp_, data_parts_;
+  // The model's answer is the largest T in [shortest_, max_seq]: a sequence split over S ranks has at least 2S
+  // positions (every rank two, one per zig-zag part).
+  const std::int64_t shortest_;
+  Setup setup_;
+  Ranks ranks_;
+  bool writer_ = false;
+  std::unique_ptr<Objective> objective_;
+  std::unique_ptr<Model> model_;
+  std::string precision_;
+  Workload base_workload_;
+  ResultsTable table_;
+  Provenance prov_;
+  std::filesystem::path csv_;
+  std::vector<std::string> summary_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& env, const std::string& command_line)
+    : a_(a),
+      optimizer_(a.optimizer.options()),
+      rows_(a.measure.batch_size()),
+      sp_(std::max(a.ranks.sp, 1)),
+      data_parts_(a.ranks.nproc / sp_),
+      shortest_(2 * sp_),
+      setup_(a.setup),
+      table_({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
+              "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error", "world_size",
+              "zero", "sequence_parallel", "offload", "host_peak_bytes", "model_host_bytes"}) {
+  auto flags = a.ranks;
+  if (a.model_only) flags.sp = 1;  // one process answers for a rank of the layout (--model-only)
+  ranks_ = join_ranks(flags, env, setup_);
+  writer_ = ranks_.writer();
+  objective_ = build_objective(setup_);
+  model_ = build_model(setup_);
+  model_->to(ranks_.device);
+  precision_ = precision_name(model_->dtype(), model_->grad_dtype());
+  // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
+  // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
+  base_workload_ = make_workload(*model_, *objective_, batch_at(std::max(16, 2 * sp_)));
+  base_workload_.sequence_parallel = sp_;
+  base_workload_.offload_checkpoints = a.offload.checkpoints();
+  base_workload_.offload_optimizer = a.offload.optimizer();
+  base_workload_.offload_gradients = a.offload.gradients();
+  base_workload_.offload_parameters = a.offload.parameters();
+  // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
+  set_data_parallel(base_workload_, ranks_.comm ? ranks_.world : a.ranks.nproc, a.ranks.zero, ranks_.device);
+  if (optimizer_) add_optimizer_memory(base_workload_, *model_, *optimizer_);
+  prov_ = collect_provenance(command_line, describe_device(ranks_.device));
+  if (!a.model_only && writer_) std::filesystem::create_directories(a.output.out_dir);
+  csv_ = ResultsTable::new_path(a.output.out_dir, "maxlen", prov_);
+  started_ = std::chrono::steady_clock::now();
+}
+
+// This rank's rows of the global batch of --batch rows (--model-only for --nproc N: one rank's share, in one process).
+Batch MaxlenSearch::batch_at(std::int64_t T) const {
+  if (ranks_.world == 1)
+    return prepared_random_batch(*model_, *objective_, rows_ / data_parts_, T, setup_.group, setup_.seed);
+  auto global = prepared_random_batch(*model_, *objective_, rows_, T, setup_.group, setup_.seed);
+  if (ranks_.data_world() == 1) return global;
+  return objective_->split(global, ranks_.data_world(), "random batch").at(std::size_t(ranks_.data_rank()));
+}
+
+Workload MaxlenSearch::workload_at(std::int64_t T) const {
+  auto w = base_workload_;
+  w.seq_len = T;
+  return w;
+}
+
+MemoryEstimate MaxlenSearch::modelled(const BackpropMethod& method, std::int64_t T) const {
+  const auto w = workload_at(T);
+  return optimizer_ ? training_memory(method, w) : method.memory_model(w);
+}
+
+// The largest T in [shortest_, max_seq] whose modelled peak fits, 1 when not even the shortest does.
+std::int64_t MaxlenSearch::modelled_max_seq(const BackpropMethod& method) const {
+  return std::max<std::int64_t>(
+      1, longest_fitting_seq([&](std::int64_t T) { return modelled(method, T).total_bytes(); }, shortest_, a_.max_seq,
+                             a_.measure.budget_bytes));
+}
+
+// StreamBP's default chunks (512, 1024) are longer than what a small budget allows, and a chunk of T or more does
+// not stream (issue #44: tiny under 3 MB reached 324 with them, 1183 with 32): the chunks the spec leaves open are
+// chosen for the budget.
+std::unique_ptr<BackpropMethod> MaxlenSearch::method_for_budget(const std::string& spec_text) const {
+  auto method = make_method(spec_text);
+  const auto parsed = parse_spec(spec_text);
+  if (parsed.name != "streambp") return method;
+  const auto given = [&](const char* key) {
+    return parsed.options.count(key) ? std::optional(parsed.get_int(key, 0, 1)) : std::nullopt;
+  };
+  const auto layer_chunk = given("layer_chunk"), head_chunk = given("head_chunk");
+  if (layer_chunk && head_chunk) return method;
+  const auto spec_of = [](std::int64_t lc, std::int64_t hc) {
+    return fmt::format("streambp:layer_chunk={},head_chunk={}", lc, hc);
+  };
+  const auto choice = choose_streambp_chunks(layer_chunk, head_chunk, a_.step, [&](std::int64_t lc, std::int64_t hc) {
+    return modelled_max_seq(*make_method(spec_of(lc, hc)));
+  });
+  if (writer_)
+    fmt::print(stderr, "{}: chunks chosen for the budget: {} (modelled T* {}; with {}: {}); give both chunk "
+               "sizes to keep your own\n", spec_text, spec_of(choice.layer_chunk, choice.head_chunk),
+               choice.model_max_seq, method->spec(), modelled_max_seq(*method));
+  return make_method(spec_of(choice.layer_chunk, choice.head_chunk));
+}
+
+// A training step's trainer: the schedule's horizon and accumulation do not change its memory.
+Trainer MaxlenSearch::make_trainer(BackpropMethod& method, DataParallel* parallel, OffloadTier* tier) const {
+  TrainOptions options;
+  options.optimizer = *optimizer_;
+  if (a_.offload.optimizer()) options.optimizer_tier = tier;
+  if (a_.offload.gradients()) options.gradient_tier = tier;
+  if (a_.offload.parameters() && !parallel) options.parameter_tier = tier;  // on ranks: DataParallel's
+  options.sequence_group = ranks_.sequence.get();
+  return Trainer(*model_, method, *objective_, options, parallel);
+}
+
+// One measured run at T under the budget: forward + backward, or two training steps of a fresh optimizer.
+Probe MaxlenSearch::probe(BackpropMethod& method, OffloadTier* tier, std::int64_t T) const {
+  const auto batch = batch_at(T);
+  if (tier) tier->reset_peak();
+  auto m = [&] {
+    if (!optimizer_) return measure_method(*model_, method, *objective_, batch, 0, 1, a_.measure.budget_bytes);
+    // Fresh states (and, data-parallel, fresh shards), freed after the probe.
+    std::unique_ptr<DataParallel> parallel;
+    if (ranks_.comm)
+      parallel = std::make_unique<DataParallel>(*ranks_.comm, ranks_.zero, a_.offload.parameters() ? tier : nullptr);
+    auto trainer = make_trainer(method, parallel.get(), tier);
+    auto measured = measure_training_on_ranks(trainer, ranks_, batch, 0, 2, a_.measure.budget_bytes);
+    if (parallel) parallel->unshard();  // ZeRO-3: the next probe starts from the whole model
+    return measured;
+  }();
+  const auto spec = method.spec();
+  if (m.status == "error") throw std::runtime_error(spec + " at T = " + std::to_string(T) + ": " + m.error);
+  const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  if (writer_)
+    fmt::print(stderr, "  {} T={:<8} {}  (elapsed {:.0f} s)\n", spec, T,
+               m.status == "oom" ? std::string("over the budget")
+                                 : fmt::format("fits: peak {} in {:.2f} s", format_bytes(m.peak_bytes), m.bp_seconds.at(0)),
+               elapsed);
+  return {T, m, tier ? tier->peak_bytes() : 0};
+}
+
+// One method: its prediction, then (unless --model-only) the probes from it to the bracket, their rows and the
+// summary line.
+void MaxlenSearch::search(const std::string& spec_text) {
+  auto method = method_for_budget(spec_text);
+  const auto spec = method->spec();
+  const bool training = optimizer_.has_value();
+  const auto tier = make_offload(a_.offload, ranks_.device, *method, training, a_.ranks.nproc, a_.ranks.zero);
+  if (training)
+    method->offload_checkpoints_to(a_.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
+  else
+    offload_backprop(a_.offload, *method, tier.get());
+  const auto predicted = modelled_max_seq(*method);
+  if (writer_) {
+    fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a_.measure.budget_bytes),
+               ranks_.world > 1 ? " per rank" + ranks_.describe() : "");
+    if (const auto advice = streambp_chunk_advice(*method, std::max(predicted, shortest_)); !advice.empty())
+      fmt::print(stderr, "warning: {}\n", advice);
+  }
+  if (a_.model_only) return;
+  std::vector<Probe> probes;
+  const auto bracket = walk_to_bracket(std::max(predicted, shortest_), shortest_, a_.max_seq, a_.step, [&](std::int64_t T) {
+    probes.push_back(probe(*method, tier.get(), T));
+    return probes.back().m.status == "passed";
+  });
+  add_rows(*method, tier.get(), probes, predicted, bracket);
+  if (writer_) table_.write_to(csv_, prov_);  // after every method: a killed search keeps the methods it finished
+}
+
+// The method's probes as rows (role max, next or probe), and its line of the summary.
+void MaxlenSearch::add_rows(const BackpropMethod& method, const OffloadTier* tier, const std::vector<Probe>& probes,
+                            std::int64_t predicted, const Bracket& bracket) {
+  const auto spec = method.spec();
+  const auto [fits, fails] = bracket;
+  const std::string measured = fits > 0 ? std::to_string(fits) : "";
+  const std::string error = fits > 0 ? fmt::format("{:.4f}", double(predicted) / double(fits) - 1.0) : "";
+  for (const auto& p : probes) {
+    const bool oom = p.m.status == "oom";
+    const std::string role = p.T == fits ? "max" : p.T == fails ? "next" : "probe";
+    const auto model = modelled(method, p.T);
+    table_.add({setup_.source.describe(), spec, precision_, oom ? "oom" : "unchecked", setup_.seed,
+                {objective_->spec(), model_->lora().enabled() ? model_->lora().spec() : "", a_.optimizer.describe(),
+                 std::to_string(rows_), std::to_string(p.T), std::to_string(a_.measure.budget_bytes), role,
+                 oom ? "" : std::to_string(p.m.peak_bytes), std::to_string(model.total_bytes()),
+                 oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()), std::to_string(predicted), measured, error,
+                 std::to_string(ranks_.world), std::to_string(ranks_.zero), std::to_string(sp_),
+                 a_.offload.describe(), tier && !oom ? std::to_string(p.host_peak_bytes) : "",
+                 tier ? std::to_string(model.host_bytes()) : ""}});
+  }
+  summary_.push_back(fmt::format("{:<44} model T* = {:>8}   measured T* = {:>8} (T = {} over the budget)   model error {}",
+                                 spec, predicted, measured.empty() ? "-" : measured,
+                                 fails > 0 ? std::to_string(fails) : "-", error.empty() ? "-" : error));
+}
+
+int MaxlenSearch::run() {
+  for (const auto& spec_text : a_.methods) search(spec_text);
+  if (a_.model_only || !writer_) return 0;
+  fmt::print("\nmaximum T under {}{} ({}, {}, B = {}{}, {}):\n", format_bytes(a_.measure.budget_bytes),
+             ranks_.world > 1 ? " per rank" : "", precision_, objective_->spec(), rows_,
+             ranks_.world > 1 ? fmt::format(" ({} per rank){}", rows_ / ranks_.data_world(), ranks_.describe()) : "",
+             optimizer_ ? "training steps: " + a_.optimizer.describe() : "forward + backward");
+  for (const auto& line : summary_) fmt::print("  {}\n", line);
+  fmt::print("\nresults: {}\n", std::filesystem::absolute(csv_).string());
+  return 0;
+}
+
 }  // namespace
 
 void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
@@ -93,212 +379,11 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {
-  const auto optimizer = a.optimizer.options();
-  if (a.ranks.nproc > 1 && !optimizer)
-    throw InputError("--nproc: a data-parallel probe is a training step; give --optimizer (e.g. adamw:lr=1e-5)");
-  const auto rows = a.measure.batch_size();  // the global batch
-  const int sp = std::max(a.ranks.sp, 1), data_parts = a.ranks.nproc / sp;  // --sp S: groups of S share their rows
-  if (!rank_from_environment())
-    if (const auto problem = sequence_layout_problem(a.ranks.nproc, sp); !problem.empty())
-      throw InputError(problem);
-  if (rows % data_parts != 0)
-    throw InputError(uneven_batch(data_parts, "--batch " + std::to_string(rows), rows));
-  if (sp > 1)
-    for (const auto& spec : a.methods) {
-      const auto m = make_method(spec);
-      if (!m->runs_sequence_shards())
-        throw InputError("--sp " + std::to_string(sp) + ": method " + m->spec() +
-                                    " does not run on a sequence-parallel rank's shard");
-    }
-  check_offload_kinds(a.offload, optimizer.has_value(), a.ranks.nproc, a.ranks.zero);
+  check_maxlen_flags(a, a.optimizer.options().has_value());
   const auto env = rank_from_environment();
   if (a.ranks.nproc > 1 && !env && !a.model_only) return launch_ranks(a.ranks.nproc);
-  Setup setup = a.setup;
-  auto flags = a.ranks;
-  if (a.model_only) flags.sp = 1;  // one process answers for a rank of the layout (--model-only)
-  const auto ranks = join_ranks(flags, env, setup);
-  const bool writer = ranks.writer();
-  const auto& source = setup.source;
-  const auto device = ranks.device;
-  const auto seed = setup.seed;
-  auto objective = build_objective(setup);
-  auto model = build_model(setup);
-  model->to(device);
-  const auto optimizer_column = a.optimizer.describe();
-  // A training step's trainer: the schedule's horizon and accumulation do not change its memory.
-  const auto make_trainer = [&](BackpropMethod& method, DataParallel* parallel, OffloadTier* tier) {
-    TrainOptions options;
-    options.optimizer = *optimizer;
-    if (a.offload.optimizer()) options.optimizer_tier = tier;
-    if (a.offload.gradients()) options.gradient_tier = tier;
-    if (a.offload.parameters() && !parallel) options.parameter_tier = tier;  // on ranks: DataParallel's
-    options.sequence_group = ranks.sequence.get();
-    return Trainer(*model, method, *objective, options, parallel);
-  };
-  const auto precision = precision_name(model->dtype(), model->grad_dtype());
-  // This rank's rows of the global batch of --batch rows (--model-only for --nproc N: one rank's share, in one
-  // process).
-  const auto batch_at = [&](std::int64_t T) {
-    if (ranks.world == 1)
-      return prepared_random_batch(*model, *objective, rows / data_parts, T, setup.group, seed);
-    auto global = prepared_random_batch(*model, *objective, rows, T, setup.group, seed);
-    if (ranks.data_world() == 1) return global;
-    return objective->split(global, ranks.data_world(), "random batch").at(std::size_t(ranks.data_rank()));
-  };
-  // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
-  // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
-  auto base_workload = make_workload(*model, *objective, batch_at(std::max(16, 2 * sp)));
-  base_workload.sequence_parallel = sp;
-  base_workload.offload_checkpoints = a.offload.checkpoints();
-  base_workload.offload_optimizer = a.offload.optimizer();
-  base_workload.offload_gradients = a.offload.gradients();
-  base_workload.offload_parameters = a.offload.parameters();
-  // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
-  set_data_parallel(base_workload, ranks.comm ? ranks.world : a.ranks.nproc, a.ranks.zero, device);
-  if (optimizer) add_optimizer_memory(base_workload, *model, *optimizer);
-  const auto workload_at = [&, base = base_workload](std::int64_t T) {
-    auto w = base;
-    w.seq_len = T;
-    return w;
-  };
-
-  ResultsTable table({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
-                      "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error",
-                      "world_size", "zero", "sequence_parallel", "offload", "host_peak_bytes", "model_host_bytes"});
-  const auto prov = collect_provenance(command_line, describe_device(device));
-  if (!a.model_only && writer) std::filesystem::create_directories(a.output.out_dir);
-  const auto csv = ResultsTable::new_path(a.output.out_dir, "maxlen", prov);
-  std::vector<std::string> summary;
-  const auto started = std::chrono::steady_clock::now();
-  const auto modelled_peak = [&](const BackpropMethod& method, std::int64_t T) {
-    const auto w = workload_at(T);
-    return (optimizer ? training_memory(method, w) : method.memory_model(w)).total_bytes();
-  };
-  // The model's answer: the largest T in [shortest, max_seq] whose modelled peak fits, 1 when not even the shortest
-  // does; a sequence split over S ranks has at least 2S positions here (every rank two, one per zig-zag part).
-  const std::int64_t shortest = 2 * sp;
-  const auto modelled_max_seq = [&](const BackpropMethod& method) {
-    return std::max<std::int64_t>(1, longest_fitting_seq([&](std::int64_t T) { return modelled_peak(method, T); },
-                                                         shortest, a.max_seq, a.measure.budget_bytes));
-  };
-  for (const auto& spec_text : a.methods) {
-    auto method = make_method(spec_text);
-    // StreamBP's default chunks (512, 1024) are longer than what a small budget allows, and a chunk of T or more does
-    // not stream (issue #44: tiny under 3 MB reached 324 with them, 1183 with 32): the chunks the spec leaves open are
-    // chosen for the budget.
-    if (const auto parsed = parse_spec(spec_text); parsed.name == "streambp") {
-      const auto given = [&](const char* key) {
-        return parsed.options.count(key) ? std::optional(parsed.get_int(key, 0, 1)) : std::nullopt;
-      };
-      const auto layer_chunk = given("layer_chunk"), head_chunk = given("head_chunk");
-      if (!layer_chunk || !head_chunk) {
-        const auto spec_of = [](std::int64_t lc, std::int64_t hc) {
-          return fmt::format("streambp:layer_chunk={},head_chunk={}", lc, hc);
-        };
-        const auto choice = choose_streambp_chunks(layer_chunk, head_chunk, a.step,
-                                                   [&](std::int64_t lc, std::int64_t hc) {
-                                                     return modelled_max_seq(*make_method(spec_of(lc, hc)));
-                                                   });
-        if (writer)
-          fmt::print(stderr, "{}: chunks chosen for the budget: {} (modelled T* {}; with {}: {}); give both chunk "
-                     "sizes to keep your own\n", spec_text, spec_of(choice.layer_chunk, choice.head_chunk),
-                     choice.model_max_seq, method->spec(), modelled_max_seq(*method));
-        method = make_method(spec_of(choice.layer_chunk, choice.head_chunk));
-      }
-    }
-    const auto spec = method->spec();
-    const auto tier = make_offload(a.offload, device, *method, /*training=*/optimizer.has_value(), a.ranks.nproc,
-                                   a.ranks.zero);
-    if (optimizer)
-      method->offload_checkpoints_to(a.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
-    else
-      offload_backprop(a.offload, *method, tier.get());
-    const auto model_peak = [&](std::int64_t T) { return modelled_peak(*method, T); };
-    const auto model_host = [&](std::int64_t T) {
-      const auto w = workload_at(T);
-      return (optimizer ? training_memory(*method, w) : method->memory_model(w)).host_bytes();
-    };
-    const auto predicted = modelled_max_seq(*method);
-    if (writer) {
-      fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a.measure.budget_bytes),
-                 ranks.world > 1 ? " per rank" + ranks.describe() : "");
-      if (const auto advice = streambp_chunk_advice(*method, std::max(predicted, shortest)); !advice.empty())
-        fmt::print(stderr, "warning: {}\n", advice);
-    }
-    if (a.model_only) continue;
-    struct Probe {
-      std::int64_t T;
-      Measurement m;
-      std::int64_t host_peak_bytes = 0;  // the offload tier's
-    };
-    std::vector<Probe> probes;
-    auto probe = [&](std::int64_t T) {
-      const auto batch = batch_at(T);
-      if (tier) tier->reset_peak();
-      auto m = [&] {
-        if (!optimizer) return measure_method(*model, *method, *objective, batch, 0, 1, a.measure.budget_bytes);
-        // Fresh states (and, data-parallel, fresh shards), freed after the probe.
-        std::unique_ptr<DataParallel> parallel;
-        if (ranks.comm)
-          parallel = std::make_unique<DataParallel>(*ranks.comm, ranks.zero, a.offload.parameters() ? tier.get() : nullptr);
-        auto trainer = make_trainer(*method, parallel.get(), tier.get());
-        auto measured = measure_training_on_ranks(trainer, ranks, batch, 0, 2, a.measure.budget_bytes);
-        if (parallel) parallel->unshard();  // ZeRO-3: the next probe starts from the whole model
-        return measured;
-      }();
-      if (m.status == "error") throw std::runtime_error(spec + " at T = " + std::to_string(T) + ": " + m.error);
-      const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      if (writer)
-        fmt::print(stderr, "  {} T={:<8} {}  (elapsed {:.0f} s)\n", spec, T,
-                 m.status == "oom" ? std::string("over the budget")
-                                   : fmt::format("fits: peak {} in {:.2f} s", format_bytes(m.peak_bytes), m.bp_seconds.at(0)),
-                 elapsed);
-      probes.push_back({T, m, tier ? tier->peak_bytes() : 0});
-      return m.status == "passed";
-    };
-    const auto up = [&](std::int64_t T) { return std::max(T + 1, std::int64_t(std::ceil(double(T) * (1 + a.step)))); };
-    const auto down = [&](std::int64_t T) { return std::min(T - 1, std::int64_t(std::floor(double(T) / (1 + a.step)))); };
-    std::int64_t fits = 0, fails = 0;  // the largest T measured to fit, and the T one step above it that did not
-    if (const auto T = std::max<std::int64_t>(predicted, shortest); probe(T)) {
-      fits = T;
-      while (fits < a.max_seq && probe(up(fits))) fits = up(fits);
-      fails = fits < a.max_seq ? up(fits) : 0;
-    } else {
-      fails = T;
-      for (auto t = down(T); t >= shortest; t = down(t)) {
-        if (probe(t)) {
-          fits = t;
-          break;
-        }
-        fails = t;
-      }
-    }
-    const std::string measured = fits > 0 ? std::to_string(fits) : "";
-    const std::string error = fits > 0 ? fmt::format("{:.4f}", double(predicted) / double(fits) - 1.0) : "";
-    for (const auto& p : probes) {
-      const bool oom = p.m.status == "oom";
-      const std::string role = p.T == fits ? "max" : p.T == fails ? "next" : "probe";
-      table.add({source.describe(), spec, precision, oom ? "oom" : "unchecked", seed,
-                 {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", optimizer_column, std::to_string(rows),
-                  std::to_string(p.T), std::to_string(a.measure.budget_bytes), role, oom ? "" : std::to_string(p.m.peak_bytes),
-                  std::to_string(model_peak(p.T)), oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()),
-                  std::to_string(predicted), measured, error, std::to_string(ranks.world), std::to_string(ranks.zero),
-                  std::to_string(sp), a.offload.describe(), tier && !oom ? std::to_string(p.host_peak_bytes) : "",
-                  tier ? std::to_string(model_host(p.T)) : ""}});
-    }
-    if (writer) table.write_to(csv, prov);  // after every method: a killed search keeps the methods it finished
-    summary.push_back(fmt::format("{:<44} model T* = {:>8}   measured T* = {:>8} (T = {} over the budget)   model error {}",
-                                  spec, predicted, measured.empty() ? "-" : measured, fails > 0 ? std::to_string(fails) : "-",
-                                  error.empty() ? "-" : error));
-  }
-  if (a.model_only || !writer) return 0;
-  fmt::print("\nmaximum T under {}{} ({}, {}, B = {}{}, {}):\n", format_bytes(a.measure.budget_bytes),
-             ranks.world > 1 ? " per rank" : "", precision, objective->spec(), rows,
-             ranks.world > 1 ? fmt::format(" ({} per rank){}", rows / ranks.data_world(), ranks.describe()) : "",
-             optimizer ? "training steps: " + optimizer_column : "forward + backward");
-  for (const auto& line : summary) fmt::print("  {}\n", line);
-  fmt::print("\nresults: {}\n", std::filesystem::absolute(csv).string());
-  return 0;
+  MaxlenSearch search(a, env, command_line);
+  return search.run();
 }
 
 }  // namespace sbp

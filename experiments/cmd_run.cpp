@@ -228,11 +228,8 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
   return 0;
 }
 
-}  // namespace
-
-int run_command(const RunArgs& a, const std::string& command_line) {
-  a.setup.apply_threads();
-  const auto device = a.setup.parsed_device();
+// Before anything is built: what the flags cannot mean together, and the outputs, each new unless --force.
+void check_run_flags(const RunArgs& a, c10::Device device) {
   if (!a.profile.empty() && (!device.is_cuda() || a.timeline.empty()))
     throw InputError("--profile cupti needs --device cuda and --timeline PREFIX (CUPTI records GPU activity)");
   if (!a.op_profile.empty() && device.is_cuda())
@@ -257,7 +254,140 @@ int run_command(const RunArgs& a, const std::string& command_line) {
       if (!value.empty()) throw InputError(std::string(flag) + " needs a step, and --model-only runs none");
   if (!a.save_adapter.empty() && a.setup.lora.empty() && a.setup.adapter_dir.empty())
     throw InputError("--save-adapter needs --lora or --adapter");
+}
 
+// --timeline's and --op-profile's files, new unless --force (checked only when a step runs).
+void check_profile_outputs(const RunArgs& a) {
+  if (!a.timeline.empty()) {
+    std::vector<std::string> outputs = {".csv", ".trace.json"};
+    if (!a.profile.empty()) outputs.push_back(".cupti.csv");
+    for (const auto& ext : outputs) check_new_output(a.timeline + ext, a.force, "--timeline");
+  }
+  if (!a.op_profile.empty()) check_new_output(a.op_profile, a.force, "--op-profile");
+}
+
+// --op-profile: every op's calls and host seconds (CSV), the top 12 printed. Shares are of the summed BP time;
+// warm-up steps are profiled but not timed, so with them no share is given.
+void write_op_profile(const RunArgs& a, const std::vector<OpTime>& op_times, const Measurement& m) {
+  const double total = a.measure.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
+  std::ostringstream csv;
+  write_op_profile_csv(op_times, total, csv);
+  write_file_atomically(a.op_profile, csv.str());
+  for (std::size_t i = 0; i < std::min<std::size_t>(op_times.size(), 12); ++i)
+    fmt::print("op        {:<44} {:>8} calls {:>9.3f} s{}\n", op_times[i].name, op_times[i].calls, op_times[i].seconds,
+               total > 0 ? fmt::format("  {:5.1f}%", 100 * op_times[i].seconds / total) : "");
+}
+
+// The step, unless the memory check refused it (then an oom measurement that says why, with no time and no peak).
+Measurement measure_step(const RunArgs& a, Model& model, BackpropMethod& method, Objective& objective,
+                         const Batch& batch, const MemoryCheck& memory) {
+  const bool refused = !memory.fits() && !a.no_memory_check;
+  if (!memory.fits() && !refused)
+    fmt::print(stderr, "note: the step runs anyway (--no-memory-check): {}\n", memory_shortfall(memory, batch.batch_size()));
+  if (refused)
+    return Measurement{.status = "oom",
+                       .error = "not run: " + memory_shortfall(memory, batch.batch_size()) +
+                                " (--model-only shows the model's terms; --no-memory-check runs the step anyway)",
+                       .weight_bytes = model_weight_bytes(model)};
+  return measure_method(model, method, objective, batch, a.measure.warmup, a.measure.repeats, a.measure.budget_bytes,
+                        /*report_progress=*/true);
+}
+
+// Whether CUDA is usable here (why not: `reason`), printed beside the device the run used.
+bool print_device(c10::Device device, std::string& reason) {
+  const bool cuda = cuda_device_available(&reason);
+  fmt::print("device    {}{}\n", describe_device(device),
+             device.is_cuda() ? " (peaks: caching allocator, allocated bytes)"
+             : cuda           ? "; a GPU is present (--device cuda)"
+                              // The runtime's full words (cudaErrorInsufficientDriver ...) go to --json only.
+                              : "; CUDA memory stats and CUPTI skipped: " + reason.substr(0, reason.find(':')));
+  return cuda;
+}
+
+// What a run that did not finish its step leaves unwritten, said once (a file that looks like a result would lie).
+void say_skipped_outputs(const RunArgs& a, const Measurement& m) {
+  std::string skipped;
+  for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
+                                    {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"}})
+    if (!value.empty()) skipped += (skipped.empty() ? "" : ", ") + std::string(flag) + " " + value;
+  if (!skipped.empty()) fmt::print("outputs   not written: {} (the step did not finish: {})\n", skipped, m.status);
+}
+
+// What a run measured and everything needed to read it, for --json.
+struct RunRecord {
+  const RunArgs& args;
+  const Model& model;
+  const BackpropMethod& method;
+  const Objective& objective;
+  const Batch& batch;
+  const ReferencePass& reference;
+  const Measurement& m;
+  const MemoryEstimate& est;
+  const MemoryCheck& memory;
+  const Workload& workload;
+  const OffloadTier* tier;
+  bool cuda;
+  const std::string& cuda_reason;
+  const Provenance& prov;
+};
+
+// --json. A status claims only what ran: a finished step is `unchecked` (run compares no gradient; `compare` does);
+// an oom step has no time and no peak (what it measured is a partial step).
+void write_run_record(const RunRecord& r) {
+  const auto& a = r.args;
+  const auto& m = r.m;
+  const auto& est = r.est;
+  const bool finished = m.status == "passed";
+  const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& p : m.phase_peaks)
+    phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", unless_oom(phase_seconds(m, p.name))},
+                      {"count", p.count}});
+  nlohmann::json j = {{"status", run_status(m)},
+                      {"error", m.error},
+                      {"loss", unless_oom(m.loss)},
+                      {"peak_bytes", unless_oom(m.peak_bytes)},
+                      {"offload_tier", r.tier ? nlohmann::json(r.tier->describe()) : nlohmann::json()},
+                      {"model_host_terms", terms_json(est.host)},
+                      {"calibration", calibration_json(*r.workload.workspaces)},
+                      {"weight_bytes", m.weight_bytes},
+                      {"bp_seconds", unless_oom(m.median_seconds())},
+                      {"bp_seconds_all", unless_oom(m.bp_seconds)},
+                      {"phases", phases},
+                      {"process_peak_rss_bytes", process_peak_rss_bytes()},
+                      {"preset", a.setup.source.describe()},
+                      {"method", r.method.spec()},
+                      {"lora", r.model.lora().enabled() ? nlohmann::json(r.model.lora().spec()) : nlohmann::json()},
+                      {"objective", r.objective.spec()},
+                      {"reference_pass", r.reference.ran ? nlohmann::json{{"ref", a.ref_dir},
+                                                                          {"seconds", r.reference.seconds},
+                                                                          {"peak_bytes", r.reference.peak_bytes},
+                                                                          {"model_peak_bytes", r.reference.model.total_bytes()}}
+                                                         : nlohmann::json()},
+                      {"dtype", precision_name(r.model.dtype(), r.model.grad_dtype())},
+                      {"seed", a.setup.seed},
+                      {"batch_size", r.batch.batch_size()},
+                      {"seq_len", r.batch.seq_len()},
+                      {"budget_bytes", a.measure.budget_bytes},
+                      {"memory_check", memory_check_json(r.memory, !a.no_memory_check)},
+                      {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
+                      {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
+                                                                         : nlohmann::json()},
+                      {"device", describe_device(a.setup.parsed_device())},
+                      {"chunk_attention", chunk_attention_name(r.model)},
+                      {"cuda", {{"available", r.cuda}, {"reason", r.cuda_reason}}},
+                      {"provenance", to_json(r.prov)}};
+  j.update(memory_record(&est, a.offload.describe(), r.tier));
+  write_file_atomically(a.json, j.dump(2) + "\n");
+}
+
+}  // namespace
+
+int run_command(const RunArgs& a, const std::string& command_line) {
+  a.setup.apply_threads();
+  const auto device = a.setup.parsed_device();
+  check_run_flags(a, device);
+  const bool random = a.batch_file.empty();
   auto [dtype, model, method, objective] = build_run_parts(a);
   const auto tier = make_offload(a.offload, device, *method, /*training=*/false);  // its folder checked first
   offload_backprop(a.offload, *method, tier.get());
@@ -288,12 +418,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
     return print_model_only(a, *method, workload, batch, command_line);
   }
 
-  if (!a.timeline.empty()) {
-    std::vector<std::string> outputs = {".csv", ".trace.json"};
-    if (!a.profile.empty()) outputs.push_back(".cupti.csv");
-    for (const auto& ext : outputs) check_new_output(a.timeline + ext, a.force, "--timeline");
-  }
-  if (!a.op_profile.empty()) check_new_output(a.op_profile, a.force, "--op-profile");
+  check_profile_outputs(a);
   DeviceTimeline timeline(device, a.timeline.empty() ? TimelineSource::none
                                   : a.profile == "cupti" ? TimelineSource::cupti : TimelineSource::allocator);
   std::optional<OpProfile> op_profile;
@@ -301,108 +426,33 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (tier) tier->reset_peak();
   const auto memory = check_step_memory(a, *method, workload, *model);
   const bool refused = !memory.fits() && !a.no_memory_check;
-  if (!memory.fits() && !refused)
-    fmt::print(stderr, "note: the step runs anyway (--no-memory-check): {}\n", memory_shortfall(memory, batch.batch_size()));
-  const auto m = refused ? Measurement{.status = "oom",
-                                       .error = "not run: " + memory_shortfall(memory, batch.batch_size()) +
-                                                " (--model-only shows the model's terms; --no-memory-check runs the "
-                                                "step anyway)",
-                                       .weight_bytes = model_weight_bytes(*model)}
-                         : measure_method(*model, *method, *objective, batch, a.measure.warmup, a.measure.repeats,
-                                          a.measure.budget_bytes, /*report_progress=*/true);
+  const auto m = measure_step(a, *model, *method, *objective, batch, memory);
   std::vector<OpTime> op_times;
   if (op_profile) {
     op_times = op_profile->totals();
     op_profile.reset();
   }
   if (!a.timeline.empty() && !refused) timeline.stop_and_write(a.timeline);
-  if (!a.op_profile.empty() && !refused) {
-    // Shares are of the summed BP time; warm-up steps are profiled but not timed, so with them no share is given.
-    const double total = a.measure.warmup > 0 ? 0 : std::accumulate(m.bp_seconds.begin(), m.bp_seconds.end(), 0.0);
-    std::ostringstream csv;
-    write_op_profile_csv(op_times, total, csv);
-    write_file_atomically(a.op_profile, csv.str());
-    for (std::size_t i = 0; i < std::min<std::size_t>(op_times.size(), 12); ++i)
-      fmt::print("op        {:<44} {:>8} calls {:>9.3f} s{}\n", op_times[i].name, op_times[i].calls, op_times[i].seconds,
-                 total > 0 ? fmt::format("  {:5.1f}%", 100 * op_times[i].seconds / total) : "");
-  }
+  if (!a.op_profile.empty() && !refused) write_op_profile(a, op_times, m);
   std::string cuda_reason;
-  const bool cuda = cuda_device_available(&cuda_reason);
-  fmt::print("device    {}{}\n", describe_device(device),
-             device.is_cuda() ? " (peaks: caching allocator, allocated bytes)"
-             : cuda           ? "; a GPU is present (--device cuda)"
-                              // The runtime's full words (cudaErrorInsufficientDriver ...) go to --json only.
-                              : "; CUDA memory stats and CUPTI skipped: " + cuda_reason.substr(0, cuda_reason.find(':')));
+  const bool cuda = print_device(device, cuda_reason);
   const auto est = method->memory_model(workload);
   print_summary(a, *model, batch, *objective, *method, reference, m, est, tier.get());
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));
-  if (m.status == "passed") {
+  if (m.status == "passed")
     save_inputs();
-  } else {
-    std::string skipped;
-    for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
-                                      {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"}})
-      if (!value.empty()) skipped += (skipped.empty() ? "" : ", ") + std::string(flag) + " " + value;
-    if (!skipped.empty()) fmt::print("outputs   not written: {} (the step did not finish: {})\n", skipped, m.status);
-  }
+  else
+    say_skipped_outputs(a, m);
   if (!a.save_grads.empty() && m.status == "passed") {
     save_gradients(*model, a.save_grads,
                    {{"method", method->spec()}, {"dtype", precision}, {"commit", prov.commit}, {"command", prov.command}});
     fmt::print("gradients written to {}\n", a.save_grads);
   }
-  if (!a.json.empty()) {
-    // A status claims only what ran: a finished step is `unchecked` (run compares no gradient; `compare` does); an
-    // oom step has no time and no peak (what it measured is a partial step).
-    const bool finished = m.status == "passed";
-    const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
-    nlohmann::json phases = nlohmann::json::array();
-    for (const auto& p : m.phase_peaks)
-      phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", unless_oom(phase_seconds(m, p.name))},
-                        {"count", p.count}});
-    nlohmann::json j = {{"status", run_status(m)},
-                        {"error", m.error},
-                        {"loss", unless_oom(m.loss)},
-                        {"peak_bytes", unless_oom(m.peak_bytes)},
-                        {"model_peak_bytes", est.total_bytes()},
-                        {"model_peak_moment", est.moment},
-                        {"model_terms", terms_json(est.terms)},
-                        {"offload", a.offload.describe()},
-                        {"offload_tier", tier ? nlohmann::json(tier->describe()) : nlohmann::json()},
-                        {"host_peak_bytes", tier ? nlohmann::json(tier->peak_bytes()) : nlohmann::json()},
-                        {"model_host_bytes", tier ? nlohmann::json(est.host_bytes()) : nlohmann::json()},
-                        {"model_host_terms", terms_json(est.host)},
-                        {"calibration", calibration_json(*workload.workspaces)},
-                        {"weight_bytes", m.weight_bytes},
-                        {"bp_seconds", unless_oom(m.median_seconds())},
-                        {"bp_seconds_all", unless_oom(m.bp_seconds)},
-                        {"phases", phases},
-                        {"process_peak_rss_bytes", process_peak_rss_bytes()},
-                        {"preset", a.setup.source.describe()},
-                        {"method", method->spec()},
-                        {"lora", model->lora().enabled() ? nlohmann::json(model->lora().spec()) : nlohmann::json()},
-                        {"objective", objective->spec()},
-                        {"reference_pass", reference.ran ? nlohmann::json{{"ref", a.ref_dir},
-                                                                          {"seconds", reference.seconds},
-                                                                          {"peak_bytes", reference.peak_bytes},
-                                                                          {"model_peak_bytes", reference.model.total_bytes()}}
-                                                         : nlohmann::json()},
-                        {"dtype", precision},
-                        {"seed", a.setup.seed},
-                        {"batch_size", batch.batch_size()},
-                        {"seq_len", batch.seq_len()},
-                        {"budget_bytes", a.measure.budget_bytes},
-                        {"memory_check", memory_check_json(memory, !a.no_memory_check)},
-                        {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
-                        {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
-                                                                           : nlohmann::json()},
-                        {"device", describe_device(device)},
-                        {"chunk_attention", chunk_attention_name(*model)},
-                        {"cuda", {{"available", cuda}, {"reason", cuda_reason}}},
-                        {"provenance", to_json(prov)}};
-    write_file_atomically(a.json, j.dump(2) + "\n");
-  }
+  if (!a.json.empty())
+    write_run_record({a, *model, *method, *objective, batch, reference, m, est, memory, workload, tier.get(), cuda,
+                      cuda_reason, prov});
   return m.status == "passed" ? 0 : 3;
 }
 

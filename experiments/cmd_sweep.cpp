@@ -87,6 +87,315 @@ std::string format_duration(double seconds) {
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
+const std::vector<std::string>& sweep_columns() {
+  static const std::vector<std::string> columns = {
+      "objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
+      "bp_seconds_all", "seconds_per_sample", "time_vs_checkpoint", "budget_bytes", "check_max_normwise_rel",
+      "check_seq", "check_batch", "check_dtype", "flops", "flops_per_second", "gemm_flops_per_second",
+      "gemm_efficiency", "world_size", "zero", "timing", "other_cores", "steal", "cpu_per_wall", "load_before",
+      "load_after"};
+  return columns;
+}
+
+// Threads no more than the cores other processes leave free, unless --threads says otherwise: oversubscribed
+// OpenMP workers that spin while waiting distort every time, StreamBP's most (machine_load.h).
+void use_free_cores(const Setup& setup, const Ranks& ranks) {
+  const auto at_start = sample_machine_load(0.5);
+  if (setup.threads != 0 || ranks.world != 1 || !at_start.shared()) return;
+  const int cores = int(std::thread::hardware_concurrency());
+  const int free = std::max(1, cores - int(at_start.other_cores + 0.5)), before = at::get_num_threads();
+  if (free >= before) return;
+  at::set_num_threads(free);
+  if (ranks.writer())
+    fmt::print(stderr, "note      the machine is shared ({}): {} thread(s) instead of {} (--threads N to choose)\n",
+               at_start.describe(), free, before);
+}
+
+// The sweep's CSV: a new file in the results folder, or --resume's, whose points are not measured again.
+struct SweepFile {
+  ResultsTable table{sweep_columns()};
+  std::filesystem::path csv;
+  nlohmann::json earlier = nlohmann::json::array();  // the runs of --resume's sidecar
+  std::set<std::tuple<std::string, std::string, std::string>> done;  // (method, batch_size, seq_len) it holds
+  bool has(const std::string& spec, std::int64_t B, std::int64_t T) const {
+    return done.count({spec, std::to_string(B), std::to_string(T)}) > 0;
+  }
+};
+
+// What one (B, T) point measured: each method's repeats (by index into the sweep's methods), the dense GEMM's rate
+// beside them and what the rest of the machine did meanwhile.
+struct PointResults {
+  std::map<std::size_t, Measurement> results;
+  double gemm_rate = 0;
+  MachineLoad load;
+};
+
+// One sweep on this rank: every method at every (B, T), a point's methods interleaved repeat by repeat, the CSV
+// rewritten after every point, the table and verdict at the end.
+class Sweep {
+ public:
+  Sweep(const SweepPlan& plan, const std::optional<RankEnv>& env, const std::string& command_line);
+  int run();  // 0: every check passed; 1: one is incorrect
+
+ private:
+  void open_file();
+  void advise_chunks() const;
+  Measurement measure_once(std::size_t i, const Batch& batch);
+  PointResults measure_point(std::int64_t B, std::int64_t T, const std::vector<std::size_t>& todo, const Batch& batch);
+  void add_rows(std::int64_t B, std::int64_t T, const std::vector<std::size_t>& todo, const Workload& workload,
+                PointResults& point);
+  int summarize();
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+
+  const SweepPlan& plan_;
+  const Setup& setup_;
+  const std::string& command_line_;
+  Ranks ranks_;
+  bool writer_ = false;
+  std::vector<std::unique_ptr<BackpropMethod>> methods_;
+  std::vector<std::string> specs_;  // canonical
+  std::unique_ptr<Objective> objective_;
+  std::unique_ptr<Model> model_;
+  std::string precision_, preset_;
+  Provenance prov_;
+  SweepFile file_;
+  std::map<std::string, Check> checks_;
+  // A data-parallel measurement's update: none in effect (SGD at lr 0, no states to hold).
+  const OptimizerOptions noop_update_ = parse_optimizer_spec("sgd:lr=0");
+  // Progress: work is counted in tokens (B * T per method and repeat), a rough proxy for time.
+  double total_work_ = 0, finished_work_ = 0;
+  std::chrono::steady_clock::time_point started_;
+  std::vector<std::string> lines_, shared_points_;
+  bool all_passed_ = true;
+};
+
+Sweep::Sweep(const SweepPlan& plan, const std::optional<RankEnv>& env, const std::string& command_line)
+    : plan_(plan), setup_(plan.setup), command_line_(command_line), ranks_(join_ranks(plan.ranks, env, plan.setup)) {
+  writer_ = ranks_.writer();
+  if (plan_.seq_lens.empty() || plan_.batch_sizes.empty())
+    throw InputError("sweep: no sequence length or batch size given");
+  for (const auto& s : plan_.methods) {
+    methods_.push_back(make_method(s));
+    specs_.push_back(methods_.back()->spec());
+  }
+  if (methods_.empty()) throw InputError("--methods: no method given");
+  objective_ = build_objective(setup_);
+  model_ = build_model(setup_);
+  model_->to(ranks_.device);
+  precision_ = precision_name(model_->dtype(), model_->grad_dtype());
+  preset_ = setup_.source.describe();
+}
+
+// --resume: the file's rows, all of this model, dtype, objective and LoRA; else a new file in the results folder.
+void Sweep::open_file() {
+  prov_ = collect_provenance(command_line_, describe_device(ranks_.device));
+  if (plan_.resume.empty()) {
+    if (writer_) std::filesystem::create_directories(plan_.out_dir);
+    file_.csv = ResultsTable::new_path(plan_.out_dir, plan_.stem, prov_);
+    return;
+  }
+  file_.csv = plan_.resume;
+  file_.table = ResultsTable::read(file_.csv, &file_.earlier);
+  const auto& table = file_.table;
+  if (table.columns() != sweep_columns())
+    throw InputError(file_.csv.string() + ": --resume needs a CSV of this sweep's columns");
+  for (const auto& r : table.rows()) {
+    if (r.preset != preset_ || r.dtype != precision_ || table.value(r, "objective") != objective_->spec() ||
+        table.value(r, "lora") != (model_->lora().enabled() ? model_->lora().spec() : ""))
+      throw InputError(fmt::format("{}: --resume with another model, dtype, objective or LoRA (the file "
+                                   "has {} {} {} '{}')", file_.csv.string(), r.preset, r.dtype,
+                                   table.value(r, "objective"), table.value(r, "lora")));
+    file_.done.insert({r.method, table.value(r, "batch_size"), table.value(r, "seq_len")});
+  }
+  if (writer_) fmt::print(stderr, "resuming {}: {} rows already measured\n", file_.csv.string(), table.rows().size());
+}
+
+void Sweep::advise_chunks() const {
+  if (!writer_) return;
+  for (const auto& method : methods_)
+    for (const auto T : plan_.seq_lens)
+      if (const auto advice = streambp_chunk_advice(*method, T); !advice.empty()) {
+        fmt::print(stderr, "note      {}\n", advice);
+        break;  // once per method: its first such length says it
+      }
+}
+
+int Sweep::run() {
+  const auto& lengths = plan_.seq_lens;
+  const auto& batches = plan_.batch_sizes;
+  use_free_cores(setup_, ranks_);
+  open_file();
+  advise_chunks();
+  // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
+  if (plan_.check_seq_len > 0 && writer_)
+    checks_ = check_methods(setup_.source, specs_, *objective_,
+                            {batches.front(), plan_.check_seq_len, 0.0, objective_->name() == "sft" ? 0.1 : 0.0,
+                             setup_.seed, setup_.group},
+                            setup_.lora);
+  for (const auto B : batches)
+    for (const auto T : lengths)
+      for (const auto& spec : specs_)
+        if (!file_.has(spec, B, T)) total_work_ += double(B * T) * plan_.repeats;
+  if (writer_)
+    fmt::print(stderr, "sweep: {} method(s) x {} batch size(s) x {} length(s) x {} repeat(s), interleaved{}; results in "
+               "{}\n", methods_.size(), batches.size(), lengths.size(), plan_.repeats, ranks_.describe(),
+               file_.csv.string());
+  started_ = std::chrono::steady_clock::now();
+  lines_.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", "B", "T", "method",
+                               "peak", "analytic", "meas/an", "BP s", "vs ckpt", "%GEMM", "status"));
+  for (const auto B : batches)
+    for (const auto T : lengths) {
+      std::vector<std::size_t> todo;
+      for (std::size_t i = 0; i < methods_.size(); ++i)
+        if (!file_.has(specs_[i], B, T)) todo.push_back(i);
+      if (todo.empty()) continue;
+      // This rank's B / world rows of the global batch of B rows.
+      auto batch = prepared_random_batch(*model_, *objective_, B, T, setup_.group, setup_.seed);
+      if (ranks_.world > 1) batch = objective_->split(batch, ranks_.world, "random batch").at(std::size_t(ranks_.rank));
+      const auto workload = make_workload(*model_, *objective_, batch);
+      auto point = measure_point(B, T, todo, batch);
+      add_rows(B, T, todo, workload, point);
+      // After every point: a killed sweep keeps what it finished.
+      if (writer_) file_.table.write_to(file_.csv, prov_, file_.earlier);
+    }
+  if (file_.table.rows().empty()) throw InputError("the sweep has no points");
+  if (!writer_) return 0;
+  return summarize();
+}
+
+// One step of method i: alone, or data-parallel through a fresh DataParallel and no-op Trainer.
+Measurement Sweep::measure_once(std::size_t i, const Batch& batch) {
+  if (ranks_.world == 1) return measure_method(*model_, *methods_[i], *objective_, batch, 0, 1, plan_.budget_bytes);
+  DataParallel parallel(*ranks_.comm, ranks_.zero);
+  TrainOptions options;
+  options.optimizer = noop_update_;
+  Trainer trainer(*model_, *methods_[i], *objective_, options, &parallel);
+  auto m = measure_training_on_ranks(trainer, ranks_, batch, 0, 1, plan_.budget_bytes);
+  parallel.unshard();  // ZeRO-3: the next measurement starts from the whole model
+  return m;
+}
+
+// The point's methods interleaved repeat by repeat, each step preceded by a yardstick GEMM: a dense GEMM in the
+// compute dtype, same threads (the speed of a shared machine drifts over minutes); the median sample is the rate.
+PointResults Sweep::measure_point(std::int64_t B, std::int64_t T, const std::vector<std::size_t>& todo,
+                                  const Batch& batch) {
+  PointResults point;
+  std::vector<double> gemm_samples;
+  const auto point_start = read_cpu_counters();
+  for (int r = 0; r < plan_.repeats; ++r)
+    for (const auto i : todo) {
+      auto& result = point.results[i];
+      if (result.status == "oom") continue;  // over the budget once: over it every time
+      gemm_samples.push_back(gemm_flops_per_second(model_->dtype(), 2048, 3, ranks_.device));
+      auto m = measure_once(i, batch);
+      finished_work_ += double(B * T);
+      const double eta = finished_work_ > 0 ? elapsed() / finished_work_ * (total_work_ - finished_work_) : 0;
+      if (m.status == "error") throw std::runtime_error(specs_[i] + " failed: " + m.error);
+      if (writer_)
+        fmt::print(stderr, "  [B={} T={} repeat {}/{}] {:<40} {}  (elapsed {}, ETA {})\n", B, T, r + 1, plan_.repeats,
+                   specs_[i], m.status == "oom" ? "oom (over the budget)" : fmt::format("{:7.2f} s  peak {}",
+                   m.bp_seconds.at(0), format_bytes(m.peak_bytes)), format_duration(elapsed()), format_duration(eta));
+      if (m.status == "oom") {
+        finished_work_ += double(B * T) * (plan_.repeats - r - 1);
+        result = m;
+        continue;
+      }
+      result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
+      result.bp_seconds.push_back(m.bp_seconds.at(0));
+    }
+  // What the machine did meanwhile (the yardstick GEMMs and the measured steps, this point's whole time).
+  point.load = load_between(point_start, read_cpu_counters());
+  if (point.load.shared()) shared_points_.push_back(fmt::format("B={} T={}: {}", B, T, point.load.describe()));
+  if (gemm_samples.empty())  // every method oom
+    gemm_samples.push_back(gemm_flops_per_second(model_->dtype(), 2048, 3, ranks_.device));
+  std::sort(gemm_samples.begin(), gemm_samples.end());
+  point.gemm_rate = gemm_samples[gemm_samples.size() / 2];
+  return point;
+}
+
+// The point's rows (CSV and the printed table), one per method, beside the model's peak and the method's check.
+void Sweep::add_rows(std::int64_t B, std::int64_t T, const std::vector<std::size_t>& todo, const Workload& workload,
+                     PointResults& point) {
+  const auto& load = point.load;
+  const double gemm_rate = point.gemm_rate;
+  const std::string timing = !load.known ? "" : load.shared() ? "shared" : "idle";
+  double checkpoint_seconds = 0;
+  for (const auto i : todo)
+    if (specs_[i] == "checkpoint" && point.results[i].status != "oom")
+      checkpoint_seconds = point.results[i].median_seconds();
+  const auto& batches = plan_.batch_sizes;
+  for (const auto i : todo) {
+    const auto& m = point.results[i];
+    const bool oom = m.status == "oom";
+    // Data-parallel: the per-rank model of the step measured (a training step with the no-op update).
+    auto w = workload;
+    if (ranks_.comm) {
+      add_optimizer_memory(w, *model_, noop_update_);
+      set_data_parallel(w, ranks_.world, ranks_.zero, ranks_.device);
+    }
+    const auto est = (ranks_.comm ? training_memory(*methods_[i], w) : methods_[i]->memory_model(w)).total_bytes();
+    const bool reference = specs_[i] == "standard";
+    const auto check = reference ? Check{"reference", 0.0} : checks_.count(specs_[i]) ? checks_[specs_[i]] : Check{"unchecked", 0.0};
+    all_passed_ = all_passed_ && check.status != "incorrect";
+    const bool checked = check.status == "passed" || check.status == "incorrect";
+    // Missing values are empty cells, never 0: no time or peak for an oom row, no ratio without a checkpoint row.
+    const std::string ratio = !oom && checkpoint_seconds > 0 ? fmt::format("{:.4f}", m.median_seconds() / checkpoint_seconds) : "";
+    std::string all;
+    for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
+    const double flops = methods_[i]->flops(workload), rate = oom ? 0 : flops / m.median_seconds();
+    file_.table.add({preset_, specs_[i], precision_, oom ? "oom" : check.status, setup_.seed,
+                     {objective_->spec(), model_->lora().enabled() ? model_->lora().spec() : "", std::to_string(B),
+                      std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
+                      oom ? "" : fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
+                      oom ? "" : fmt::format("{:.4f}", m.median_seconds()), all,
+                      oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B)), ratio,
+                      plan_.budget_bytes > 0 ? std::to_string(plan_.budget_bytes) : "",
+                      checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
+                      // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
+                      checked ? std::to_string(plan_.check_seq_len) : "", checked ? std::to_string(batches.front()) : "",
+                      // fp64 runs on the CPU: a GPU row's check covers the method, not its CUDA attention kernel.
+                      checked ? (ranks_.device.is_cuda() ? "fp64 cpu" : "fp64") : "", fmt::format("{:.6g}", flops),
+                      oom ? "" : fmt::format("{:.6g}", rate),
+                      fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate),
+                      std::to_string(ranks_.world), std::to_string(ranks_.zero), timing,
+                      load.known ? fmt::format("{:.3f}", load.other_cores) : "",
+                      load.known ? fmt::format("{:.4f}", load.steal) : "", fmt::format("{:.3f}", load.own_per_wall),
+                      load.load_before >= 0 ? fmt::format("{:.2f}", load.load_before) : "",
+                      load.load_after >= 0 ? fmt::format("{:.2f}", load.load_after) : ""}});
+    lines_.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", B, T, specs_[i],
+                                 oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
+                                 oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
+                                 oom ? "-" : fmt::format("{:.2f}", m.median_seconds()),
+                                 ratio.empty() ? "-" : ratio.substr(0, 5) + (load.shared() ? "*" : ""),
+                                 oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), oom ? "oom" : check.status));
+  }
+}
+
+// Rank 0, at the end: the whole file once more, the table, what its columns mean, and a warning when the machine
+// was shared; the exit code follows the checks.
+int Sweep::summarize() {
+  file_.table.write_to(file_.csv, prov_, file_.earlier);
+  fmt::print("\n");
+  for (const auto& line : lines_) fmt::print("{}\n", line);
+  fmt::print("\npeak: the step's measured peak, the model's weights included (the batch, made before the step, is "
+             "not); analytic: the method's memory model; meas/an: their ratio; BP s: median seconds of {} step(s); "
+             "vs ckpt: BP s over checkpointing's in this run; %GEMM: the step's matrix-product FLOP/s as a share "
+             "of a dense 2048^3 GEMM's, same dtype and threads; status: the fp64 gradient check against standard BP (reference: standard itself; unchecked: --check-seq 0)\n",
+             plan_.repeats);
+  fmt::print("results: {} ({})\n", std::filesystem::absolute(file_.csv).string(), format_duration(elapsed()));
+  if (!shared_points_.empty()) {
+    fmt::print("\nWARNING: the machine was shared during {} of {} timed point(s); their times and ratios (marked * "
+               "above, timing=shared in the CSV) say more about the other load than about the methods:\n",
+               shared_points_.size(), plan_.seq_lens.size() * plan_.batch_sizes.size());
+    for (const auto& p : shared_points_) fmt::print("  {}\n", p);
+    fmt::print("Measure on an idle machine (docs/results.md, \"Measuring time honestly\"); peaks and checks are "
+               "unaffected.\n");
+  }
+  return all_passed_ ? 0 : 1;
+}
+
 }  // namespace
 
 int run_sweep(const SweepPlan& plan, const std::string& command_line) {
@@ -94,225 +403,8 @@ int run_sweep(const SweepPlan& plan, const std::string& command_line) {
     if (B % plan.ranks.nproc != 0) throw InputError(uneven_batch(plan.ranks.nproc, "--batch " + std::to_string(B), B));
   const auto env = rank_from_environment();
   if (plan.ranks.nproc > 1 && !env) return launch_ranks(plan.ranks.nproc);
-  const auto& setup = plan.setup;
-  const auto ranks = join_ranks(plan.ranks, env, setup);
-  const bool writer = ranks.writer();
-  const auto device = ranks.device;
-  const auto& lengths = plan.seq_lens;
-  const auto& batches = plan.batch_sizes;
-  if (lengths.empty() || batches.empty()) throw InputError("sweep: no sequence length or batch size given");
-  std::vector<std::unique_ptr<BackpropMethod>> methods;
-  std::vector<std::string> specs;  // canonical
-  for (const auto& s : plan.methods) {
-    methods.push_back(make_method(s));
-    specs.push_back(methods.back()->spec());
-  }
-  if (methods.empty()) throw InputError("--methods: no method given");
-  const auto seed = setup.seed;
-  auto objective = build_objective(setup);
-  auto model = build_model(setup);
-  model->to(device);
-  const auto precision = precision_name(model->dtype(), model->grad_dtype());
-  const auto preset = setup.source.describe();
-  // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
-  const auto options = [&](std::int64_t B, std::int64_t T) {
-    return RandomBatchOptions{B, T, 0.0, objective->name() == "sft" ? 0.1 : 0.0, seed, setup.group};
-  };
-
-  // Threads no more than the cores other processes leave free, unless --threads says otherwise: oversubscribed
-  // OpenMP workers that spin while waiting distort every time, StreamBP's most (machine_load.h).
-  const auto at_start = sample_machine_load(0.5);
-  if (setup.threads == 0 && ranks.world == 1 && at_start.shared()) {
-    const int cores = int(std::thread::hardware_concurrency());
-    const int free = std::max(1, cores - int(at_start.other_cores + 0.5)), before = at::get_num_threads();
-    if (free < before) {
-      at::set_num_threads(free);
-      if (writer)
-        fmt::print(stderr, "note      the machine is shared ({}): {} thread(s) instead of {} (--threads N to choose)\n",
-                   at_start.describe(), free, before);
-    }
-  }
-  const std::vector<std::string> columns = {
-      "objective", "lora", "batch_size", "seq_len", "peak_bytes", "model_peak_bytes", "peak_over_model", "bp_seconds",
-      "bp_seconds_all", "seconds_per_sample", "time_vs_checkpoint", "budget_bytes", "check_max_normwise_rel",
-      "check_seq", "check_batch", "check_dtype", "flops", "flops_per_second", "gemm_flops_per_second",
-      "gemm_efficiency", "world_size", "zero", "timing", "other_cores", "steal", "cpu_per_wall", "load_before",
-      "load_after"};
-  ResultsTable table(columns);
-  std::filesystem::path csv;
-  nlohmann::json earlier = nlohmann::json::array();
-  std::set<std::tuple<std::string, std::string, std::string>> done;  // (method, batch_size, seq_len)
-  const auto prov = collect_provenance(command_line, describe_device(device));
-  if (!plan.resume.empty()) {
-    csv = plan.resume;
-    table = ResultsTable::read(csv, &earlier);
-    if (table.columns() != columns)
-      throw InputError(csv.string() + ": --resume needs a CSV of this sweep's columns");
-    for (const auto& r : table.rows()) {
-      if (r.preset != preset || r.dtype != precision || table.value(r, "objective") != objective->spec() ||
-          table.value(r, "lora") != (model->lora().enabled() ? model->lora().spec() : ""))
-        throw InputError(fmt::format("{}: --resume with another model, dtype, objective or LoRA (the file "
-                                                "has {} {} {} '{}')", csv.string(), r.preset, r.dtype,
-                                                table.value(r, "objective"), table.value(r, "lora")));
-      done.insert({r.method, table.value(r, "batch_size"), table.value(r, "seq_len")});
-    }
-    if (writer) fmt::print(stderr, "resuming {}: {} rows already measured\n", csv.string(), table.rows().size());
-  } else {
-    if (writer) std::filesystem::create_directories(plan.out_dir);
-    csv = ResultsTable::new_path(plan.out_dir, plan.stem, prov);
-  }
-
-  if (writer)
-    for (const auto& method : methods)
-      for (const auto T : lengths)
-        if (const auto advice = streambp_chunk_advice(*method, T); !advice.empty()) {
-          fmt::print(stderr, "note      {}\n", advice);
-          break;  // once per method: its first such length says it
-        }
-  std::map<std::string, Check> checks;
-  if (plan.check_seq_len > 0 && writer)
-    checks = check_methods(setup.source, specs, *objective, options(batches.front(), plan.check_seq_len), setup.lora);
-
-  // Progress: work is counted in tokens (B * T per method and repeat), a rough proxy for time.
-  double total_work = 0, finished_work = 0;
-  for (const auto B : batches)
-    for (const auto T : lengths)
-      for (const auto& spec : specs)
-        if (!done.count({spec, std::to_string(B), std::to_string(T)})) total_work += double(B * T) * plan.repeats;
-  if (writer)
-    fmt::print(stderr, "sweep: {} method(s) x {} batch size(s) x {} length(s) x {} repeat(s), interleaved{}; results in "
-               "{}\n", methods.size(), batches.size(), lengths.size(), plan.repeats, ranks.describe(), csv.string());
-  const auto started = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  // A data-parallel measurement: a fresh DataParallel and no-op Trainer per step (no optimizer states to hold).
-  const auto noop_update = parse_optimizer_spec("sgd:lr=0");
-  const auto measure_on_ranks = [&](BackpropMethod& method, const Batch& batch) {
-    DataParallel parallel(*ranks.comm, ranks.zero);
-    TrainOptions options;
-    options.optimizer = noop_update;
-    Trainer trainer(*model, method, *objective, options, &parallel);
-    auto m = measure_training_on_ranks(trainer, ranks, batch, 0, 1, plan.budget_bytes);
-    parallel.unshard();  // ZeRO-3: the next measurement starts from the whole model
-    return m;
-  };
-
-  std::vector<std::string> lines, shared_points;
-  lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", "B", "T", "method",
-                              "peak", "analytic", "meas/an", "BP s", "vs ckpt", "%GEMM", "status"));
-  bool all_passed = true;
-  for (const auto B : batches)
-    for (const auto T : lengths) {
-      std::vector<std::size_t> todo;
-      for (std::size_t i = 0; i < methods.size(); ++i)
-        if (!done.count({specs[i], std::to_string(B), std::to_string(T)})) todo.push_back(i);
-      if (todo.empty()) continue;
-      // This rank's B / world rows of the global batch of B rows.
-      auto batch = prepared_random_batch(*model, *objective, B, T, setup.group, seed);
-      if (ranks.world > 1) batch = objective->split(batch, ranks.world, "random batch").at(std::size_t(ranks.rank));
-      const auto workload = make_workload(*model, *objective, batch);
-      std::map<std::size_t, Measurement> results;
-      // The yardstick of the achieved FLOP/s: a dense GEMM in the compute dtype, same threads, sampled right before
-      // every measured step (the speed of a shared machine drifts over minutes); the median sample is the rate.
-      std::vector<double> gemm_samples;
-      const auto point_start = read_cpu_counters();
-      for (int r = 0; r < plan.repeats; ++r)
-        for (const auto i : todo) {
-          auto& result = results[i];
-          if (result.status == "oom") continue;  // over the budget once: over it every time
-          gemm_samples.push_back(gemm_flops_per_second(model->dtype(), 2048, 3, device));
-          auto m = ranks.world == 1 ? measure_method(*model, *methods[i], *objective, batch, 0, 1, plan.budget_bytes)
-                                    : measure_on_ranks(*methods[i], batch);
-          finished_work += double(B * T);
-          const double eta = finished_work > 0 ? elapsed() / finished_work * (total_work - finished_work) : 0;
-          if (m.status == "error") throw std::runtime_error(specs[i] + " failed: " + m.error);
-          if (writer)
-            fmt::print(stderr, "  [B={} T={} repeat {}/{}] {:<40} {}  (elapsed {}, ETA {})\n", B, T, r + 1, plan.repeats,
-                     specs[i], m.status == "oom" ? "oom (over the budget)" : fmt::format("{:7.2f} s  peak {}",
-                     m.bp_seconds.at(0), format_bytes(m.peak_bytes)), format_duration(elapsed()), format_duration(eta));
-          if (m.status == "oom") {
-            finished_work += double(B * T) * (plan.repeats - r - 1);
-            result = m;
-            continue;
-          }
-          result.peak_bytes = std::max(result.peak_bytes, m.peak_bytes);
-          result.bp_seconds.push_back(m.bp_seconds.at(0));
-        }
-      // What the machine did meanwhile (the yardstick GEMMs and the measured steps, this point's whole time).
-      const auto load = load_between(point_start, read_cpu_counters());
-      if (load.shared()) shared_points.push_back(fmt::format("B={} T={}: {}", B, T, load.describe()));
-      const std::string timing = !load.known ? "" : load.shared() ? "shared" : "idle";
-      if (gemm_samples.empty()) gemm_samples.push_back(gemm_flops_per_second(model->dtype(), 2048, 3, device));  // every method oom
-      std::sort(gemm_samples.begin(), gemm_samples.end());
-      const double gemm_rate = gemm_samples[gemm_samples.size() / 2];
-      double checkpoint_seconds = 0;
-      for (const auto i : todo)
-        if (specs[i] == "checkpoint" && results[i].status != "oom") checkpoint_seconds = results[i].median_seconds();
-      for (const auto i : todo) {
-        const auto& m = results[i];
-        const bool oom = m.status == "oom";
-        // Data-parallel: the per-rank model of the step measured (a training step with the no-op update).
-        auto w = workload;
-        if (ranks.comm) {
-          add_optimizer_memory(w, *model, noop_update);
-          set_data_parallel(w, ranks.world, ranks.zero, device);
-        }
-        const auto est = (ranks.comm ? training_memory(*methods[i], w) : methods[i]->memory_model(w)).total_bytes();
-        const bool reference = specs[i] == "standard";
-        const auto check = reference ? Check{"reference", 0.0} : checks.count(specs[i]) ? checks[specs[i]] : Check{"unchecked", 0.0};
-        all_passed = all_passed && check.status != "incorrect";
-        const bool checked = check.status == "passed" || check.status == "incorrect";
-        // Missing values are empty cells, never 0: no time or peak for an oom row, no ratio without a checkpoint row.
-        const std::string ratio = !oom && checkpoint_seconds > 0 ? fmt::format("{:.4f}", m.median_seconds() / checkpoint_seconds) : "";
-        std::string all;
-        for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
-        const double flops = methods[i]->flops(workload), rate = oom ? 0 : flops / m.median_seconds();
-        table.add({preset, specs[i], precision, oom ? "oom" : check.status, seed,
-                   {objective->spec(), model->lora().enabled() ? model->lora().spec() : "", std::to_string(B),
-                    std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
-                    oom ? "" : fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
-                    oom ? "" : fmt::format("{:.4f}", m.median_seconds()), all,
-                    oom ? "" : fmt::format("{:.4f}", m.median_seconds() / double(B)), ratio,
-                    plan.budget_bytes > 0 ? std::to_string(plan.budget_bytes) : "",
-                    checked ? fmt::format("{:.3e}", check.max_normwise_rel) : "",
-                    // The check ran at its own size: say which, so `passed` is never read as "checked at this T".
-                    checked ? std::to_string(plan.check_seq_len) : "", checked ? std::to_string(batches.front()) : "",
-                    // fp64 runs on the CPU: a GPU row's check covers the method, not its CUDA attention kernel.
-                    checked ? (device.is_cuda() ? "fp64 cpu" : "fp64") : "", fmt::format("{:.6g}", flops), oom ? "" : fmt::format("{:.6g}", rate),
-                    fmt::format("{:.6g}", gemm_rate), oom ? "" : fmt::format("{:.4f}", rate / gemm_rate),
-                    std::to_string(ranks.world), std::to_string(ranks.zero), timing,
-                    load.known ? fmt::format("{:.3f}", load.other_cores) : "",
-                    load.known ? fmt::format("{:.4f}", load.steal) : "", fmt::format("{:.3f}", load.own_per_wall),
-                    load.load_before >= 0 ? fmt::format("{:.2f}", load.load_before) : "",
-                    load.load_after >= 0 ? fmt::format("{:.2f}", load.load_after) : ""}});
-        lines.push_back(fmt::format("{:>3} {:>6}  {:<40} {:>10} {:>10} {:>7} {:>8} {:>8} {:>6}  {}", B, T, specs[i],
-                                    oom ? "oom" : format_bytes(m.peak_bytes), format_bytes(est),
-                                    oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
-                                    oom ? "-" : fmt::format("{:.2f}", m.median_seconds()),
-                                    ratio.empty() ? "-" : ratio.substr(0, 5) + (load.shared() ? "*" : ""),
-                                    oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), oom ? "oom" : check.status));
-      }
-      if (writer) table.write_to(csv, prov, earlier);  // after every point: a killed sweep keeps what it finished
-    }
-  if (table.rows().empty()) throw InputError("the sweep has no points");
-  if (!writer) return 0;
-  table.write_to(csv, prov, earlier);
-  fmt::print("\n");
-  for (const auto& line : lines) fmt::print("{}\n", line);
-  fmt::print("\npeak: the step's measured peak, the model's weights included (the batch, made before the step, is "
-             "not); analytic: the method's memory model; meas/an: their ratio; BP s: median seconds of {} step(s); "
-             "vs ckpt: BP s over checkpointing's in this run; %GEMM: the step's matrix-product FLOP/s as a share "
-             "of a dense 2048^3 GEMM's, same dtype and threads; status: the fp64 gradient check against standard BP (reference: standard itself; unchecked: --check-seq 0)\n",
-             plan.repeats);
-  fmt::print("results: {} ({})\n", std::filesystem::absolute(csv).string(), format_duration(elapsed()));
-  if (!shared_points.empty()) {
-    fmt::print("\nWARNING: the machine was shared during {} of {} timed point(s); their times and ratios (marked * "
-               "above, timing=shared in the CSV) say more about the other load than about the methods:\n",
-               shared_points.size(), lengths.size() * batches.size());
-    for (const auto& p : shared_points) fmt::print("  {}\n", p);
-    fmt::print("Measure on an idle machine (docs/results.md, \"Measuring time honestly\"); peaks and checks are "
-               "unaffected.\n");
-  }
-  return all_passed ? 0 : 1;
+  Sweep sweep(plan, env, command_line);
+  return sweep.run();
 }
 
 // Each kind's defaults, in one place: sweep_command fills the plan from them and --help shows them (for the kind

@@ -91,6 +91,43 @@ void add_verify_options(CLI::App& app, VerifyArgs& a) {
       "small tensor is itself rounding noise. The CSV's gate_ratio is error / (allowance x standard + floor): <= 1 passes.");
 }
 
+namespace {
+
+// The two printed Markdown tables, a row per run: each module group's Er_abs / Er_rel against base32 (the paper's
+// Table 7) and its largest per-tensor l2 error against the fp64 oracle (the gate's metric).
+class GroupTables {
+ public:
+  explicit GroupTables(std::vector<std::string> groups) : groups_(std::move(groups)) {
+    base32_ = oracle_ = "| run | ";
+    for (const auto& g : groups_) base32_ += g + " Er_abs / Er_rel | ", oracle_ += g + " l2 | ";
+    std::string rule = "\n|---|";
+    for (std::size_t i = 0; i < groups_.size(); ++i) rule += "---|";
+    base32_ += rule + "\n";
+    oracle_ += rule + "\n";
+  }
+  void add(const std::string& label, const std::map<std::string, GroupError>& by_base,
+           const std::map<std::string, GroupError>& by_oracle) {
+    base32_ += "| " + label + " | ";
+    oracle_ += "| " + label + " | ";
+    for (const auto& g : groups_) {
+      base32_ += by_base.count(g) ? fmt::format("{:.2e} / {:.3g}% | ", by_base.at(g).er_abs, 100 * by_base.at(g).er_rel) : "- | ";
+      oracle_ += by_oracle.count(g) ? fmt::format("{:.2e} | ", by_oracle.at(g).max_l2) : "- | ";
+    }
+    base32_ += "\n";
+    oracle_ += "\n";
+  }
+  void print() const {
+    fmt::print("Against base32 (the paper's Table 7 reference): Er_abs / Er_rel per module group\n\n{}\n", base32_);
+    fmt::print("Against the fp64 oracle: largest per-tensor l2 error (the gate's metric) per module group\n\n{}\n", oracle_);
+  }
+
+ private:
+  std::vector<std::string> groups_;
+  std::string base32_, oracle_;
+};
+
+}  // namespace
+
 int verify_command(const VerifyArgs& args, const std::string& command_line) {
   args.setup.apply_threads();
   VerifyArgs a = args;
@@ -153,12 +190,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   int gated = 0;
   double worst_gate_ratio = 0;
   std::string worst_gate_run;
-  std::string md_base32 = "| run | " , md_oracle = "| run | ";
-  for (const auto& g : groups) md_base32 += g + " Er_abs / Er_rel | ", md_oracle += g + " l2 | ";
-  std::string rule = "\n|---|";
-  for (std::size_t i = 0; i < groups.size(); ++i) rule += "---|";
-  md_base32 += rule + "\n";
-  md_oracle += rule + "\n";
+  GroupTables tables(groups);
   for (const auto& run : runs) {
     const auto against_base = compare_gradients(base32, run.gradients);
     const auto against_oracle = compare_gradients(oracle, run.gradients, {"the fp64 oracle", run.label});
@@ -187,14 +219,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
                  verdict.standard_error, gate_ratio, verdict.allowance, verdict.effective_entries);
     }
     const auto by_base = group_errors(against_base), by_oracle = group_errors(against_oracle);
-    md_base32 += "| " + run.label + " | ";
-    md_oracle += "| " + run.label + " | ";
-    for (const auto& g : groups) {
-      md_base32 += by_base.count(g) ? fmt::format("{:.2e} / {:.3g}% | ", by_base.at(g).er_abs, 100 * by_base.at(g).er_rel) : "- | ";
-      md_oracle += by_oracle.count(g) ? fmt::format("{:.2e} | ", by_oracle.at(g).max_l2) : "- | ";
-    }
-    md_base32 += "\n";
-    md_oracle += "\n";
+    tables.add(run.label, by_base, by_oracle);
     for (const auto& [reference, errors] : {std::pair{std::string("base32"), by_base}, std::pair{std::string("fp64"), by_oracle}})
       for (const auto& [group, e] : errors)
         table.add({a.setup.source.describe(), run.spec, precision_name(run.dtype, run.mixed ? at::kFloat : run.dtype), status, a.setup.seed,
@@ -203,8 +228,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
                     fmt::format("{:.6e}", e.er_rel), fmt::format("{:.6e}", e.max_normwise), fmt::format("{:.6e}", e.max_l2),
                     is_reference ? "" : fmt::format("{:.4f}", gate_ratio), worst_tensor}});
   }
-  fmt::print("Against base32 (the paper's Table 7 reference): Er_abs / Er_rel per module group\n\n{}\n", md_base32);
-  fmt::print("Against the fp64 oracle: largest per-tensor l2 error (the gate's metric) per module group\n\n{}\n", md_oracle);
+  tables.print();
   const auto csv = table.write(a.output.out_dir, "verify", collect_provenance(command_line, describe_device(device)));
   fmt::print("results: {}\n", std::filesystem::absolute(csv).string());
   // The verdict last, where a reader (or CI's log) looks: every gated run, its worst ratio to the allowance.

@@ -104,7 +104,7 @@ for attempt in 1 2 3 4 5; do
   kill_now
   [[ $STATUS -eq 137 && $LATEST -eq 0 ]] && break
   echo "a kill after $delay s came after the first checkpoint (exit $STATUS, latest $LATEST): again, earlier"
-  rm -rf C b.csv b.log
+  rm -rf C b.csv b.json b.log  # b.json: the metrics sidecar, else the next fresh run refuses to overwrite it
   limit=$(times "$limit" 0.5)
 done
 [[ $STATUS -eq 137 && $LATEST -eq 0 ]] || fail "could not kill the run before its first checkpoint"

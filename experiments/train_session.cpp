@@ -293,16 +293,17 @@ void TrainSession::check_trajectory(const fs::path& latest, const nlohmann::json
     if (key == "steps" && saved.contains(key) && saved.at(key).is_number_integer() &&
         a_.steps > saved.at(key).get<std::int64_t>()) {
       const auto saved_steps = saved.at(key).get<std::int64_t>();
-      if (options_.schedule.kind != "constant")
+      if (options_.schedule.kind != ScheduleKind::Constant)
         throw InputError(fmt::format(
             "{}: the run was written for --steps {}, this one asks {}: the {} schedule decays over --steps, so the "
             "learning rates of the steps already taken belong to a {}-step run and a longer one is another "
             "trajectory. Resume with --steps {}, or start a new run from its weights (--save-model DIR, then "
-            "--load DIR)", latest.string(), saved_steps, a_.steps, options_.schedule.kind, saved_steps, saved_steps));
+            "--load DIR)", latest.string(), saved_steps, a_.steps, schedule_kind_name(options_.schedule.kind),
+            saved_steps, saved_steps));
       if (writer_)
         fmt::print(stderr, "extend    the run was written for --steps {}; it trains on to {} (its {} schedule does "
                            "not depend on --steps, so the steps taken are those of a {}-step run)\n",
-                   saved_steps, a_.steps, options_.schedule.kind, a_.steps);
+                   saved_steps, a_.steps, schedule_kind_name(options_.schedule.kind), a_.steps);
       continue;
     }
     throw InputError(latest.string() + ": the checkpoint's " + key + " is " +

@@ -28,11 +28,14 @@ LrSchedule parse_lr_schedule(const std::string& text) {
   }
   if (!text.empty() && text.back() == ',') throw InputError("lr schedule '" + text + "': trailing ','");
   spec.check_keys({"warmup"});
-  return {spec.name, spec.get_int("warmup", 0, 0)};
+  return {spec.name == "cosine" ? ScheduleKind::Cosine : ScheduleKind::Constant, spec.get_int("warmup", 0, 0)};
 }
 
+const char* schedule_kind_name(ScheduleKind kind) { return kind == ScheduleKind::Cosine ? "cosine" : "constant"; }
+
 std::string lr_schedule_spec(const LrSchedule& schedule) {
-  return schedule.kind + (schedule.warmup ? ",warmup=" + std::to_string(schedule.warmup) : "");
+  return schedule_kind_name(schedule.kind) +
+         (schedule.warmup ? ",warmup=" + std::to_string(schedule.warmup) : std::string());
 }
 
 double lr_at(const LrSchedule& schedule, double base_lr, std::int64_t step, std::int64_t total_steps) {
@@ -44,13 +47,11 @@ double lr_at(const LrSchedule& schedule, double base_lr, std::int64_t step, std:
   if (step < warmup) {
     // float(current_step) / float(max(1, num_warmup_steps)) in both schedules.
     lambda = double(step) / double(std::max<std::int64_t>(1, warmup));
-  } else if (schedule.kind == "cosine") {
+  } else if (schedule.kind == ScheduleKind::Cosine) {
     const double progress = double(step - warmup) / double(std::max<std::int64_t>(1, total_steps - warmup));
     // math.pi * float(num_cycles) * 2.0 * progress, left to right: pi * 0.5 and * 2.0 are exact.
     const double factor = 0.5 * (1.0 + std::cos(std::numbers::pi * 0.5 * 2.0 * progress));
     lambda = factor > 0.0 ? factor : 0.0;  // Python's max(0.0, factor): 0.0 unless factor > 0.0
-  } else if (schedule.kind != "constant") {
-    throw InputError("lr_at: unknown schedule '" + schedule.kind + "' (constant, cosine)");
   }
   return base_lr * lambda;  // LambdaLR.get_lr: base_lr * lmbda(last_epoch)
 }

@@ -8,14 +8,17 @@
 
 namespace sbp {
 
+enum class ScheduleKind { Constant, Cosine };
+
 struct LrSchedule {
-  std::string kind = "constant";  // "constant" or "cosine"
+  ScheduleKind kind = ScheduleKind::Constant;
   std::int64_t warmup = 0;        // optimizer steps of linear warmup from 0
 };
 
 // Throws InputError naming the spec and the unknown kind, key or bad value.
 LrSchedule parse_lr_schedule(const std::string& spec);
 std::string lr_schedule_spec(const LrSchedule& schedule);  // canonical, "cosine,warmup=10"; parses back
+const char* schedule_kind_name(ScheduleKind kind);        // "constant", "cosine"
 
 // The learning rate of optimizer step `step` (0-based: the first step uses lambda(0), as LambdaLR sets it at
 // construction) of `total_steps`. Bitwise equal to the lr that get_constant_schedule_with_warmup /

@@ -66,17 +66,15 @@ at::Tensor where_states_are(const at::Tensor& t, c10::ScalarType dtype, const at
 
 void check_options(const OptimizerOptions& o) {
   const auto fail = [&](const std::string& what) {
-    throw InputError("optimizer '" + o.kind + "': " + what);
+    throw InputError(std::string("optimizer '") + optimizer_kind_name(o.kind) + "': " + what);
   };
-  if (o.kind != "adamw" && o.kind != "sgd")
-    throw InputError("unknown optimizer '" + o.kind + "' (adamw, sgd)");
   // torch's own checks (Adam.__init__, SGD.__init__), plus finiteness.
   if (!std::isfinite(o.lr) || o.lr < 0) fail("lr must be a finite number >= 0");
   if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
   if (!std::isfinite(o.eps) || o.eps < 0) fail("eps must be a finite number >= 0");
   if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) fail("weight_decay must be a finite number >= 0");
   if (!std::isfinite(o.momentum) || o.momentum < 0) fail("momentum must be a finite number >= 0");
-  if (o.kind == "adamw" && o.momentum != 0) fail("momentum is an SGD option");
+  if (o.kind == OptimizerKind::AdamW && o.momentum != 0) fail("momentum is an SGD option");
   const auto st = o.state_dtype;
   if (st != c10::ScalarType::Undefined && st != c10::kDouble && st != c10::kFloat && st != c10::kBFloat16)
     fail(std::string("state dtype must be fp64, fp32 or bf16, not ") + c10::toString(st));
@@ -84,22 +82,25 @@ void check_options(const OptimizerOptions& o) {
 
 }  // namespace
 
+const char* optimizer_kind_name(OptimizerKind kind) { return kind == OptimizerKind::AdamW ? "adamw" : "sgd"; }
+
 OptimizerOptions parse_optimizer_spec(const std::string& text) {
   const Spec spec = parse_spec(text, "optimizer");
   OptimizerOptions o;
-  o.kind = spec.name;
   constexpr double kBelowOne = 1 - std::numeric_limits<double>::epsilon() / 2;  // beta < 1, as torch requires
   constexpr double kMax = std::numeric_limits<double>::max();
-  if (o.kind == "adamw") {
+  if (spec.name == "adamw") {
+    o.kind = OptimizerKind::AdamW;
     spec.check_keys({"lr", "beta1", "beta2", "eps", "weight_decay", "decay_norms_and_biases"});
     o.beta1 = spec.get_double("beta1", o.beta1, 0, kBelowOne);
     o.beta2 = spec.get_double("beta2", o.beta2, 0, kBelowOne);
     o.eps = spec.get_double("eps", o.eps, 0, kMax);
-  } else if (o.kind == "sgd") {
+  } else if (spec.name == "sgd") {
+    o.kind = OptimizerKind::Sgd;
     spec.check_keys({"lr", "momentum", "weight_decay", "decay_norms_and_biases"});
     o.momentum = spec.get_double("momentum", o.momentum, 0, kMax);
   } else {
-    throw InputError("optimizer spec '" + text + "': unknown optimizer '" + o.kind + "' (adamw, sgd)");
+    throw InputError("optimizer spec '" + text + "': unknown optimizer '" + spec.name + "' (adamw, sgd)");
   }
   o.lr = spec.get_double("lr", o.lr, 0, kMax);
   o.weight_decay = spec.get_double("weight_decay", o.weight_decay, 0, kMax);
@@ -108,8 +109,8 @@ OptimizerOptions parse_optimizer_spec(const std::string& text) {
 }
 
 std::string optimizer_spec(const OptimizerOptions& o) {
-  std::string text = o.kind + ":lr=" + shortest(o.lr);
-  if (o.kind == "adamw")
+  std::string text = optimizer_kind_name(o.kind) + std::string(":lr=") + shortest(o.lr);
+  if (o.kind == OptimizerKind::AdamW)
     text += ",beta1=" + shortest(o.beta1) + ",beta2=" + shortest(o.beta2) + ",eps=" + shortest(o.eps);
   else
     text += ",momentum=" + shortest(o.momentum);
@@ -173,7 +174,7 @@ Optimizer::Optimizer(TensorList params, OptimizerOptions options, OffloadTier* s
       return states_tier ? states_tier->zeros(tensor.sizes(), state_dtype)
                          : at::zeros(tensor.sizes(), tensor.options().dtype(state_dtype));
     };
-    if (options_.kind == "adamw") {
+    if (options_.kind == OptimizerKind::AdamW) {
       slot.exp_avg = zeros();
       slot.exp_avg_sq = zeros();
     } else if (options_.momentum != 0) {
@@ -188,7 +189,7 @@ void Optimizer::step(double lr) {
   for (auto& slot : slots_) {
     const at::Tensor& grad = slot.param.grad();
     if (!grad.defined()) continue;
-    if (options_.kind == "adamw")
+    if (options_.kind == OptimizerKind::AdamW)
       adamw_update(slot, grad, lr);
     else
       sgd_update(slot, grad, lr);
@@ -320,7 +321,7 @@ void load_optimizer_state(Optimizer& optimizer, const std::filesystem::path& fil
 OptimizerMemory optimizer_memory(const OptimizerOptions& options, const std::vector<ParamShape>& params) {
   check_options(options);
   OptimizerMemory memory;
-  const bool adamw = options.kind == "adamw";
+  const bool adamw = options.kind == OptimizerKind::AdamW;
   for (const auto& param : params) {
     std::int64_t numel = 1;
     for (const auto n : param.shape) numel *= n;

@@ -20,8 +20,11 @@ namespace sbp {
 
 class OffloadTier;
 
+enum class OptimizerKind { AdamW, Sgd };
+const char* optimizer_kind_name(OptimizerKind kind);  // "adamw", "sgd": the spec's name
+
 struct OptimizerOptions {
-  std::string kind = "adamw";  // "adamw" or "sgd"
+  OptimizerKind kind = OptimizerKind::AdamW;
   double lr = 1e-5, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
   // false: HF Trainer's parameter groups, no weight decay on biases and norm weights (decays_weight).
   bool decay_norms_and_biases = true;

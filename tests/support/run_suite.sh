@@ -17,32 +17,33 @@ gemm_before=$(gemm_store)
 new_files() { git -C "$(dirname "$0")/../.." status --porcelain --untracked-files=all 2>/dev/null | sed -n 's/^?? //p'; }
 files_before=$(new_files)
 # The sanitized tree compiles at nice 19 while the main tree's tests run: they leave a core idle for much of their
-# time (python start-ups, ranks waiting on each other, the last long test alone), and a nice-19 compiler takes only
-# that idle time, so the tests see the machine they would have seen without it.
-background_build() {
-  local log=$1
-  shift
-  nice -n 19 $make_cmd "$@" >"$log" 2>&1
-}
+# time (python start-ups, ranks waiting on each other), and a nice-19 compiler takes little else. The tests labelled
+# `alone` (the memory models against the meter: a peak depends on what else runs) wait until it has finished.
 sanitized=${2:-}
 bg_log=$(mktemp "${TMPDIR:-/tmp}/streambp-sanitize-build-XXXXXX.log")
 bg_pid=
 trap 'rm -f "$bg_log"' EXIT
+bg_status=1
+finish_background_build() {  # once: waits for it, prints its output, keeps its exit status in bg_status
+  [[ -n $bg_pid ]] || return 0
+  bg_status=0
+  wait "$bg_pid" || bg_status=$?
+  bg_pid=
+  cat "$bg_log"
+}
 for tree in "$@"; do
+  built=0
   if [[ $tree == "$1" ]]; then
     # The main tree's build first, alone: a compile error there is the first thing a developer wants to see.
-    built=0
     $make_cmd build && built=1
     if [[ -n $sanitized ]]; then
-      echo "run_suite: building $sanitized/ at nice 19 while $tree/'s tests run (its output: $bg_log)"
-      background_build "$bg_log" sanitize-build &
+      echo "run_suite: building $sanitized/ at nice 19 while $tree/'s tests run (its output follows them)"
+      nice -n 19 $make_cmd sanitize-build >"$bg_log" 2>&1 &
       bg_pid=$!
     fi
   else
-    built=0
-    if wait "$bg_pid"; then built=1; fi
-    bg_pid=
-    cat "$bg_log"
+    finish_background_build
+    [[ $bg_status -eq 0 ]] && built=1
   fi
   if [[ $built -eq 0 ]]; then
     summary+=("$tree/: the build failed (its output is above)")
@@ -50,18 +51,29 @@ for tree in "$@"; do
     continue
   fi
   log=$tree/ctest.log
-  ctest --test-dir "$tree" --output-on-failure -j "$jobs" 2>&1 | tee "$log"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  # ctest's closing lines: "100% tests passed, 0 tests failed out of 255", then the skipped ones listed under
-  # "The following tests did not run:" as "  <n> - <name> (Skipped)".
-  line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
-  if [[ -z $line ]]; then
+  if [[ $tree == "$1" ]]; then
+    ctest --test-dir "$tree" --output-on-failure -j "$jobs" -LE alone 2>&1 | tee "$log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    finish_background_build
+    ctest --test-dir "$tree" --output-on-failure -L alone 2>&1 | tee -a "$log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  else
+    ctest --test-dir "$tree" --output-on-failure -j "$jobs" 2>&1 | tee "$log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  fi
+  # ctest's closing lines, once per run: "100% tests passed, 0 tests failed out of 255", then the skipped ones listed
+  # under "The following tests did not run:" as "  <n> - <name> (Skipped)".
+  lines=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log")
+  if [[ -z $lines ]]; then
     summary+=("$tree/: ctest printed no summary (see $log)")
     status=1
     continue
   fi
-  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$line")
-  total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")
+  failed=0 total=0
+  while read -r line; do
+    failed=$((failed + $(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$line")))
+    total=$((total + $(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")))
+  done <<<"$lines"
   skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*\((Skipped|Disabled)\)$' "$log")
   passed=$((total - failed - skipped))
   summary+=("$tree/: $passed passed, $failed failed, $skipped skipped (of $total; log: $log)")

@@ -49,14 +49,14 @@ def main():
         return step(self, *args, **kwargs)
 
     DeepSpeedEngine.step = reading_step
+    sp_handler = DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")
     rows = [{"input_ids": ids[i], "labels": labels[i], "position_ids": torch.arange(16)} for i in range(2)]
     args = TrainingArguments(
         output_dir=os.environ.get("TMPDIR", "/tmp") + "/trainer_sp_probe", per_device_train_batch_size=1,
         max_steps=1, report_to=[], use_cpu=True, learning_rate=0.0, save_strategy="no",
         deepspeed={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                    "zero_optimization": {"stage": int(os.environ.get("ZERO", "2"))}},
-        parallelism_config=ParallelismConfig(
-            sp_size=2, sp_backend="deepspeed", sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")))
+        parallelism_config=ParallelismConfig(sp_size=2, sp_backend="deepspeed", sp_handler=sp_handler))
     Trainer(model=model, args=args, train_dataset=rows).train()
     if torch.distributed.get_rank() == 0:
         got = seen[0]

@@ -12,6 +12,7 @@ Rank 0 prints, per tensor, |g| / |g_ref| and the residual after that scale. A ti
 set-up before it starts (deepspeed.init_distributed: accelerate leaves it to the launcher).
 """
 import os
+import tempfile
 
 import deepspeed
 import torch
@@ -51,13 +52,15 @@ def main():
     DeepSpeedEngine.step = reading_step
     sp_handler = DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")
     rows = [{"input_ids": ids[i], "labels": labels[i], "position_ids": torch.arange(16)} for i in range(2)]
+    out = tempfile.TemporaryDirectory()  # the Trainer's output_dir; it saves nothing (save_strategy "no")
     args = TrainingArguments(
-        output_dir=os.environ.get("TMPDIR", "/tmp") + "/trainer_sp_probe", per_device_train_batch_size=1,
+        output_dir=out.name, per_device_train_batch_size=1,
         max_steps=1, report_to=[], use_cpu=True, learning_rate=0.0, save_strategy="no",
         deepspeed={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                    "zero_optimization": {"stage": int(os.environ.get("ZERO", "2"))}},
         parallelism_config=ParallelismConfig(sp_size=2, sp_backend="deepspeed", sp_handler=sp_handler))
     Trainer(model=model, args=args, train_dataset=rows).train()
+    out.cleanup()
     if torch.distributed.get_rank() == 0:
         got = seen[0]
         for name, ref in reference.items():

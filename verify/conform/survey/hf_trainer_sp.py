@@ -94,14 +94,14 @@ def worker(case_dir):
             return loss
 
     DeepSpeedEngine.step = reading_step
+    sp_handler = DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=B, max_steps=1, report_to=[], use_cpu=True,
             learning_rate=0.0, save_strategy="no", max_grad_norm=0.0,
             deepspeed={"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": 1,
                        "zero_optimization": {"stage": ZERO}},
-            parallelism_config=ParallelismConfig(sp_size=sp, sp_backend="deepspeed",
-                                                 sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")))
+            parallelism_config=ParallelismConfig(sp_size=sp, sp_backend="deepspeed", sp_handler=sp_handler))
         RecordingTrainer(model=model, args=args, train_dataset=rows).train()
     if rank == 0:
         grads = {n: seen[0][n] for n in trainable}

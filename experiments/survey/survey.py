@@ -58,7 +58,8 @@ def make_venv(entry):
     venv = CACHE / entry["venv"]
     source = source_dir(entry)
     base = sysconfig.get_paths()["purelib"]
-    wanted = json.dumps({"requirements": entry["requirements"], "env": entry.get("install_env", {}), "base": base,
+    wanted = json.dumps({"requirements": entry["requirements"], "no_deps": entry.get("no_deps", []),
+                         "env": entry.get("install_env", {}), "base": base,
                          "source": str(source) if source and entry["source"].get("install", True) else None},
                         sort_keys=True)
     stamp = venv / ".survey-stamp"
@@ -75,6 +76,10 @@ def make_venv(entry):
     done = subprocess.run(pip + [TORCH] + entry["requirements"], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError("pip install failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+    if entry.get("no_deps"):  # a library whose declared dependencies (a cluster stack) its tested path never imports
+        done = subprocess.run(pip + ["--no-deps"] + entry["no_deps"], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError("pip install --no-deps failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
     if source and entry["source"].get("install", True):
         done = subprocess.run(pip + ["--no-deps", "--no-build-isolation", "-e", str(source)], env=env,
                               capture_output=True, text=True)

@@ -9,7 +9,7 @@
 
 namespace sbp {
 
-double CheckpointBackprop::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
+double CheckpointBackprop::backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
   // inputs: [B, T, d] the input of layer l, and the last hidden state; in the offload tier once read, with one.
   auto inputs = checkpointed_forward(model, batch, clock,

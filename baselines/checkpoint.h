@@ -16,7 +16,7 @@ class CheckpointBackprop final : public BackpropMethod {
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return checkpoint_flops(workload); }
  private:
-  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
+  double backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) override;
 };
 
 struct MethodEntry;

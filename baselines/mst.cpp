@@ -14,7 +14,7 @@
 
 namespace sbp {
 
-double MsT::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
+double MsT::backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
   const auto T = batch.seq_len();
   const auto chunk = mini_sequence_length(T, options_.mini_seq);
@@ -48,7 +48,7 @@ double MsT::backprop(Model& model, Objective& objective, const Batch& batch, Pha
   return loss;
 }
 
-HeadResult MsT::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t chunk,
+HeadResult MsT::head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last, std::int64_t chunk,
                               PhaseClock& clock) const {
   return streamed_head(model, objective, h_last, chunk, clock);
 }

@@ -35,11 +35,11 @@ class MsT : public BackpropMethod {
   const Options& options() const { return options_; }
   // The LM head + loss in mini-sequences of `chunk` positions (streamed_head): the loss and dLoss/dH[L]; commits the
   // head's gradients.
-  virtual HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+  virtual HeadResult head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                                    std::int64_t chunk, PhaseClock& clock) const;
 
  private:
-  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
+  double backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) override;
   // Re-forward of one layer with the MLP in mini-sequences; returns dLoss/dH_in given H_in and dLoss/dH_out.
   at::Tensor layer_backward(const Model& model, int layer, const at::Tensor& h_in, const at::Tensor& g_out,
                             std::int64_t chunk, PhaseClock& clock) const;

@@ -8,7 +8,7 @@
 
 namespace sbp {
 
-double StandardBackprop::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
+double StandardBackprop::backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
   at::Tensor loss;
   // Parameter use (ZeRO-3), as DeepSpeed does it for one graph: a layer is in use for its forward, and again from

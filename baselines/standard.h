@@ -14,7 +14,7 @@ class StandardBackprop final : public BackpropMethod {
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return standard_flops(workload); }
  private:
-  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
+  double backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) override;
 };
 
 struct MethodEntry;

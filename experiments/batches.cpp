@@ -64,7 +64,7 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
 
 }  // namespace
 
-Workload make_workload(const Model& model, const Objective& objective, const Batch& batch) {
+Workload make_workload(const Model& model, const PreparedObjective& objective, const Batch& batch) {
   Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
              objective.needs_statistics()};
   w.threads = at::get_num_threads();
@@ -121,20 +121,20 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   synchronize(model.device());
   pass.peak_bytes = (cuda_meter ? cuda_meter->peak_bytes() : cpu_meter.peak_bytes()) - before;
-  auto workload = make_workload(model, objective, batch);
+  auto workload = make_workload(model, objective.prepare(batch, model.config(), std::nullopt, source), batch);
   workload.lora_rank = workload.lora_parameters = 0;  // the reference computes the base function
   pass.model = reference_pass_memory(workload, kReferenceLayerChunk, kReferenceHeadChunk,
                                      /*separate_weights=*/!ref_dir.empty());
   return pass;
 }
 
-Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
-                            std::int64_t group, std::uint64_t seed) {
+Batch prepared_random_batch(const Model& model, const Objective& objective, std::int64_t batch_size,
+                            std::int64_t seq_len, std::int64_t group, std::uint64_t seed) {
   auto batch = objective.random_batch(model.config(),
                                       {batch_size, seq_len, 0.0, objective.name() == "sft" ? 0.1 : 0.0, seed, group})
                    .to(model.device());
   complete_batch(model, objective, batch, "random batch", true, "", model.dtype(), seed);
-  objective.prepare(batch, model.config(), "random batch");
+  objective.prepare(batch, model.config(), std::nullopt, "random batch");  // its checks
   return batch;
 }
 

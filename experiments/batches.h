@@ -19,8 +19,9 @@ namespace sbp {
 Batch read_batch_file(const std::filesystem::path& file);
 void write_batch_file(const Batch& batch, const std::filesystem::path& file);
 
-// The memory models' view of a run: shape, dtype, the (prepared) objective's buffers and statistics pass, LoRA.
-Workload make_workload(const Model& model, const Objective& objective, const Batch& batch);
+// The memory models' view of a run: shape, dtype, the objective's buffers and statistics pass as prepared on `batch`,
+// LoRA.
+Workload make_workload(const Model& model, const PreparedObjective& objective, const Batch& batch);
 
 struct ReferencePass {
   bool ran = false;
@@ -40,8 +41,8 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed);
 
 // A random B x T batch on the model's device for the drivers' measurements (SFT: the first 10% of each row is prompt; GRPO/DPO draw
-// theirs), its log-probs completed and the objective prepared on it.
-Batch prepared_random_batch(const Model& model, Objective& objective, std::int64_t batch_size, std::int64_t seq_len,
-                            std::int64_t group, std::uint64_t seed);
+// theirs), its log-probs completed and checked by preparing the objective on it.
+Batch prepared_random_batch(const Model& model, const Objective& objective, std::int64_t batch_size,
+                            std::int64_t seq_len, std::int64_t group, std::uint64_t seed);
 
 }  // namespace sbp

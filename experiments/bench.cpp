@@ -159,8 +159,8 @@ void head_chunk(benchmark::State& state, Bench& bench) {
   const auto c_h = state.range(0);
   // One head chunk of c_h tokens at start 0, every position but the last scored (labels = input_ids).
   const auto batch = on_device(sbp::random_sft_batch(m, {kBatch, c_h, 0.0, 0.0, kSeed}), bench.device);
-  sbp::SftObjective objective;
-  objective.prepare(batch, m);
+  const sbp::SftObjective sft;
+  const auto objective = sft.prepare(batch, m);
   const auto h_last = at::randn({kBatch, c_h, m.hidden_size}, bench.options());  // [B, c_h, d]
   const std::vector<at::Tensor> norm = {model.final_norm_weight()};
   at::Tensor lm_sum;         // [V, d]: the lm_head gradient sum, live across chunks
@@ -239,9 +239,9 @@ void method_step(benchmark::State& state, Bench& bench, const std::function<std:
   sbp::SftObjective objective;
   const auto batch = on_device(sbp::random_sft_batch(bench.model.config(), {kBatch, T, 0.0, 0.0, kSeed}), bench.device);
   time_iterations(state, bench, [&] { method->step(bench.model, objective, batch); });
-  objective.prepare(batch, bench.model.config());
-  const sbp::Workload workload{bench.model.config(), bench.model.dtype(), kBatch, T, objective.buffer_bytes_per_token(),
-                               objective.needs_statistics()};
+  const auto prepared = objective.prepare(batch, bench.model.config());
+  const sbp::Workload workload{bench.model.config(), bench.model.dtype(), kBatch, T, prepared.buffer_bytes_per_token(),
+                               prepared.needs_statistics()};
   set_rates(state, T, method->flops(workload));
   bench.model.zero_grad();
 }

@@ -189,7 +189,8 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   precision_ = precision_name(model_->dtype(), model_->grad_dtype());
   // The memory model needs the prepared objective's per-token buffers, which do not depend on T: one small batch.
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
-  base_workload_ = make_workload(*model_, *objective_, batch_at(std::max(16, 2 * sp_)));
+  const auto small = batch_at(std::max(16, 2 * sp_));
+  base_workload_ = make_workload(*model_, objective_->prepare(small, model_->config()), small);
   base_workload_.sequence_parallel = sp_;
   base_workload_.offload_checkpoints = a.offload.checkpoints();
   base_workload_.offload_optimizer = a.offload.optimizer();

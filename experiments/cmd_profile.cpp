@@ -42,7 +42,7 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
   auto objective = build_objective(setup);
   auto model = build_model(setup);
   const auto batch = prepared_random_batch(*model, *objective, a.measure.batch_size(), a.measure.seq_len(), 0, seed);
-  const auto workload = make_workload(*model, *objective, batch);
+  const auto workload = make_workload(*model, objective->prepare(batch, model->config()), batch);
   // Every method's modelled peak against what the process may use, before any step (experiments/memory_check.h): a
   // method that cannot fit stops the run in seconds, not after the methods before it.
   if (!a.no_memory_check)

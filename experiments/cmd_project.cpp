@@ -102,8 +102,8 @@ Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank, cons
   w.config = c;
   w.dtype = c10::kBFloat16;
   w.batch_size = batch;
-  w.objective_bytes_per_token = objective.buffer_bytes_per_token();
-  w.statistics_pass = objective.needs_statistics();  // DPO: the streamed head's pass over the row sums
+  w.objective_bytes_per_token = Objective::kTargetBytesPerToken;
+  w.statistics_pass = objective.has_row_term();  // DPO: the streamed head's pass over the row sums
   w.threads = 1;
   // A GPU's kernels (cuBLAS, flash attention) take workspaces this machine cannot measure, and this CPU's would not
   // describe them: the projection models none, and says so.

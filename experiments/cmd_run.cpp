@@ -400,8 +400,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   model->to(device);
   batch = batch.to(device);
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.setup.seed);
-  objective->prepare(batch, model->config(), batch_source);  // every check before anything is written
-  auto workload = make_workload(*model, *objective, batch);
+  // Every check before anything is written.
+  auto workload = make_workload(*model, objective->prepare(batch, model->config(), std::nullopt, batch_source), batch);
   workload.offload_checkpoints = a.offload.checkpoints();
   workload.offload_gradients = a.offload.gradients();
   // The step's inputs (weights, adapter, batch): with --model-only (what a step would take, without one), or after a

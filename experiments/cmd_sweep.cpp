@@ -254,7 +254,7 @@ int Sweep::run() {
       // This rank's B / world rows of the global batch of B rows.
       auto batch = prepared_random_batch(*model_, *objective_, B, T, setup_.group, setup_.seed);
       if (ranks_.world > 1) batch = objective_->split(batch, ranks_.world, "random batch").at(std::size_t(ranks_.rank));
-      const auto workload = make_workload(*model_, *objective_, batch);
+      const auto workload = make_workload(*model_, objective_->prepare(batch, model_->config()), batch);
       auto point = measure_point(B, T, todo, batch);
       add_rows(B, T, todo, workload, point);
       // After every point: a killed sweep keeps what it finished.

@@ -144,7 +144,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
                     : read_batch_file(a.batch_file);
   validate_tokens(batch, config, source);
   complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.setup.seed);
-  objective->prepare(batch, config, source);
+  objective->prepare(batch, config, std::nullopt, source);  // its checks
 
   const Batch device_batch = batch.to(device);
   auto step = [&](Model& model, const std::string& spec) {

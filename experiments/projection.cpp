@@ -34,8 +34,8 @@ Workload alst_workload(const ModelConfig& config, const Objective& objective, co
   w.config = config;
   w.dtype = c10::kBFloat16;
   w.batch_size = 1;
-  w.objective_bytes_per_token = objective.buffer_bytes_per_token();
-  w.statistics_pass = objective.needs_statistics();
+  w.objective_bytes_per_token = Objective::kTargetBytesPerToken;
+  w.statistics_pass = objective.has_row_term();
   w.threads = 1;
   w.workspaces = no_kernel_workspaces();  // the GPU's are the floor term, not a CPU calibration's
   w.world_size = world;

@@ -405,8 +405,8 @@ std::pair<Batch, std::string> TrainSession::batch_for_step(std::int64_t s) {
 // use (false: refused, said on rank 0; --no-memory-check trains anyway).
 bool TrainSession::first_step_fits(const Batch& batch, const std::string& source) {
   const auto micro = trainer_->micro_batches(batch, source);
-  objective().prepare(micro.front(), model().config(), source);
-  auto workload = make_workload(model(), objective(), micro.front());
+  auto workload =
+      make_workload(model(), objective().prepare(micro.front(), model().config(), std::nullopt, source), micro.front());
   trainer_->add_optimizer_memory(workload);
   workload.accumulating = micro.size() > 1;
   workload.offload_checkpoints = r_.offload.checkpoints();

@@ -11,12 +11,13 @@
 
 namespace sbp {
 
-StepResult BackpropMethod::step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options) {
+StepResult BackpropMethod::step(Model& model, const Objective& objective, const Batch& batch,
+                                const StepOptions& options) {
   if (!model.kv_source().is_local() && !runs_sequence_shards())
     throw InputError("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
                                 "BP and checkpointing do)");
   if (!options.accumulate) model.zero_grad();
-  objective.prepare(batch, model.config());
+  const auto prepared = objective.prepare(batch, model.config(), options.step_totals);
   PhaseClock clock;
   const auto start = std::chrono::steady_clock::now();
   // The embedding and the head (final norm, lm_head) are used at both ends of the step: in use throughout.
@@ -25,7 +26,7 @@ StepResult BackpropMethod::step(Model& model, Objective& objective, const Batch&
   parameter_use({"embedding+head", outer, true});
   double loss = 0;
   try {
-    loss = backprop(model, objective, batch, clock);
+    loss = backprop(model, prepared, batch, clock);
   } catch (...) {
     parameter_use({"embedding+head", outer, false});
     throw;
@@ -62,18 +63,20 @@ at::Tensor BackpropMethod::rank_tokens(const Model& model, const Batch& batch) {
   return model.kv_source().own_positions(batch.input_ids, 1);
 }
 
-at::Tensor BackpropMethod::rank_loss(const Model& model, Objective& objective, const at::Tensor& logits) {
+at::Tensor BackpropMethod::rank_loss(const Model& model, const PreparedObjective& prepared, const at::Tensor& logits) {
   auto& source = model.kv_source();
   const auto rows = logits.size(1);
-  if (objective.needs_statistics() && !source.is_local()) {
+  auto objective = prepared;
+  if (prepared.needs_statistics() && !source.is_local()) {
     // A row term couples positions across ranks: its statistics summed over the group first (each block's logits
     // copied, as the pass overwrites what it reads).
     at::NoGradGuard no_grad;
+    StatisticsPass statistics(prepared);
     source.for_each_chunk(rows, rows, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
       auto copy = logits.narrow(1, s, e - s).clone();
-      objective.accumulate_statistics(copy, position);
+      statistics.add(copy, position);
     });
-    objective.finish_statistics([&](at::Tensor& values) { source.sum_over_group(values); });
+    objective = statistics.finish([&](at::Tensor& values) { source.sum_over_group(values); });
   }
   // Block by block at each block's global start (locally one block: the whole logits at 0).
   at::Tensor loss;

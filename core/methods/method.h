@@ -6,6 +6,7 @@
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,8 @@ using ParameterUseFn = std::function<void(const ParameterUse&)>;
 struct StepOptions {
   // Add into the gradients already there (the micro-batches of one optimizer step) instead of freeing them first.
   bool accumulate = false;
+  // Normalise the objective by the optimizer step's totals instead of the batch's own (Objective::prepare).
+  std::optional<StepTotals> step_totals;
 };
 
 class BackpropMethod {
@@ -69,9 +72,10 @@ class BackpropMethod {
   // Canonical spec; make_method(spec()) builds the same method.
   virtual std::string spec() const = 0;
   // What every method's step does, in one place: frees the model's gradients (unless options.accumulate), prepares
-  // the objective on `batch`, runs forward + backward (backprop) under the clock and leaves the exact gradient of the
-  // objective in every trainable tensor's grad() (added to what was there when accumulating).
-  StepResult step(Model& model, Objective& objective, const Batch& batch, const StepOptions& options = {});
+  // the objective on `batch` (the prepared objective lives for this step), runs forward + backward (backprop) under
+  // the clock and leaves the exact gradient of the objective in every trainable tensor's grad() (added to what was
+  // there when accumulating).
+  StepResult step(Model& model, const Objective& objective, const Batch& batch, const StepOptions& options = {});
   // Called at every group's gradient-ready moment of the following steps (empty: none).
   void on_gradient_ready(GradientReadyFn fn) { gradient_ready_ = std::move(fn); }
   // Called where the following steps start and stop using each group's parameters (empty: none).
@@ -95,7 +99,7 @@ class BackpropMethod {
  protected:
   // The method itself: forward + backward of the prepared objective on `batch`, adding the gradients into grad()
   // (autograd's accumulation, ChunkGradients::commit); returns the loss. Phases go to `clock`.
-  virtual double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) = 0;
+  virtual double backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) = 0;
   // The events, for backprop: each method fires them where that group's gradient becomes final.
   void layer_ready(const Model& model, int layer) const;
   void head_ready(const Model& model) const;
@@ -128,7 +132,7 @@ class BackpropMethod {
   // The objective's term for logits of rank_tokens' positions ([B, t, V]): one chunk at 0, or block by block at each
   // block's global start.
   // An objective with a row term (DPO, GRPO's sequence importance) first sums its statistics over the group.
-  static at::Tensor rank_loss(const Model& model, Objective& objective, const at::Tensor& logits);
+  static at::Tensor rank_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& logits);
   // The begin and end events of a layer, for a method whose uses are not one scope (standard BP: its backward runs
   // inside autograd).
   void layer_use(const Model& model, int layer, bool begin) const;

@@ -33,7 +33,7 @@ at::Tensor StreamBP::attend(const Model& model, const at::Tensor& q, const at::T
   return model.attend(q, K.slice(2, 0, e), V.slice(2, 0, e), q_start, &sums);
 }
 
-HeadResult StreamBP::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+HeadResult StreamBP::head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                                    PhaseClock& clock) const {
   return streamed_head(model, objective, h_last, options_.head_chunk, clock);
 }
@@ -42,7 +42,7 @@ c10::ScalarType StreamBP::accumulation_dtype(c10::ScalarType dtype) const {
   return ChunkGradients::accumulation_dtype(dtype);
 }
 
-double StreamBP::backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) {
+double StreamBP::backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) {
   const int L = int(model.config().num_hidden_layers);
 
   // Forward without a graph, itself chunked: keeps the input of every layer (H[l]: [B, T, d]) and the last hidden

@@ -51,7 +51,7 @@ class StreamBP : public BackpropMethod {
 
  protected:
   // The LM head + loss per head chunk (streamed_head): the loss and dLoss/dH[L]; commits the head's gradients.
-  virtual HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+  virtual HeadResult head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                                    PhaseClock& clock) const;
   // One layer's exact backward, streamed: g holds dLoss/dH_out [B, T, d] on entry and dLoss/dH_in on return. Each
   // chunk reads its own rows of dLoss/dH_out once (the layer is position-wise outside attention, whose K/V
@@ -70,7 +70,7 @@ class StreamBP : public BackpropMethod {
   virtual c10::ScalarType accumulation_dtype(c10::ScalarType dtype) const;
 
  private:
-  double backprop(Model& model, Objective& objective, const Batch& batch, PhaseClock& clock) override;
+  double backprop(Model& model, const PreparedObjective& objective, const Batch& batch, PhaseClock& clock) override;
 
   Options options_;
 };

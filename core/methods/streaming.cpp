@@ -52,24 +52,27 @@ at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor
   return out;
 }
 
-void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk) {
+PreparedObjective statistics_pass(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
+                                  std::int64_t head_chunk) {
   at::NoGradGuard no_grad;
+  StatisticsPass statistics(objective);
   for_each_rank_chunk(model, h_last.size(1), head_chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     auto logits = model.logits(model.final_norm(h_last.slice(1, s, e)));  // [B, c_h, V]
-    objective.accumulate_statistics(logits, position);
+    statistics.add(logits, position);
   });
   auto& source = model.kv_source();
-  objective.finish_statistics([&](at::Tensor& s) { source.sum_over_group(s); });
+  return statistics.finish([&](at::Tensor& s) { source.sum_over_group(s); });
 }
 
-HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
-                         PhaseClock& clock) {
+HeadResult streamed_head(const Model& model, const PreparedObjective& prepared, const at::Tensor& h_last,
+                         std::int64_t head_chunk, PhaseClock& clock) {
   const auto T = h_last.size(1);
   // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
   // not the whole sequence (a source that is not local never holds it: their sum over the group).
-  if (objective.needs_statistics() && (head_chunk < T || !model.kv_source().is_local())) {
+  auto objective = prepared;
+  if (prepared.needs_statistics() && (head_chunk < T || !model.kv_source().is_local())) {
     Phase phase(clock, "statistics");
-    statistics_pass(model, objective, h_last, head_chunk);
+    objective = statistics_pass(model, prepared, h_last, head_chunk);
   }
   HeadResult out;
   out.grad = at::zeros_like(h_last);

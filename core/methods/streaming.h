@@ -16,8 +16,8 @@
 namespace sbp {
 
 class Model;
-class Objective;
 class PhaseClock;
+class PreparedObjective;
 
 // Chunk boundaries [s, e) covering [0, T); the last chunk is the remainder when c does not divide T.
 template <typename F>
@@ -42,8 +42,10 @@ std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, cons
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk);
 
 // Pass 1 of ARCHITECTURE.md §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
-// objective's row statistics. h_last: [B, T, d], the last decoder layer's output.
-void statistics_pass(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk);
+// objective's row statistics (summed over a sequence-parallel group); returns the objective completed with them.
+// h_last: [B, T, d], the last decoder layer's output.
+PreparedObjective statistics_pass(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
+                                  std::int64_t head_chunk);
 
 struct HeadResult {
   double loss = 0;  // the objective's value: the sum of the chunk terms
@@ -53,8 +55,8 @@ struct HeadResult {
 // first when the objective needs one (phase "statistics"), then per chunk final norm + logits (one [B, c_h, V]
 // buffer), the objective's in-place gradient, and the head backward by hand — the lm_head gradient accumulates
 // inside the GEMM.
-HeadResult streamed_head(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t head_chunk,
-                         PhaseClock& clock);
+HeadResult streamed_head(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
+                         std::int64_t head_chunk, PhaseClock& clock);
 
 // logp[b, t] = log_softmax(logits[b, t - 1] / temperature)[input_ids[b, t]] for t >= 1, column 0 = 0: [B, T] fp64.
 // A chunked no-grad pass of `model` on its own hidden states; never holds more than [B, head_chunk, V] logits.

@@ -37,7 +37,7 @@ struct Workload {
   ModelConfig config;
   c10::ScalarType dtype = c10::kFloat;  // compute dtype (Model::dtype)
   std::int64_t batch_size = 1, seq_len = 1;
-  // What the objective adds (Objective::buffer_bytes_per_token, needs_statistics after prepare): its per-position
+  // What the objective adds (PreparedObjective::buffer_bytes_per_token and needs_statistics): its per-position
   // buffers (targets, masks, GRPO's old/ref log-probs), and whether a streamed head runs the statistics pass.
   std::int64_t objective_bytes_per_token = 16;
   bool statistics_pass = false;

@@ -9,6 +9,13 @@
 
 namespace sbp {
 
+// What DPO keeps of a batch besides its targets.
+struct DpoObjective::State final : ObjectiveState {
+  at::Tensor ref;  // [2P] fp64: the reference's log-prob sums
+  // The step's pairs when normalised by the step's totals; none: the mean over the batch's own pairs.
+  std::optional<double> step_pairs;
+};
+
 DpoObjective::DpoObjective(const Spec& spec) {
   spec.check_keys({"beta", "label_smoothing"});
   options_.beta = spec.get_double("beta", options_.beta, 0.0, 1e6);
@@ -59,7 +66,9 @@ std::vector<Batch> DpoObjective::split(const Batch& batch, std::int64_t parts, c
   return out;
 }
 
-void DpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std::string& source) {
+Objective::Fields DpoObjective::prepare_fields(const Batch& b, const ModelConfig&,
+                                               const std::optional<StepTotals>& step_totals,
+                                               const std::string& source) const {
   check_field_names(b, {"completion_mask"}, {"ref_logps"}, "dpo", source);
   const auto rows = b.batch_size();
   if (rows % 2 != 0)
@@ -68,27 +77,32 @@ void DpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std:
   const auto completion = checked_completion_mask(b, source);
   if (!b.has("ref_logps"))
     throw InputError(source + ": dpo needs ref_logps in the batch or --ref (a reference model)");
-  ref_ = checked_float_field(b, "ref_logps", {rows}, {}, source);
-  targets_ = at::where(shift_left(completion, 0) == 1, shift_left(b.input_ids, 0), -1);
-  temperature_ = 1.0;
+  auto state = std::make_shared<State>();
+  state->ref = checked_float_field(b, "ref_logps", {rows}, {}, source);
+  if (step_totals) state->step_pairs = rows_normaliser(step_totals, rows) / 2;
+  Fields fields;
+  fields.targets = at::where(shift_left(completion, 0) == 1, shift_left(b.input_ids, 0), -1);
+  fields.state = std::move(state);
+  return fields;
 }
 
-at::Tensor DpoObjective::token_loss(const at::Tensor& logp, std::int64_t) const {
+at::Tensor DpoObjective::token_loss(const PreparedObjective&, const at::Tensor& logp, std::int64_t) const {
   return at::zeros({}, logp.options());  // the whole loss is the row term
 }
 
-at::Tensor DpoObjective::row_statistics(const at::Tensor& logp, std::int64_t) const {
+at::Tensor DpoObjective::row_statistics(const PreparedObjective&, const at::Tensor& logp, std::int64_t) const {
   return logp.sum(1);  // [2P]; logp is 0 on unscored positions
 }
 
-at::Tensor DpoObjective::row_loss(const at::Tensor& S) const {
+at::Tensor DpoObjective::row_loss(const PreparedObjective& prepared, const at::Tensor& S) const {
+  const auto& state = prepared.state<State>();
   const auto P = S.size(0) / 2;
-  const auto ratios = S - ref_.to(S.scalar_type());  // log pi/ref per row
+  const auto ratios = S - state.ref.to(S.scalar_type());  // log pi/ref per row
   const auto z = options_.beta * (ratios.slice(0, 0, P) - ratios.slice(0, P));
   const double ls = options_.label_smoothing;
   // The mean over pairs, or over the step's pairs when the micro-batches of one step share its totals.
   const auto losses = -(1.0 - ls) * at::log_sigmoid(z) - ls * at::log_sigmoid(-z);
-  return step_totals_ ? losses.sum() / (rows_normaliser(S.size(0)) / 2) : losses.mean();
+  return state.step_pairs ? losses.sum() / *state.step_pairs : losses.mean();
 }
 
 }  // namespace sbp

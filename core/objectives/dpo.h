@@ -32,18 +32,19 @@ class DpoObjective : public Objective {
   std::vector<Batch> split(const Batch& batch, std::int64_t parts, const std::string& source) const override;
   bool paired_rows() const override { return true; }
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
+  bool has_row_term() const override { return true; }
 
  protected:
-  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
+  Fields prepare_fields(const Batch& batch, const ModelConfig& config, const std::optional<StepTotals>& step_totals,
+                        const std::string& source) const override;
 
  private:
-  at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
-  bool has_row_term() const override { return true; }
-  at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const override;
-  at::Tensor row_loss(const at::Tensor& S) const override;
+  struct State;
+  at::Tensor token_loss(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const override;
+  at::Tensor row_statistics(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const override;
+  at::Tensor row_loss(const PreparedObjective& prepared, const at::Tensor& S) const override;
 
   Options options_;
-  at::Tensor ref_;  // [2P] fp64
 };
 
 }  // namespace sbp

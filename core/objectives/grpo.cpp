@@ -10,6 +10,18 @@
 
 namespace sbp {
 
+// What GRPO keeps of a batch besides its targets.
+struct GrpoObjective::State final : ObjectiveState {
+  at::Tensor advantages;  // [B] fp64
+  at::Tensor old, ref;    // [B, T] fp64 per position (t scores token t + 1); old undefined: the current policy
+  at::Tensor counts;      // [B] fp64: completion tokens of each row (n_b)
+  at::Tensor weights;     // [B] fp64: the loss_type's normaliser per token of row b
+  // [B, c]: the old policy's log-probs of a chunk (the current one's, detached, without old_logps).
+  at::Tensor old_chunk(const at::Tensor& logp, std::int64_t start) const {
+    return old.defined() ? chunk_of(old, start, logp) : logp.detach();
+  }
+};
+
 GrpoObjective::GrpoObjective(const Spec& spec) {
   spec.check_keys({"beta", "epsilon_low", "epsilon_high", "loss_type", "temperature", "importance", "max_completion_length"});
   Options o;
@@ -21,7 +33,6 @@ GrpoObjective::GrpoObjective(const Spec& spec) {
   o.importance = spec.get_choice("importance", o.importance, {"token", "sequence"});
   o.max_completion_length = spec.get_int("max_completion_length", o.max_completion_length, 1);
   options_ = o;
-  temperature_ = o.temperature;
 }
 
 std::string GrpoObjective::spec() const {
@@ -88,42 +99,46 @@ Batch GrpoObjective::with_reference(const Batch& batch, const at::Tensor& token_
   return out;
 }
 
-void GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&, const std::string& source) {
+Objective::Fields GrpoObjective::prepare_fields(const Batch& b, const ModelConfig&,
+                                                const std::optional<StepTotals>& step_totals,
+                                                const std::string& source) const {
   check_field_names(b, {"completion_mask", "advantages"}, {"old_logps", "ref_logps"}, "grpo", source);
   const auto B = b.batch_size(), T = b.seq_len();
   const auto completion = checked_completion_mask(b, source);  // [B, T] per token
-  advantages_ = checked_float_field(b, "advantages", {B}, {}, source);
-  old_ = b.has("old_logps") ? shift_left(checked_float_field(b, "old_logps", {B, T}, completion, source), 0.0) : at::Tensor();
-  ref_ = at::Tensor();
+  auto state = std::make_shared<State>();
+  state->advantages = checked_float_field(b, "advantages", {B}, {}, source);
+  if (b.has("old_logps")) state->old = shift_left(checked_float_field(b, "old_logps", {B, T}, completion, source), 0.0);
   if (options_.beta > 0) {
     if (!b.has("ref_logps"))
       throw InputError(source + ": grpo with beta > 0 needs ref_logps in the batch or --ref (a reference model)");
-    ref_ = shift_left(checked_float_field(b, "ref_logps", {B, T}, completion, source), 0.0);
+    state->ref = shift_left(checked_float_field(b, "ref_logps", {B, T}, completion, source), 0.0);
   }
   const auto scored = shift_left(completion, 0);  // position t is scored when token t + 1 is a completion token
-  targets_ = at::where(scored == 1, shift_left(b.input_ids, 0), -1);
-  counts_ = completion.sum(1).to(at::kDouble);
+  Fields fields;
+  fields.targets = at::where(scored == 1, shift_left(b.input_ids, 0), -1);
+  state->counts = completion.sum(1).to(at::kDouble);
+  const auto& counts = state->counts;
   if (options_.loss_type == "dr_grpo") {
-    const auto longest = counts_.max().item<double>();
+    const auto longest = counts.max().item<double>();
     if (longest > double(options_.max_completion_length))
       throw InputError(source + ": a completion has " + std::to_string(std::int64_t(longest)) +
                                   " tokens, more than max_completion_length=" +
                                   std::to_string(options_.max_completion_length) + " (dr_grpo's normaliser)");
   }
   if (options_.loss_type == "grpo")
-    weights_ = 1.0 / (rows_normaliser(B) * counts_.clamp_min(1.0));
+    state->weights = 1.0 / (rows_normaliser(step_totals, B) * counts.clamp_min(1.0));
   else if (options_.loss_type == "dr_grpo")
-    weights_ = at::full({B}, 1.0 / (rows_normaliser(B) * double(options_.max_completion_length)), counts_.options());
+    state->weights = at::full({B}, 1.0 / (rows_normaliser(step_totals, B) * double(options_.max_completion_length)),
+                              counts.options());
   else  // bnpo, dapo
-    weights_ = at::full({B}, 1.0 / std::max(1.0, tokens_normaliser(counts_.sum().item<double>())), counts_.options());
-  temperature_ = options_.temperature;
+    state->weights = at::full({B}, 1.0 / std::max(1.0, tokens_normaliser(step_totals, counts.sum().item<double>())),
+                              counts.options());
+  fields.state_bytes_per_token = (state->old.defined() ? 8 : 0) + (state->ref.defined() ? 8 : 0);  // fp64 each
   // Sequence importance couples a row's tokens through sum(logp - old); without old_logps that sum is 0 in value,
   // known before any chunk: no statistics pass.
-  if (!old_.defined()) statistics_ready_ = true;
-}
-
-at::Tensor GrpoObjective::old_chunk(const at::Tensor& logp, std::int64_t start) const {
-  return old_.defined() ? chunk_of(old_, start, logp) : logp.detach();
+  fields.statistics_known = !state->old.defined();
+  fields.state = std::move(state);
+  return fields;
 }
 
 at::Tensor GrpoObjective::clipped_surrogate(const at::Tensor& w, const at::Tensor& advantages) const {
@@ -131,34 +146,39 @@ at::Tensor GrpoObjective::clipped_surrogate(const at::Tensor& w, const at::Tenso
   return -at::minimum(w * advantages, at::clamp(w, 1.0 - options_.epsilon_low, 1.0 + options_.epsilon_high) * advantages);
 }
 
-at::Tensor GrpoObjective::token_weights(const at::Tensor& mask) const {
-  return weights_.to(mask.scalar_type()).unsqueeze(1);
+at::Tensor GrpoObjective::token_weights(const PreparedObjective& prepared, const at::Tensor& mask) const {
+  return prepared.state<State>().weights.to(mask.scalar_type()).unsqueeze(1);
 }
 
-at::Tensor GrpoObjective::token_loss(const at::Tensor& logp, std::int64_t start) const {
-  const auto mask = chunk_of(scored_, start, logp);  // [B, c]
-  const auto weights = token_weights(mask);            // [B, 1]
+at::Tensor GrpoObjective::token_loss(const PreparedObjective& prepared, const at::Tensor& logp,
+                                     std::int64_t start) const {
+  const auto& state = prepared.state<State>();
+  const auto mask = chunk_of(prepared.scored(), start, logp);  // [B, c]
+  const auto weights = token_weights(prepared, mask);          // [B, 1]
   auto per_token = at::zeros_like(logp);
   if (options_.importance == "token") {
-    const auto w = at::exp(logp - old_chunk(logp, start));
-    per_token = clipped_surrogate(w, advantages_.to(logp.scalar_type()).unsqueeze(1));
+    const auto w = at::exp(logp - state.old_chunk(logp, start));
+    per_token = clipped_surrogate(w, state.advantages.to(logp.scalar_type()).unsqueeze(1));
   }
   if (options_.beta > 0) {
-    const auto delta = chunk_of(ref_, start, logp) - logp;
+    const auto delta = chunk_of(state.ref, start, logp) - logp;
     per_token = per_token + options_.beta * (at::exp(delta) - delta - 1.0);
   }
   return (per_token * mask * weights).sum();
 }
 
-at::Tensor GrpoObjective::row_statistics(const at::Tensor& logp, std::int64_t start) const {
-  return ((logp - old_chunk(logp, start)) * chunk_of(scored_, start, logp)).sum(1);  // [B]
+at::Tensor GrpoObjective::row_statistics(const PreparedObjective& prepared, const at::Tensor& logp,
+                                         std::int64_t start) const {
+  const auto& state = prepared.state<State>();
+  return ((logp - state.old_chunk(logp, start)) * chunk_of(prepared.scored(), start, logp)).sum(1);  // [B]
 }
 
-at::Tensor GrpoObjective::row_loss(const at::Tensor& S) const {
+at::Tensor GrpoObjective::row_loss(const PreparedObjective& prepared, const at::Tensor& S) const {
+  const auto& state = prepared.state<State>();
   const auto dtype = S.scalar_type();
-  const auto w = at::exp(S / counts_.clamp_min(1.0).to(dtype));  // [B]: TRL's sequence-level ratio
+  const auto w = at::exp(S / state.counts.clamp_min(1.0).to(dtype));  // [B]: TRL's sequence-level ratio
   // Every completion token of row b carries the same surrogate: weight x count of them.
-  return (clipped_surrogate(w, advantages_.to(dtype)) * (weights_ * counts_).to(dtype)).sum();
+  return (clipped_surrogate(w, state.advantages.to(dtype)) * (state.weights * state.counts).to(dtype)).sum();
 }
 
 }  // namespace sbp

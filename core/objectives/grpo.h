@@ -37,30 +37,25 @@ class GrpoObjective : public Objective {
   void add_synthetic_logps(Batch& batch, const at::Tensor& token_logps, std::uint64_t seed,
                            bool reference_given) const override;
   bool needs_reference(const Batch& batch) const override { return options_.beta > 0 && !batch.has("ref_logps"); }
-  std::int64_t buffer_bytes_per_token() const override {
-    return 16 + (old_.defined() ? 8 : 0) + (ref_.defined() ? 8 : 0);  // + the shifted old/ref log-probs (fp64)
-  }
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
+  double temperature() const override { return options_.temperature; }
+  bool has_row_term() const override { return options_.importance == "sequence"; }
 
  protected:
   // The loss_type's normaliser of each scored token of a head chunk whose scored mask is `mask` ([B, c], in the
-  // log-probs' dtype): weights_ per row, [B, 1], fixed over the batch (or the step) by prepare_fields.
-  virtual at::Tensor token_weights(const at::Tensor& mask) const;
+  // log-probs' dtype): the state's weights per row, [B, 1], fixed over the batch (or the step) by prepare_fields.
+  virtual at::Tensor token_weights(const PreparedObjective& prepared, const at::Tensor& mask) const;
 
  private:
-  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
-  at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
-  bool has_row_term() const override { return options_.importance == "sequence"; }
-  at::Tensor row_statistics(const at::Tensor& logp, std::int64_t start) const override;
-  at::Tensor row_loss(const at::Tensor& S) const override;
-  at::Tensor old_chunk(const at::Tensor& logp, std::int64_t start) const;  // [B, c]
+  struct State;
+  Fields prepare_fields(const Batch& batch, const ModelConfig& config, const std::optional<StepTotals>& step_totals,
+                        const std::string& source) const override;
+  at::Tensor token_loss(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const override;
+  at::Tensor row_statistics(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const override;
+  at::Tensor row_loss(const PreparedObjective& prepared, const at::Tensor& S) const override;
   at::Tensor clipped_surrogate(const at::Tensor& w, const at::Tensor& advantages) const;  // -min(w·A, clip(w)·A)
 
   Options options_;
-  at::Tensor advantages_;  // [B] fp64
-  at::Tensor old_, ref_;   // [B, T] fp64 per position (t scores token t + 1); old_ undefined: the current policy
-  at::Tensor counts_;      // [B] fp64: completion tokens of each row (n_b)
-  at::Tensor weights_;     // [B] fp64: the loss_type's normaliser per token of row b
 };
 
 }  // namespace sbp

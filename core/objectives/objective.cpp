@@ -63,17 +63,36 @@ at::Tensor shift_left(const at::Tensor& x, double fill) {
   return at::cat({x.slice(1, 1), at::full({x.size(0), 1}, fill, x.options())}, 1);
 }
 
-void Objective::prepare(const Batch& batch, const ModelConfig& config, const std::string& source) {
-  seq_len_ = batch.seq_len();
-  statistics_ready_ = false;
-  prepare_fields(batch, config, source);
-  TORCH_CHECK(targets_.defined() && targets_.sizes() == batch.input_ids.sizes(), "objective set no [B, T] targets");
-  scored_ = (targets_ >= 0).to(at::kDouble);
-  statistics_ = at::zeros({batch.batch_size()}, batch.input_ids.options().dtype(at::kDouble));
+at::Tensor chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like) {
+  return per_position.slice(1, start, start + like.size(1)).to(like.scalar_type());
 }
 
-StepTotals Objective::batch_totals() const {
-  TORCH_CHECK(scored_.defined(), "batch_totals() before prepare()");
+PreparedObjective Objective::prepare(const Batch& batch, const ModelConfig& config,
+                                     const std::optional<StepTotals>& step_totals, const std::string& source) const {
+  auto fields = prepare_fields(batch, config, step_totals, source);
+  return PreparedObjective(*this, batch, std::move(fields.targets), std::move(fields.state),
+                           fields.state_bytes_per_token, fields.statistics_known);
+}
+
+PreparedObjective::PreparedObjective(const Objective& objective, const Batch& batch, at::Tensor targets,
+                                     std::shared_ptr<const ObjectiveState> state, std::int64_t state_bytes_per_token,
+                                     bool statistics_known)
+    : objective_(&objective),
+      targets_(std::move(targets)),
+      temperature_(objective.temperature()),
+      seq_len_(batch.seq_len()),
+      buffer_bytes_per_token_(Objective::kTargetBytesPerToken + state_bytes_per_token),
+      state_(std::move(state)) {
+  TORCH_CHECK(targets_.defined() && targets_.sizes() == batch.input_ids.sizes(), "objective set no [B, T] targets");
+  scored_ = (targets_ >= 0).to(at::kDouble);
+  // Known without a pass (GRPO's sequence ratio without old_logps): S is 0 in value.
+  if (objective.has_row_term() && statistics_known)
+    statistics_ = at::zeros({batch.batch_size()}, batch.input_ids.options().dtype(at::kDouble));
+}
+
+bool PreparedObjective::needs_statistics() const { return objective_->has_row_term() && !statistics_.defined(); }
+
+StepTotals PreparedObjective::batch_totals() const {
   return {scored_.size(0), static_cast<std::int64_t>(scored_.sum().item<double>())};
 }
 
@@ -97,11 +116,7 @@ std::vector<Batch> Objective::micro_batches(const Batch& batch, const MicroBatch
   return out;
 }
 
-at::Tensor Objective::chunk_of(const at::Tensor& per_position, std::int64_t start, const at::Tensor& like) {
-  return per_position.slice(1, start, start + like.size(1)).to(like.scalar_type());
-}
-
-at::Tensor Objective::logps(const at::Tensor& logits, std::int64_t start) const {
+at::Tensor PreparedObjective::logps(const at::Tensor& logits, std::int64_t start) const {
   const auto c = logits.size(1);
   const auto targets = targets_.slice(1, start, start + c).clamp_min(0).unsqueeze(-1);  // [B, c, 1]
   const auto scaled = temperature_ == 1.0 ? logits : logits / temperature_;
@@ -109,7 +124,7 @@ at::Tensor Objective::logps(const at::Tensor& logits, std::int64_t start) const 
   return logp * chunk_of(scored_, start, logp);
 }
 
-at::Tensor Objective::logps_in_place(at::Tensor& logits, std::int64_t start, at::Tensor* row_sum) const {
+at::Tensor PreparedObjective::logps_in_place(at::Tensor& logits, std::int64_t start, at::Tensor* row_sum) const {
   at::NoGradGuard no_grad;
   TORCH_CHECK(logits.is_contiguous(), "the in-place head needs contiguous [B, c, V] logits");
   const auto B = logits.size(0), c = logits.size(1), V = logits.size(2), N = B * c;
@@ -135,27 +150,30 @@ at::Tensor Objective::logps_in_place(at::Tensor& logits, std::int64_t start, at:
   return logp * chunk_of(scored_, start, logp);
 }
 
-at::Tensor Objective::row_statistics(const at::Tensor&, std::int64_t) const {
+at::Tensor Objective::row_statistics(const PreparedObjective&, const at::Tensor&, std::int64_t) const {
   throw std::logic_error(name() + ": no row statistics");
 }
 
-at::Tensor Objective::row_loss(const at::Tensor&) const { throw std::logic_error(name() + ": no row term"); }
+at::Tensor Objective::row_loss(const PreparedObjective&, const at::Tensor&) const {
+  throw std::logic_error(name() + ": no row term");
+}
 
-at::Tensor Objective::chunk_term(const at::Tensor& logp, std::int64_t start) const {
-  auto term = token_loss(logp, start);
-  if (!has_row_term()) return term;
+at::Tensor PreparedObjective::chunk_term(const at::Tensor& logp, std::int64_t start) const {
+  const auto& f = *objective_;
+  auto term = f.token_loss(*this, logp, start);
+  if (!f.has_row_term()) return term;
   // The row term in fp64 whatever the log-probs' dtype, from their sum on: a row's sum of T log-probs reaches
   // |S| ~ 10^3, where fp32's spacing is 1e-4, and DPO's log-ratio S - ref cancels most of it. In fp32 that left DPO's
   // coefficient beta (1 - sigmoid(beta l)) with a relative error of 2e-5 on every tensor (issue #28: 10-50x standard's
   // whole fp32 error, and 1.5x in bf16), different for each summation order.
-  const auto s_chunk = row_statistics(logp.to(at::kDouble), start);  // [B] fp64
+  const auto s_chunk = f.row_statistics(*this, logp.to(at::kDouble), start);  // [B] fp64
   if (start == 0 && logp.size(1) == seq_len_)  // the whole sequence at once
-    return term + row_loss(s_chunk).to(term.scalar_type());
-  if (!statistics_ready_)
-    throw std::logic_error(name() + ": a head chunk that is not the whole sequence needs the statistics pass first");
-  auto row = row_loss(statistics_rest(statistics_, s_chunk) + s_chunk);
+    return term + f.row_loss(*this, s_chunk).to(term.scalar_type());
+  if (!statistics_.defined())
+    throw std::logic_error(f.name() + ": a head chunk that is not the whole sequence needs the statistics pass first");
+  auto row = f.row_loss(*this, f.statistics_rest(statistics_, s_chunk) + s_chunk);
   // R's value is counted once, in the first chunk; later chunks add only their share of its gradient.
-  if (start > 0) row = row - row_loss(statistics_);
+  if (start > 0) row = row - f.row_loss(*this, statistics_);
   return term + row.to(term.scalar_type());
 }
 
@@ -163,21 +181,29 @@ at::Tensor Objective::statistics_rest(const at::Tensor& total, const at::Tensor&
   return total - s_chunk.detach();
 }
 
-void Objective::accumulate_statistics(at::Tensor& logits, std::int64_t start) {
+StatisticsPass::StatisticsPass(const PreparedObjective& objective)
+    : objective_(objective),
+      sums_(at::zeros({objective.targets_.size(0)}, objective.targets_.options().dtype(at::kDouble))) {}
+
+void StatisticsPass::add(at::Tensor& logits, std::int64_t start) {
   at::NoGradGuard no_grad;
-  statistics_ += row_statistics(logps_in_place(logits, start).to(at::kDouble), start);  // fp64, as chunk_term
+  const auto logp = objective_.logps_in_place(logits, start).to(at::kDouble);  // fp64, as chunk_term
+  sums_ += objective_.objective().row_statistics(objective_, logp, start);
 }
 
-void Objective::finish_statistics(const std::function<void(at::Tensor&)>& group_sum) {
-  if (group_sum) group_sum(statistics_);
-  statistics_ready_ = true;
+PreparedObjective StatisticsPass::finish(const std::function<void(at::Tensor&)>& group_sum) {
+  TORCH_CHECK(sums_.defined(), "StatisticsPass::finish called twice");
+  if (group_sum) group_sum(sums_);
+  PreparedObjective complete = objective_;
+  complete.statistics_ = std::move(sums_);
+  return complete;
 }
 
-at::Tensor Objective::chunk_loss(const at::Tensor& logits, std::int64_t start) const {
+at::Tensor PreparedObjective::chunk_loss(const at::Tensor& logits, std::int64_t start) const {
   return chunk_term(logps(logits, start), start);
 }
 
-double Objective::chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const {
+double PreparedObjective::chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) const {
   at::Tensor row_sum;  // [N, 1]: logits now hold exp(logits / temperature - max); softmax = that / row_sum
   const auto logp = logps_in_place(logits, start, &row_sum);
   at::Tensor g;  // dTerm/dlogp: [B, c]
@@ -203,7 +229,7 @@ double Objective::chunk_loss_and_grad(at::Tensor& logits, std::int64_t start) co
   return value;
 }
 
-double Objective::chunk_loss_and_grad_by_autograd(at::Tensor& logits, std::int64_t start) const {
+double PreparedObjective::chunk_loss_and_grad_by_autograd(at::Tensor& logits, std::int64_t start) const {
   auto leaf = logits.detach().requires_grad_(true);
   const auto loss = chunk_loss(leaf, start);
   loss.backward();

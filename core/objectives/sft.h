@@ -12,13 +12,12 @@ class SftObjective final : public Objective {
   explicit SftObjective(const Spec& spec = Spec{"objective", "sft", {}});
   std::string spec() const override { return "sft"; }
   Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const override;
-  std::int64_t num_valid_labels() const { return num_valid_; }
 
  private:
-  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
-  at::Tensor token_loss(const at::Tensor& logp, std::int64_t start) const override;
-
-  std::int64_t num_valid_ = 0;
+  struct State;
+  Fields prepare_fields(const Batch& batch, const ModelConfig& config, const std::optional<StepTotals>& step_totals,
+                        const std::string& source) const override;
+  at::Tensor token_loss(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const override;
 };
 
 }  // namespace sbp

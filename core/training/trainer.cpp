@@ -36,20 +36,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The objective normalises by the step's totals for the duration of a scope, and by each batch's own after it.
-class StepTotalsScope {
- public:
-  StepTotalsScope(Objective& objective, const StepTotals& totals) : objective_(objective) {
-    objective_.set_step_totals(totals);
-  }
-  ~StepTotalsScope() { objective_.set_step_totals(std::nullopt); }
-  StepTotalsScope(const StepTotalsScope&) = delete;
-  StepTotalsScope& operator=(const StepTotalsScope&) = delete;
-
- private:
-  Objective& objective_;
-};
-
 // The method calls back into the trainer for the duration of a scope only (also when its step throws).
 class MethodEvents {
  public:
@@ -145,8 +131,7 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   // The step's totals: every micro-batch prepared once (its checks run before any gradient exists).
   StepTotals totals;
   for (const auto& m : micro) {
-    objective_.prepare(m, model_.config(), source);
-    const auto t = objective_.batch_totals();
+    const auto t = objective_.prepare(m, model_.config(), std::nullopt, source).batch_totals();
     totals.rows += t.rows;
     totals.tokens += t.tokens;
   }
@@ -156,7 +141,6 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   out.tokens = totals.tokens;
   {
     const SequenceScope sequence(model_, options_.sequence_group, batch.input_ids.size(1), source);
-    const StepTotalsScope scope(objective_, totals);
     const MethodEvents events(method_);
     // ZeRO-3: the method's parameter uses gather and free the sharded parameters; one process's offloaded parameters
     // are fetched and dropped at the same events.
@@ -174,7 +158,7 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
           else
             store_gradients(*options_.gradient_tier, group.tensors);
         });
-      const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0});
+      const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0, .step_totals = totals});
       out.loss += r.loss;
       out.bp_seconds += r.bp_seconds;
     }

@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       batch = sbp::read_batch_file(file);
       sbp::validate_tokens(batch, model.config(), source);
       sbp::complete_batch(model, *objective, batch, source, false, "", at::kDouble, 0);
-      objective->prepare(batch, model.config(), source);
+      objective->prepare(batch, model.config(), std::nullopt, source);
     });
     if (!ok) continue;
     try {

@@ -17,7 +17,7 @@ at::Tensor TopLeftCausalStreamBP::attend(const Model& model, const at::Tensor& q
   return model.attend(q, K.slice(2, 0, c), V.slice(2, 0, c), 0, &sums);
 }
 
-HeadResult DoubledHeadGradStreamBP::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+HeadResult DoubledHeadGradStreamBP::head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                                                   PhaseClock& clock) const {
   auto out = StreamBP::head_and_loss(model, objective, h_last, clock);
   // Doubling what the head made of dLoss/dlogits is doubling dLoss/dlogits: scaling by 2 is exact in floating point.
@@ -53,14 +53,14 @@ std::unique_ptr<StreamBP> make_streambp(StreamBPFault fault, StreamBP::Options o
   throw std::logic_error("make_streambp: unknown fault");
 }
 
-HeadResult DoubledLmHeadGradMsT::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+HeadResult DoubledLmHeadGradMsT::head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                                                std::int64_t chunk, PhaseClock& clock) const {
   auto out = MsT::head_and_loss(model, objective, h_last, chunk, clock);
   model.lm_head_weight().mutable_grad().mul_(2.0);
   return out;
 }
 
-HeadResult DroppedTailMsT::head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+HeadResult DroppedTailMsT::head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                                          std::int64_t, PhaseClock& clock) const {
   const auto T = h_last.size(1), M = options().mini_seq;
   const auto slice = std::max<std::int64_t>(1, (T - 1) / M);

@@ -38,7 +38,7 @@ class DoubledHeadGradStreamBP : public StreamBP {
   using StreamBP::StreamBP;
 
  protected:
-  HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last,
+  HeadResult head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,
                            PhaseClock& clock) const override;
 };
 
@@ -76,7 +76,7 @@ class DoubledLmHeadGradMsT : public MsT {
   using MsT::MsT;
 
  protected:
-  HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t chunk,
+  HeadResult head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last, std::int64_t chunk,
                            PhaseClock& clock) const override;
 };
 
@@ -87,7 +87,7 @@ class DroppedTailMsT : public MsT {
   using MsT::MsT;
 
  protected:
-  HeadResult head_and_loss(const Model& model, Objective& objective, const at::Tensor& h_last, std::int64_t chunk,
+  HeadResult head_and_loss(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last, std::int64_t chunk,
                            PhaseClock& clock) const override;
 };
 

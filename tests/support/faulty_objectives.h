@@ -19,7 +19,8 @@ class FirstTokenSkippingDpo : public DpoObjective {
   using DpoObjective::DpoObjective;
 
  protected:
-  void prepare_fields(const Batch& batch, const ModelConfig& config, const std::string& source) override;
+  Fields prepare_fields(const Batch& batch, const ModelConfig& config, const std::optional<StepTotals>& step_totals,
+                        const std::string& source) const override;
 };
 
 // Each head chunk takes its coefficient dR/dS from its own partial sums, as if S_rest were 0.
@@ -37,7 +38,7 @@ class PerChunkNormalisedGrpo : public GrpoObjective {
   using GrpoObjective::GrpoObjective;
 
  protected:
-  at::Tensor token_weights(const at::Tensor& mask) const override;
+  at::Tensor token_weights(const PreparedObjective& prepared, const at::Tensor& mask) const override;
 };
 
 }  // namespace sbp::test

@@ -128,8 +128,7 @@ TEST_CASE("the FLOP model is the matrix products and attention pairs each method
     const auto batch = sbp::random_sft_batch(config, {2, T, 0.0, 0.0, 5});
     sbp::SftObjective objective;
     auto method = sbp::make_method(spec);
-    objective.prepare(batch, config);
-    const auto workload = sbp::make_workload(model, objective, batch);
+    const auto workload = sbp::make_workload(model, objective.prepare(batch, config), batch);
     double matmul = 0, attention_forward = 0, attention_backward = 0;
     {
       WorkCounter counter;

@@ -50,10 +50,8 @@ struct TinyStep {
   sbp::Model model{sbp::test::tiny_config(), at::kFloat, 91};
   sbp::SftObjective objective;
   sbp::Batch batch;
-  explicit TinyStep(std::int64_t T) : batch(sbp::random_sft_batch(model.config(), {1, T, 0.0, 0.0, 92})) {
-    objective.prepare(batch, model.config());
-  }
-  sbp::Workload workload() const { return sbp::make_workload(model, objective, batch); }
+  explicit TinyStep(std::int64_t T) : batch(sbp::random_sft_batch(model.config(), {1, T, 0.0, 0.0, 92})) {}
+  sbp::Workload workload() const { return sbp::make_workload(model, objective.prepare(batch, model.config()), batch); }
 };
 
 std::string read_text(std::FILE* file) {

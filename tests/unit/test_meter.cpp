@@ -203,7 +203,7 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
   out.measurement = sbp::measure_method(model, *method, objective, batch, 0, repeats, 0);
   out.largest_block_bytes = CpuMemoryMeter::install().largest_allocation_bytes();
   if (estimate) {
-    auto workload = sbp::make_workload(model, objective, batch);
+    auto workload = sbp::make_workload(model, objective.prepare(batch, model.config()), batch);
     workload.offload_checkpoints = tier && method->keeps_layer_checkpoints();
     workload.offload_gradients = tier && offload_gradients;
     *estimate = method->memory_model(workload);

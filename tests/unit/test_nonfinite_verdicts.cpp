@@ -174,8 +174,8 @@ class NonFiniteNormStreamBP : public sbp::StreamBP {
   std::string spec() const override { return spec_; }
 
  protected:
-  sbp::HeadResult head_and_loss(const sbp::Model& model, sbp::Objective& objective, const at::Tensor& h_last,
-                                sbp::PhaseClock& clock) const override {
+  sbp::HeadResult head_and_loss(const sbp::Model& model, const sbp::PreparedObjective& objective,
+                                const at::Tensor& h_last, sbp::PhaseClock& clock) const override {
     auto out = StreamBP::head_and_loss(model, objective, h_last, clock);
     model.final_norm_weight().mutable_grad().view({-1})[0] = value_;
     return out;

@@ -19,28 +19,30 @@ namespace {
 constexpr std::int64_t kB = 4, kT = 23;
 
 // One objective's problem: random fp64 logits [B, T, V] as the "policy", and a batch of the objective's format whose
-// old/ref log-probs are perturbations of that policy's (so that clipping and non-zero DPO margins occur).
+// old/ref log-probs are perturbations of that policy's (so that clipping and non-zero DPO margins occur), the
+// objective prepared on it.
 struct Problem {
-  std::unique_ptr<Objective> objective;
+  std::unique_ptr<Objective> formula;
   Batch batch;
   at::Tensor logits;
+  std::optional<PreparedObjective> objective;
 };
 
 Problem make_problem(const std::string& spec, bool keep_old_logps = true) {
   const auto config = tiny_config();
-  Problem p{make_objective(spec), {}, {}};
-  p.batch = p.objective->random_batch(config, {kB, kT, 0.3, 0.25, 11, 2});
+  Problem p{make_objective(spec), {}, {}, {}};
+  p.batch = p.formula->random_batch(config, {kB, kT, 0.3, 0.25, 11, 2});
   at::manual_seed(12);
   p.logits = at::randn({kB, kT, config.vocab_size}, at::TensorOptions().dtype(at::kDouble)) * 3.0;
   // The policy's log-prob of token t (column t), as sequence_logps lays it out.
-  const auto logp = at::log_softmax(p.logits / p.objective->temperature(), -1)
+  const auto logp = at::log_softmax(p.logits / p.formula->temperature(), -1)
                         .slice(1, 0, kT - 1)
                         .gather(-1, p.batch.input_ids.slice(1, 1).unsqueeze(-1))
                         .squeeze(-1);
   const auto token_logps = at::cat({at::zeros({kB, 1}, logp.options()), logp}, 1);
-  if (p.objective->wants_policy_logps()) p.objective->add_synthetic_logps(p.batch, token_logps, 13, false);
+  if (p.formula->wants_policy_logps()) p.formula->add_synthetic_logps(p.batch, token_logps, 13, false);
   if (!keep_old_logps) p.batch.fields.erase("old_logps");
-  p.objective->prepare(p.batch, config, spec);
+  p.objective = p.formula->prepare(p.batch, config, std::nullopt, spec);
   return p;
 }
 
@@ -61,11 +63,12 @@ const std::vector<std::string> kSpecs = [] {
 
 void run_statistics_pass(Problem& p, std::int64_t chunk) {
   if (!p.objective->needs_statistics()) return;
+  StatisticsPass statistics(*p.objective);
   for (std::int64_t s = 0; s < kT; s += chunk) {
     auto logits = p.logits.slice(1, s, std::min(kT, s + chunk)).clone();  // the pass may overwrite its logits
-    p.objective->accumulate_statistics(logits, s);
+    statistics.add(logits, s);
   }
-  p.objective->finish_statistics();
+  p.objective = statistics.finish();
 }
 
 }  // namespace
@@ -154,10 +157,10 @@ TEST_CASE("objectives reject malformed batch tensors, naming the source and the 
       batch.fields["ref_logps"] = at::zeros({4, 12}, at::kDouble);
     }
     if (spec.rfind("dpo", 0) == 0) batch.fields["ref_logps"] = at::zeros({4}, at::kDouble);
-    objective->prepare(batch, config, "b.safetensors");  // the unspoiled batch is fine
+    objective->prepare(batch, config, std::nullopt, "b.safetensors");  // the unspoiled batch is fine
     spoil(batch);
     INFO(spec << ": " << what);
-    CHECK_THROWS_WITH(objective->prepare(batch, config, "b.safetensors"),
+    CHECK_THROWS_WITH(objective->prepare(batch, config, std::nullopt, "b.safetensors"),
                       Catch::Contains("b.safetensors") && Catch::Contains(what));
   };
   const std::string grpo = "grpo:beta=0.04";

@@ -166,8 +166,7 @@ TEST_CASE("the memory models' host term is what the tier holds at its peak, for 
                 method->on_gradient_ready([&](const sbp::GradientGroup& g) { sbp::store_gradients(*tier, g.tensors); });
               method->step(model, *objective, batch);
               model.zero_grad();
-              objective->prepare(batch, model.config());
-              auto workload = sbp::make_workload(model, *objective, batch);
+              auto workload = sbp::make_workload(model, objective->prepare(batch, model.config()), batch);
               workload.offload_checkpoints = checkpoints;
               workload.offload_gradients = gradients;
               const auto estimate = method->memory_model(workload);

@@ -199,8 +199,7 @@ TEST_CASE("the memory models of training steps match the measured peaks within 3
             auto options = training_options(4, 1);
             options.optimizer = sbp::parse_optimizer_spec(optimizer);
             sbp::Trainer trainer(model, *method, objective, options);
-            objective.prepare(batch, config);
-            auto workload = sbp::make_workload(model, objective, batch);
+            auto workload = sbp::make_workload(model, objective.prepare(batch, config), batch);
             trainer.add_optimizer_memory(workload);
             const auto estimate = sbp::training_memory(*method, workload);
             const auto weights = sbp::model_weight_bytes(model);

@@ -77,8 +77,7 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
   else if (offload.parameters)
     options.parameter_tier = tier;
   sbp::Trainer trainer(model, *method, objective, options, parallel ? &*parallel : nullptr);
-  objective.prepare(batch, config);
-  auto workload = sbp::make_workload(model, objective, batch);
+  auto workload = sbp::make_workload(model, objective.prepare(batch, config), batch);
   workload.offload_checkpoints = tier && offload.checkpoints;
   workload.offload_optimizer = tier && offload.optimizer;
   workload.offload_gradients = tier && offload.gradients;

@@ -77,7 +77,7 @@ std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>
       }
       for (const auto& row : table.rows()) {
         const auto ratio = table.value(row, "peak_over_model");
-        if (ratio.empty() || row.status == "oom" || row.preset.rfind(prefix, 0) != 0) continue;
+        if (ratio.empty() || row.status == step_status_name(StepStatus::oom) || row.preset.rfind(prefix, 0) != 0) continue;
         auto& r = out[row.method.substr(0, row.method.find(':'))];
         // A ratio divides the budget: a NaN, an Inf or a 0 would make the bar a number out of nothing.
         const double x = std::strtod(ratio.c_str(), nullptr);

@@ -8,6 +8,7 @@
 #include "core/io/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/provenance.h"
+#include "experiments/results_table.h"
 #include "verify/grad_compare.h"
 #include "core/io/input_error.h"
 
@@ -98,7 +99,7 @@ int compare_command(const CompareArgs& a, const std::string& command_line) {
       tensors.push_back({{"name", t.name}, {"group", t.group}, {"numel", t.numel}, {"max_abs", t.max_abs},
                          {"er_abs", t.er_abs}, {"er_rel", t.er_rel}, {"normwise_rel", t.normwise_rel}, {"nmse", t.nmse},
                          {"ref_max_abs", t.ref_max_abs}, {"degenerate", t.degenerate}});
-    nlohmann::json j = {{"status", ok ? "passed" : "incorrect"}, {"rtol", a.rtol}, {"reference", a.ref},
+    nlohmann::json j = {{"status", check_status_name(ok ? CheckStatus::passed : CheckStatus::incorrect)}, {"rtol", a.rtol}, {"reference", a.ref},
                         {"other", a.other}, {"max_normwise_rel", cmp.max_normwise_rel()}, {"problems", cmp.problems},
                         {"global_max_abs", cmp.global_max_abs}, {"degenerate_floor", cmp.floor},
                         {"tensors", tensors}, {"provenance", to_json(collect_provenance(command_line))}};

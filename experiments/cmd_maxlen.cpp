@@ -284,11 +284,10 @@ Probe MaxlenSearch::probe(BackpropMethod& method, OffloadTier* tier, std::int64_
     return measured;
   }();
   const auto spec = method.spec();
-  if (m.status == "error") throw std::runtime_error(spec + " at T = " + std::to_string(T) + ": " + m.error);
   const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   if (writer_)
     fmt::print(stderr, "  {} T={:<8} {}  (elapsed {:.0f} s)\n", spec, T,
-               m.status == "oom" ? std::string("over the budget")
+               !m.finished() ? std::string("over the budget")
                                  : fmt::format("fits: peak {} in {:.2f} s", format_bytes(m.peak_bytes), m.bp_seconds.at(0)),
                elapsed);
   return {T, m, tier ? tier->peak_bytes() : 0};
@@ -316,7 +315,7 @@ void MaxlenSearch::search(const std::string& spec_text) {
   std::vector<Probe> probes;
   const auto bracket = walk_to_bracket(std::max(predicted, shortest_), shortest_, a_.max_seq, a_.step, [&](std::int64_t T) {
     probes.push_back(probe(*method, tier.get(), T));
-    return probes.back().m.status == "passed";
+    return probes.back().m.finished();
   });
   add_rows(*method, tier.get(), probes, predicted, bracket);
   if (writer_) table_.write_to(csv_, prov_);  // after every method: a killed search keeps the methods it finished
@@ -330,10 +329,11 @@ void MaxlenSearch::add_rows(const BackpropMethod& method, const OffloadTier* tie
   const std::string measured = fits > 0 ? std::to_string(fits) : "";
   const std::string error = fits > 0 ? fmt::format("{:.4f}", double(predicted) / double(fits) - 1.0) : "";
   for (const auto& p : probes) {
-    const bool oom = p.m.status == "oom";
+    const bool oom = !p.m.finished();
     const std::string role = p.T == fits ? "max" : p.T == fails ? "next" : "probe";
     const auto model = modelled(method, p.T);
-    table_.add({setup_.source.describe(), spec, precision_, oom ? "oom" : "unchecked", setup_.seed,
+    const char* status = oom ? step_status_name(StepStatus::oom) : check_status_name(CheckStatus::unchecked);
+    table_.add({setup_.source.describe(), spec, precision_, status, setup_.seed,
                 {objective_->spec(), model_->lora().enabled() ? model_->lora().spec() : "", a_.optimizer.describe(),
                  std::to_string(rows_), std::to_string(p.T), std::to_string(a_.measure.budget_bytes), role,
                  oom ? "" : std::to_string(p.m.peak_bytes), std::to_string(model.total_bytes()),

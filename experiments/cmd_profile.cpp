@@ -102,7 +102,8 @@ int profile_command(const ProfileArgs& a, const std::string& command_line) {
       fmt::print("  {} {}", kMemoryCategories[c], format_bytes(peak->live[c]));
     }
     fmt::print("\n");
-    table.add({source.describe(), spec, dtype_name(model->dtype()), "unchecked", seed, values});
+    table.add({source.describe(), spec, dtype_name(model->dtype()), check_status_name(CheckStatus::unchecked), seed,
+               values});
     table.write_to(csv, prov);
   }
   fmt::print("results: {} (timelines: {}-<method>.timeline.csv / .trace.json; the stacked figure: `make plots`, "

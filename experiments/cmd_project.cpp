@@ -77,7 +77,7 @@ std::map<std::string, ErrorRange> measured_errors(const std::vector<std::string>
       }
       for (const auto& row : table.rows()) {
         const auto ratio = table.value(row, "peak_over_model");
-        if (ratio.empty() || row.status == "oom" || row.preset.rfind(prefix, 0) != 0) continue;
+        if (ratio.empty() || row.status == step_status_name(StepStatus::oom) || row.preset.rfind(prefix, 0) != 0) continue;
         auto& r = out[row.method.substr(0, row.method.find(':'))];
         // A ratio divides the budget: a NaN, an Inf or a 0 would make the bar a number out of nothing.
         const double x = std::strtod(ratio.c_str(), nullptr);
@@ -178,10 +178,9 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--zero", a.zero, "ZeRO stage of --world: 0 = DDP, 1 = optimizer states sharded, 2 = + gradients "
                  "reduce-scattered (the paper's Table 4), 3 = + parameters sharded (a layer gathered while in use, "
                  "the embedding and head for the whole step); default 0");
-  app.add_option("--offload", a.offload.kinds, "project beside ALST instead (Llama-3.1-8B and Qwen3-8B, full SFT with "
-                 "AdamW, one 80 GB and one 141 GB device): every checkpointing method without offload and with these "
-                 "kinds in the second tier, each combination of them")
-      ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
+  add_offload_kinds_option(app, a.offload.kinds, "project beside ALST instead (Llama-3.1-8B and Qwen3-8B, full SFT "
+                           "with AdamW, one 80 GB and one 141 GB device): every checkpointing method without offload "
+                           "and with these kinds in the second tier, each combination of them");
   app.add_option("--gpu-floor-bytes", a.gpu_floor_bytes, "with --offload: what a GPU holds beyond the models (CUDA "
                  "context, library workspaces, fragmentation), taken off the budget and named in every row (an "
                  "assumption; no GPU here measures it)")->check(CLI::NonNegativeNumber)->capture_default_str();

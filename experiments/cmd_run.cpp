@@ -23,6 +23,7 @@
 #include "experiments/memory_check.h"
 #include "experiments/memory_record.h"
 #include "experiments/provenance.h"
+#include "experiments/results_table.h"
 #include "profiler/calibration.h"
 #include "profiler/cuda_memory.h"
 #include "profiler/device_timeline.h"
@@ -114,7 +115,9 @@ void print_offload(const OffloadOptions& o, const OffloadTier& tier, const Memor
 
 // What the console and the record say of a step: a finished step is `unchecked`, as run compares no gradient
 // (`compare` and `verify` do); otherwise the measurement's own status (oom, error).
-std::string run_status(const Measurement& m) { return m.status == "passed" ? "unchecked" : m.status; }
+std::string run_status(const Measurement& m) {
+  return m.finished() ? check_status_name(CheckStatus::unchecked) : step_status_name(m.status);
+}
 
 // Where the model's kernel workspaces come from (the calibration's probes are listed in the JSON record).
 void print_calibration(const Workload& w) {
@@ -151,7 +154,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
     fmt::print("attention {} (StreamBP's chunk attention)\n", chunk_attention_name(model));
   fmt::print("status    {}{}\n", run_status(m),
              !m.error.empty()         ? "  (" + m.error + ")"
-             : m.status == "passed" ? "  (the step ran; run checks no gradient: `compare` or `verify` do)"
+             : m.finished()         ? "  (the step ran; run checks no gradient: `compare` or `verify` do)"
                                     : "");
   // The budget as given: the meter's limit also leaves out the bytes held before the step (its oom message says so).
   if (a.measure.budget_bytes > 0)
@@ -159,7 +162,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                model.device().is_cuda() ? "the caching allocator's reserved bytes"
                                         : "the step's peak as measured: the model's weights and the step's tensors");
   // A step that did not finish has no time, loss or peak: what it measured is a partial step.
-  const bool finished = m.status == "passed";
+  const bool finished = m.finished();
   if (finished) {
     fmt::print("loss      {:.10g}\n", m.loss);
     fmt::print("bp time   {:.3f} s (median of {})\n", m.median_seconds(), m.bp_seconds.size());
@@ -285,7 +288,7 @@ Measurement measure_step(const RunArgs& a, Model& model, BackpropMethod& method,
   if (!memory.fits() && !refused)
     fmt::print(stderr, "note: the step runs anyway (--no-memory-check): {}\n", memory_shortfall(memory, batch.batch_size()));
   if (refused)
-    return Measurement{.status = "oom",
+    return Measurement{.status = StepStatus::oom,
                        .error = "not run: " + memory_shortfall(memory, batch.batch_size()) +
                                 " (--model-only shows the model's terms; --no-memory-check runs the step anyway)",
                        .weight_bytes = model_weight_bytes(model)};
@@ -310,7 +313,8 @@ void say_skipped_outputs(const RunArgs& a, const Measurement& m) {
   for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.save_model, "--save-model"},
                                     {a.save_adapter, "--save-adapter"}, {a.save_batch, "--save-batch"}})
     if (!value.empty()) skipped += (skipped.empty() ? "" : ", ") + std::string(flag) + " " + value;
-  if (!skipped.empty()) fmt::print("outputs   not written: {} (the step did not finish: {})\n", skipped, m.status);
+  if (!skipped.empty()) fmt::print("outputs   not written: {} (the step did not finish: {})\n", skipped,
+                                step_status_name(m.status));
 }
 
 // What a run measured and everything needed to read it, for --json.
@@ -337,7 +341,7 @@ void write_run_record(const RunRecord& r) {
   const auto& a = r.args;
   const auto& m = r.m;
   const auto& est = r.est;
-  const bool finished = m.status == "passed";
+  const bool finished = m.finished();
   const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
   nlohmann::json phases = nlohmann::json::array();
   for (const auto& p : m.phase_peaks)
@@ -441,11 +445,11 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));
-  if (m.status == "passed")
+  if (m.finished())
     save_inputs();
   else
     say_skipped_outputs(a, m);
-  if (!a.save_grads.empty() && m.status == "passed") {
+  if (!a.save_grads.empty() && m.finished()) {
     save_gradients(*model, a.save_grads,
                    {{"method", method->spec()}, {"dtype", precision}, {"commit", prov.commit}, {"command", prov.command}});
     fmt::print("gradients written to {}\n", a.save_grads);
@@ -453,7 +457,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   if (!a.json.empty())
     write_run_record({a, *model, *method, *objective, batch, reference, m, est, memory, workload, tier.get(), cuda,
                       cuda_reason, prov});
-  return m.status == "passed" ? 0 : 3;
+  return m.finished() ? 0 : 3;
 }
 
 }  // namespace sbp

@@ -50,7 +50,7 @@ TensorList step_gradients(Model& model, BackpropMethod& method, Objective& objec
 }
 
 struct Check {
-  std::string status;
+  CheckStatus status = CheckStatus::unchecked;
   double max_normwise_rel = 0;
 };
 
@@ -73,10 +73,10 @@ std::map<std::string, Check> check_methods(const ModelSource& source, const std:
     if (method->spec() == "standard") continue;
     const auto cmp = compare_gradients(reference, step_gradients(*model, *method, objective, batch),
                                        {"standard", method->spec()});
-    out[spec] = {cmp.passed(1e-10) ? "passed" : "incorrect", cmp.max_normwise_rel()};
+    out[spec] = {cmp.passed(1e-10) ? CheckStatus::passed : CheckStatus::incorrect, cmp.max_normwise_rel()};
     for (const auto& p : cmp.problems) fmt::print("  problem: {}\n", p);
     fmt::print("  {:<44} max normwise relative error {:.2e}: {}\n", method->spec(), cmp.max_normwise_rel(),
-               out[spec].status);
+               check_status_name(out[spec].status));
     std::fflush(stdout);
   }
   return out;
@@ -287,17 +287,16 @@ PointResults Sweep::measure_point(std::int64_t B, std::int64_t T, const std::vec
   for (int r = 0; r < plan_.repeats; ++r)
     for (const auto i : todo) {
       auto& result = point.results[i];
-      if (result.status == "oom") continue;  // over the budget once: over it every time
+      if (!result.finished()) continue;  // over the budget once: over it every time
       gemm_samples.push_back(gemm_flops_per_second(model_->dtype(), 2048, 3, ranks_.device));
       auto m = measure_once(i, batch);
       finished_work_ += double(B * T);
       const double eta = finished_work_ > 0 ? elapsed() / finished_work_ * (total_work_ - finished_work_) : 0;
-      if (m.status == "error") throw std::runtime_error(specs_[i] + " failed: " + m.error);
       if (writer_)
         fmt::print(stderr, "  [B={} T={} repeat {}/{}] {:<40} {}  (elapsed {}, ETA {})\n", B, T, r + 1, plan_.repeats,
-                   specs_[i], m.status == "oom" ? "oom (over the budget)" : fmt::format("{:7.2f} s  peak {}",
+                   specs_[i], !m.finished() ? "oom (over the budget)" : fmt::format("{:7.2f} s  peak {}",
                    m.bp_seconds.at(0), format_bytes(m.peak_bytes)), format_duration(elapsed()), format_duration(eta));
-      if (m.status == "oom") {
+      if (!m.finished()) {
         finished_work_ += double(B * T) * (plan_.repeats - r - 1);
         result = m;
         continue;
@@ -323,12 +322,12 @@ void Sweep::add_rows(std::int64_t B, std::int64_t T, const std::vector<std::size
   const std::string timing = !load.known ? "" : load.shared() ? "shared" : "idle";
   double checkpoint_seconds = 0;
   for (const auto i : todo)
-    if (specs_[i] == "checkpoint" && point.results[i].status != "oom")
+    if (specs_[i] == "checkpoint" && point.results[i].finished())
       checkpoint_seconds = point.results[i].median_seconds();
   const auto& batches = plan_.batch_sizes;
   for (const auto i : todo) {
     const auto& m = point.results[i];
-    const bool oom = m.status == "oom";
+    const bool oom = !m.finished();
     // Data-parallel: the per-rank model of the step measured (a training step with the no-op update).
     auto w = workload;
     if (ranks_.comm) {
@@ -337,15 +336,16 @@ void Sweep::add_rows(std::int64_t B, std::int64_t T, const std::vector<std::size
     }
     const auto est = (ranks_.comm ? training_memory(*methods_[i], w) : methods_[i]->memory_model(w)).total_bytes();
     const bool reference = specs_[i] == "standard";
-    const auto check = reference ? Check{"reference", 0.0} : checks_.count(specs_[i]) ? checks_[specs_[i]] : Check{"unchecked", 0.0};
-    all_passed_ = all_passed_ && check.status != "incorrect";
-    const bool checked = check.status == "passed" || check.status == "incorrect";
+    const auto check = reference ? Check{CheckStatus::reference} : checks_.count(specs_[i]) ? checks_[specs_[i]] : Check{};
+    all_passed_ = all_passed_ && check.status != CheckStatus::incorrect;
+    const bool checked = check.status == CheckStatus::passed || check.status == CheckStatus::incorrect;
+    const std::string status = oom ? step_status_name(StepStatus::oom) : check_status_name(check.status);
     // Missing values are empty cells, never 0: no time or peak for an oom row, no ratio without a checkpoint row.
     const std::string ratio = !oom && checkpoint_seconds > 0 ? fmt::format("{:.4f}", m.median_seconds() / checkpoint_seconds) : "";
     std::string all;
     for (double s : m.bp_seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
     const double flops = methods_[i]->flops(workload), rate = oom ? 0 : flops / m.median_seconds();
-    file_.table.add({preset_, specs_[i], precision_, oom ? "oom" : check.status, setup_.seed,
+    file_.table.add({preset_, specs_[i], precision_, status, setup_.seed,
                      {objective_->spec(), model_->lora().enabled() ? model_->lora().spec() : "", std::to_string(B),
                       std::to_string(T), oom ? "" : std::to_string(m.peak_bytes), std::to_string(est),
                       oom ? "" : fmt::format("{:.4f}", double(m.peak_bytes) / double(est)),
@@ -369,7 +369,7 @@ void Sweep::add_rows(std::int64_t B, std::int64_t T, const std::vector<std::size
                                  oom ? "-" : fmt::format("{:.3f}", double(m.peak_bytes) / double(est)),
                                  oom ? "-" : fmt::format("{:.2f}", m.median_seconds()),
                                  ratio.empty() ? "-" : ratio.substr(0, 5) + (load.shared() ? "*" : ""),
-                                 oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), oom ? "oom" : check.status));
+                                 oom ? "-" : fmt::format("{:.0f}%", 100 * rate / gemm_rate), status));
   }
 }
 

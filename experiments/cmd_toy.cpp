@@ -88,13 +88,14 @@ int toy_command(const ToyArgs& a, const std::string& command_line) {
       const bool equal = cell.last.dW1 == standard.last.dW1 && cell.last.dW2 == standard.last.dW2;
       const bool twins_equal = cell.last.dW1 == twin.dW1 && cell.last.dW2 == twin.dW2;
       // Exact data: bitwise equality with standard BP and with the other implementation is the check.
-      const std::string status = D == 1 ? "reference" : !integer ? "unchecked" : equal && twins_equal ? "passed" : "incorrect";
-      all_equal = all_equal && status != "incorrect";
+      const auto status = D == 1 ? CheckStatus::reference : !integer ? CheckStatus::unchecked
+                         : equal && twins_equal ? CheckStatus::passed : CheckStatus::incorrect;
+      all_equal = all_equal && status != CheckStatus::incorrect;
       const auto model = linear_toy_model_bytes(in, D);
       std::string all;
       for (double s : cell.seconds) all += (all.empty() ? "" : " ") + fmt::format("{:.4f}", s);
       const double ratio = median(cell.seconds) / median(standard.seconds);
-      table.add({preset, D == 1 ? "standard" : fmt::format("streamed:partitions={}", D), "fp32", status, a.seed,
+      table.add({preset, D == 1 ? "standard" : fmt::format("streamed:partitions={}", D), "fp32", check_status_name(status), a.seed,
                  {impl, a.data, std::to_string(a.rows), std::to_string(a.dim), std::to_string(D),
                   std::to_string(linear_toy_block_rows(a.rows, D)), std::to_string(cell.last.peak_bytes),
                   std::to_string(model), std::to_string(cell.last.intermediate_bytes),
@@ -102,7 +103,7 @@ int toy_command(const ToyArgs& a, const std::string& command_line) {
                   fmt::format("{:.6g}", max_abs_diff(cell.last, standard.last)), twins_equal ? "1" : "0"}});
       fmt::print("{:<9} {:>6} {:>10} {:>12} {:>14.4f} {:>8.3f} {:>8.3f}  {}\n", impl, D, format_bytes(cell.last.peak_bytes),
                  format_bytes(cell.last.intermediate_bytes), double(cell.last.peak_bytes) / double(model),
-                 median(cell.seconds), ratio, status);
+                 median(cell.seconds), ratio, check_status_name(status));
     }
   }
   const auto csv = table.write(a.output.out_dir, "toy", collect_provenance(command_line));

@@ -206,7 +206,8 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
                                    against_oracle, run.dtype);
     const double gate_ratio = verdict.worst_ratio;
     const auto& worst_tensor = verdict.worst_tensor;
-    const std::string status = is_reference ? "reference" : !a.gate ? "unchecked" : verdict.passed() ? "passed" : "incorrect";
+    const auto status = is_reference ? CheckStatus::reference : !a.gate ? CheckStatus::unchecked
+                       : verdict.passed() ? CheckStatus::passed : CheckStatus::incorrect;
     if (a.gate && !is_reference) {
       ++gated;
       if (gate_ratio >= worst_gate_ratio) worst_gate_ratio = gate_ratio, worst_gate_run = run.label + " on " + worst_tensor;
@@ -222,7 +223,8 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
     tables.add(run.label, by_base, by_oracle);
     for (const auto& [reference, errors] : {std::pair{std::string("base32"), by_base}, std::pair{std::string("fp64"), by_oracle}})
       for (const auto& [group, e] : errors)
-        table.add({a.setup.source.describe(), run.spec, precision_name(run.dtype, run.mixed ? at::kFloat : run.dtype), status, a.setup.seed,
+        table.add({a.setup.source.describe(), run.spec, precision_name(run.dtype, run.mixed ? at::kFloat : run.dtype),
+                   check_status_name(status), a.setup.seed,
                    {objective->spec(), std::to_string(batch.batch_size()), std::to_string(batch.seq_len()), run.label,
                     reference, group, std::to_string(e.tensors), fmt::format("{:.6e}", e.er_abs),
                     fmt::format("{:.6e}", e.er_rel), fmt::format("{:.6e}", e.max_normwise), fmt::format("{:.6e}", e.max_l2),

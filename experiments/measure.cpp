@@ -34,6 +34,14 @@ double gemm_flops_per_second(c10::ScalarType dtype, std::int64_t n, int repeats,
   return best;
 }
 
+const char* step_status_name(StepStatus status) {
+  switch (status) {
+    case StepStatus::finished: return "finished";
+    case StepStatus::oom: return "oom";
+  }
+  return "?";
+}
+
 double Measurement::median_seconds() const {
   if (bp_seconds.empty()) return 0;
   auto v = bp_seconds;
@@ -84,18 +92,18 @@ Measurement measure_with(Meter& meter, Model& model, const Step& step, const Own
       if (i >= warmup) m.bp_seconds.push_back(r.bp_seconds);
     } catch (const c10::OutOfMemoryError& e) {  // the budget's, or a block the system refused (the meters name it)
       meter.set_budget_bytes(0);
-      m.status = "oom";
+      m.status = StepStatus::oom;
       m.error = e.what_without_backtrace();
     } catch (const std::bad_alloc&) {  // a C++ container the system refused, beside the tensors
       meter.set_budget_bytes(0);
-      m.status = "oom";
+      m.status = StepStatus::oom;
       m.error = "out of memory: a C++ allocation failed (std::bad_alloc)";
     }
     m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - held);
     m.largest_allocation_bytes = std::max(m.largest_allocation_bytes, meter.largest_allocation_bytes());
     m.phase_peaks = meter.phase_peaks();
     for (auto& p : m.phase_peaks) p.peak_bytes -= held;
-    if (m.status != "passed") break;
+    if (!m.finished()) break;
   }
   return m;
 }

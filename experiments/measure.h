@@ -20,8 +20,12 @@ namespace sbp {
 
 class Trainer;
 
+// How a measured step ended: it finished, or it went over the budget (or asked for memory the system refused).
+enum class StepStatus { finished, oom };
+const char* step_status_name(StepStatus status);  // "finished", "oom": as records and tables write it
+
 struct Measurement {
-  std::string status = "passed";  // "passed", "oom" (over the budget, or memory the system refused), "error"
+  StepStatus status = StepStatus::finished;
   std::string error;
   double loss = 0;
   std::vector<double> bp_seconds;  // one per measured repeat
@@ -36,6 +40,7 @@ struct Measurement {
   std::vector<PhaseTime> phases;       // of the last repeat
   std::vector<PhasePeak> phase_peaks;  // in the same accounting as peak_bytes
   double median_seconds() const;
+  bool finished() const { return status == StepStatus::finished; }
 };
 
 // Runs warmup + repeats steps on the model's device, measured by that device's meter: the CPU meter (every tensor

@@ -157,28 +157,47 @@ void add_optimizer_options(CLI::App& app, OptimizerFlags& flags, const std::stri
   if (flags.spec.empty()) state->needs(optimizer);
 }
 
-bool OffloadOptions::checkpoints() const {
-  return std::find(kinds.begin(), kinds.end(), "checkpoints") != kinds.end();
+const char* offload_kind_name(OffloadKind kind) {
+  switch (kind) {
+    case OffloadKind::checkpoints: return "checkpoints";
+    case OffloadKind::gradients: return "grads";
+    case OffloadKind::optimizer: return "optimizer";
+    case OffloadKind::parameters: return "params";
+  }
+  return "?";
 }
 
-bool OffloadOptions::optimizer() const {
-  return std::find(kinds.begin(), kinds.end(), "optimizer") != kinds.end();
+void add_offload_kinds_option(CLI::App& app, std::vector<OffloadKind>& kinds, const std::string& help) {
+  static const std::vector<OffloadKind> all = {OffloadKind::checkpoints, OffloadKind::gradients, OffloadKind::optimizer,
+                                               OffloadKind::parameters};
+  std::vector<std::string> names;
+  for (const auto kind : all) names.push_back(offload_kind_name(kind));
+  app.add_option_function<std::vector<std::string>>(
+         "--offload",
+         [&kinds](const std::vector<std::string>& given) {
+           kinds.clear();
+           for (const auto& name : given)
+             kinds.push_back(*std::find_if(all.begin(), all.end(), [&](OffloadKind k) { return name == offload_kind_name(k); }));
+         },
+         help)
+      ->delimiter(',')->check(CLI::IsMember(names));
 }
 
-bool OffloadOptions::gradients() const { return std::find(kinds.begin(), kinds.end(), "grads") != kinds.end(); }
+bool OffloadOptions::has(OffloadKind kind) const { return std::find(kinds.begin(), kinds.end(), kind) != kinds.end(); }
 
-bool OffloadOptions::parameters() const { return std::find(kinds.begin(), kinds.end(), "params") != kinds.end(); }
-
-std::string OffloadOptions::describe() const { return join_values(kinds, ','); }
+std::string OffloadOptions::describe() const {
+  std::vector<std::string> names;
+  for (const auto kind : kinds) names.push_back(offload_kind_name(kind));
+  return join_values(names, ',');
+}
 
 void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {
-  app.add_option("--offload", o.kinds, "what lives in the second memory tier (comma-separated): checkpoints (the layer "
+  add_offload_kinds_option(app, o.kinds, "what lives in the second memory tier (comma-separated): checkpoints (the layer "
                  "inputs StreamBP, checkpointing and MsT keep: out once the forward has read them, back one layer ahead "
                  "of their backward), grads (the gradients, at their group's gradient-ready event of the step's last "
                  "micro-batch, after any data-parallel reduction), optimizer (the optimizer's states, ZeRO-Offload: "
                  "the update runs where they are), params (the trainable tensors, fetched per layer where a method "
-                 "uses them and updated in the tier; on ranks ZeRO-3's slices, with --zero 3); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (docs/offload.md)")
-      ->delimiter(',')->check(CLI::IsMember({"checkpoints", "grads", "optimizer", "params"}));
+                 "uses them and updated in the tier; on ranks ZeRO-3's slices, with --zero 3); " + what + ". A copy, never arithmetic: the run's numbers are the same bits (docs/offload.md)");
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
                  "default: the system's temporary folder")->check(CLI::ExistingDirectory);

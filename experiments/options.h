@@ -75,15 +75,22 @@ struct OutputOptions {
 };
 void add_output_options(CLI::App& app, OutputOptions& options, const std::string& help);
 
-// --offload KINDS and --offload-dir DIR: what moves to the second memory tier (core/offload/offload_tier.h) and, on
-// the CPU, the folder of its memory-mapped files.
+// What can move to the second memory tier (core/offload/offload_tier.h).
+enum class OffloadKind { checkpoints, gradients, optimizer, parameters };
+const char* offload_kind_name(OffloadKind kind);  // as --offload spells it: checkpoints, grads, optimizer, params
+// --offload's list, parsed once: comma-separated kind names, a name that is none of them a usage error (exit 2).
+void add_offload_kinds_option(CLI::App& app, std::vector<OffloadKind>& kinds, const std::string& help);
+
+// --offload KINDS and --offload-dir DIR: what moves to the second memory tier and, on the CPU, the folder of its
+// memory-mapped files.
 struct OffloadOptions {
-  std::vector<std::string> kinds;  // of checkpoints, grads, optimizer, params (checked while parsing)
+  std::vector<OffloadKind> kinds;  // in the order given (the results' offload column keeps it)
   std::string dir;                 // empty: the system's temporary folder
-  bool checkpoints() const;
-  bool optimizer() const;
-  bool gradients() const;
-  bool parameters() const;
+  bool has(OffloadKind kind) const;
+  bool checkpoints() const { return has(OffloadKind::checkpoints); }
+  bool optimizer() const { return has(OffloadKind::optimizer); }
+  bool gradients() const { return has(OffloadKind::gradients); }
+  bool parameters() const { return has(OffloadKind::parameters); }
   std::string describe() const;  // "checkpoints,optimizer", "" without offload: the results' offload column
 };
 // `what` says what the command does with it (for --offload's help).

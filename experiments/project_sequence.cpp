@@ -51,7 +51,7 @@ int project_sequence_parallel(const ProjectArgs& a, const std::string& command_l
              world, a.budget_bytes / 1e9, sp, world, a.gpu_floor_bytes / 1e9);
   fmt::print("| model | offload | projected T* | device at T* | of it, growing with the whole sequence | peak at | tier "
              "at T* |\n|---|---|---|---|---|---|---|\n");
-  ResultsTable table({"objective", "optimizer", "devices", "sequence_parallel", "zero", "budget_bytes", "gpu_floor_bytes",
+  ResultsTable table({"objective", "optimizer", "world_size", "sequence_parallel", "zero", "budget_bytes", "gpu_floor_bytes",
                       "offload", "model_max_seq", "device_bytes", "whole_sequence_bytes", "host_bytes", "peak_moment"});
   std::int64_t best = 0;
   MemoryEstimate best_peak;

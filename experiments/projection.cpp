@@ -10,9 +10,9 @@ namespace sbp {
 
 std::string OffloadSet::name() const {
   std::string out;
-  for (const auto& [on, kind] : {std::pair{checkpoints, "checkpoints"}, {gradients, "grads"}, {optimizer, "optimizer"},
-                                 {parameters, "params"}})
-    if (on) out += (out.empty() ? "" : ",") + std::string(kind);
+  for (const auto& [on, kind] : {std::pair{checkpoints, OffloadKind::checkpoints}, {gradients, OffloadKind::gradients},
+                                 {optimizer, OffloadKind::optimizer}, {parameters, OffloadKind::parameters}})
+    if (on) out += (out.empty() ? "" : ",") + std::string(offload_kind_name(kind));
   return out;
 }
 

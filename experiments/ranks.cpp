@@ -125,7 +125,6 @@ Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, cons
                                       std::int64_t budget_bytes) {
   if (!ranks.comm) return measure_training(trainer, batch, warmup, repeats, budget_bytes);
   auto m = measure_training(trainer, batch, warmup, repeats, 0);
-  if (m.status == "error") throw std::runtime_error(m.error);  // a rank that cannot go on stops the run (the launcher names it)
   // [peak, seconds of each repeat] of every rank: the worst of each.
   std::vector<double> mine = {double(m.peak_bytes)};
   mine.insert(mine.end(), m.bp_seconds.begin(), m.bp_seconds.end());
@@ -134,7 +133,7 @@ Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, cons
   m.peak_bytes = std::int64_t(all[0].item<double>());
   for (std::size_t i = 0; i < m.bp_seconds.size(); ++i) m.bp_seconds[i] = all[std::int64_t(i) + 1].item<double>();
   if (budget_bytes > 0 && m.peak_bytes > budget_bytes) {
-    m.status = "oom";
+    m.status = StepStatus::oom;
     m.error = fmt::format("a rank's peak {} exceeds the budget of {}", format_bytes(m.peak_bytes), format_bytes(budget_bytes));
   }
   return m;

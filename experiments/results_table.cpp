@@ -38,6 +38,16 @@ std::vector<std::string> csv_split(const std::string& line) {
 
 }  // namespace
 
+const char* check_status_name(CheckStatus status) {
+  switch (status) {
+    case CheckStatus::reference: return "reference";
+    case CheckStatus::unchecked: return "unchecked";
+    case CheckStatus::passed: return "passed";
+    case CheckStatus::incorrect: return "incorrect";
+  }
+  return "?";
+}
+
 std::string ResultsTable::value(const Row& row, const std::string& column) const {
   const auto it = std::find(columns_.begin(), columns_.end(), column);
   const auto i = std::size_t(it - columns_.begin());

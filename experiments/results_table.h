@@ -15,6 +15,11 @@
 
 namespace sbp {
 
+// A row's gradient check, the status column of the commands that check one (sweep, verify, toy, compare): the
+// reference itself, not checked, or checked and passed or not.
+enum class CheckStatus { reference, unchecked, passed, incorrect };
+const char* check_status_name(CheckStatus status);  // "reference", "unchecked", "passed", "incorrect"
+
 class ResultsTable {
  public:
   // `columns`: the experiment's own columns, after the provenance ones.

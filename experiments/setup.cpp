@@ -28,7 +28,7 @@ std::string ModelSource::describe() const {
 }
 
 c10::ScalarType Setup::model_dtype() const {
-  if (!dtype.empty()) return parse_dtype(dtype);
+  if (dtype) return *dtype;
   return source.load_dir.empty() ? c10::kFloat : parse_dtype(read_config_dtype(source.load_dir + "/config.json"));
 }
 
@@ -38,8 +38,18 @@ void Setup::apply_threads() const {
   if (threads > 0) at::set_num_threads(threads);
 }
 
+namespace {
+
+// A dtype flag, parsed once: a name other than fp64, fp32 or bf16 is a usage error (exit 2) naming the flag.
+void add_dtype_option(CLI::App& app, const std::string& flag, std::optional<c10::ScalarType>& dtype,
+                      const std::string& help) {
+  app.add_option_function<std::string>(flag, [&dtype](const std::string& name) { dtype = parse_dtype(name); }, help)
+      ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+}
+
+}  // namespace
+
 void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
-  const auto dtypes = CLI::IsMember({"fp64", "fp32", "bf16"});
   const std::string presets = "named model preset (tiny, tiny-mha, qwen3-small, qwen3-small-mha, qwen3-0.6b ... qwen3-32b, llama-3.1-8b)";
   if (flags.default_preset) {
     app.add_option("--preset", s.source.preset, presets + "; default " + flags.default_preset + " when no --config/--load");
@@ -51,11 +61,11 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   if (flags.load)
     app.add_option("--load", s.source.load_dir, "HF checkpoint folder (config.json + safetensors)")->check(CLI::ExistingDirectory);
   if (flags.dtype)
-    app.add_option("--dtype", s.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)")->check(dtypes);
+    add_dtype_option(app, "--dtype", s.dtype, "fp64, fp32 or bf16 (default: the --load checkpoint's torch_dtype, else fp32)");
   if (flags.grad_dtype)
-    app.add_option("--grad-dtype", s.grad_dtype, "fp32 with --dtype bf16: mixed precision (bf16 compute; the trainable "
-                   "tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, cast to bf16 "
-                   "where used, like torch.autocast); default: the dtype")->check(dtypes);
+    add_dtype_option(app, "--grad-dtype", s.grad_dtype, "fp32 with --dtype bf16: mixed precision (bf16 compute; the "
+                     "trainable tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, "
+                     "cast to bf16 where used, like torch.autocast); default: the dtype");
   if (flags.lora)
     app.add_option("--lora", s.lora, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
                    "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
@@ -90,7 +100,7 @@ void apply_lora(Model& model, const std::string& lora_spec, const std::string& a
 std::unique_ptr<Model> build_model(const Setup& s) {
   auto model = build_model(s.source, s.model_dtype(), s.seed);
   apply_lora(*model, s.lora, s.adapter_dir, s.seed);
-  if (!s.grad_dtype.empty()) model->set_grad_dtype(parse_dtype(s.grad_dtype));
+  if (s.grad_dtype) model->set_grad_dtype(*s.grad_dtype);
   return model;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -32,8 +33,8 @@ struct ModelSource {
 
 struct Setup {
   ModelSource source;
-  std::string dtype;        // fp64 | fp32 | bf16; "": the --load checkpoint's torch_dtype, else fp32
-  std::string grad_dtype;   // fp32 with --dtype bf16: mixed precision; "": the dtype
+  std::optional<c10::ScalarType> dtype;       // --dtype; none: the --load checkpoint's torch_dtype, else fp32
+  std::optional<c10::ScalarType> grad_dtype;  // --grad-dtype fp32 with --dtype bf16: mixed precision; none: the dtype
   std::string lora;         // LoRA spec (core/model/lora.h); "": none
   std::string adapter_dir;  // a PEFT adapter folder to load
   std::string objective = "sft";

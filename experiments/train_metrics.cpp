@@ -33,7 +33,7 @@ std::vector<std::pair<std::string_view, std::string>> cells(const StepMetrics& m
           {"reduce_scatter_bytes", integer(m.reduce_scatter.bytes)},
           {"all_gather_calls", integer(m.all_gather.calls)},
           {"all_gather_bytes", integer(m.all_gather.bytes)},
-          {"sp", integer(m.sp)},
+          {"sequence_parallel", integer(m.sp)},
           {"sp_all_gather_calls", integer(m.sp_all_gather.calls)},
           {"sp_all_gather_bytes", integer(m.sp_all_gather.bytes)},
           {"sp_reduce_scatter_calls", integer(m.sp_reduce_scatter.calls)},

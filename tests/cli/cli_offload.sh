@@ -56,12 +56,17 @@ for method in standard streambp:layer_chunk=16,head_chunk=24; do
   [[ $method == standard ]] || kinds=checkpoints,grads
   common=(--config six.json --method "$method" --batch 2 --seq 61 --seed 3 --threads 1)
   "$STREAMBP" run "${common[@]}" --save-grads plain.safetensors --force >/dev/null
-  "$STREAMBP" run "${common[@]}" --offload $kinds --save-grads grads-off.safetensors --force >grads-off.txt ||
-    fail "run --offload $kinds ($method):\n$(cat grads-off.txt)"
+  "$STREAMBP" run "${common[@]}" --offload $kinds --save-grads grads-off.safetensors --json grads-off.json --force \
+    >grads-off.txt || fail "run --offload $kinds ($method):\n$(cat grads-off.txt)"
   "$STREAMBP" compare plain.safetensors grads-off.safetensors --rtol 0 >/dev/null ||
     fail "$method: the gradients differ with --offload $kinds"
-  grep -q "^offload   $kinds in memory-mapped files in .*(exact)" grads-off.txt ||
-    fail "$method: run does not report the tier's bytes against its model:\n$(cat grads-off.txt)"
+  grep -q "^offload   $kinds in memory-mapped files in " grads-off.txt ||
+    fail "$method: run does not report the tier:\n$(cat grads-off.txt)"
+  python3 - "$kinds" <<'PY' || fail "$method: the tier's bytes are not its model's:\n$(cat grads-off.json)"
+import json, sys
+r = json.load(open("grads-off.json"))
+assert r["offload"] == sys.argv[1] and r["host_peak_bytes"] == r["model_host_bytes"] > 0, r
+PY
 done
 echo "ok: the gradients offloaded (standard BP; StreamBP with its checkpoints), bitwise, the tier as modelled"
 

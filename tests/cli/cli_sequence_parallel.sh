@@ -41,7 +41,7 @@ for path, rows in (("sp2.csv", 4), ("dpsp.csv", 2)):
     for r in csv.DictReader(open(path)):
         gather = 19 * 2 * rows * 2 * 16 * 8
         pieces = 4  # 2 x rows x 2 KV heads slices (8 or 16): at most 4 pieces, one collective each
-        expect = {"sp": "2", "sp_all_gather_calls": str(1 + 4 * pieces), "sp_all_gather_bytes": str(8 + 4 * gather),
+        expect = {"sequence_parallel": "2", "sp_all_gather_calls": str(1 + 4 * pieces), "sp_all_gather_bytes": str(8 + 4 * gather),
                   "sp_reduce_scatter_calls": str(2 * pieces), "sp_reduce_scatter_bytes": str(2 * 2 * gather),
                   "sp_all_reduce_calls": "0"}
         got = {k: r[k] for k in expect}
@@ -58,7 +58,7 @@ run dpo3 3 3 0 streambp:layer_chunk=4,head_chunk=5 "${dpo[@]}"
 python3 - dpo3.csv <<'PY' || fail "metrics of DPO --sp 3:\n$(cat dpo3.csv)"
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
-    assert (r["sp"], r["sp_all_reduce_calls"], r["sp_all_reduce_bytes"]) == ("3", "1", str(4 * 8)), r  # S of 4 rows
+    assert (r["sequence_parallel"], r["sp_all_reduce_calls"], r["sp_all_reduce_bytes"]) == ("3", "1", str(4 * 8)), r  # S of 4 rows
 PY
 echo "ok: DPO --nproc 3 --sp 3 equals one process (row statistics summed over the group): $(tail -1 cmp-dpo3.txt)"
 

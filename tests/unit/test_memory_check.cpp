@@ -165,7 +165,7 @@ TEST_CASE("a step whose block the system refuses ends as oom, naming the block",
   TinyStep step(32);
   ImpossibleBlockStreamBP method(sbp::StreamBP::Options{8, 8});
   const auto m = sbp::measure_method(step.model, method, step.objective, step.batch, 0, 1, 0);
-  CHECK(m.status == "oom");
+  CHECK(m.status == sbp::StepStatus::oom);
   CHECK_THAT(m.error, Catch::Contains(std::to_string(kImpossibleBytes) + " bytes"));
   CHECK(m.bp_seconds.empty());
 }
@@ -177,7 +177,7 @@ TEST_CASE("an over-budget step names the budget as given", "[memory-check][meter
   const auto unrelated = at::empty({1 << 20}, at::kByte);
   const std::int64_t budget = 100'000;
   const auto m = sbp::measure_method(step.model, *method, step.objective, step.batch, 0, 1, budget);
-  REQUIRE(m.status == "oom");
+  REQUIRE(m.status == sbp::StepStatus::oom);
   CHECK_THAT(m.error, Catch::Contains("budget of 100000 bytes"));
   CHECK_THAT(m.error, Catch::Contains("held before the step"));
 }

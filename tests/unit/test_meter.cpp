@@ -151,7 +151,7 @@ TEST_CASE("a BP step over the budget ends with status oom and leaves nothing cou
   const auto base = meter.current_bytes();
   // Far below the step's logits alone ([1, 256, 512] fp32 = 512 KiB): the step cannot fit.
   const auto m = sbp::measure_method(model, *method, objective, batch, 0, 1, 64 << 10);
-  CHECK(m.status == "oom");
+  CHECK(m.status == sbp::StepStatus::oom);
   CHECK_THAT(m.error, Catch::Contains("budget"));
   CHECK(meter.budget_bytes() == 0);
   CHECK(meter.current_bytes() == base);  // every block of the aborted step was freed, and uncounted
@@ -225,8 +225,8 @@ TEST_CASE("StreamBP never allocates an O(T^2) block", "[meter][streambp]") {
   const auto config = sbp::test::tiny_config();
   const auto half = step_memory(config, at::kDouble, spec, 1024);
   const auto full = step_memory(config, at::kDouble, spec, 2048);
-  REQUIRE(half.measurement.status == "passed");
-  REQUIRE(full.measurement.status == "passed");
+  REQUIRE(half.measurement.status == sbp::StepStatus::finished);
+  REQUIRE(full.measurement.status == sbp::StepStatus::finished);
   const std::int64_t T = 2048;
   INFO("largest block at T=1024: " << half.largest_block_bytes << ", at T=2048: " << full.largest_block_bytes
                                    << "; one head's T x T scores at T=2048: " << T * T * elem);
@@ -257,7 +257,7 @@ TEST_CASE("the meter sees the T x T score block of unfused attention", "[meter][
   const UnfusedAttentionScope unfused;
   const std::int64_t T = 1024, elem = 8;
   const auto standard = step_memory(sbp::test::tiny_config(), at::kDouble, "standard", T);
-  REQUIRE(standard.measurement.status == "passed");
+  REQUIRE(standard.measurement.status == sbp::StepStatus::finished);
   INFO("largest block " << standard.largest_block_bytes);
   CHECK(standard.largest_block_bytes >= T * T * elem);
 }
@@ -270,7 +270,7 @@ TEST_CASE("peak memory of StreamBP is linear in T", "[meter][streambp]") {
   std::vector<std::int64_t> peaks;
   for (const std::int64_t T : {1024, 2048, 3072}) {
     const auto m = step_memory(config, at::kDouble, "streambp:layer_chunk=128,head_chunk=128", T);
-    REQUIRE(m.measurement.status == "passed");
+    REQUIRE(m.measurement.status == sbp::StepStatus::finished);
     peaks.push_back(m.measurement.peak_bytes);
   }
   const double first = double(peaks[1] - peaks[0]), second = double(peaks[2] - peaks[1]);
@@ -304,7 +304,7 @@ TEST_CASE("the analytic memory models of LoRA and MsT runs match the measured pe
     for (const auto& run : runs) {
       sbp::MemoryEstimate estimate;
       const auto m = step_memory(config, w.dtype, run.spec, w.T, w.B, run.lora, &estimate);
-      REQUIRE(m.measurement.status == "passed");
+      REQUIRE(m.measurement.status == sbp::StepStatus::finished);
       const double ratio = double(m.measurement.peak_bytes) / double(estimate.total_bytes());
       INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << run.spec << " lora="
                                   << run.lora << ": measured " << m.measurement.peak_bytes << ", analytic "
@@ -338,7 +338,7 @@ TEST_CASE("the analytic memory models match the measured peaks within 3 percent"
     for (const auto& spec : sbp::metered_method_specs()) {
       sbp::MemoryEstimate estimate;
       const auto m = step_memory(config, w.dtype, spec, w.T, w.B, "", &estimate);
-      REQUIRE(m.measurement.status == "passed");
+      REQUIRE(m.measurement.status == sbp::StepStatus::finished);
       const double ratio = double(m.measurement.peak_bytes) / double(estimate.total_bytes());
       INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " kv=" << w.kv_heads << " "
                                   << spec << ": measured " << m.measurement.peak_bytes << ", analytic "
@@ -359,7 +359,7 @@ TEST_CASE("standard BP's memory model holds at the end of a short step, when eve
       config.tie_word_embeddings = tied;
       sbp::MemoryEstimate estimate;
       const auto m = step_memory(config, dtype, "standard", 2, 1, "", &estimate);
-      REQUIRE(m.measurement.status == "passed");
+      REQUIRE(m.measurement.status == sbp::StepStatus::finished);
       const double ratio = double(m.measurement.peak_bytes) / double(estimate.total_bytes());
       INFO(c10::toString(dtype) << " tied=" << tied << ": measured " << m.measurement.peak_bytes << ", analytic "
                                 << estimate.total_bytes() << " at " << estimate.moment << ", ratio " << ratio);
@@ -388,7 +388,7 @@ TEST_CASE("the analytic memory models hold in mixed precision within 3 percent",
         if (w.T == 2 && (spec != "standard" || !lora.empty())) continue;
         sbp::MemoryEstimate estimate;
         const auto m = step_memory(config, at::kBFloat16, spec, w.T, w.B, lora, &estimate, /*mixed=*/true);
-        REQUIRE(m.measurement.status == "passed");
+        REQUIRE(m.measurement.status == sbp::StepStatus::finished);
         const double ratio = double(m.measurement.peak_bytes) / double(estimate.total_bytes());
         INFO("bf16-mixed V=" << w.vocab << " B=" << w.B << " T=" << w.T << " kv=" << w.kv_heads << " tied=" << w.tied
                              << " " << spec << " lora=" << lora << ": measured " << m.measurement.peak_bytes
@@ -418,7 +418,7 @@ TEST_CASE("the memory models hold under whatever kernels the CPU configuration p
     for (const auto& spec : sbp::metered_method_specs()) {
       sbp::MemoryEstimate estimate;
       const auto m = step_memory(config, r.dtype, spec, r.T, r.B, r.lora, &estimate, r.mixed);
-      REQUIRE(m.measurement.status == "passed");
+      REQUIRE(m.measurement.status == sbp::StepStatus::finished);
       INFO(c10::toString(r.dtype) << (r.mixed ? "-mixed" : "") << " V=" << r.vocab << " B=" << r.B << " T=" << r.T << " "
                                   << spec << " lora=" << r.lora << ": measured " << m.measurement.peak_bytes
                                   << ", analytic " << estimate.total_bytes() << " at " << estimate.moment << ", ratio "
@@ -449,7 +449,7 @@ TEST_CASE("the analytic memory models hold on the device with the checkpoints an
           const auto tier = sbp::make_file_tier(dir.path().string());
           sbp::MemoryEstimate estimate;
           const auto m = step_memory(config, w.dtype, spec, w.T, w.B, lora, &estimate, false, tier.get(), gradients);
-          REQUIRE(m.measurement.status == "passed");
+          REQUIRE(m.measurement.status == sbp::StepStatus::finished);
           INFO(c10::toString(w.dtype) << " V=" << w.vocab << " B=" << w.B << " T=" << w.T << " " << spec << " lora="
                                       << lora << " gradients=" << gradients << ": measured " << m.measurement.peak_bytes << ", analytic "
                                       << estimate.total_bytes() << " at " << estimate.moment << ", ratio "

@@ -1,13 +1,20 @@
 // The records the commands write: run's and train's JSON take their memory fields from one writer (one name and one
 // rule per field, null where there is nothing to say), and train's metrics header and rows come from one table.
+// Their words come from enums parsed once from the flags (status, check, offload kind, dtype).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "core/offload/offload_tier.h"
+#include "experiments/measure.h"
 #include "experiments/memory_record.h"
+#include "experiments/options.h"
+#include "experiments/results_table.h"
+#include "experiments/setup.h"
 #include "experiments/train_metrics.h"
 
 namespace {
@@ -74,4 +81,39 @@ TEST_CASE("train's metrics rows have the header's columns, a CUDA row's peak lef
   CHECK(sbp::metrics_row(m).rfind("3,", 0) == 0);
   m.peak_bytes.reset();
   CHECK(sbp::metrics_row(m).find(",,") != std::string::npos);
+}
+
+TEST_CASE("flags arrive as enums, parsed once, and name themselves back in the records' words", "[records][options]") {
+  CLI::App app;
+  sbp::OffloadOptions offload;
+  sbp::add_offload_options(app, offload, "moved");
+  sbp::Setup setup;
+  sbp::add_setup_options(app, setup);
+  app.parse("--offload grads,checkpoints --dtype bf16 --grad-dtype fp32", false);
+  CHECK((offload.kinds == std::vector{sbp::OffloadKind::gradients, sbp::OffloadKind::checkpoints}));
+  CHECK((offload.gradients() && offload.checkpoints() && !offload.optimizer() && !offload.parameters()));
+  CHECK(offload.describe() == "grads,checkpoints");  // the results' offload column: the kinds in the order given
+  CHECK(setup.model_dtype() == c10::kBFloat16);
+  CHECK(setup.grad_dtype == c10::kFloat);
+  // A name that is no kind (or no dtype) is a usage error naming the flag, before any work.
+  for (const char* bad : {"--offload grads,weights", "--dtype fp16"}) {
+    CLI::App again;
+    sbp::OffloadOptions o;
+    sbp::Setup s;
+    sbp::add_offload_options(again, o, "moved");
+    sbp::add_setup_options(again, s);
+    CHECK_THROWS_AS(again.parse(bad, false), CLI::ValidationError);
+  }
+  CHECK(sbp::Setup{}.model_dtype() == c10::kFloat);  // no --dtype and no --load: fp32
+  // The words the CSVs and JSON records have always had.
+  CHECK(std::string(sbp::step_status_name(sbp::StepStatus::oom)) == "oom");
+  CHECK(std::string(sbp::check_status_name(sbp::CheckStatus::reference)) == "reference");
+  CHECK(std::string(sbp::check_status_name(sbp::CheckStatus::unchecked)) == "unchecked");
+  CHECK(std::string(sbp::check_status_name(sbp::CheckStatus::passed)) == "passed");
+  CHECK(std::string(sbp::check_status_name(sbp::CheckStatus::incorrect)) == "incorrect");
+  CHECK(std::string(sbp::offload_kind_name(sbp::OffloadKind::parameters)) == "params");
+  CHECK(std::string(sbp::offload_kind_name(sbp::OffloadKind::optimizer)) == "optimizer");
+  // One name for one thing: train's metrics call the layout's columns what maxlen's and project's CSVs call them.
+  CHECK(sbp::metrics_header().find(",world_size,zero,") != std::string::npos);
+  CHECK(sbp::metrics_header().find(",sequence_parallel,sp_all_gather_calls,") != std::string::npos);
 }

@@ -14,6 +14,7 @@
 
 #include <c10/core/Device.h>
 
+#include "core/methods/event_hooks.h"
 #include "core/training/optimizer.h"
 #include "core/io/input_error.h"
 
@@ -99,8 +100,9 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::De
 void check_offload_kinds(const OffloadOptions& options, bool training, int ranks, int zero_stage);
 // A forward + backward without a Trainer (run, maxlen without --optimizer): what these options move, the method's
 // layer checkpoints and its gradients at their events, into `tier` (nothing when it is null). A Trainer takes the
-// gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction.
-void offload_backprop(const OffloadOptions& options, BackpropMethod& method, OffloadTier* tier);
+// gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction. The gradients move while the
+// returned subscription lives.
+[[nodiscard]] Subscription offload_backprop(const OffloadOptions& options, BackpropMethod& method, OffloadTier* tier);
 
 // What every command checks of an output before its work starts.
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose

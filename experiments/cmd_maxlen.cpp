@@ -191,11 +191,11 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   const auto small = batch_at(std::max(16, 2 * sp_));
   base_workload_ = make_workload(*model_, objective_->prepare(small, model_->config()), small);
-  base_workload_.sequence_parallel = sp_;
-  base_workload_.offload_checkpoints = a.offload.checkpoints();
-  base_workload_.offload_optimizer = a.offload.optimizer();
-  base_workload_.offload_gradients = a.offload.gradients();
-  base_workload_.offload_parameters = a.offload.parameters();
+  base_workload_.add(SequenceParallelism{sp_});
+  if (a.offload.checkpoints()) base_workload_.add(Offload{OffloadKind::checkpoints});
+  if (a.offload.optimizer()) base_workload_.add(Offload{OffloadKind::optimizer});
+  if (a.offload.gradients()) base_workload_.add(Offload{OffloadKind::gradients});
+  if (a.offload.parameters()) base_workload_.add(Offload{OffloadKind::parameters});
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
   set_data_parallel(base_workload_, ranks_.comm ? ranks_.world : a.ranks.nproc, a.ranks.zero, ranks_.device);
   if (optimizer_) add_optimizer_memory(base_workload_, *model_, *optimizer_);
@@ -300,10 +300,11 @@ void MaxlenSearch::search(const std::string& spec_text) {
   const auto spec = method->spec();
   const bool training = optimizer_.has_value();
   const auto tier = make_offload(a_.offload, ranks_.device, *method, training, a_.ranks.nproc, a_.ranks.zero);
+  Subscription offloading;
   if (training)
     method->offload_checkpoints_to(a_.offload.checkpoints() ? tier.get() : nullptr);  // the Trainer moves the grads
   else
-    offload_backprop(a_.offload, *method, tier.get());
+    offloading = offload_backprop(a_.offload, *method, tier.get());
   const auto predicted = modelled_max_seq(*method);
   if (writer_) {
     fmt::print(stderr, "{}: the model predicts T* = {} under {}{}\n", spec, predicted, format_bytes(a_.measure.budget_bytes),

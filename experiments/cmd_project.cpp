@@ -226,9 +226,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
   for (const int n : a.world_sizes)
     for (const auto& [label, spec] : methods) {
       auto w = paper_workload(config, false, a.lora_rank, *objective, 1);
-      w.world_size = n;
-      w.zero_stage = zero;
-      w.collective_copies = false;  // NCCL
+      w.add(DataParallelism{.world_size = n, .zero_stage = zero, .collective_copies = false});  // NCCL
       add_projected_optimizer(w, optimizer);
       double paper = 0;
       for (std::size_t i = 0; i < std::size(kPaperTable4Gpus); ++i)

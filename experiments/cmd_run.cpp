@@ -394,7 +394,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const bool random = a.batch_file.empty();
   auto [dtype, model, method, objective] = build_run_parts(a);
   const auto tier = make_offload(a.offload, device, *method, /*training=*/false);  // its folder checked first
-  offload_backprop(a.offload, *method, tier.get());
+  const auto offloading = offload_backprop(a.offload, *method, tier.get());
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.measure.batch_size(), a.measure.seq_len(), a.pad_fraction,
@@ -406,8 +406,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.setup.seed);
   // Every check before anything is written.
   auto workload = make_workload(*model, objective->prepare(batch, model->config(), std::nullopt, batch_source), batch);
-  workload.offload_checkpoints = a.offload.checkpoints();
-  workload.offload_gradients = a.offload.gradients();
+  if (a.offload.checkpoints()) workload.add(Offload{OffloadKind::checkpoints});
+  if (a.offload.gradients()) workload.add(Offload{OffloadKind::gradients});
   // The step's inputs (weights, adapter, batch): with --model-only (what a step would take, without one), or after a
   // finished step; an oom run (exit 3) writes what describes the attempt (--json, --timeline, --op-profile) and no
   // file that looks like a result.

@@ -225,11 +225,11 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device d
   return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
 }
 
-void offload_backprop(const OffloadOptions& o, BackpropMethod& method, OffloadTier* tier) {
-  if (!tier) return;
+Subscription offload_backprop(const OffloadOptions& o, BackpropMethod& method, OffloadTier* tier) {
+  if (!tier) return {};
   if (o.checkpoints()) method.offload_checkpoints_to(tier);
-  if (o.gradients())
-    method.on_gradient_ready([tier](const GradientGroup& group) { store_gradients(*tier, group.tensors); });
+  if (!o.gradients()) return {};
+  return method.on_gradient_ready([tier](const GradientGroup& group) { store_gradients(*tier, group.tensors); });
 }
 
 void add_output_options(CLI::App& app, OutputOptions& o, const std::string& help) {

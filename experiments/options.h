@@ -14,8 +14,10 @@
 
 #include <c10/core/Device.h>
 
+#include "core/methods/event_hooks.h"
 #include "core/training/optimizer.h"
 #include "core/io/input_error.h"
+#include "core/offload/offload_kind.h"
 
 namespace CLI {
 class App;
@@ -75,8 +77,6 @@ struct OutputOptions {
 };
 void add_output_options(CLI::App& app, OutputOptions& options, const std::string& help);
 
-// What can move to the second memory tier (core/offload/offload_tier.h).
-enum class OffloadKind { checkpoints, gradients, optimizer, parameters };
 const char* offload_kind_name(OffloadKind kind);  // as --offload spells it: checkpoints, grads, optimizer, params
 // --offload's list, parsed once: comma-separated kind names, a name that is none of them a usage error (exit 2).
 void add_offload_kinds_option(CLI::App& app, std::vector<OffloadKind>& kinds, const std::string& help);
@@ -106,8 +106,9 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& options, c10::De
 void check_offload_kinds(const OffloadOptions& options, bool training, int ranks, int zero_stage);
 // A forward + backward without a Trainer (run, maxlen without --optimizer): what these options move, the method's
 // layer checkpoints and its gradients at their events, into `tier` (nothing when it is null). A Trainer takes the
-// gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction.
-void offload_backprop(const OffloadOptions& options, BackpropMethod& method, OffloadTier* tier);
+// gradients itself (TrainOptions::gradient_tier), after the data-parallel reduction. The gradients move while the
+// returned subscription lives.
+[[nodiscard]] Subscription offload_backprop(const OffloadOptions& options, BackpropMethod& method, OffloadTier* tier);
 
 // What every command checks of an output before its work starts.
 // Refuses to overwrite an existing result unless `force` (results are never overwritten silently), and a file whose

@@ -38,15 +38,13 @@ Workload alst_workload(const ModelConfig& config, const Objective& objective, co
   w.statistics_pass = objective.has_row_term();
   w.threads = 1;
   w.workspaces = no_kernel_workspaces();  // the GPU's are the floor term, not a CPU calibration's
-  w.world_size = world;
-  w.zero_stage = world > 1 ? zero : 0;
-  w.collective_copies = false;  // NCCL
-  w.sequence_parallel = sequence_parallel;
+  w.add(DataParallelism{.world_size = world, .zero_stage = world > 1 ? zero : 0, .collective_copies = false});  // NCCL
+  w.add(SequenceParallelism{sequence_parallel});
   add_projected_optimizer(w, OptimizerOptions{});  // AdamW's defaults; this rank's slices under ZeRO 1-3
-  w.offload_checkpoints = offload.checkpoints;
-  w.offload_optimizer = offload.optimizer;
-  w.offload_gradients = offload.gradients;
-  w.offload_parameters = offload.parameters;
+  if (offload.checkpoints) w.add(Offload{OffloadKind::checkpoints});
+  if (offload.optimizer) w.add(Offload{OffloadKind::optimizer});
+  if (offload.gradients) w.add(Offload{OffloadKind::gradients});
+  if (offload.parameters) w.add(Offload{OffloadKind::parameters});
   return w;
 }
 

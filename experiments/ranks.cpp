@@ -116,9 +116,8 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
 }
 
 void set_data_parallel(Workload& w, int world, int zero, c10::Device device) {
-  w.world_size = world;
-  w.zero_stage = world > 1 ? zero : 0;
-  w.collective_copies = world > 1 && !device.is_cuda();
+  w.add(DataParallelism{.world_size = world, .zero_stage = world > 1 ? zero : 0,
+                        .collective_copies = world > 1 && !device.is_cuda()});
 }
 
 Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, const Batch& batch, int warmup, int repeats,

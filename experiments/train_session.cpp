@@ -409,11 +409,11 @@ bool TrainSession::first_step_fits(const Batch& batch, const std::string& source
       make_workload(model(), objective().prepare(micro.front(), model().config(), std::nullopt, source), micro.front());
   trainer_->add_optimizer_memory(workload);
   workload.accumulating = micro.size() > 1;
-  workload.offload_checkpoints = r_.offload.checkpoints();
-  workload.offload_optimizer = r_.offload.optimizer();
-  workload.offload_gradients = r_.offload.gradients();
-  workload.offload_parameters = r_.offload.parameters();
-  workload.sequence_parallel = ranks_.sp;
+  if (r_.offload.checkpoints()) workload.add(Offload{OffloadKind::checkpoints});
+  if (r_.offload.optimizer()) workload.add(Offload{OffloadKind::optimizer});
+  if (r_.offload.gradients()) workload.add(Offload{OffloadKind::gradients});
+  if (r_.offload.parameters()) workload.add(Offload{OffloadKind::parameters});
+  workload.add(SequenceParallelism{ranks_.sp});
   estimate_ = training_memory(method(), workload);
   if (a_.no_memory_check) return true;
   const auto why = memory_refusal(method(), workload, model(), weight_bytes_ + trainer_->held_bytes(), ranks_.comm.get());

@@ -29,9 +29,9 @@ std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool strea
                     {"dL/dH", streamed ? btd : 0},
                     {"gradients (the groups before reduced, this one's full)", gradients},
                     {z.sharded_gradients() ? std::string("reduce-scatter buffers ([N, slice], its slice") +
-                                                 (w.collective_copies ? ", the backend's copy)" : ")")
+                                                 (w.collective_copies() ? ", the backend's copy)" : ")")
                                            : std::string("all-reduce buffer (the group's gradients flattened)"),
-                     z.reduction_buffers(group_bytes, w.collective_copies)},
+                     z.reduction_buffers(group_bytes, w.collective_copies())},
                     {"objective buffers", objective_bytes(w)}}});
   };
   // Standard BP: the groups after this one still full (the layers below, an untied embedding).
@@ -61,7 +61,7 @@ std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool str
   if (z.embedding_group + z.head_group > 0)
     out.push_back({"embedding and head parameter gather (step start)",
                    {{"weights (the slices)", z.rest_weights},
-                    {"gather buffers", z.gather_buffers(z.embedding_group + z.head_group, w.collective_copies)},
+                    {"gather buffers", z.gather_buffers(z.embedding_group + z.head_group, w.collective_copies())},
                     {"objective buffers", objective_bytes(w)}}});
   if (!streamed) return out;
   for (const auto& state : layer_states(z))
@@ -70,7 +70,7 @@ std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool str
                     {"checkpoints", state.checkpoints},
                     {"dL/dH", btd},
                     {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
-                    {"gather buffers", z.gather_buffers(z.layer_grad, w.collective_copies)},
+                    {"gather buffers", z.gather_buffers(z.layer_grad, w.collective_copies())},
                     {"objective buffers", objective_bytes(w)}}});
   return out;
 }

@@ -14,10 +14,10 @@ namespace memory {
 // scaled output (kept by the projections that follow) in model dtype.
 // Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
 void require_whole_sequences(const Workload& w, const std::string& method) {
-  if (w.sequence_parallel > 1)
+  if (w.sequence_parallel() > 1)
     throw InputError("the memory model of " + method + " does not cover sequence parallelism (the method "
                                 "does not run on a shard); no estimate for a sequence split over " +
-                                std::to_string(w.sequence_parallel) + " ranks");
+                                std::to_string(w.sequence_parallel()) + " ranks");
 }
 
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + (z.lora ? 1 : 2) * z.s); }
@@ -66,7 +66,7 @@ std::vector<MemoryTerm> kv_reduce_scatter_terms(const Workload& w, std::int64_t 
   const Sizes z(w);
   const auto& cfg = w.config;
   const auto piece = slices_per_piece(2 * z.B * cfg.num_key_value_heads) * z.T * cfg.head_dim;
-  const std::int64_t copies = w.collective_copies ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
+  const std::int64_t copies = w.collective_copies() ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
   return {{"dK, dV (whole sequence)", 2 * z.B * z.Tg * cfg.kv_width() * element_bytes, true},
           {"this rank's share of them", 2 * z.B * z.T * cfg.kv_width() * element_bytes},
           {"every rank's padded piece (and the backend's clone)", copies * z.sp * piece * element_bytes, true},
@@ -294,6 +294,54 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
 
 using namespace memory;
 
+void Workload::add(WorkloadFeature feature) {
+  std::erase_if(features, [&](const WorkloadFeature& f) {
+    if (f.index() != feature.index()) return false;
+    const auto* offload = std::get_if<Offload>(&f);
+    return !offload || offload->kind == std::get<Offload>(feature).kind;
+  });
+  features.push_back(std::move(feature));
+}
+
+void Workload::remove_sequence_parallelism() {
+  std::erase_if(features, [](const WorkloadFeature& f) { return std::holds_alternative<SequenceParallelism>(f); });
+}
+
+bool Workload::offloads(OffloadKind kind) const {
+  for (const auto& f : features)
+    if (const auto* o = std::get_if<Offload>(&f); o && o->kind == kind) return true;
+  return false;
+}
+
+namespace {
+template <class Feature>
+const Feature* feature_of(const Workload& w) {
+  for (const auto& f : w.features)
+    if (const auto* found = std::get_if<Feature>(&f)) return found;
+  return nullptr;
+}
+}  // namespace
+
+int Workload::world_size() const {
+  const auto* dp = feature_of<DataParallelism>(*this);
+  return dp ? dp->world_size : 1;
+}
+
+int Workload::zero_stage() const {
+  const auto* dp = feature_of<DataParallelism>(*this);
+  return dp ? dp->zero_stage : 0;
+}
+
+bool Workload::collective_copies() const {
+  const auto* dp = feature_of<DataParallelism>(*this);
+  return dp && dp->collective_copies;
+}
+
+int Workload::sequence_parallel() const {
+  const auto* sp = feature_of<SequenceParallelism>(*this);
+  return sp ? sp->ranks : 1;
+}
+
 std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
   if (!workspaces)
     throw std::logic_error("memory model of " + config.name + ": no kernel calibration attached to the workload (" +
@@ -320,7 +368,7 @@ std::vector<MemoryTerm> memory::offload_host_terms(const Workload& w) {
   auto terms = offload_host_moment(w);
   // The trainable tensors (one process) or ZeRO-3's slices of them: in the tier the whole step.
   if (z.offloaded_parameters) terms.push_back({"trainable parameters", z.all_gradients});
-  if (w.offload_parameters && z.sharded_parameters())
+  if (w.offloads(OffloadKind::parameters) && z.sharded_parameters())
     terms.push_back({"parameter slices (ZeRO-3)", z.slice_elements(z.all_gradients) * z.g});
   return terms;
 }
@@ -329,9 +377,9 @@ std::vector<MemoryTerm> memory::offload_host_terms(const Workload& w) {
 std::vector<MemoryTerm> memory::offload_host_moment(const Workload& w) {
   const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
-  const auto checkpoints = [&](std::int64_t layers) { return w.offload_checkpoints ? layers * btd : 0; };
-  if (!w.offload_gradients) {
-    if (!w.offload_checkpoints) return {};
+  const auto checkpoints = [&](std::int64_t layers) { return w.offloads(OffloadKind::checkpoints) ? layers * btd : 0; };
+  if (!w.offloads(OffloadKind::gradients)) {
+    if (!w.offloads(OffloadKind::checkpoints)) return {};
     return {{"layer checkpoints H[0..L-1]", checkpoints(z.L)}};
   }
   const auto head = z.kept(z.head_group), layer = z.kept(z.layer_grad), embedding = z.kept(z.embedding_group);

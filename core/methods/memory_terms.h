@@ -41,9 +41,9 @@ struct Sizes {
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
         g(std::int64_t(c10::elementSize(w.gradient_dtype()))),
         B(w.batch_size),
-        T(w.sequence_parallel > 1 ? longest_zigzag_shard(w.seq_len, w.sequence_parallel) : w.seq_len),
+        T(w.sequence_parallel() > 1 ? longest_zigzag_shard(w.seq_len, w.sequence_parallel()) : w.seq_len),
         d(w.config.hidden_size), V(w.config.vocab_size), L(w.config.num_hidden_layers), P(w.config.num_parameters()),
-        Tg(w.seq_len), sp(w.sequence_parallel), lora(w.lora_rank > 0),
+        Tg(w.seq_len), sp(w.sequence_parallel()), lora(w.lora_rank > 0),
         weights(lora ? P * s + w.lora_parameters * g : P * g), lm_grad(lora ? 0 : V * d * g),
         all_gradients(lora ? w.lora_parameters * g : P * g),
         // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.
@@ -51,8 +51,8 @@ struct Sizes {
         head_gradients(lora ? 0 : (V + 1) * d * g),
         layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
                         : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
-        cast(g > s ? s : 0), offload_checkpoints(w.offload_checkpoints), offload_gradients(w.offload_gradients),
-        N(w.world_size), stage(w.zero_stage), tied(w.config.tie_word_embeddings),
+        cast(g > s ? s : 0), offload_checkpoints(w.offloads(OffloadKind::checkpoints)), offload_gradients(w.offloads(OffloadKind::gradients)),
+        N(w.world_size()), stage(w.zero_stage()), tied(w.config.tie_word_embeddings),
         head_group(lora ? 0 : tied ? d * g : (V + 1) * d * g), embedding_group(lm_grad),
         largest_tensor(lora ? std::min(w.lora_parameters, w.lora_rank * std::max({w.config.intermediate_size, d,
                                                                                   w.config.q_width()}))
@@ -62,10 +62,10 @@ struct Sizes {
     rest_weights = weights;
     // One process's parameter offload (ParameterHome) is ZeRO-3 with nothing kept on the device: the trainable tensors
     // in the tier between uses, fetched where ZeRO-3 gathers.
-    offloaded_parameters = w.offload_parameters && N == 1;
+    offloaded_parameters = w.offloads(OffloadKind::parameters) && N == 1;
     if (parameters_leave()) {
       // trainable bytes = gradient bytes; the slices in the tier with parameter offload
-      rest_weights = weights - all_gradients + (w.offload_parameters ? 0 : slice_elements(all_gradients) * g);
+      rest_weights = weights - all_gradients + (w.offloads(OffloadKind::parameters) ? 0 : slice_elements(all_gradients) * g);
       weights = rest_weights + embedding_group + head_group;
     }
   }

@@ -36,11 +36,11 @@ StepResult BackpropMethod::step(Model& model, const Objective& objective, const 
 }
 
 void BackpropMethod::parameter_use(ParameterUse use) const {
-  if (parameter_use_ && !use.tensors.empty()) parameter_use_(use);
+  if (!parameter_use_.empty() && !use.tensors.empty()) parameter_use_(use);
 }
 
 void BackpropMethod::layer_use(const Model& model, int layer, bool begin) const {
-  if (parameter_use_) parameter_use({"layer." + std::to_string(layer), model.layer_trainable(layer), begin});
+  if (!parameter_use_.empty()) parameter_use({"layer." + std::to_string(layer), model.layer_trainable(layer), begin});
 }
 
 LayerCheckpoints BackpropMethod::checkpointed_forward(
@@ -90,32 +90,32 @@ at::Tensor BackpropMethod::rank_loss(const Model& model, const PreparedObjective
 BackpropMethod::LayerInUse::LayerInUse(const BackpropMethod& method, const Model& model, int layer)
     : method_(method), layer_(layer) {
   mark_layer(layer, true);
-  if (!method.parameter_use_) return;
+  if (method.parameter_use_.empty()) return;
   use_ = {"layer." + std::to_string(layer), model.layer_trainable(layer), true};
   method_.parameter_use(use_);
 }
 
 BackpropMethod::LayerInUse::~LayerInUse() {
   mark_layer(layer_, false);
-  if (!method_.parameter_use_ || use_.tensors.empty()) return;
+  if (method_.parameter_use_.empty() || use_.tensors.empty()) return;
   use_.begin = false;
   method_.parameter_use(use_);
 }
 
 void BackpropMethod::gradient_ready(std::string name, std::vector<at::Tensor> tensors) const {
-  if (gradient_ready_ && !tensors.empty()) gradient_ready_({std::move(name), std::move(tensors)});
+  if (!gradient_ready_.empty() && !tensors.empty()) gradient_ready_({std::move(name), std::move(tensors)});
 }
 
 void BackpropMethod::layer_ready(const Model& model, int layer) const {
-  if (gradient_ready_) gradient_ready("layer." + std::to_string(layer), model.layer_trainable(layer));
+  if (!gradient_ready_.empty()) gradient_ready("layer." + std::to_string(layer), model.layer_trainable(layer));
 }
 
 void BackpropMethod::head_ready(const Model& model) const {
-  if (gradient_ready_) gradient_ready("head", model.head_trainable());
+  if (!gradient_ready_.empty()) gradient_ready("head", model.head_trainable());
 }
 
 void BackpropMethod::embedding_ready(const Model& model) const {
-  if (gradient_ready_) gradient_ready("embedding", model.embedding_trainable());
+  if (!gradient_ready_.empty()) gradient_ready("embedding", model.embedding_trainable());
 }
 
 std::int64_t MethodArgs::get(const std::string& key) const {

@@ -14,6 +14,7 @@
 
 #include "core/objectives/batch.h"
 #include "core/model/config.h"
+#include "core/methods/event_hooks.h"
 #include "core/methods/kernel_workspace.h"
 #include "core/methods/layer_checkpoints.h"
 #include "core/objectives/objective.h"
@@ -76,10 +77,12 @@ class BackpropMethod {
   // the clock and leaves the exact gradient of the objective in every trainable tensor's grad() (added to what was
   // there when accumulating).
   StepResult step(Model& model, const Objective& objective, const Batch& batch, const StepOptions& options = {});
-  // Called at every group's gradient-ready moment of the following steps (empty: none).
-  void on_gradient_ready(GradientReadyFn fn) { gradient_ready_ = std::move(fn); }
-  // Called where the following steps start and stop using each group's parameters (empty: none).
-  void on_parameter_use(ParameterUseFn fn) { parameter_use_ = std::move(fn); }
+  // `fn` is called at every group's gradient-ready moment of the following steps while the subscription lives (after
+  // the earlier subscribers'). The method outlives the subscription.
+  [[nodiscard]] Subscription on_gradient_ready(GradientReadyFn fn) { return gradient_ready_.subscribe(std::move(fn)); }
+  // `fn` is called where the following steps start and stop using each group's parameters, while the subscription
+  // lives.
+  [[nodiscard]] Subscription on_parameter_use(ParameterUseFn fn) { return parameter_use_.subscribe(std::move(fn)); }
   // The following steps keep their layer checkpoints in `tier` (null: on the device), for a method that keeps
   // checkpoints (StreamBP, checkpointing, MsT: LayerCheckpoints); standard BP keeps a whole graph and ignores it. The
   // tier outlives the steps. A copy, never arithmetic: the gradients are the same bits with and without it.
@@ -88,7 +91,7 @@ class BackpropMethod {
   virtual bool keeps_layer_checkpoints() const { return false; }
   // Whether the method runs on one rank's shard of a sequence split over a sequence-parallel group
   // (a Model::kv_source that is not local; ARCHITECTURE.md §16). step() refuses the others on such a source, and
-  // their memory_model refuses such a workload (Workload::sequence_parallel > 1) rather than answer for whole
+  // their memory_model refuses such a workload (Workload::sequence_parallel() > 1) rather than answer for whole
   // sequences.
   virtual bool runs_sequence_shards() const { return false; }
   // Analytic peak bytes of step() (weights and gradients included).
@@ -118,7 +121,7 @@ class BackpropMethod {
     int layer_;
     ParameterUse use_;
   };
-  bool tracks_parameter_use() const { return bool(parameter_use_); }
+  bool tracks_parameter_use() const { return !parameter_use_.empty(); }
   OffloadTier* checkpoint_tier() const { return checkpoint_tier_; }
   // The forward of a method that keeps layer checkpoints, without a graph: H[0] the embedding of the batch, H[l + 1] =
   // layer(l, H[l]) while layer l's parameters are in use, each H[l] handed to the offload tier (if any) once read.
@@ -140,8 +143,8 @@ class BackpropMethod {
  private:
   void gradient_ready(std::string name, std::vector<at::Tensor> tensors) const;
   void parameter_use(ParameterUse use) const;
-  GradientReadyFn gradient_ready_;
-  ParameterUseFn parameter_use_;
+  EventHooks<GradientGroup> gradient_ready_;
+  EventHooks<ParameterUse> parameter_use_;
   OffloadTier* checkpoint_tier_ = nullptr;
 };
 

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
 
 #include "core/methods/kernel_workspace.h"
 #include "core/model/config.h"
+#include "core/offload/offload_kind.h"
 
 namespace sbp {
 
@@ -33,6 +35,28 @@ struct MemoryEstimate {
   std::int64_t host_bytes() const;
 };
 
+// One kind of state in the offload tier (core/offload/offload_kind.h).
+struct Offload {
+  OffloadKind kind;
+};
+// Data parallelism (ARCHITECTURE.md §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at
+// ZeRO stage zero_stage (0 = DDP, 1 = + optimizer states sharded, 2 = + gradients reduce-scattered, 3 = + parameters
+// sharded, gathered while in use). Trainer::add_optimizer_memory adds it from its DataParallel (and the optimizer
+// bytes from the slices it updates); a projection adds it by hand before add_projected_optimizer. collective_copies:
+// whether the backend's reduce-scatter and all-gather hold one more [N, length] copy of their buffer while they run
+// (Communicator::copies_collective_buffers: Gloo yes, NCCL no).
+struct DataParallelism {
+  int world_size = 1, zero_stage = 0;
+  bool collective_copies = false;
+};
+// Sequence parallelism (ARCHITECTURE.md §16): each sequence of seq_len positions split over this many ranks (a group
+// within the data-parallel ranks), modelled for the rank with the most positions (longest_zigzag_shard) and the
+// latest query (rank 0's last block ends at seq_len).
+struct SequenceParallelism {
+  int ranks = 1;
+};
+using WorkloadFeature = std::variant<Offload, DataParallelism, SequenceParallelism>;
+
 struct Workload {
   ModelConfig config;
   c10::ScalarType dtype = c10::kFloat;  // compute dtype (Model::dtype)
@@ -51,20 +75,6 @@ struct Workload {
       if (t == target) return true;
     return false;
   }
-  // The layer checkpoints live in the offload tier (core/methods/layer_checkpoints.h): on the device only the one in
-  // use and the one fetched ahead of it.
-  bool offload_checkpoints = false;
-  // The optimizer's states live in the offload tier (Optimizer's states_tier): off the device, the update where they
-  // are (its temporaries on the device, as on the CPU; a GPU's would be the host's: counted on the device, an upper
-  // bound there).
-  bool offload_optimizer = false;
-  // The gradients leave the device at their group's gradient-ready event of the step's last micro-batch (the reduced
-  // ones when data-parallel: this rank's slices at ZeRO 2-3) and live in the offload tier until the next step frees
-  // them; between micro-batches they stay on the device, where the method adds into them.
-  bool offload_gradients = false;
-  // ZeRO-3 (zero_stage 3, world_size > 1): this rank's parameter slices live in the offload tier; a layer's gather
-  // reads them from there.
-  bool offload_parameters = false;
   // Intra-op threads: CPU kernels keep scratch per thread.
   std::int64_t threads = 1;
   // Whether a linear's graph saves a view of its weight: at::linear's does, so a weight fetched or gathered for the
@@ -84,20 +94,19 @@ struct Workload {
   // Trainable tensors and their gradients (Model::grad_dtype); Undefined: the compute dtype.
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
-  // Data parallelism (ARCHITECTURE.md §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at ZeRO
-  // stage zero_stage (0 = DDP, 1 = + optimizer states sharded, 2 = + gradients reduce-scattered, 3 = + parameters
-  // sharded, gathered while in use). 1 and 0: one process, no communication. Trainer::add_optimizer_memory fills them
-  // from its DataParallel (and the optimizer bytes above from the slices it updates); a projection sets them by hand
-  // before add_projected_optimizer.
-  int world_size = 1, zero_stage = 0;
-  // Whether the backend's reduce-scatter and all-gather hold one more [N, length] copy of their buffer while they run
-  // (Communicator::copies_collective_buffers: Gloo yes, NCCL no).
-  bool collective_copies = false;
-  bool data_parallel() const { return world_size > 1; }
-  // Sequence parallelism (ARCHITECTURE.md §16): each sequence of seq_len positions split over this many ranks (a group
-  // within the world_size ranks), modelled for the rank with the most positions (longest_zigzag_shard) and the
-  // latest query (rank 0's last block ends at seq_len). 1: whole sequences.
-  int sequence_parallel = 1;
+  // The step's features beside its shapes and dtypes: how it is distributed and what is offloaded (none: one process,
+  // everything on the device). Each kind at most once (add replaces one of the same kind).
+  std::vector<WorkloadFeature> features;
+  void add(WorkloadFeature feature);
+  void remove_sequence_parallelism();
+  bool offloads(OffloadKind kind) const;
+  // Data parallelism's world size and ZeRO stage (1 and 0 without it), whether its backend copies buffers.
+  int world_size() const;
+  int zero_stage() const;
+  bool collective_copies() const;
+  bool data_parallel() const { return world_size() > 1; }
+  // Sequence parallelism's ranks per sequence (1: whole sequences).
+  int sequence_parallel() const;
 };
 
 }  // namespace sbp

@@ -5,12 +5,12 @@
 namespace sbp {
 
 std::vector<ParamShape> optimizer_shard(const std::vector<ParamShape>& params, const Workload& w) {
-  if (!w.data_parallel() || w.zero_stage == 0) return params;
+  if (!w.data_parallel() || w.zero_stage() == 0) return params;
   std::vector<ParamShape> out;
   for (const auto& p : params) {
     std::int64_t numel = 1;
     for (const auto n : p.shape) numel *= n;
-    out.push_back({p.name, {(numel + w.world_size - 1) / w.world_size}, p.dtype});
+    out.push_back({p.name, {(numel + w.world_size() - 1) / w.world_size()}, p.dtype});
   }
   return out;
 }

@@ -18,9 +18,6 @@
 #include "core/methods/memory_model.h"
 #include "core/training/training_memory.h"
 #include "core/training/optimizer_shard.h"
-#include "core/training/data_parallel.h"
-#include "core/training/parameter_home.h"
-#include "core/training/sequence_parallel.h"
 #include "core/objectives/objective.h"
 #include "core/io/safetensors.h"
 #include "core/offload/offload_tier.h"
@@ -36,46 +33,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The method calls back into the trainer for the duration of a scope only (also when its step throws).
-class MethodEvents {
- public:
-  explicit MethodEvents(BackpropMethod& method) : method_(method) {}
-  ~MethodEvents() {
-    method_.on_gradient_ready(nullptr);
-    method_.on_parameter_use(nullptr);
-  }
-  MethodEvents(const MethodEvents&) = delete;
-  MethodEvents& operator=(const MethodEvents&) = delete;
-
- private:
-  BackpropMethod& method_;
-};
-
-// While alive, the model attends this rank's shard of sequences of T positions split over `group` (null: whole
-// sequences). The group's ranks must split the same sequences: their T is compared first (once per step), so that a
-// rank handed another batch fails naming it instead of waiting in a collective of another shape.
-class SequenceScope {
- public:
-  SequenceScope(Model& model, Communicator* group, std::int64_t T, const std::string& source) : model_(model) {
-    if (!group) return;
-    if (const auto d = first_disagreement(*group, {T}))
-      throw InputError(source + ": rank " + std::to_string(d->rank) + " of the sequence-parallel group " +
-                                  "holds sequences of " + std::to_string(d->theirs) + " positions and rank 0 of " +
-                                  std::to_string(d->rank0) + " (sequence length): the ranks of a group split the " +
-                                  "same sequences");
-    exchange_.emplace(*group, T);
-    model_.set_kv_source(&*exchange_);
-  }
-  ~SequenceScope() {
-    if (exchange_) model_.set_kv_source(nullptr);
-  }
-  SequenceScope(const SequenceScope&) = delete;
-  SequenceScope& operator=(const SequenceScope&) = delete;
-
- private:
-  Model& model_;
-  std::optional<SequenceParallel> exchange_;
-};
+// What the optimizer updates: the trainable tensors as the features make them, in order.
+TensorList optimizer_params_of(const TrainingFeatures& features, TensorList params) {
+  for (const auto& f : features) params = f->optimizer_params(std::move(params));
+  return params;
+}
 
 constexpr const char* kCheckpointPrefix = "checkpoint-";
 
@@ -86,37 +48,17 @@ std::string checkpoint_name(std::int64_t step) {
 
 }  // namespace
 
-namespace {
-
-std::unique_ptr<ParameterHome> make_home(const Model& model, const TrainOptions& options, const DataParallel* parallel) {
-  if (!options.parameter_tier) return nullptr;
-  if (parallel)
-    throw InputError("parameter offload on ranks: the tier goes to DataParallel (ZeRO-3's slices), not to "
-                                "TrainOptions::parameter_tier");
-  return std::make_unique<ParameterHome>(model.trainable(), *options.parameter_tier);
-}
-
-}  // namespace
-
 Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
                  DataParallel* parallel)
-    : model_(model), method_(method), objective_(objective), options_(std::move(options)), parallel_(parallel),
-      home_(make_home(model, options_, parallel)),
-      optimizer_params_(parallel ? parallel->optimizer_params(model.trainable())
-                        : home_  ? home_->optimizer_params()
-                                 : model.trainable()),
+    : model_(model), method_(method), objective_(objective), options_(std::move(options)),
+      features_(make_training_features(model, method, options_, parallel)),
+      optimizer_params_(optimizer_params_of(features_, model.trainable())),
       optimizer_(optimizer_params_, options_.optimizer, options_.optimizer_tier) {
   if (options_.grad_accum < 1) throw InputError("--grad-accum must be >= 1");
   if (!options_.micro_batch_rows.empty() && options_.grad_accum != 1)
     throw InputError("--micro-batches gives the step's micro-batches: --grad-accum is then 1");
   if (options_.total_steps < 1) throw InputError("--steps must be >= 1");
   if (!(options_.clip_grad_norm >= 0)) throw InputError("--clip-grad-norm must be >= 0");
-  if (options_.sequence_group && !parallel_)
-    throw InputError("sequence parallelism needs a DataParallel over every rank: each rank's gradient is "
-                                "its shard's share, summed over all ranks");
-  if (options_.sequence_group && !method_.runs_sequence_shards())
-    throw InputError("method " + method_.spec() + " does not run on a sequence-parallel rank's shard "
-                                "(standard BP, checkpointing and StreamBP do)");
 }
 
 std::vector<Batch> Trainer::micro_batches(const Batch& batch, const std::string& source) const {
@@ -135,97 +77,67 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
     totals.rows += t.rows;
     totals.tokens += t.tokens;
   }
-  // The ranks of a sequence-parallel group hold the same rows: their totals count once, by the group's rank 0.
-  if (options_.sequence_group && options_.sequence_group->rank() != 0) totals = {};
-  if (parallel_) totals = parallel_->global_totals(totals);
+  for (const auto& f : features_) f->count_totals(totals);
   out.tokens = totals.tokens;
   {
-    const SequenceScope sequence(model_, options_.sequence_group, batch.input_ids.size(1), source);
-    const MethodEvents events(method_);
-    // ZeRO-3: the method's parameter uses gather and free the sharded parameters; one process's offloaded parameters
-    // are fetched and dropped at the same events.
-    if (parallel_) method_.on_parameter_use([this](const ParameterUse& use) { parallel_->use(use); });
-    if (home_) method_.on_parameter_use([this](const ParameterUse& use) { home_->use(use); });
+    // What the features hold while the micro-batches run (their subscriptions), released in reverse, also on a throw.
+    std::vector<Subscription> held;
+    for (const auto& f : features_)
+      for (auto& s : f->begin_micro_batches(batch, source)) held.push_back(std::move(s));
     for (std::size_t k = 0; k < micro.size(); ++k) {
-      // Data-parallel: each group is reduced over ranks when its gradient is final for the step, i.e. at its event
-      // of the last micro-batch.
-      // Gradient offload at the same events: before them the method still adds into the gradients (the earlier
-      // micro-batches' stay on the device, so that every sum is the one of a run without offload).
-      if (k + 1 == micro.size() && (parallel_ || options_.gradient_tier))
-        method_.on_gradient_ready([this](const GradientGroup& group) {
-          if (parallel_)
-            parallel_->reduce(group, options_.gradient_tier);
-          else
-            store_gradients(*options_.gradient_tier, group.tensors);
-        });
+      if (k + 1 == micro.size())
+        for (const auto& f : features_)
+          for (auto& s : f->begin_last_micro_batch()) held.push_back(std::move(s));
       const auto r = method_.step(model_, objective_, micro[k], {.accumulate = k > 0, .step_totals = totals});
       out.loss += r.loss;
       out.bp_seconds += r.bp_seconds;
     }
+    while (!held.empty()) held.pop_back();
   }
-  if (parallel_) out.loss = parallel_->global_loss(out.loss);
+  for (const auto& f : features_) out.loss = f->step_loss(out.loss);
   const auto start = std::chrono::steady_clock::now();
   // Without clipping the norm is still reported: a coefficient of exactly 1 leaves every gradient bit as it was.
   const double max_norm =
       options_.clip_grad_norm > 0 ? options_.clip_grad_norm : std::numeric_limits<double>::infinity();
-  if (home_) home_->attach_gradients();  // the homes are what is clipped and updated
-  if (parallel_) {
-    out.grad_norm = parallel_->clip_grad_norm(optimizer_params_, max_norm);
-  } else {
-    std::vector<at::Tensor> params;
-    for (const auto& p : optimizer_params_) params.push_back(p.tensor);
-    out.grad_norm = clip_grad_norm(params, max_norm);
-  }
+  for (const auto& f : features_) f->before_update();
+  out.grad_norm = clip_gradients(max_norm);
   out.lr = lr_at(options_.schedule, options_.optimizer.lr, optimizer_.steps_taken(), options_.total_steps);
   optimizer_.step(out.lr);
-  if (parallel_) parallel_->gather_updated();  // ZeRO 1-2: every rank's updated slices into the full tensors
-  if (home_) home_->detach_gradients();
+  for (const auto& f : features_) f->after_update();
   synchronize(model_.device());
   out.optimizer_seconds = seconds_since(start);
   out.step = optimizer_.steps_taken();
   return out;
 }
 
+double Trainer::clip_gradients(double max_norm) {
+  for (const auto& f : features_)
+    if (const auto norm = f->clip_grad_norm(optimizer_params_, max_norm)) return *norm;
+  std::vector<at::Tensor> params;
+  for (const auto& p : optimizer_params_) params.push_back(p.tensor);
+  return clip_grad_norm(params, max_norm);
+}
+
 Trainer::~Trainer() = default;
 Trainer::Trainer(Trainer&&) = default;
 
 Trainer::WholeModel::WholeModel(const Trainer& trainer, bool keep) : trainer_(trainer), keep_(keep) {
-  if (trainer_.parallel_ && trainer_.parallel_->zero_stage() == 3) {
-    ParameterUse use{"model", {}, true};
-    for (const auto& p : trainer_.model_.trainable()) use.tensors.push_back(p.tensor);
-    trainer_.parallel_->use(use);
-  }
-  if (trainer_.home_) trainer_.home_->use(trainer_.home_->whole(true));
+  for (const auto& f : trainer_.features_) f->whole_model(true, false);
 }
 
 Trainer::WholeModel::~WholeModel() {
-  if (trainer_.parallel_ && trainer_.parallel_->zero_stage() == 3) {
-    if (keep_) trainer_.parallel_->keep_slices();
-    ParameterUse use{"model", {}, false};
-    for (const auto& p : trainer_.model_.trainable()) use.tensors.push_back(p.tensor);
-    trainer_.parallel_->use(use);
-  }
-  if (trainer_.home_) {
-    if (keep_) trainer_.home_->keep();
-    trainer_.home_->use(trainer_.home_->whole(false));
-  }
+  for (const auto& f : trainer_.features_) f->whole_model(false, keep_);
 }
 
 void Trainer::add_optimizer_memory(Workload& workload) const {
-  if (home_) {  // the model's tensors are empty between uses: the homes' shapes
-    std::vector<ParamShape> shapes;
-    for (const auto& p : optimizer_params_) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
-    const auto m = optimizer_memory(options_.optimizer, shapes);
-    workload.optimizer_state_bytes = m.state_bytes;
-    workload.optimizer_update_bytes = m.step_temporary_bytes;
-    return;
-  }
-  if (!parallel_) return sbp::add_optimizer_memory(workload, model_, options_.optimizer);
-  workload.world_size = parallel_->communicator().world_size();
-  workload.zero_stage = parallel_->zero_stage();
-  workload.collective_copies = parallel_->communicator().copies_collective_buffers();
-  // What this rank's optimizer updates, exactly: the tensors (stage 0) or this rank's slices of them (ZeRO 1-3; at
-  // stage 3 the model's own tensors are empty between uses).
+  for (const auto& f : features_) f->describe(workload);
+  // What this rank's optimizer updates, exactly: the tensors, this rank's slices of them (ZeRO 1-3; at stage 3 the
+  // model's own tensors are empty between uses) or their homes (the model's tensors are empty between uses).
+  const auto& trainable = model_.trainable();
+  const bool own = trainable.size() == optimizer_params_.size() &&
+                   std::equal(trainable.begin(), trainable.end(), optimizer_params_.begin(),
+                              [](const NamedTensor& a, const NamedTensor& b) { return a.tensor.is_same(b.tensor); });
+  if (own) return sbp::add_optimizer_memory(workload, model_, options_.optimizer);
   std::vector<ParamShape> shapes;
   for (const auto& p : optimizer_params_) shapes.push_back({p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()});
   const auto m = optimizer_memory(options_.optimizer, shapes);
@@ -234,7 +146,9 @@ void Trainer::add_optimizer_memory(Workload& workload) const {
 }
 
 std::int64_t Trainer::held_bytes() const {
-  return optimizer_.device_state_bytes() + (parallel_ ? parallel_->sliced_parameter_bytes() : 0);
+  std::int64_t bytes = optimizer_.device_state_bytes();
+  for (const auto& f : features_) bytes += f->held_bytes();
+  return bytes;
 }
 
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options) {
@@ -248,10 +162,14 @@ void add_optimizer_memory(Workload& workload, const Model& model, const Optimize
 fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run) const {
   // ZeRO: the ranks' slices assembled into whole tensors (every rank takes part), so that a checkpoint is the same
   // file whatever the world size and stage, and resumes on any.
-  const bool sharded = parallel_ && parallel_->zero_stage() > 0;
   const WholeModel whole(*this);
-  const auto state = sharded ? parallel_->whole_state(optimizer_.state()) : optimizer_.state();
-  if (parallel_ && parallel_->communicator().rank() != 0) return {};
+  auto state = optimizer_.state();
+  bool writes = true;
+  for (const auto& f : features_) {
+    state = f->whole_state(std::move(state));
+    writes = writes && f->writes_checkpoints();
+  }
+  if (!writes) return {};
   fs::create_directories(dir);
   const auto final_dir = dir / checkpoint_name(steps_taken());
   // Same file system as the final name, so the rename is atomic; the pid keeps two writers apart.
@@ -284,7 +202,6 @@ fs::path Trainer::save_checkpoint(const fs::path& dir, const nlohmann::json& run
 nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
   // ZeRO-3 and parameter offload: the tensors whole while their values are checked and written, then kept as this
   // rank's slices or in their homes.
-  const bool sharded = parallel_ && parallel_->zero_stage() > 0;
   std::optional<WholeModel> whole;
   whole.emplace(*this, /*keep=*/true);
   const auto meta_file = checkpoint / "trainer.json";
@@ -318,8 +235,9 @@ nlohmann::json Trainer::load_checkpoint(const fs::path& checkpoint) {
     source.push_back(&it->tensor);
   }
   const auto state_file = checkpoint / "optimizer.safetensors";
-  const auto state = read_safetensors(state_file);
-  optimizer_.load_state(sharded ? parallel_->sliced_state(state) : state, state_file.string());
+  auto state = read_safetensors(state_file);
+  for (const auto& f : features_) state = f->sliced_state(std::move(state));
+  optimizer_.load_state(state, state_file.string());
   if (optimizer_.steps_taken() != meta.at("step").get<std::int64_t>())
     throw InputError(checkpoint.string() + ": optimizer.safetensors and trainer.json disagree on the step");
   if (meta.contains("narrow_gemm")) {

@@ -14,6 +14,7 @@
 #include "core/training/lr_schedule.h"
 #include "core/methods/method.h"
 #include "core/training/optimizer.h"
+#include "core/training/training_feature.h"
 #include "core/io/input_error.h"
 
 namespace sbp {
@@ -22,7 +23,6 @@ class Communicator;
 class Model;
 class DataParallel;
 class OffloadTier;
-class ParameterHome;
 
 struct TrainOptions {
   OptimizerOptions optimizer;
@@ -58,8 +58,8 @@ struct TrainStepResult {
 };
 
 // The optimizer's states and its update's temporaries for this model's trainable tensors (optimizer_memory), into
-// the workload of a training step, for training_memory: this rank's slices' at ZeRO stage >= 1 (workload.world_size,
-// workload.zero_stage, optimizer_shard).
+// the workload of a training step, for training_memory: this rank's slices' at ZeRO stage >= 1 (the workload's
+// DataParallelism, optimizer_shard).
 void add_optimizer_memory(Workload& workload, const Model& model, const OptimizerOptions& options);
 
 class Trainer {
@@ -98,9 +98,10 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
-  // The one place a training step's workload learns how it is distributed: world size, ZeRO stage and the backend's
-  // collective copies of this trainer's DataParallel, and the optimizer's bytes of what it updates (this rank's
-  // slices under ZeRO 1-3). Without a DataParallel: add_optimizer_memory of this trainer's model and optimizer.
+  // The one place a training step's workload learns how it is distributed: each feature's description (the
+  // DataParallelism of this trainer's DataParallel: world size, ZeRO stage, the backend's collective copies), and the
+  // optimizer's bytes of what it updates (this rank's slices under ZeRO 1-3, the homes under parameter offload).
+  // Updating the model's own tensors: add_optimizer_memory of this trainer's model and optimizer.
   void add_optimizer_memory(Workload& workload) const;
   Model& model() const { return model_; }
   // What the trainer holds on the device between steps beside the model's tensors: the optimizer's states (none in an
@@ -122,13 +123,18 @@ class Trainer {
   static std::filesystem::path latest_checkpoint(const std::filesystem::path& dir);
 
  private:
+  // The gradients of optimizer_params_ clipped to max_norm (over ranks when a feature computes the norm); the norm
+  // before clipping.
+  double clip_gradients(double max_norm);
+
   Model& model_;
   BackpropMethod& method_;
   Objective& objective_;
   TrainOptions options_;
-  DataParallel* parallel_;
-  std::unique_ptr<ParameterHome> home_;  // one process's parameter offload
-  TensorList optimizer_params_;  // the trainable tensors, (ZeRO 1-3) this rank's slices of them, or their homes
+  // What the options and the DataParallel ask for (make_training_features), in the order a step calls them.
+  TrainingFeatures features_;
+  // The trainable tensors, (ZeRO 1-3) this rank's slices of them, or their homes: what the features made of them.
+  TensorList optimizer_params_;
   Optimizer optimizer_;
 };
 

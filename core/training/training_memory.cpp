@@ -16,7 +16,7 @@ MemoryEstimate device_peak(const BackpropMethod& method, const Workload& w) {
   auto bp = method.memory_model(w);
   const Sizes z(w);
   // On the device unless they are in the offload tier.
-  const auto states = w.offload_optimizer ? 0 : w.optimizer_state_bytes;
+  const auto states = w.offloads(OffloadKind::optimizer) ? 0 : w.optimizer_state_bytes;
   // Not modelled moment by moment: a later micro-batch's BP beside the gradients the earlier ones left (each
   // method's moments count only the gradients that exist by then). An upper bound: all of them on top (measured on
   // tiny, T = 64: 12-17% above the single-batch model, which the bound covers).
@@ -35,7 +35,7 @@ MemoryEstimate device_peak(const BackpropMethod& method, const Workload& w) {
                          {"gradients", z.step_gradients()},
                          {"optimizer states", states},
                          {"the update's temporaries", w.optimizer_update_bytes}}};
-  if (!w.data_parallel() || w.zero_stage == 0) return largest({bp, update});
+  if (!w.data_parallel() || w.zero_stage() == 0) return largest({bp, update});
   // ZeRO 1-3, around the update (DataParallel): the gradient norm summed over the ranks' slices in fp64 (each slice's
   // gradient converted, unless fp64 already, and squared: two [slice] fp64 temporaries of the longest slice); after
   // it (stages 1-2), each group's updated slices all-gathered: this rank's [slice] packed, the [N, slice] result and
@@ -54,8 +54,8 @@ MemoryEstimate device_peak(const BackpropMethod& method, const Workload& w) {
                          {"gradients", z.step_gradients()},
                          {"optimizer states", states},
                          {std::string("the largest group's slice, gathered [N, slice]") +
-                              (w.collective_copies ? " and the backend's copy" : ""),
-                          (z.N + 1 + (w.collective_copies ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}};
+                              (w.collective_copies() ? " and the backend's copy" : ""),
+                          (z.N + 1 + (w.collective_copies() ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}};
   return largest({bp, update, norm, gather});
 }
 
@@ -66,7 +66,7 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) 
   // The offload tier's peak: the BP's (its checkpoints at the end of the forward) beside the states, which live there
   // the whole step.
   peak.host = method.memory_model(w).host;
-  if (w.offload_optimizer && w.optimizer_state_bytes > 0) peak.host.push_back({"optimizer states", w.optimizer_state_bytes});
+  if (w.offloads(OffloadKind::optimizer) && w.optimizer_state_bytes > 0) peak.host.push_back({"optimizer states", w.optimizer_state_bytes});
   return peak;
 }
 

@@ -192,8 +192,9 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
   sbp::SftObjective objective;
   auto method = sbp::make_method(spec);
   method->offload_checkpoints_to(tier);
+  sbp::Subscription offloading;
   if (tier && offload_gradients)
-    method->on_gradient_ready([tier](const sbp::GradientGroup& group) { sbp::store_gradients(*tier, group.tensors); });
+    offloading = method->on_gradient_ready([tier](const sbp::GradientGroup& group) { sbp::store_gradients(*tier, group.tensors); });
   StepMemory out;
   // bf16 on a CPU with native bf16 GEMMs: every intra-op worker of the flash backward takes oneDNN scratch per block
   // GEMM (2 x 354 KiB on tiny), and the model counts them at once, as a long call reaches. A short step on a busy CPU
@@ -204,8 +205,8 @@ StepMemory step_memory(const sbp::ModelConfig& config, c10::ScalarType dtype, co
   out.largest_block_bytes = CpuMemoryMeter::install().largest_allocation_bytes();
   if (estimate) {
     auto workload = sbp::make_workload(model, objective.prepare(batch, model.config()), batch);
-    workload.offload_checkpoints = tier && method->keeps_layer_checkpoints();
-    workload.offload_gradients = tier && offload_gradients;
+    if (tier && method->keeps_layer_checkpoints()) workload.add(sbp::Offload{sbp::OffloadKind::checkpoints});
+    if (tier && offload_gradients) workload.add(sbp::Offload{sbp::OffloadKind::gradients});
     *estimate = method->memory_model(workload);
   }
   return out;

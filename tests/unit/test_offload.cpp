@@ -42,8 +42,9 @@ Step step_with(sbp::Model& model, const std::string& spec, sbp::Objective& objec
                sbp::OffloadTier* tier, bool gradients = false) {
   auto method = sbp::make_method(spec);
   method->offload_checkpoints_to(tier);
+  sbp::Subscription offloading;
   if (tier && gradients)
-    method->on_gradient_ready([tier](const sbp::GradientGroup& group) { sbp::store_gradients(*tier, group.tensors); });
+    offloading = method->on_gradient_ready([tier](const sbp::GradientGroup& group) { sbp::store_gradients(*tier, group.tensors); });
   Step out;
   out.loss = method->step(model, objective, batch).loss;
   for (const auto& g : model.gradients()) out.gradients.push_back({g.name, g.tensor.clone()});
@@ -162,19 +163,20 @@ TEST_CASE("the memory models' host term is what the tier holds at its peak, for 
               const auto tier = sbp::make_file_tier(dir.path().string());
               auto method = sbp::make_method(spec);
               if (checkpoints) method->offload_checkpoints_to(tier.get());
+              sbp::Subscription offloading;
               if (gradients)
-                method->on_gradient_ready([&](const sbp::GradientGroup& g) { sbp::store_gradients(*tier, g.tensors); });
+                offloading = method->on_gradient_ready([&](const sbp::GradientGroup& g) { sbp::store_gradients(*tier, g.tensors); });
               method->step(model, *objective, batch);
               model.zero_grad();
               auto workload = sbp::make_workload(model, objective->prepare(batch, model.config()), batch);
-              workload.offload_checkpoints = checkpoints;
-              workload.offload_gradients = gradients;
+              if (checkpoints) workload.add(sbp::Offload{sbp::OffloadKind::checkpoints});
+              if (gradients) workload.add(sbp::Offload{sbp::OffloadKind::gradients});
               const auto estimate = method->memory_model(workload);
               std::string terms;
               for (const auto& t : estimate.host) terms += t.name + " " + std::to_string(t.bytes) + "; ";
               INFO("model: " << terms);
               CHECK(tier->peak_bytes() == estimate.host_bytes());
-              workload.offload_checkpoints = workload.offload_gradients = false;
+              workload.features.clear();
               CHECK(method->memory_model(workload).host_bytes() == 0);
             }
       }

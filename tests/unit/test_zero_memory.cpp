@@ -78,11 +78,11 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
     options.parameter_tier = tier;
   sbp::Trainer trainer(model, *method, objective, options, parallel ? &*parallel : nullptr);
   auto workload = sbp::make_workload(model, objective.prepare(batch, config), batch);
-  workload.offload_checkpoints = tier && offload.checkpoints;
-  workload.offload_optimizer = tier && offload.optimizer;
-  workload.offload_gradients = tier && offload.gradients;
-  workload.offload_parameters = tier && offload.parameters;
-  workload.sequence_parallel = sp;
+  if (tier && offload.checkpoints) workload.add(sbp::Offload{sbp::OffloadKind::checkpoints});
+  if (tier && offload.optimizer) workload.add(sbp::Offload{sbp::OffloadKind::optimizer});
+  if (tier && offload.gradients) workload.add(sbp::Offload{sbp::OffloadKind::gradients});
+  if (tier && offload.parameters) workload.add(sbp::Offload{sbp::OffloadKind::parameters});
+  workload.add(sbp::SequenceParallelism{sp});
   auto single = workload;
   trainer.add_optimizer_memory(workload);
   sbp::add_optimizer_memory(single, model, options.optimizer);  // the negative control: one process's model
@@ -90,7 +90,7 @@ Measured measure_rank(const std::string& spec, const std::string& lora, std::int
   if (sp > 1) {
     auto shard = workload;
     shard.seq_len = sbp::longest_zigzag_shard(T, sp);
-    shard.sequence_parallel = 1;
+    shard.remove_sequence_parallelism();
     out.shard_as_sequence_model = sbp::training_memory(*method, shard);
   }
   // ZeRO-3: the model's trainable tensors are empty between steps; the rank's parameters are its slices, which the

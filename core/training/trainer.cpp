@@ -70,15 +70,16 @@ class MethodEvents {
 // rank handed another batch fails naming it instead of waiting in a collective of another shape.
 class SequenceScope {
  public:
-  SequenceScope(Model& model, Communicator* group, std::int64_t T, const std::string& source) : model_(model) {
+  SequenceScope(Model& model, Communicator* group, SequenceScheme scheme, std::int64_t T, const std::string& source)
+      : model_(model) {
     if (!group) return;
     if (const auto d = first_disagreement(*group, {T}))
       throw InputError(source + ": rank " + std::to_string(d->rank) + " of the sequence-parallel group " +
                                   "holds sequences of " + std::to_string(d->theirs) + " positions and rank 0 of " +
                                   std::to_string(d->rank0) + " (sequence length): the ranks of a group split the " +
                                   "same sequences");
-    exchange_.emplace(*group, T);
-    model_.set_kv_source(&*exchange_);
+    exchange_ = make_sequence_exchange(scheme, *group, T);
+    model_.set_kv_source(exchange_.get());
   }
   ~SequenceScope() {
     if (exchange_) model_.set_kv_source(nullptr);
@@ -88,7 +89,7 @@ class SequenceScope {
 
  private:
   Model& model_;
-  std::optional<SequenceParallel> exchange_;
+  std::unique_ptr<KVSource> exchange_;
 };
 
 constexpr const char* kCheckpointPrefix = "checkpoint-";
@@ -155,7 +156,8 @@ TrainStepResult Trainer::step(const Batch& batch, const std::string& source) {
   if (parallel_) totals = parallel_->global_totals(totals);
   out.tokens = totals.tokens;
   {
-    const SequenceScope sequence(model_, options_.sequence_group, batch.input_ids.size(1), source);
+    const SequenceScope sequence(model_, options_.sequence_group, options_.sequence_scheme,
+                                 batch.input_ids.size(1), source);
     const StepTotalsScope scope(objective_, totals);
     const MethodEvents events(method_);
     // ZeRO-3: the method's parameter uses gather and free the sharded parameters; one process's offloaded parameters

@@ -5,10 +5,10 @@
 #     not divisible; padded rows, masked prompts); LoRA, GRPO, DPO and N = 3, 4 are test_ring_attention's, in process;
 # (b) bad input exits 2 naming it: the ring without --sp, maxlen and project with the ring (no memory model yet), and
 #     ranks started by hand with different --sp-scheme (before any group forms).
-# ctest-timeout: 240
+# ctest-timeout: 300
 source "$(dirname "$0")/../support/cli_common.sh"
 
-common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --steps 5 --seed 5
+common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --seed 5
         --optimizer adamw:lr=1e-2,weight_decay=0.1 --lr-schedule cosine,warmup=1 --clip-grad-norm 1)
 # name nproc sp zero method [flags...]
 run() {
@@ -24,9 +24,9 @@ same() {
   echo "ok: $1 equals one process: $(tail -1 "cmp-$1.txt")"
 }
 
-"$STREAMBP" train "${common[@]}" --method standard --save-model single 2>single.log ||
+"$STREAMBP" train "${common[@]}" --steps 5 --method standard --save-model single 2>single.log ||
   fail "single process:\n$(cat single.log)"
-run ring2 2 2 0 streambp:layer_chunk=4,head_chunk=5
+run ring2 2 2 0 streambp:layer_chunk=4,head_chunk=5 --steps 5
 same ring2 single
 run dpsp 4 2 3 checkpoint --steps 2
 "$STREAMBP" train "${common[@]}" --steps 2 --method standard --save-model single2 2>/dev/null || fail "single, 2 steps"

@@ -186,8 +186,9 @@ void layer_chunk(benchmark::State& state, Bench& bench) {
   const auto& m = model.config();
   const auto T = state.range(0), c = state.range(1), s = T - c;
   const auto h_in = at::randn({kBatch, T, m.hidden_size}, bench.options());  // [B, T, d]: the layer's input
-  at::Tensor K, V;  // [B, n_kv, T, hd]: the prefix's and the chunk's keys and values, no graph (step 1)
-  std::tie(K, V) = sbp::kv_chunked(model, kLayer, h_in, c);
+  // [B, n_kv, T, hd]: the prefix's and the chunk's keys and values, no graph (step 1)
+  const auto kv = sbp::kv_chunked(model, kLayer, h_in, c);
+  const auto K = kv[0], V = kv[1];
   const auto sums = kv_sums(K);
   const auto grad_out = at::randn({kBatch, c, m.hidden_size}, bench.options());  // dLoss/dH_out of the chunk
   const auto params = model.layer_trainable(kLayer);

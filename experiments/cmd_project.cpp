@@ -190,6 +190,8 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
       ->check(CLI::PositiveNumber);
   app.add_option("--nproc", a.nproc, "with --sp: the devices in all (data-parallel groups of --sp; default --sp)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--sp-scheme", a.sp_scheme, "with --sp: the K/V exchange projected; allgather (ring: refused until "
+                 "its memory model is built, issue #48)")->check(CLI::IsMember({"allgather", "ring"}));
   add_output_options(app, a.output, "results folder");
 }
 
@@ -274,6 +276,9 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   if (a.zero > 0 && a.world_sizes.empty())
     throw InputError("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
+  if (a.sp_scheme == "ring")
+    throw InputError("project --sp-scheme ring: the ring's memory model is not built yet (issue #48 items 3-4), so "
+                     "there is nothing to project from; --sp-scheme allgather");
   if (a.sp > 0) return project_sequence_parallel(a, command_line);
   if (a.nproc > 0) throw InputError("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);

@@ -148,6 +148,7 @@ struct ProjectArgs {
   // Sequence parallelism beside ALST (experiments/project_sequence.cpp): each sequence over sp ranks of nproc
   // (0: nproc = sp).
   int sp = 0, nproc = 0;
+  std::string sp_scheme = "allgather";  // only the all-gather is projected so far (issue #48 items 3-4)
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -50,6 +51,11 @@ void add_sequence_parallel_option(CLI::App& app, RankFlags& flags) {
                  "gradients summed over all ranks as --nproc alone does. Standard BP, checkpointing and StreamBP run "
                  "on a shard; --nproc must be a multiple of N")
       ->check(sbp::within(1, 1024));
+  app.add_option("--sp-scheme", flags.sp_scheme, "how a sequence-parallel group exchanges K/V: allgather (every rank "
+                 "holds a layer's whole K/V and their gradient sums; the default) or ring (each rank keeps its own K/V, "
+                 "the blocks go round the ring with their dK/dV and home again: no rank holds the whole sequence's)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, SequenceScheme>{{"allgather", SequenceScheme::allgather},
+                                                                                {"ring", SequenceScheme::ring}}));
 }
 
 std::string sequence_layout_problem(int world, int sp) {
@@ -80,6 +86,9 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   ranks.zero = ranks.world > 1 ? flags.zero : 0;
   if (const auto problem = sequence_layout_problem(ranks.world, flags.sp); !problem.empty())
     throw InputError(problem);
+  if (flags.sp_scheme != SequenceScheme::allgather && flags.sp <= 1)
+    throw InputError(fmt::format("--sp-scheme {} exchanges K/V within a sequence-parallel group: add --sp N (N >= 2)",
+                                 sequence_scheme_name(flags.sp_scheme)));
   // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
   if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);
   setup.apply_threads();
@@ -103,11 +112,15 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
                                       : make_gloo_communicator(rendezvous);
   // Every rank forms the same groups: a rank given another --sp (torchrun's ranks each have their own command line)
   // would wait for a group the others never form. Compared before any is formed.
-  if (const auto d = first_disagreement(*ranks.comm, {flags.sp}))
-    throw InputError(fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", d->rank, d->theirs,
-                                            d->rank0));
+  if (const auto d = first_disagreement(*ranks.comm, {flags.sp, std::int64_t(flags.sp_scheme)}))
+    throw InputError(d->index == 0 ? fmt::format("rank {} and rank 0 disagree on --sp ({} and {})", d->rank, d->theirs,
+                                                 d->rank0)
+                                   : fmt::format("rank {} and rank 0 disagree on --sp-scheme ({} and {})", d->rank,
+                                                 sequence_scheme_name(SequenceScheme(d->theirs)),
+                                                 sequence_scheme_name(SequenceScheme(d->rank0))));
   if (flags.sp > 1) {
     ranks.sp = flags.sp;
+    ranks.sp_scheme = flags.sp_scheme;
     std::vector<int> members;
     for (int i = 0; i < flags.sp; ++i) members.push_back(ranks.data_rank() * flags.sp + i);
     ranks.sequence = ranks.comm->subgroup("sp" + std::to_string(ranks.data_rank()), members);

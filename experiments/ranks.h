@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include "core/training/communicator.h"
+#include "core/training/sequence_scheme.h"
 #include "experiments/launch.h"
 #include "experiments/measure.h"
 #include "experiments/setup.h"
@@ -27,10 +28,11 @@ struct RankFlags {
   int zero = 0;            // ZeRO stage (--zero): 0 = DDP, 1 = + optimizer states sharded, 2 = + gradients, 3 = + parameters
   int dist_timeout = 300;  // seconds a collective or the rendezvous may take before the rank gives up
   int sp = 1;              // ranks each sequence is split over (--sp; train only)
+  SequenceScheme sp_scheme = SequenceScheme::allgather;  // how a group exchanges K/V (--sp-scheme)
 };
 // --nproc, --zero and --dist-timeout; `what` says what each rank does (for --nproc's help).
 void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what);
-// --sp, for a command whose steps run on sequence shards (train).
+// --sp and --sp-scheme, for a command whose steps run on sequence shards (train, maxlen).
 void add_sequence_parallel_option(CLI::App& app, RankFlags& flags);
 // Why `world` ranks cannot run with --sp `sp` (empty when they can): a command checks it before launching its ranks.
 std::string sequence_layout_problem(int world, int sp);
@@ -48,6 +50,7 @@ struct Ranks {
   // Sequence parallelism: groups of sp consecutive ranks split each sequence of the rows they share; `sequence` is
   // this rank's group (none when sp == 1). The gradients are summed over every rank (comm).
   int sp = 1;
+  SequenceScheme sp_scheme = SequenceScheme::allgather;
   std::unique_ptr<Communicator> sequence;
   int data_rank() const { return rank / sp; }    // which rows of the global batch: a group's ranks share them
   int data_world() const { return world / sp; }  // the global batch splits into this many parts

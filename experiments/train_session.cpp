@@ -252,6 +252,7 @@ void TrainSession::build_trainer() {
   }
   if (r_.offload.parameters() && !parallel_) options_.parameter_tier = tier_.get();
   options_.sequence_group = ranks_.sequence.get();
+  options_.sequence_scheme = ranks_.sp_scheme;
   trainer_ = std::make_unique<Trainer>(model(), method(), objective(), options_, parallel_.get());
 }
 

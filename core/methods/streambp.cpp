@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -71,58 +72,93 @@ double StreamBP::backprop(Model& model, const PreparedObjective& objective, cons
   return loss;
 }
 
+namespace {
+
+// Step 2 of a layer's backward as the model's K/V source runs it (kv_source.h): with the whole sequence's K/V at hand,
+// each chunk's backward at once (StreamBP::layer_chunk_backward); with keys block by block, each chunk from its
+// output to its attention output, then (every block through) from its queries. Each writes the chunk's input
+// gradient into g and sums the layer's weight gradients.
+class LayerChunksBackward final : public StreamedBackward {
+ public:
+  LayerChunksBackward(const StreamBP& method, const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
+                      ChunkGradients& weights)
+      : method_(method), model_(model), layer_(layer), h_in_(h_in), g_(g), weights_(weights) {}
+
+  void chunk(const ChunkRows& r, const at::Tensor& K, const at::Tensor& V, const KVGradSums& sums) override {
+    const auto grads = method_.layer_chunk_backward(model_, layer_, h_in_, r.s, r.e, r.position, K, V, sums,
+                                                    g_.slice(1, r.s, r.e), weights_.params());
+    g_.slice(1, r.s, r.e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
+    weights_.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+  }
+
+  at::Tensor q(const ChunkRows& r) override {
+    at::NoGradGuard no_grad;
+    return model_.q(layer_, h_in_.slice(1, r.s, r.e), r.position);
+  }
+
+  at::Tensor output_backward(const ChunkRows& r, const at::Tensor& o) override {  // o: [B, n_h, c, hd]
+    auto h = leaf(h_in_.slice(1, r.s, r.e));  // [B, c, d]
+    auto o_leaf = leaf(o);
+    const auto out = model_.after_attention(layer_, h, attention_rows(o_leaf));
+    std::vector<at::Tensor> inputs = {h, o_leaf};
+    inputs.insert(inputs.end(), weights_.params().begin(), weights_.params().end());
+    const auto grads = torch::autograd::grad({out}, inputs, {g_.slice(1, r.s, r.e)}, /*retain_graph=*/false,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+    g_.slice(1, r.s, r.e).copy_(grads[0]);  // the residual's and MLP's part; the queries' is added by q_backward
+    weights_.add(at::ArrayRef<at::Tensor>(grads).slice(2));
+    return grads[1];
+  }
+
+  void q_backward(const ChunkRows& r, const at::Tensor& dq) override {
+    auto h = leaf(h_in_.slice(1, r.s, r.e));
+    const auto q = model_.q(layer_, h, r.position);
+    std::vector<at::Tensor> inputs = {h};
+    inputs.insert(inputs.end(), weights_.params().begin(), weights_.params().end());
+    const auto grads = torch::autograd::grad({q}, inputs, {dq}, /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+    g_.slice(1, r.s, r.e).add_(grads[0]);
+    weights_.add(at::ArrayRef<at::Tensor>(grads).slice(1));
+  }
+
+ private:
+  const StreamBP& method_;
+  const Model& model_;
+  int layer_;
+  const at::Tensor& h_in_;
+  at::Tensor& g_;
+  ChunkGradients& weights_;
+};
+
+}  // namespace
+
 void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Tensor& h_in, at::Tensor& g,
                                      PhaseClock& clock) const {
-  const auto T = h_in.size(1);  // a sequence-parallel rank: its shard's positions
   const auto c = options_.layer_chunk;
-  // Step 1: K/V of the whole sequence, once (not per chunk: that would cost O(D²) projections), without a graph. The
-  // model's K/V source completes what the rows held here give (kv_chunked: a sequence-parallel rank gathers the other
-  // ranks' K/V); dK/dV then sum, over the whole sequence, what these rows' queries give.
-  at::Tensor K, V;  // [B, n_kv, T, hd]
+  // Step 1: K/V of the rows held here, once (not per chunk: that would cost O(T²/c) projections), without a graph.
+  at::Tensor KV;  // [2, B, n_kv, t, hd]
   {
     Phase phase(clock, "kv_recompute");
-    std::tie(K, V) = kv_chunked(model, layer, h_in, c);
+    KV = kv_chunked(model, layer, h_in, c);
   }
-  // dK/dV sum every chunk's contribution to the K/V prefix: fp32 for a bf16 model (see ChunkGradients).
-  const auto sum_options = K.options().dtype(accumulation_dtype(K.scalar_type()));
-  auto dKV = at::zeros([&] {  // [2, B, n_kv, T, hd]: one block, as the source takes it back
-    auto sizes = K.sizes().vec();
-    sizes.insert(sizes.begin(), 2);
-    return sizes;
-  }(), sum_options);
-  at::Tensor dK = dKV[0], dV = dKV[1];
   // The layer's weight (or adapter) gradients, summed over the chunks of steps 2 and 3 and written once.
   ChunkGradients weights(model.layer_trainable(layer),
                          [this](c10::ScalarType dtype) { return accumulation_dtype(dtype); });
-  const auto& params = weights.params();
 
-  // Step 2: per chunk, Q path + attention over the prefix + o-proj/MLP with grad: the gradients of the chunk's input,
-  // of the K/V prefix and of the layer's weights; the chunk's graph dies at the end of the iteration.
+  // Step 2: per chunk, Q path + attention over every key before it + o-proj/MLP with grad: the gradients of the
+  // chunk's input, of the keys it saw and of the layer's weights; a chunk's graph dies with its piece. The source
+  // serves the keys (the whole sequence's, or block by block) and sums dK/dV over the group and every chunk, fp32
+  // for a bf16 model (see ChunkGradients).
+  at::Tensor dKV;  // [2, B, n_kv, t, hd]: at the rows held here
   {
     Phase phase(clock, "layer");
-    {
-      const KVGradSums sums{dK, dV};
-      for_each_rank_chunk(model, T, c, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
-        const auto grads =
-            layer_chunk_backward(model, layer, h_in, s, e, position, K, V, sums, g.slice(1, s, e), params);
-        g.slice(1, s, e).copy_(grads[0]);  // dLoss/dH_out of these rows is spent: their dLoss/dH_in replaces it
-        weights.add(at::ArrayRef<at::Tensor>(grads).slice(1));
-      });
-    }
-    K.reset();
-    V.reset();
-    // Once per layer, after the last chunk (never per chunk): the sums at the rows held here (an exchange: the
-    // group's, reduce-scattered; locally the sums themselves).
-    dK.reset();
-    dV.reset();
-    const auto mine = model.kv_source().scatter_sum(dKV);  // [2, B, n_kv, t, hd]
-    dKV.reset();
-    dK = mine[0];
-    dV = mine[1];
+    LayerChunksBackward pieces(*this, model, layer, h_in, g, weights);
+    const auto sum_dtype = accumulation_dtype(KV.scalar_type());
+    dKV = model.kv_source().stream_backward(std::exchange(KV, at::Tensor()), c, model.attention_scale(), sum_dtype,
+                                            pieces);
   }
 
   // Step 3: dK/dV through the K/V path.
-  kv_path_backward(model, layer, h_in, dK, dV, g, weights, clock);
+  kv_path_backward(model, layer, h_in, dKV[0], dKV[1], g, weights, clock);
   weights.commit();
 }
 

@@ -18,9 +18,9 @@ void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
   model.kv_source().for_each_chunk(T, c, f);
 }
 
-std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
+at::Tensor kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk) {
   at::NoGradGuard no_grad;
-  at::Tensor KV;  // [2, B, n_kv, T, hd]: K and V in one block (of the rows held here; the source gathers the rest)
+  at::Tensor KV;  // [2, B, n_kv, t, hd]
   for_each_rank_chunk(model, h.size(1), chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     const auto kv = model.kv(layer, h.slice(1, s, e), position);
     if (!KV.defined()) {
@@ -32,24 +32,53 @@ std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, cons
     KV[0].slice(2, s, e).copy_(kv.first);
     KV[1].slice(2, s, e).copy_(kv.second);
   });
-  KV = model.kv_source().gather(KV);  // an exchange: K and V in one
-  return {KV[0], KV[1]};
+  return KV;
+}
+
+namespace {
+
+// A layer's chunked forward around attention, for the model's K/V source (kv_source.h).
+class ChunkedLayerForward final : public StreamedForward {
+ public:
+  ChunkedLayerForward(const Model& model, int layer, const at::Tensor& h) : model_(model), layer_(layer), h_(h) {}
+  void chunk(const ChunkRows& r, const at::Tensor& K, const at::Tensor& V) override {
+    const auto hc = h_.slice(1, r.s, r.e);
+    const auto keys = r.position + r.length();  // the prefix [0, position + c)
+    const auto o = model_.attend(model_.q(layer_, hc, r.position), K.slice(2, 0, keys), V.slice(2, 0, keys), r.position);
+    rows(r).copy_(model_.after_attention(layer_, hc, o));
+  }
+  at::Tensor q(const ChunkRows& r) override { return model_.q(layer_, h_.slice(1, r.s, r.e), r.position); }
+  void output(const ChunkRows& r, const at::Tensor& o) override {  // o: [B, n_h, c, hd]
+    const auto hc = h_.slice(1, r.s, r.e);
+    rows(r).copy_(model_.after_attention(layer_, hc, attention_rows(o)));
+  }
+  at::Tensor take() { return std::move(out_); }
+
+ private:
+  // The output's rows; made at the first chunk, once the source has the keys (an exchange's buffers gone).
+  at::Tensor rows(const ChunkRows& r) {
+    if (!out_.defined()) out_ = at::empty_like(h_);
+    return out_.slice(1, r.s, r.e);
+  }
+
+  const Model& model_;
+  int layer_;
+  const at::Tensor& h_;
+  at::Tensor out_;  // [B, T, d]
+};
+
+}  // namespace
+
+at::Tensor attention_rows(const at::Tensor& o) {
+  return o.transpose(1, 2).reshape({o.size(0), o.size(2), o.size(1) * o.size(3)});
 }
 
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk) {
   at::NoGradGuard no_grad;
-  // Named tensors, not a structured binding: clang before 16 cannot capture bindings in a lambda (the sanitized build).
-  const auto kv = kv_chunked(model, layer, h, layer_chunk);  // [B, n_kv, T, hd]
-  const at::Tensor& K = kv.first;
-  const at::Tensor& V = kv.second;
-  auto out = at::empty_like(h);
-  for_each_rank_chunk(model, h.size(1), layer_chunk, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
-    const auto hc = h.slice(1, s, e);
-    const auto keys = position + (e - s);  // the prefix [0, position + c)
-    const auto o = model.attend(model.q(layer, hc, position), K.slice(2, 0, keys), V.slice(2, 0, keys), position);
-    out.slice(1, s, e).copy_(model.after_attention(layer, hc, o));
-  });
-  return out;
+  ChunkedLayerForward pieces(model, layer, h);
+  model.kv_source().stream_forward(kv_chunked(model, layer, h, layer_chunk), layer_chunk, model.attention_scale(),
+                                   pieces);
+  return pieces.take();
 }
 
 PreparedObjective statistics_pass(const Model& model, const PreparedObjective& objective, const at::Tensor& h_last,

@@ -31,15 +31,18 @@ void for_each_chunk(std::int64_t T, std::int64_t c, F&& f) {
 void for_each_rank_chunk(const Model& model, std::int64_t T, std::int64_t c,
                          const std::function<void(std::int64_t s, std::int64_t e, std::int64_t position)>& f);
 
-// K and V of decoder layer `layer` for the whole sequence h [B, T, d], without a graph, c tokens at a time (the
-// projection, k-norm and RoPE are position-wise): [B, n_kv, T, hd] each, with chunk-sized temporaries only (the
-// whole-sequence call made a normed [B, T, d] copy and several [B, T, n_kv*hd] temporaries at once).
-// On a sequence-parallel rank h is its shard and the result the whole sequence's, gathered over the group.
-std::pair<at::Tensor, at::Tensor> kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk);
+// K and V of decoder layer `layer` for the rows h [B, t, d] this process holds, without a graph, c tokens at a time
+// (the projection, k-norm and RoPE are position-wise): [2, B, n_kv, t, hd], K and V in one block as a K/V source takes
+// them, with chunk-sized temporaries only (the whole-sequence call made a normed [B, T, d] copy and several
+// [B, T, n_kv*hd] temporaries at once).
+at::Tensor kv_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t chunk);
 
-// Decoder layer `layer` on h [B, T, d] without a graph, c tokens at a time: K/V of the whole sequence once, then the
-// Q path, attention over the prefix and the MLP per chunk. Returns [B, T, d]; no full-T MLP intermediate exists.
+// Decoder layer `layer` on h [B, T, d] without a graph, c tokens at a time: K/V of the rows once, then per chunk the Q
+// path, attention over the prefix (as the model's K/V source serves the keys) and the MLP. Returns [B, T, d]; no full-T MLP intermediate exists.
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk);
+
+// o [B, n_h, c, hd] -> [B, c, n_h*hd], as Model::attend hands it to after_attention.
+at::Tensor attention_rows(const at::Tensor& o);
 
 // Pass 1 of ARCHITECTURE.md §5, when objective.needs_statistics(): final norm + logits per head chunk, no grad, into the
 // objective's row statistics (summed over a sequence-parallel group); returns the objective completed with them.

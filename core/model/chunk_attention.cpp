@@ -227,6 +227,60 @@ at::Tensor prefix_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return chunk_attention(q, k, v, q_start, scale, sums);
 }
 
+namespace {
+
+const AttentionKernel& block_kernel(const at::Tensor& q) {
+  const auto choice = choose_chunk_attention(q.device().type(), q.scalar_type());
+  TORCH_CHECK(choice.blocks, "the ring's attention runs block kernels; ", choice.name(), " (CUDA bf16/fp16) has none "
+              "yet (issue #48): --sp-scheme allgather");
+  return *choice.blocks;
+}
+
+// The tiles of a block of n keys: the block itself, or kPrefixTile keys at a time where chunk_attention tiles its
+// prefix (a causal block is square and never tiled).
+std::vector<KeyBlock> block_tiles(const AttentionKernel& kernel, const at::Tensor& k, std::int64_t n, bool causal) {
+  if (causal) return {{0, n, true}};
+  std::vector<KeyBlock> tiles;
+  const auto tile = kernel.tiles_prefix || upcasts(k) ? kPrefixTile : n;
+  for (std::int64_t s = 0; s < n; s += tile) tiles.push_back({s, std::min(tile, n - s), false});
+  return tiles;
+}
+
+}  // namespace
+
+void merge_key_block(SoftmaxState& state, const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                     bool causal, double scale) {
+  const auto& kernel = block_kernel(q_in);
+  const auto q = upcast(q_in);
+  for (const auto& b : block_tiles(kernel, k, k.size(2), causal)) {
+    const auto [o_b, lse_b] =
+        kernel.forward(q, kv_block(kernel, k, b, q.size(1)), kv_block(kernel, v, b, q.size(1)), b.causal, scale);
+    if (!state.o.defined()) {
+      state = {o_b.to(lse_b.scalar_type()), lse_b};
+      continue;
+    }
+    const auto merged = at::logaddexp(state.lse, lse_b);  // as PrefixAndDiagonal merges its blocks
+    state.o = at::exp(state.lse - merged).unsqueeze(-1) * state.o +
+              at::exp(lse_b - merged).unsqueeze(-1) * o_b.to(state.o.scalar_type());
+    state.lse = merged;
+  }
+}
+
+void key_block_backward(const at::Tensor& grad_o, const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                        const SoftmaxState& merged, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
+                        at::Tensor& dv) {
+  const auto& kernel = block_kernel(q_in);
+  const auto q = upcast(q_in);
+  const auto o = merged.o.to(q.scalar_type());
+  for (const auto& b : block_tiles(kernel, k, k.size(2), causal)) {
+    const auto [dq_b, dk_e, dv_e] = kernel.backward(grad_o, q, kv_block(kernel, k, b, q.size(1)),
+                                                    kv_block(kernel, v, b, q.size(1)), o, merged.lse, b.causal, scale);
+    dq.add_(dq_b);
+    dk.narrow(2, b.start, b.length).add_(kv_block_grad(dk_e, k.size(1)));
+    dv.narrow(2, b.start, b.length).add_(kv_block_grad(dv_e, v.size(1)));
+  }
+}
+
 at::Tensor chunk_attention_with(const AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k,
                                 const at::Tensor& v, std::int64_t q_start, double scale, const KVGradSums* sums) {
   TORCH_CHECK((q_start > 0 || sums) && k.size(2) == q_start + q.size(2), "chunk_attention: keys must be [0, q_start + c)");

@@ -39,4 +39,21 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor prefix_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
                             double scale, const KVGradSums* sums = nullptr);
 
+// Attention over keys that arrive one block at a time (a ring over the ranks, ARCHITECTURE.md §16): the online
+// softmax of a chunk's queries, each block merged by log-sum-exp as chunk_attention merges its prefix tiles, with the
+// block kernels (CPU every dtype, CUDA fp32; CUDA bf16's whole-chunk kernel is refused).
+struct SoftmaxState {
+  at::Tensor o;    // [B, n_h, c, hd], >= fp32: the output over the keys merged so far
+  at::Tensor lse;  // [B, n_h, c]: their log-sum-exp
+};
+// Merges the attention of q [B, n_h, c, hd] over k, v [B, n_kv, n, hd] into `state` (empty: the first block). Every key
+// is visible, or `causal`: a square block [p, p + c) of the queries' own positions under the causal rule.
+void merge_key_block(SoftmaxState& state, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                     double scale);
+// One block's share of the backward, given `merged`, the state over every key the queries see (so that the softmax
+// and rowsum(dO * O) are the whole one's): adds into dq [B, n_h, c, hd] (>= fp32) and into dk, dv [B, n_kv, n, hd].
+void key_block_backward(const at::Tensor& grad_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const SoftmaxState& merged, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
+                        at::Tensor& dv);
+
 }  // namespace sbp

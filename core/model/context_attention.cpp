@@ -31,14 +31,14 @@ at::Tensor gather_sequence(KVExchange& exchange, const at::Tensor& local) {
   return GatherSequence::apply(local, &exchange);
 }
 
-SequenceShard KVExchange::shard_of(std::int64_t rows) const {
-  TORCH_CHECK(rows == shard().length(), rows, " rows on rank ", shard().rank, " of a sequence-parallel group, whose "
-              "shard has ", shard().length(), " positions");
-  return shard();
+SequenceShard checked_shard(const SequenceShard& shard, std::int64_t rows) {
+  TORCH_CHECK(rows == shard.length(), rows, " rows on rank ", shard.rank, " of a sequence-parallel group, whose "
+              "shard has ", shard.length(), " positions");
+  return shard;
 }
 
-at::Tensor KVExchange::own_positions(const at::Tensor& whole, std::int64_t dim) const {
-  return whole.index_select(dim, at::tensor(shard().positions(), at::kLong).to(whole.device()));
+at::Tensor shard_positions(const SequenceShard& shard, const at::Tensor& whole, std::int64_t dim) {
+  return whole.index_select(dim, at::tensor(shard.positions(), at::kLong).to(whole.device()));
 }
 
 std::pair<at::Tensor, at::Tensor> KVExchange::gather_with_graph(const at::Tensor& k, const at::Tensor& v) {

@@ -13,17 +13,24 @@
 
 namespace sbp {
 
+// `shard`, checked to have `rows` positions (a rank handed other rows would attend the wrong positions).
+SequenceShard checked_shard(const SequenceShard& shard, std::int64_t rows);
+// The shard's positions of `whole` along `dim`, in shard order.
+at::Tensor shard_positions(const SequenceShard& shard, const at::Tensor& whole, std::int64_t dim);
+
 // The K/V source of a rank of a sequence-parallel group: the exchanges below, over a Communicator in
 // core/training/sequence_parallel.h. The rest of KVSource follows from them and the rank's shard.
-class KVExchange : public KVSource {
+class KVExchange : public WholeKV {
  public:
   // This rank's positions; gather, scatter_sum and sum_over_group are the group's collectives.
   virtual const SequenceShard& shard() const = 0;
 
   // Checks that `rows` are this rank's shard (a rank handed other rows would attend the wrong positions).
-  SequenceShard shard_of(std::int64_t rows) const override;
+  SequenceShard shard_of(std::int64_t rows) const override { return checked_shard(shard(), rows); }
   bool is_local() const override { return false; }
-  at::Tensor own_positions(const at::Tensor& whole, std::int64_t dim) const override;
+  at::Tensor own_positions(const at::Tensor& whole, std::int64_t dim) const override {
+    return shard_positions(shard(), whole, dim);
+  }
   // K and V stacked into one exchange (gather_sequence).
   std::pair<at::Tensor, at::Tensor> gather_with_graph(const at::Tensor& k, const at::Tensor& v) override;
 };

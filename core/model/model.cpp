@@ -11,7 +11,6 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/model/chunk_attention.h"
-#include "core/model/context_attention.h"
 #include "core/model/gemm.h"
 #include "core/model/vector_math.h"
 #include "core/io/dtype.h"
@@ -338,9 +337,11 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const KVGradSums* sums) const {
   const auto B = q.size(0), c = q.size(2), e = k.size(2);
   TORCH_CHECK(e == q_start + c, "attend: keys must be the prefix [0, q_start + c) = [0, ", q_start + c, "), got ", e);
-  const auto o = prefix_attention(q, k, v, q_start, 1.0 / std::sqrt(double(config_.head_dim)), sums);  // [B, n_h, c, hd]
+  const auto o = prefix_attention(q, k, v, q_start, attention_scale(), sums);  // [B, n_h, c, hd]
   return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
 }
+
+double Model::attention_scale() const { return 1.0 / std::sqrt(double(config_.head_dim)); }
 
 at::Tensor Model::after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const {
   const auto& w = layers_.at(layer);
@@ -359,8 +360,8 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
   const auto hn = rms_norm(h, w.input_norm);
   const auto B = h.size(0), T = h.size(1);  // T: the rows this process holds
   // Each block of the rows (the source's: one process has one, [0, T)) gives its q and K/V at its global positions;
-  // the source makes the K/V the whole sequence's (an exchange: one all-gather for K and V), and the queries attend
-  // over them.
+  // the source attends the queries over every key of the sequence (an all-gather: one exchange for K and V; a ring:
+  // block by block).
   std::vector<at::Tensor> qs, ks, vs;
   kv_source_->for_each_chunk(T, T, [&](std::int64_t s, std::int64_t e, std::int64_t position) {
     // One contiguous copy of a block (a view when B = 1 or for the whole): the q, k and v projections (and LoRA's A)
@@ -369,10 +370,8 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
     auto kv = kv_from_normed(w, hb, position);
     ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, position));
   });
-  const auto kv = kv_source_->gather_with_graph(cat_or_one(ks, 2), cat_or_one(vs, 2));  // [B, n_kv, T_whole, hd]
-  const auto q = cat_or_one(qs, 2);                                                      // [B, n_h, T, hd]
-  const auto o = shard_attention(q, kv.first, kv.second, kv_source_->shard_of(T),
-                                 1.0 / std::sqrt(double(config_.head_dim)));  // [B, n_h, T, hd]
+  const auto q = cat_or_one(qs, 2);  // [B, n_h, T, hd]
+  const auto o = kv_source_->attend_shard(q, cat_or_one(ks, 2), cat_or_one(vs, 2), attention_scale());  // [B, n_h, T, hd]
   return h + project(w, "o", o.transpose(1, 2).reshape({B, T, q.size(1) * q.size(3)}), w.o_w, w.o_b);
 }
 

@@ -106,6 +106,8 @@ class Model {
   // (chunk_attention.h); without, they flow through autograd.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t q_start,
                     const KVGradSums* sums = nullptr) const;
+  // 1 / sqrt(head_dim): attend's, and what a K/V source's attention is given.
+  double attention_scale() const;
   at::Tensor after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const;
   // One decoder layer on a chunk whose keys are exactly the chunk (start 0): the pieces composed, as
   // mlp_block(attention_block(h)).

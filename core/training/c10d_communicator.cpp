@@ -103,6 +103,20 @@ class BackendCommunicator final : public Communicator {
 
   void barrier() override { wait("barrier", group_->barrier()); }
 
+  at::Tensor ring_shift(const at::Tensor& tensor) override {
+    std::vector<at::Tensor> out = {at::empty_like(tensor, at::MemoryFormat::Contiguous)};
+    count("ring_shift", std::int64_t(tensor.nbytes()));
+    if (world_ == 1) return out[0].copy_(tensor);
+    std::vector<at::Tensor> in = {tensor.contiguous()};
+    // Both posted before either is waited on: every rank sends and receives at once (a send first would deadlock on
+    // a backend whose send waits for its receiver).
+    auto sent = group_->send(in, (rank_ + 1) % world_, /*tag=*/0);
+    auto received = group_->recv(out, (rank_ + world_ - 1) % world_, /*tag=*/0);
+    wait("ring_shift (send)", sent);
+    wait("ring_shift (recv)", received);
+    return out[0];
+  }
+
   std::unique_ptr<Communicator> subgroup(const std::string& name, const std::vector<int>& members) override {
     const auto me = std::find(members.begin(), members.end(), rank_);
     TORCH_CHECK(me != members.end() && std::is_sorted(members.begin(), members.end()), "subgroup ", name, ": rank ",

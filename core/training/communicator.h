@@ -41,6 +41,11 @@ class Communicator {
   // Every rank's `tensor` (same shape on all), stacked along a new first dimension in rank order.
   virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
+  // A ring's hop: `tensor` sent to rank (rank() + 1) mod N, the one rank (rank() - 1) mod N sent returned (the same
+  // shape on every rank). Counted as "ring_shift", the bytes sent. Throws std::logic_error where not implemented.
+  virtual at::Tensor ring_shift(const at::Tensor& /*tensor*/) {
+    throw std::logic_error("this communicator has no point-to-point hop (ring_shift)");
+  }
   // Whether reduce_scatter_sum and all_gather allocate one more buffer of their whole [N, length] size while they run
   // (the memory models count it, Workload::collective_copies): Gloo's reduce-scatter all-reduces a clone of its input
   // and its all-gather gathers into a flat buffer it then copies out of (ProcessGroupGloo.cpp, torch 2.14); NCCL

@@ -6,6 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include "core/io/input_error.h"
+#include "core/training/ring_exchange.h"
+
 namespace sbp {
 
 namespace {
@@ -29,7 +32,8 @@ void for_each_piece(std::int64_t slices, F&& f) {
   for (std::int64_t first = 0; first < slices; first += per_piece) f(first, std::min(per_piece, slices - first));
 }
 
-// [..., t, hd] -> [..., padded, hd], zeros after t.
+}  // namespace
+
 at::Tensor pad_positions(const at::Tensor& x, std::int64_t padded) {
   const auto t = x.size(-2);
   if (t == padded) return x.contiguous();
@@ -40,7 +44,20 @@ at::Tensor pad_positions(const at::Tensor& x, std::int64_t padded) {
   return out;
 }
 
-}  // namespace
+SequenceScheme parse_sequence_scheme(const std::string& name) {
+  if (name == "allgather") return SequenceScheme::allgather;
+  if (name == "ring") return SequenceScheme::ring;
+  throw InputError("--sp-scheme " + name + ": allgather or ring");
+}
+
+const char* sequence_scheme_name(SequenceScheme scheme) {
+  return scheme == SequenceScheme::ring ? "ring" : "allgather";
+}
+
+std::unique_ptr<KVSource> make_sequence_exchange(SequenceScheme scheme, Communicator& group, std::int64_t seq_len) {
+  if (scheme == SequenceScheme::ring) return std::make_unique<RingExchange>(group, seq_len);
+  return std::make_unique<SequenceParallel>(group, seq_len);
+}
 
 SequenceParallel::SequenceParallel(Communicator& comm, std::int64_t seq_len)
     : SequenceParallel(comm, zigzag_shards(seq_len, comm.world_size())) {}

@@ -8,13 +8,21 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/model/context_attention.h"
 #include "core/training/communicator.h"
+#include "core/training/sequence_scheme.h"
 
 namespace sbp {
+
+// The K/V source of this rank of `group` for sequences of seq_len positions (the zig-zag split).
+std::unique_ptr<KVSource> make_sequence_exchange(SequenceScheme scheme, Communicator& group, std::int64_t seq_len);
+
+// [..., t, hd] -> [..., padded, hd], zeros after t (how shards of unequal length travel).
+at::Tensor pad_positions(const at::Tensor& x, std::int64_t padded);
 
 class SequenceParallel final : public KVExchange {
  public:

@@ -15,6 +15,7 @@
 #include "core/methods/method.h"
 #include "core/training/optimizer.h"
 #include "core/training/training_feature.h"
+#include "core/training/sequence_scheme.h"
 #include "core/io/input_error.h"
 
 namespace sbp {
@@ -46,6 +47,7 @@ struct TrainOptions {
   // hold the same rows), the model attending this rank's zig-zag shard; null: whole sequences. Needs a DataParallel
   // over every rank (the gradients are summed over all of them). Outlives the trainer.
   Communicator* sequence_group = nullptr;
+  SequenceScheme sequence_scheme = SequenceScheme::allgather;  // how the group exchanges K/V (--sp-scheme)
 };
 
 struct TrainStepResult {

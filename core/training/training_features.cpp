@@ -1,6 +1,7 @@
 // The features of a training step (training_feature.h): each one's work at the points Trainer::step calls.
 #include "core/training/training_feature.h"
 
+#include <memory>
 #include <optional>
 
 #include "core/io/input_error.h"
@@ -19,7 +20,8 @@ namespace {
 // the same rows), the model attending this rank's zig-zag shard while the micro-batches run.
 class SequenceParallelFeature final : public TrainingFeature {
  public:
-  SequenceParallelFeature(Model& model, Communicator& group) : model_(model), group_(group) {}
+  SequenceParallelFeature(Model& model, Communicator& group, SequenceScheme scheme)
+      : model_(model), group_(group), scheme_(scheme) {}
   std::string name() const override { return "sequence parallelism"; }
   // The ranks of a group hold the same rows: their totals count once, by the group's rank 0.
   void count_totals(StepTotals& totals) override {
@@ -34,8 +36,8 @@ class SequenceParallelFeature final : public TrainingFeature {
                        "holds sequences of " + std::to_string(d->theirs) + " positions and rank 0 of " +
                        std::to_string(d->rank0) + " (sequence length): the ranks of a group split the " +
                        "same sequences");
-    exchange_.emplace(group_, T);
-    model_.set_kv_source(&*exchange_);
+    exchange_ = make_sequence_exchange(scheme_, group_, T);
+    model_.set_kv_source(exchange_.get());
     std::vector<Subscription> held;
     held.emplace_back([this] {
       model_.set_kv_source(nullptr);
@@ -47,7 +49,8 @@ class SequenceParallelFeature final : public TrainingFeature {
  private:
   Model& model_;
   Communicator& group_;
-  std::optional<SequenceParallel> exchange_;
+  SequenceScheme scheme_;
+  std::unique_ptr<KVSource> exchange_;
 };
 
 // Data parallelism (ARCHITECTURE.md §12), DDP or ZeRO 1-3 over DataParallel; with a gradient tier, what this rank keeps
@@ -165,7 +168,7 @@ TrainingFeatures make_training_features(Model& model, BackpropMethod& method, co
     if (!method.runs_sequence_shards())
       throw InputError("method " + method.spec() + " does not run on a sequence-parallel rank's shard "
                        "(standard BP, checkpointing and StreamBP do)");
-    out.push_back(std::make_unique<SequenceParallelFeature>(model, *options.sequence_group));
+    out.push_back(std::make_unique<SequenceParallelFeature>(model, *options.sequence_group, options.sequence_scheme));
   }
   if (parallel) out.push_back(std::make_unique<DataParallelFeature>(method, model, *parallel, options.gradient_tier));
   if (options.parameter_tier) out.push_back(std::make_unique<ParameterOffloadFeature>(method, model, *options.parameter_tier));

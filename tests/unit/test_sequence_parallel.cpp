@@ -5,15 +5,12 @@
 // only this rank's own share, and a split that assumes T divides by N (DeepSpeed #7384's silent truncation).
 #include <catch2/catch.hpp>
 
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
-#include <thread>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include "baselines/methods.h"
 #include "core/model/context_attention.h"
@@ -21,34 +18,14 @@
 #include "core/model/model.h"
 #include "core/model/sequence_shard.h"
 #include "core/objectives/sft.h"
-#include "core/training/c10d_communicator.h"
 #include "core/training/sequence_parallel.h"
+#include "tests/support/gloo_ranks.h"
 #include "tests/support/test_support.h"
 #include "verify/grad_compare.h"
 
 namespace {
 
-// `world` ranks as threads, each calling body(comm); rethrows the first rank's error.
-void run_ranks(int world, const std::function<void(sbp::Communicator&)>& body) {
-  const sbp::test::TempDir dir("sbp_sp_");
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        at::set_num_threads(1);
-        auto comm = sbp::make_gloo_communicator({.rank = rank, .world_size = world,
-                                                 .file_store = (dir.path() / "store").string(),
-                                                 .timeout = std::chrono::seconds(60)});
-        body(*comm);
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using sbp::test::run_gloo_ranks;
 
 double relative(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
@@ -107,7 +84,7 @@ double sharded_attention_error(int world, const Shape& shape, bool local_only = 
   const auto ref = at::scaled_dot_product_attention(qr, kr, vr, {}, 0.0, true, scale, /*enable_gqa=*/true);
   (ref * w).sum().backward();
   std::vector<double> worst(world, 0.0);
-  run_ranks(world, [&](sbp::Communicator& comm) {
+  run_gloo_ranks(world, [&](sbp::Communicator& comm) {
     sbp::SequenceParallel sp = truncating ? sbp::SequenceParallel(comm, truncating_split(shape.T, world))
                                           : sbp::SequenceParallel(comm, shape.T);
     FaultyExchange faulty(sp, /*local_kv=*/true, /*local_statistics=*/false);
@@ -184,7 +161,7 @@ TEST_CASE("one layer's exchange moves what the formula says: an all-gather per p
   for (const int world : {2, 3}) {
     const std::int64_t T = 37, B = 2, kv = 1, hd = 8;
     std::vector<std::map<std::string, sbp::CollectiveStats>> stats(world);
-    run_ranks(world, [&](sbp::Communicator& comm) {
+    run_gloo_ranks(world, [&](sbp::Communicator& comm) {
       sbp::SequenceParallel sp(comm, T);
       const auto opts = at::TensorOptions().dtype(at::kDouble);
       const auto local = at::randn({2, B, kv, sp.shard().length(), hd}, opts).requires_grad_();
@@ -245,7 +222,7 @@ double sequence_parallel_error(int world, const ModelCase& c, Fault fault = Faul
                                                                        {2, c.T, 0.2, 0.0, 92});
   const auto reference = sbp::test::run_step(*reference_model, "standard", *reference_objective, batch);
   std::vector<double> errors(world, 0.0);
-  run_ranks(world, [&](sbp::Communicator& comm) {
+  run_gloo_ranks(world, [&](sbp::Communicator& comm) {
     auto model = make_model();
     sbp::SequenceParallel sp(comm, c.T);
     FaultyExchange faulty(sp, /*local_kv=*/false, /*local_statistics=*/true);
@@ -311,7 +288,7 @@ TEST_CASE("a method that cannot run on a sequence shard is refused, not silently
           "[sequence-parallel][distributed]") {
   auto config = sbp::test::tiny_config();
   const auto batch = sbp::random_sft_batch(config, {1, 16, 0.0, 0.0, 92});
-  run_ranks(1, [&](sbp::Communicator& comm) {
+  run_gloo_ranks(1, [&](sbp::Communicator& comm) {
     sbp::Model model(config, at::kDouble, 91);
     sbp::SequenceParallel sp(comm, 16);
     model.set_kv_source(&sp);

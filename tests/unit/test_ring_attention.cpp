@@ -1,0 +1,191 @@
+// The ring over key blocks is exact (issue #48, ARCHITECTURE.md §16): N ranks (threads, each its own Gloo group) each
+// keep their zig-zag shard's K/V, the blocks travel round the ring and every query merges its attention block by block
+// (online softmax); the backward sends each block's dK/dV round with it and home. No rank holds the whole sequence's
+// K/V. Against one process over the whole sequence in fp64, to 1e-12; negative controls break the ring in a test
+// subclass (a block that skips a hop, dK/dV that never come home, a stale block) and must fail the same gate.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "baselines/methods.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/objectives/sft.h"
+#include "core/training/ring_exchange.h"
+#include "tests/support/gloo_ranks.h"
+#include "tests/support/test_support.h"
+#include "verify/grad_compare.h"
+
+namespace {
+
+enum class RingFault {
+  none,
+  skipped_hop,  // the first hop of every block (and of its sums) goes two ranks on: one block is never seen
+  not_home,     // the sums' last hop is not taken: each rank keeps its neighbour's block's dK/dV as its own
+  stale_block,  // the first hop's block is not taken in: the rank attends its own block again
+};
+
+// The ring with one fault; the hops still run, so that the other ranks' collectives pair up.
+class FaultyRing final : public sbp::RingExchange {
+ public:
+  FaultyRing(sbp::Communicator& comm, std::int64_t T, RingFault fault) : RingExchange(comm, T), fault_(fault) {}
+
+ protected:
+  at::Tensor pass_on(const at::Tensor& block, Cargo cargo, int hop) override {
+    auto next = RingExchange::pass_on(block, cargo, hop);
+    switch (fault_) {
+      case RingFault::skipped_hop:
+        return cargo != Cargo::home && hop == 0 ? RingExchange::pass_on(next, cargo, hop) : next;
+      case RingFault::not_home:
+        return cargo == Cargo::home ? block : next;
+      case RingFault::stale_block:
+        return cargo == Cargo::keys && hop == 0 ? block : next;
+      case RingFault::none:
+        break;
+    }
+    return next;
+  }
+
+ private:
+  RingFault fault_;
+};
+
+double relative(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
+}
+
+struct Shape {
+  std::int64_t T, heads, kv_heads;
+};
+
+// The worst relative error, over ranks, of the output and q, k, v gradients of the ring's attention (with a graph,
+// as standard BP and checkpointing use it) against the whole sequence's causal attention.
+double ring_attention_error(int world, const Shape& shape, RingFault fault = RingFault::none) {
+  const std::int64_t B = 2, hd = 8;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::manual_seed(7);
+  const auto q = at::randn({B, shape.heads, shape.T, hd}, opts), k = at::randn({B, shape.kv_heads, shape.T, hd}, opts),
+             v = at::randn({B, shape.kv_heads, shape.T, hd}, opts), w = at::randn({B, shape.heads, shape.T, hd}, opts);
+  const auto qr = q.clone().requires_grad_(), kr = k.clone().requires_grad_(), vr = v.clone().requires_grad_();
+  const auto ref = at::scaled_dot_product_attention(qr, kr, vr, {}, 0.0, true, scale, /*enable_gqa=*/true);
+  (ref * w).sum().backward();
+  std::vector<double> worst(world, 0.0);
+  sbp::test::run_gloo_ranks(world, [&](sbp::Communicator& comm) {
+    FaultyRing ring(comm, shape.T, fault);
+    const auto index = at::tensor(ring.shard().positions(), at::kLong);
+    const auto take = [&](const at::Tensor& t) { return t.index_select(2, index); };
+    const auto ql = take(q).requires_grad_(), kl = take(k).requires_grad_(), vl = take(v).requires_grad_();
+    const auto o = ring.attend_shard(ql, kl, vl, scale);
+    (o * take(w)).sum().backward();
+    worst[comm.rank()] = std::max({relative(o.detach(), take(ref.detach())), relative(ql.grad(), take(qr.grad())),
+                                   relative(kl.grad(), take(kr.grad())), relative(vl.grad(), take(vr.grad()))});
+  });
+  return *std::max_element(worst.begin(), worst.end());
+}
+
+struct ModelCase {
+  std::int64_t T, kv_heads;
+  std::string method;
+  std::string lora = "";  // "": full fine-tuning
+  std::string objective = "sft";
+};
+
+// The method on `world` ranks over the ring, each on its zig-zag shard of every row (right padding, masked prompts),
+// the loss and gradients summed over the group; against one process of standard BP. The largest relative difference.
+double ring_step_error(int world, const ModelCase& c, RingFault fault = RingFault::none) {
+  auto config = sbp::test::tiny_config();
+  config.num_key_value_heads = c.kv_heads;
+  const auto make_model = [&] {
+    auto m = std::make_unique<sbp::Model>(config, at::kDouble, 91);
+    if (!c.lora.empty()) m->add_lora(sbp::parse_lora_spec(c.lora), 93);
+    return m;
+  };
+  auto reference_model = make_model();
+  auto reference_objective = sbp::make_objective(c.objective);
+  const auto batch = c.objective == "sft" ? sbp::random_sft_batch(config, {2, c.T, 0.2, 0.25, 92})
+                                          : sbp::test::objective_batch(*reference_model, *reference_objective,
+                                                                       {2, c.T, 0.2, 0.0, 92});
+  const auto reference = sbp::test::run_step(*reference_model, "standard", *reference_objective, batch);
+  std::vector<double> errors(world, 0.0);
+  sbp::test::run_gloo_ranks(world, [&](sbp::Communicator& comm) {
+    auto model = make_model();
+    FaultyRing ring(comm, c.T, fault);
+    model->set_kv_source(&ring);
+    auto objective = sbp::make_objective(c.objective);
+    auto step = sbp::test::run_step(*model, c.method, *objective, batch);
+    std::vector<at::Tensor> loss = {at::tensor(step.loss, at::kDouble)};
+    comm.all_reduce_sum(loss);
+    for (auto& g : step.gradients) {
+      std::vector<at::Tensor> one = {g.tensor};
+      comm.all_reduce_sum(one);
+    }
+    const auto cmp = sbp::compare_gradients(reference.gradients, step.gradients);
+    REQUIRE(cmp.problems.empty());
+    errors[comm.rank()] =
+        std::max(std::abs(loss[0].item<double>() - reference.loss) / std::abs(reference.loss), cmp.max_normwise_rel());
+  });
+  return *std::max_element(errors.begin(), errors.end());
+}
+
+}  // namespace
+
+TEST_CASE("ring attention equals the whole sequence's causal attention in fp64 (K and V blocks round the ring, "
+          "merged by log-sum-exp, their gradients carried home): N = 2, 3, 4, GQA with fewer KV heads than ranks and "
+          "MHA, T not divisible", "[sequence-parallel][ring][distributed]") {
+  double worst = 0;
+  for (const int world : {2, 3, 4})
+    for (const auto& shape : {Shape{37, 4, 1}, Shape{48, 4, 2}, Shape{29, 3, 3}}) {
+      const auto e = ring_attention_error(world, shape);
+      INFO(world << " ranks, T " << shape.T << ", heads " << shape.heads << "x" << shape.kv_heads << ": " << e);
+      CHECK(e <= 1e-12);
+      worst = std::max(worst, e);
+    }
+  WARN("ring attention: largest relative difference " << worst);
+}
+
+TEST_CASE("StreamBP over a ring of N ranks equals one process of standard BP in fp64 (gradients summed over the "
+          "group): N = 2, 3, 4, T not divisible, GQA with fewer KV heads than ranks, padded rows and masked prompts, "
+          "chunks several per block and one per block", "[sequence-parallel][ring][distributed]") {
+  double worst = 0;
+  for (const int world : {2, 3, 4})
+    for (const auto& c : {ModelCase{37, 1, "streambp:layer_chunk=2,head_chunk=3"},
+                          ModelCase{41, 2, "streambp:layer_chunk=64,head_chunk=64"}}) {
+      const auto e = ring_step_error(world, c);
+      INFO(c.method << " on " << world << " ranks, T " << c.T << ", KV heads " << c.kv_heads << ": " << e);
+      CHECK(e <= 1e-12);
+      worst = std::max(worst, e);
+    }
+  WARN("StreamBP over a ring: largest relative difference " << worst);
+}
+
+TEST_CASE("standard BP and checkpointing over a ring, and StreamBP with LoRA, GRPO (token and sequence importance) and "
+          "DPO, equal one process of standard BP in fp64", "[sequence-parallel][ring][distributed]") {
+  double worst = 0;
+  const std::string streambp = "streambp:layer_chunk=3,head_chunk=4";
+  for (const auto& c : {ModelCase{37, 1, "standard"}, ModelCase{37, 2, "checkpoint"},
+                        ModelCase{48, 2, streambp, "rank=8"}, ModelCase{41, 2, streambp, "", "grpo"},
+                        ModelCase{41, 1, streambp, "rank=8", "grpo:importance=sequence"},
+                        ModelCase{43, 2, streambp, "", "dpo"}, ModelCase{43, 2, "checkpoint", "rank=8", "dpo"}}) {
+    const auto e = ring_step_error(3, c);
+    INFO(c.method << ", " << c.objective << ", T " << c.T << ", KV heads " << c.kv_heads << ", lora '" << c.lora
+                  << "': " << e);
+    CHECK(e <= 1e-12);
+    worst = std::max(worst, e);
+  }
+  WARN("methods and objectives over a ring: largest relative difference " << worst);
+}
+
+TEST_CASE("negative controls: a block that skips a hop, dK/dV not carried home and a stale block fail the ring's gate",
+          "[sequence-parallel][ring][distributed][negative-control]") {
+  for (const auto fault : {RingFault::skipped_hop, RingFault::not_home, RingFault::stale_block}) {
+    const auto attention = ring_attention_error(3, {37, 4, 1}, fault);
+    const auto streambp = ring_step_error(3, {37, 1, "streambp:layer_chunk=2,head_chunk=3"}, fault);
+    INFO("fault " << int(fault) << ": attention " << attention << ", StreamBP " << streambp);
+    CHECK(attention > 1e-3);
+    CHECK(streambp > 1e-3);
+  }
+}

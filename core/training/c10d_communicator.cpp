@@ -112,8 +112,10 @@ class BackendCommunicator final : public Communicator {
     // a backend whose send waits for its receiver).
     auto sent = group_->send(in, (rank_ + 1) % world_, /*tag=*/0);
     auto received = group_->recv(out, (rank_ + world_ - 1) % world_, /*tag=*/0);
-    wait("ring_shift (send)", sent);
-    wait("ring_shift (recv)", received);
+    // Not released: Gloo keeps a point-to-point work referenced past its wait, so release() would spin for its whole
+    // second on every hop; a hop's buffers are the ring's own, held by it anyway.
+    wait("ring_shift (send)", sent, /*release_buffers=*/false);
+    wait("ring_shift (recv)", received, /*release_buffers=*/false);
     return out[0];
   }
 
@@ -133,14 +135,14 @@ class BackendCommunicator final : public Communicator {
   // Gloo reports a dead or stalled peer from wait() (its own exception types, std::runtime_error underneath); NCCL's
   // wait() only orders the current stream after the collective and throws when the work already failed (its watchdog
   // aborts the process when a collective outlives the timeout).
-  void wait(const char* what, c10::intrusive_ptr<c10d::Work> work) const {
+  void wait(const char* what, c10::intrusive_ptr<c10d::Work> work, bool release_buffers = true) const {
     try {
       work->wait();
     } catch (const std::exception& e) {
       throw PeerFailure("rank " + std::to_string(rank_) + ": " + what + " failed (a peer died or stalled?): " +
                                first_line(e.what()));
     }
-    if (copies_buffers_) release(work);
+    if (copies_buffers_ && release_buffers) release(work);
   }
   // Gloo's wait() returns when the work's future completes; its worker thread drops its own reference to the work
   // (and so to the tensors the work holds: the inputs, the outputs) only after that. On a busy machine that comes

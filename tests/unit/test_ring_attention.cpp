@@ -133,9 +133,9 @@ double ring_step_error(int world, const ModelCase& c, RingFault fault = RingFaul
 
 }  // namespace
 
-TEST_CASE("ring attention equals the whole sequence's causal attention in fp64 (K and V blocks round the ring, "
-          "merged by log-sum-exp, their gradients carried home): N = 2, 3, 4, GQA with fewer KV heads than ranks and "
-          "MHA, T not divisible", "[sequence-parallel][ring][distributed]") {
+// K and V blocks go round the ring, merged by log-sum-exp; their gradients travel with them and come home.
+TEST_CASE("ring attention equals the whole sequence's causal attention in fp64: N = 2, 3, 4, GQA with fewer KV heads "
+          "than ranks and MHA, T not divisible", "[sequence-parallel][ring][distributed]") {
   double worst = 0;
   for (const int world : {2, 3, 4})
     for (const auto& shape : {Shape{37, 4, 1}, Shape{48, 4, 2}, Shape{29, 3, 3}}) {

@@ -2,9 +2,13 @@
 // folder: what the sequence-parallel tests run their ranks on.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12,6 +16,7 @@
 
 #include "core/training/c10d_communicator.h"
 #include "tests/support/test_support.h"
+#include "verify/grad_compare.h"
 
 namespace sbp::test {
 
@@ -35,6 +40,20 @@ inline void run_gloo_ranks(int world, const std::function<void(Communicator&)>& 
   for (auto& t : threads) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+// This rank's loss and gradients summed over the group, against one process's `reference`: the largest relative
+// difference (the loss, every gradient normwise). A missing or misshapen gradient throws (run_gloo_ranks rethrows).
+inline double group_sum_error(Communicator& comm, StepGradients step, const StepGradients& reference) {
+  std::vector<at::Tensor> loss = {at::tensor(step.loss, at::kDouble)};
+  comm.all_reduce_sum(loss);
+  for (auto& g : step.gradients) {
+    std::vector<at::Tensor> one = {g.tensor};  // one tensor per call: Gloo's list is of equal shapes
+    comm.all_reduce_sum(one);
+  }
+  const auto cmp = compare_gradients(reference.gradients, step.gradients);
+  if (!cmp.problems.empty()) throw std::runtime_error("rank " + std::to_string(comm.rank()) + ": " + cmp.problems[0]);
+  return std::max(std::abs(loss[0].item<double>() - reference.loss) / std::abs(reference.loss), cmp.max_normwise_rel());
 }
 
 }  // namespace sbp::test

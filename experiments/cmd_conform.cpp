@@ -161,6 +161,8 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                   1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  if (std::ifstream in(case_dir / "result.json"); in)  // a warm worker's own CPU time: not this process's child
+    r.cpu_seconds += result_worker_cpu_seconds(std::string(std::istreambuf_iterator<char>(in), {}));
   r.exit_status = timed_out || stopped || WIFSIGNALED(status) ? -1 : WEXITSTATUS(status);
   r.interrupted = stopped;
   if (stopped) {

@@ -337,6 +337,17 @@ double result_loss(const std::string& text) {
   return loss.get<double>();
 }
 
+double result_worker_cpu_seconds(const std::string& text) {
+  try {
+    const auto j = python_json(text);
+    if (!j.contains("cpu_seconds") || !j["cpu_seconds"].is_number()) return 0;
+    const double seconds = j["cpu_seconds"].get<double>();
+    return std::isfinite(seconds) && seconds > 0 ? seconds : 0;
+  } catch (const nlohmann::json::exception&) {
+    return 0;
+  }
+}
+
 Accumulation parse_accumulation(const std::string& name) {
   if (name == "union") return Accumulation::union_batch;
   if (name == "micro-means") return Accumulation::micro_means;

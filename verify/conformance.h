@@ -73,6 +73,10 @@ std::vector<ConformCase> conform_cases(const std::string& which);
 // result.json's "loss". A non-finite loss written as Python's json.dumps writes it (a bare NaN, Infinity or
 // -Infinity, which JSON does not have) is read as that number. Throws nlohmann::json::exception when malformed.
 double result_loss(const std::string& text);
+// result.json's optional "cpu_seconds": CPU time the implementation spent outside the process conform started (a warm
+// worker forked by another process, streambp_conform.warm), which conform adds to what it measured; 0 when absent,
+// not a finite non-negative number, or the file is malformed (the run's verdict comes from result_loss).
+double result_worker_cpu_seconds(const std::string& text);
 
 // The protocol's case.json for a case and its (canonical) objective: TRL's parameter names and values.
 nlohmann::json case_json(const ConformCase& c, const Objective& objective);

@@ -9,6 +9,7 @@
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+warm_adapters "$PY"  # the adapters' imports once, not once per case (cli_conform_warm.sh)
 
 "$STREAMBP" conform --impl "$PY $SRC/verify/conform/example_adapter.py" --cases quick \
   --baseline "python3 $SRC/verify/conform/streambp_adapter.py --streambp $STREAMBP --method standard" \

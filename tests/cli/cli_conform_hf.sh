@@ -13,6 +13,7 @@ source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY
+warm_adapters "$PY"  # the adapters' imports once, not once per case (cli_conform_warm.sh)
 
 "$STREAMBP" conform --impl hf-checkpointing --baseline hf --cases ci --out ok >ok.txt 2>ok.log ||
   fail "HF gradient checkpointing does not pass the ci matrix:\n$(cat ok.txt ok.log)"

@@ -14,6 +14,7 @@ source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY
+warm_adapters "$PY"  # the adapters' imports once, not once per case (cli_conform_warm.sh)
 wrong="$PY $SRC/tests/support/conform_wrong_paths.py"
 
 cat >paths.json <<'JSON'

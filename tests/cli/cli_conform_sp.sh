@@ -16,6 +16,7 @@
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+warm_adapters "$PY"  # the adapters' imports once, not once per case (cli_conform_warm.sh)
 export OMP_NUM_THREADS=1
 sp=(--cases quick --objectives sft --dtypes fp64)
 
@@ -81,9 +82,9 @@ faulty die --cases sp2.json
 grep -qE "FAIL .*exited with status 1: rank 1 died \(killed by signal SIGKILL\) while computing its shard" die.txt ||
   fail "a dying rank is not named:\n$(cat die.txt)"
 echo "ok: a dying rank: $(grep -m1 -oE "rank 1 died.{0,80}" die.txt)"
-faulty hang --cases sp2.json --timeout 40
+faulty hang --cases sp2.json --timeout 15  # ~1 s to reach the stuck state, warm; 15x that under load
 stuck="rank 0 in the target count's all-reduce, rank 1 computing its shard"
-grep -qE "FAIL .*timed out after 40 s \(--timeout\): stopped \(SIGTERM\) before every rank finished: $stuck" hang.txt ||
+grep -qE "FAIL .*timed out after 15 s \(--timeout\): stopped \(SIGTERM\) before every rank finished: $stuck" hang.txt ||
   fail "a hanging rank is not named:\n$(cat hang.txt)"
 echo "ok: a hanging rank: $(grep -m1 -oE "stopped \(SIGTERM\).{0,120}" hang.txt)"
 

@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verify" / "conform"))
+from streambp_conform.warm import delegate  # noqa: E402
+
+delegate()  # in a warm worker when STREAMBP_CONFORM_WARM names a server (streambp_conform/warm.py)
 import hf_sp_adapter  # noqa: E402
 
 

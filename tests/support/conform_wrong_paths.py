@@ -11,9 +11,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verify" / "conform"))
+from streambp_conform.warm import delegate  # noqa: E402
+
+delegate()  # in a warm worker when STREAMBP_CONFORM_WARM names a server (streambp_conform/warm.py)
+import torch  # noqa: E402
+
 import losses  # noqa: E402
 import protocol  # noqa: E402
 

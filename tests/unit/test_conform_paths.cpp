@@ -98,3 +98,13 @@ TEST_CASE("train's --micro-batches parses rows per micro-batch and the objective
                     Catch::Contains("chosen rows, then their rejected rows (row + 2)"));
   CHECK(dpo->micro_batches(batch, {{0, 2}, {1, 3}}, "b.safetensors").size() == 2);
 }
+
+TEST_CASE("a warm worker's cpu_seconds in result.json is added, and only a finite non-negative number counts",
+          "[conformance]") {
+  CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1.0, "cpu_seconds": 2.5})") == 2.5);
+  CHECK(sbp::result_worker_cpu_seconds(R"({"loss": NaN, "micro_batches": 3})") == 0);  // a cold adapter writes none
+  CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_seconds": -1})") == 0);
+  CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_seconds": Infinity})") == 0);
+  CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_seconds": "2"})") == 0);
+  CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_)") == 0);  // malformed: result_loss reports it
+}

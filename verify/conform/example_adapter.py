@@ -51,4 +51,7 @@ def gradients(case: Case):
 
 
 if __name__ == "__main__":
+    from streambp_conform.warm import delegate
+
+    delegate()  # optional: run in a warm worker, imports done, when STREAMBP_CONFORM_WARM names one (docs/conformance.md)
     sys.exit(run(gradients, objectives={"sft"}))  # GRPO and DPO declined before torch loads

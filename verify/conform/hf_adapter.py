@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from streambp_conform.warm import delegate  # noqa: E402
+
+delegate()  # in a warm worker when STREAMBP_CONFORM_WARM names a server (streambp_conform/warm.py)
 import losses  # noqa: E402
 import protocol  # noqa: E402
 

@@ -217,4 +217,8 @@ def main(argv, split=None):
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    from streambp_conform.warm import delegate
+
+    delegate()  # in a warm worker when STREAMBP_CONFORM_WARM names a server (streambp_conform/warm.py)
     sys.exit(main(sys.argv[1:]))

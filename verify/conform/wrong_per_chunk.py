@@ -15,10 +15,13 @@ Usage: wrong_per_chunk.py CASE_DIR
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from streambp_conform.warm import delegate  # noqa: E402
+
+delegate()  # in a warm worker when STREAMBP_CONFORM_WARM names a server (streambp_conform/warm.py)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
 import losses  # noqa: E402
 import protocol  # noqa: E402
 

@@ -52,6 +52,8 @@ status=0
 # The sample holds the right loss and the wrong one: the job fails, as a project with the wrong one would.
 [[ $status -eq 1 ]] || fail "the page's commands: exit $status, expected 1 (the wrong loss):\n$(cat page.txt)"
 grep -qE "2 failed, 2 passed, 4 skipped" page.txt || fail "the page's commands:\n$(cat page.txt)"
+# --streambp-warm: the 4 judged cases ran in workers (the skipped ones too: the adapter declines them in a worker)
+grep -q "streambp-conform: 8 adapter run(s) in warm workers" page.txt || fail "warm workers:\n$(cat page.txt)"
 python3 - project/conform.xml <<'PY' || fail "conform.xml:\n$(cat project/conform.xml)"
 import sys, xml.etree.ElementTree as ET
 suite = ET.parse(sys.argv[1]).getroot().find("testsuite")

@@ -3,10 +3,13 @@ Usage: adapter.py [--wrong] CASE_DIR   (--wrong: the chunk-means loss, which con
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+from streambp_conform.warm import delegate
 
-from streambp_conform import Case, NotExpressible, run
+delegate()  # under pytest --streambp-warm: run in a worker whose imports are done (docs/conform-in-ci.md)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from streambp_conform import Case, NotExpressible, run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_loss import chunked_cross_entropy, chunked_cross_entropy_wrong  # noqa: E402

@@ -3,7 +3,9 @@
     @pytest.mark.streambp_conform(adapter=[sys.executable, "my_adapter.py"], cases="ci")
     def test_my_loss(): ...
 
-or, without a test file, `pytest --streambp-adapter "python my_adapter.py"`. The harness binary comes from
+or, without a test file, `pytest --streambp-adapter "python my_adapter.py"`. `--streambp-warm`: adapters that call
+streambp_conform.warm.delegate() run in workers of one server started in this python (imports once per session).
+The harness binary comes from
 `--streambp PATH` or the STREAMBP environment variable. Items are named TEST[CASE-DTYPE], so `-k` selects cases; each
 runs `streambp conform --only CASE`, so `-x` stops at the first failing case; `--junitxml` gives the CI its file. A
 failing item shows conform's verdict line (the worst tensor, its error, the bar, the hint), an N/A case is skipped
@@ -16,10 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from streambp_conform import warm
 
 DOCS = "docs/conform-in-ci.md in the StreamBP harness"
 MARKER = "streambp_conform"
@@ -33,12 +38,55 @@ def pytest_addoption(parser):
     group.addoption("--streambp-cases", metavar="SET", default="ci", help="case set for --streambp-adapter (ci)")
     group.addoption("--streambp-baseline", metavar="CMD",
                     help="the low-precision cases' yardstick in the same dtype (conform --baseline; default hf)")
+    group.addoption("--streambp-warm", action="store_true",
+                    help="adapters that call streambp_conform.warm.delegate() run in workers forked from one server "
+                         "in this python, their imports done once per session instead of once per case")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARKER}(adapter, cases='ci', objectives=None, dtypes=None, baseline=None, "
                             "conform_args=()): run the harness's conformance cases on this adapter command, one "
                             "pytest item per case")
+
+
+def pytest_sessionstart(session):
+    if session.config.getoption("--streambp-warm", default=False):
+        session.config._streambp_warm = _start_warm_server()
+
+
+def pytest_sessionfinish(session):
+    server = getattr(session.config, "_streambp_warm", None)
+    if server is not None:
+        process, folder = server
+        process.terminate()
+        process.wait()
+        session.config._streambp_warm_runs = Path(folder, "serve.log").read_text().count(" worker ")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(warm.ENV, None)
+        session.config._streambp_warm = None
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    runs = getattr(config, "_streambp_warm_runs", None)
+    if runs is not None:  # an adapter script without delegate() runs cold: the count says so
+        terminalreporter.write_line(f"streambp-conform: {runs} adapter run(s) in warm workers")
+
+
+def _start_warm_server():
+    """The warm server in this python (the adapters' environment), its socket in os.environ for conform's children."""
+    folder = tempfile.mkdtemp(prefix="streambp-warm-")
+    sock = os.path.join(folder, "warm.sock")
+    log = open(os.path.join(folder, "serve.log"), "w")
+    process = subprocess.Popen([sys.executable, "-m", "streambp_conform", "serve", sock], stderr=log)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(sock):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise pytest.UsageError(f"streambp-conform: --streambp-warm: the server did not start: "
+                                    f"{Path(folder, 'serve.log').read_text().strip()}")
+        time.sleep(0.1)
+    os.environ[warm.ENV] = sock
+    return process, folder
 
 
 class ConformFailure(Exception):

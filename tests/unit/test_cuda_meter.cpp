@@ -247,7 +247,7 @@ TEST_CASE("the CUDA meter of a device that does not exist is unavailable with a 
 }
 
 TEST_CASE("with a GPU the meter's peaks are exact per phase and its timeline sees every tensor",
-          "[cuda][cuda_meter][phase]") {
+          "[cuda][cuda_meter][phase][needs-gpu]") {
   auto& meter = sbp::CudaMemoryMeter::for_device(0);
   if (!meter.available()) {  // CTest reports the skip (SKIP_REGULAR_EXPRESSION); the case without a GPU ran above
     WARN("SKIPPED: no GPU: " << meter.reason());
@@ -297,7 +297,7 @@ TEST_CASE("with a GPU the meter's peaks are exact per phase and its timeline see
 }
 
 TEST_CASE("with a GPU the CUDA meter's budget makes an allocation beyond it throw OutOfMemoryError",
-          "[cuda][cuda_meter]") {
+          "[cuda][cuda_meter][needs-gpu]") {
   auto& meter = sbp::CudaMemoryMeter::for_device(0);
   if (!meter.available()) {  // CTest reports the skip (SKIP_REGULAR_EXPRESSION); the case without a GPU ran above
     WARN("SKIPPED: no GPU: " << meter.reason());

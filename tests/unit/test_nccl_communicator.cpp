@@ -40,7 +40,7 @@ std::string refusal(const sbp::RendezvousOptions& options, int device_index) {
 }  // namespace
 
 TEST_CASE("make_nccl_communicator refuses without a CUDA device, naming the rank, before the rendezvous (cuda)",
-          "[distributed][cuda]") {
+          "[distributed][cuda][needs-gpu]") {
   const TemporaryStore store;
   // Rank 1 of 2: rank 0 never comes, so only a refusal ahead of the rendezvous returns before the timeout.
   const sbp::RendezvousOptions options{.rank = 1, .world_size = 2, .file_store = store.path(),

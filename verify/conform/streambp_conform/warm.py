@@ -14,8 +14,10 @@ the run to it:
 with the worker's status. The worker joins the caller's process group, so `streambp conform` measures, times out and
 kills it as it would the adapter itself; if it cannot (another session), the server kills it when the caller goes.
 The worker is a fork: whatever the adapter patches or sets stays in it. Without the variable, or with no server
-answering, `delegate()` returns and the script runs cold, as before. What a warm start cannot give: modules the
-server preloaded read their import-time settings from the server's environment, not the run's.
+answering, `delegate()` returns and the script runs cold, as before. What differs from a cold run: modules the
+server preloaded read their import-time settings from the server's environment, not the run's; and a worker's peak
+RSS counts the pages it touches, not the preloaded libraries' untouched pages a cold process maps, so compare peaks
+only between runs of one kind.
 
 conform counts the CPU time of the process it started; a worker is not its child, so the worker adds its own in
 result.json ("cpu_seconds"), which conform adds (protocol.write_outputs).

@@ -28,14 +28,18 @@ HERE = Path(__file__).resolve()
 
 
 def launch(case_dir, flags):
-    ranks = int(json.loads((Path(case_dir) / "case.json").read_text()).get("ranks", 1))
+    meta = json.loads((Path(case_dir) / "case.json").read_text())
+    if meta.get("lora"):  # said before any process starts (torchrun would report a rank's 3 as 1)
+        print(f"{Path(case_dir).name}: LoRA: not wired (ms-swift's tuners wrap the model before SP)", file=sys.stderr)
+        return 3  # protocol.NOT_EXPRESSIBLE
+    ranks = int(meta.get("ranks", 1))
     sp = ranks if ranks > 1 else 2
     config = json.loads((Path(case_dir) / "model" / "config.json").read_text())
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
     if kv_heads % sp:  # ms-swift would take gcd(kv heads, W) for Ulysses and the rest as ring attention
         print(f"{Path(case_dir).name}: {kv_heads} KV heads on {sp} ranks: ms-swift's ring attention (the rest of "
               "gcd) needs flash-attention and padding_free", file=sys.stderr)
-        return 3  # protocol.NOT_EXPRESSIBLE (torchrun would report a rank's 3 as 1)
+        return 3  # protocol.NOT_EXPRESSIBLE
     port = str(29500 + os.getpid() % 2000)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(sp),
            "--master_addr", "127.0.0.1", "--master_port", port, str(HERE), "--worker", *flags, case_dir]
@@ -55,8 +59,6 @@ def worker(case_dir, flags):
         case = protocol.read_case(case_dir, accumulates=True, distributed=True)
         if case.objective["name"] != "sft":
             raise protocol.NotExpressible(f"{case.objective['name']}: this adapter runs ms-swift's SFT loss only")
-        if case.lora:
-            raise protocol.NotExpressible("LoRA: not wired (ms-swift's tuners wrap the model before SP)")
         model, trainable = protocol.load_model(case)
     except Exception as e:  # CaseError -> 2, NotExpressible -> 3, the rest a crash
         if rank == 0:

@@ -5,7 +5,8 @@ known_bugs.json, judged by `streambp conform` at its buggy pin and at its fixed 
 A bug with two survey entries ("buggy", "fixed": names in implementations.json) takes, for each, the rows of the
 newest results/survey/survey-*.csv that has that entry (so `make survey SURVEY_ARGS="--only A B"` refreshes one bug).
 It is "recalled" when the buggy pin fails (conform names the worst tensor) and the fixed pin passes. A bug the harness
-cannot run says why ("not_caught"). Writes results/survey/known-bugs.csv and known-bugs.md (temp file, then rename);
+cannot run, or runs without seeing, says why ("not_caught"; "buggy_pin" and "buggy_verdict" for a pin that ran and
+passed). Writes results/survey/known-bugs.csv and known-bugs.md (temp file, then rename);
 exits 1 when an entry that should recall a bug does not (missed, or the fixed pin fails too).
 
 Usage: known_bugs.py [--survey results/survey] [--bugs experiments/survey/known_bugs.json] [--manifest ...]
@@ -66,8 +67,9 @@ def table_row(bug, rows, entries):
     row = {"library": bug["library"], "reference": bug["reference"], "bug": bug["bug"],
            "buggy_entry": buggy_entry, "fixed_entry": fixed_entry, "reason": bug.get("not_caught", "")}
     if not buggy_entry:
+        # a pin that runs but cannot show the bug (it passes) states its verdict ("buggy_verdict") and its reason
         row.update(buggy_pin=bug.get("buggy_pin", ""), fixed_pin=bug.get("fixed_pin", ""), recall="not caught",
-                   buggy_verdict="not run", fixed_verdict="not run")
+                   buggy_verdict=bug.get("buggy_verdict", "not run"), fixed_verdict="not run")
         return row
     b_rows, f_rows = rows.get(buggy_entry, []), rows.get(fixed_entry, [])
     b_verdict, b_show, b_failed = judge(b_rows)

@@ -414,7 +414,7 @@ bool TrainSession::first_step_fits(const Batch& batch, const std::string& source
   if (r_.offload.optimizer()) workload.add(Offload{OffloadKind::optimizer});
   if (r_.offload.gradients()) workload.add(Offload{OffloadKind::gradients});
   if (r_.offload.parameters()) workload.add(Offload{OffloadKind::parameters});
-  workload.add(SequenceParallelism{ranks_.sp});
+  workload.add(SequenceParallelism{ranks_.sp, ranks_.sp_scheme});
   estimate_ = training_memory(method(), workload);
   if (a_.no_memory_check) return true;
   const auto why = memory_refusal(method(), workload, model(), weight_bytes_ + trainer_->held_bytes(), ranks_.comm.get());

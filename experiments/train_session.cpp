@@ -451,7 +451,8 @@ StepMetrics TrainSession::take_step(const Batch& batch, const std::string& sourc
           .all_gather = stats_of(comm, "all_gather"),
           .sp_all_gather = stats_of(group, "all_gather"),
           .sp_reduce_scatter = stats_of(group, "reduce_scatter"),
-          .sp_all_reduce = stats_of(group, "all_reduce")};
+          .sp_all_reduce = stats_of(group, "all_reduce"),
+          .sp_ring_shift = stats_of(group, "ring_shift")};
 }
 
 // The progress line of step s (0-based), its time to the end from the mean step so far.

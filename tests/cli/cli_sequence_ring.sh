@@ -5,7 +5,7 @@
 #     not divisible; padded rows, masked prompts); LoRA, GRPO, DPO and N = 3, 4 are test_ring_attention's, in process;
 # (b) maxlen --sp 2 under one per-rank budget: the ring's T* (measured and modelled) exceeds the all-gather's, since
 #     no rank holds the whole sequence's K/V and their sums;
-# (c) bad input exits 2 naming it: the ring without --sp, project with the ring (not projected yet), and ranks
+# (c) bad input exits 2 naming it: the ring without --sp, project with the ring (its model not held in bf16 yet), and ranks
 #     started by hand with different --sp-scheme (before any group forms).
 # ctest-timeout: 300
 source "$(dirname "$0")/../support/cli_common.sh"
@@ -53,7 +53,7 @@ PY
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method streambp)
 expect_exit_2 "--sp-scheme ring without --sp" "--sp-scheme ring exchanges K/V within a sequence-parallel group" \
   "$STREAMBP" train "${small[@]}" --nproc 2 --sp-scheme ring
-expect_exit_2 "project --sp-scheme ring" "project --sp-scheme ring: the ring's memory model is not built yet" \
+expect_exit_2 "project --sp-scheme ring" "project --sp-scheme ring: not projected yet" \
   "$STREAMBP" project --sp 8 --sp-scheme ring
 expect_ranks_disagree "ranks with different --sp-scheme" "disagree on --sp-scheme \(ring and allgather\)" \
   --sp-scheme allgather ring "${small[@]}" --sp 2 --dist-timeout 30

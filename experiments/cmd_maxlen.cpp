@@ -84,9 +84,6 @@ void check_maxlen_flags(const MaxlenArgs& a, bool training) {
       throw InputError(problem);
   if (rows % data_parts != 0)
     throw InputError(uneven_batch(data_parts, "--batch " + std::to_string(rows), rows));
-  if (a.ranks.sp_scheme == SequenceScheme::ring)
-    throw InputError("maxlen --sp-scheme ring: the ring's memory model is not built yet (issue #48 item 3), so no "
-                     "modelled T* could stand beside the measured one; --sp-scheme allgather, or train --sp-scheme ring");
   if (sp > 1)
     for (const auto& spec : a.methods) {
       const auto m = make_method(spec);
@@ -194,7 +191,7 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   const auto small = batch_at(std::max(16, 2 * sp_));
   base_workload_ = make_workload(*model_, objective_->prepare(small, model_->config()), small);
-  base_workload_.add(SequenceParallelism{sp_});
+  base_workload_.add(SequenceParallelism{sp_, a.ranks.sp_scheme});
   if (a.offload.checkpoints()) base_workload_.add(Offload{OffloadKind::checkpoints});
   if (a.offload.optimizer()) base_workload_.add(Offload{OffloadKind::optimizer});
   if (a.offload.gradients()) base_workload_.add(Offload{OffloadKind::gradients});
@@ -268,6 +265,7 @@ Trainer MaxlenSearch::make_trainer(BackpropMethod& method, DataParallel* paralle
   if (a_.offload.gradients()) options.gradient_tier = tier;
   if (a_.offload.parameters() && !parallel) options.parameter_tier = tier;  // on ranks: DataParallel's
   options.sequence_group = ranks_.sequence.get();
+  options.sequence_scheme = ranks_.sp_scheme;
   return Trainer(*model_, method, *objective_, options, parallel);
 }
 

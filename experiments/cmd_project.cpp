@@ -191,7 +191,7 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--nproc", a.nproc, "with --sp: the devices in all (data-parallel groups of --sp; default --sp)")
       ->check(CLI::PositiveNumber);
   app.add_option("--sp-scheme", a.sp_scheme, "with --sp: the K/V exchange projected; allgather (ring: refused until "
-                 "its memory model is built, issue #48)")->check(CLI::IsMember({"allgather", "ring"}));
+                 "its memory model holds in bf16, issue #48)")->check(CLI::IsMember({"allgather", "ring"}));
   add_output_options(app, a.output, "results folder");
 }
 
@@ -277,8 +277,9 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     throw InputError("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
   if (a.sp_scheme == "ring")
-    throw InputError("project --sp-scheme ring: the ring's memory model is not built yet (issue #48 items 3-4), so "
-                     "there is nothing to project from; --sp-scheme allgather");
+    throw InputError("project --sp-scheme ring: not projected yet: the ring's memory model is held by the meter in "
+                     "fp64 only, not in bf16, the projection's dtype (issue #48 item 4); --sp-scheme allgather, or "
+                     "maxlen --sp-scheme ring");
   if (a.sp > 0) return project_sequence_parallel(a, command_line);
   if (a.nproc > 0) throw InputError("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);

@@ -39,7 +39,9 @@ std::vector<std::pair<std::string_view, std::string>> cells(const StepMetrics& m
           {"sp_reduce_scatter_calls", integer(m.sp_reduce_scatter.calls)},
           {"sp_reduce_scatter_bytes", integer(m.sp_reduce_scatter.bytes)},
           {"sp_all_reduce_calls", integer(m.sp_all_reduce.calls)},
-          {"sp_all_reduce_bytes", integer(m.sp_all_reduce.bytes)}};
+          {"sp_all_reduce_bytes", integer(m.sp_all_reduce.bytes)},
+          {"sp_ring_shift_calls", integer(m.sp_ring_shift.calls)},
+          {"sp_ring_shift_bytes", integer(m.sp_ring_shift.bytes)}};
 }
 
 // The header (names) or a row (cells), comma-separated.

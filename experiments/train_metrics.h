@@ -18,6 +18,7 @@ struct StepMetrics {
   int world_size = 1, zero = 0, sp = 1;
   CollectiveStats all_reduce, reduce_scatter, all_gather;           // over every rank (data parallelism)
   CollectiveStats sp_all_gather, sp_reduce_scatter, sp_all_reduce;  // within the sequence-parallel group
+  CollectiveStats sp_ring_shift;  // the ring's hops (--sp-scheme ring)
 };
 
 // "step,loss,...": the first line of every metrics file (a resumed run checks it).

@@ -414,7 +414,7 @@ bool TrainSession::first_step_fits(const Batch& batch, const std::string& source
   if (r_.offload.optimizer()) workload.add(Offload{OffloadKind::optimizer});
   if (r_.offload.gradients()) workload.add(Offload{OffloadKind::gradients});
   if (r_.offload.parameters()) workload.add(Offload{OffloadKind::parameters});
-  workload.add(SequenceParallelism{ranks_.sp});
+  workload.add(SequenceParallelism{ranks_.sp, ranks_.sp_scheme});
   estimate_ = training_memory(method(), workload);
   if (a_.no_memory_check) return true;
   const auto why = memory_refusal(method(), workload, model(), weight_bytes_ + trainer_->held_bytes(), ranks_.comm.get());
@@ -451,7 +451,8 @@ StepMetrics TrainSession::take_step(const Batch& batch, const std::string& sourc
           .all_gather = stats_of(comm, "all_gather"),
           .sp_all_gather = stats_of(group, "all_gather"),
           .sp_reduce_scatter = stats_of(group, "reduce_scatter"),
-          .sp_all_reduce = stats_of(group, "all_reduce")};
+          .sp_all_reduce = stats_of(group, "all_reduce"),
+          .sp_ring_shift = stats_of(group, "ring_shift")};
 }
 
 // The progress line of step s (0-based), its time to the end from the mean step so far.

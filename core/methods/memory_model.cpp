@@ -342,6 +342,11 @@ int Workload::sequence_parallel() const {
   return sp ? sp->ranks : 1;
 }
 
+SequenceScheme Workload::sequence_scheme() const {
+  const auto* sp = feature_of<SequenceParallelism>(*this);
+  return sp ? sp->scheme : SequenceScheme::allgather;
+}
+
 std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
   if (!workspaces)
     throw std::logic_error("memory model of " + config.name + ": no kernel calibration attached to the workload (" +

@@ -61,6 +61,49 @@ std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std
   return std::max(mlp_moment, attention_moment);
 }
 
+// A layer's backward over the ring (RingExchange::stream_backward, ARCHITECTURE.md §16), on rank 0 (the longest shard, t
+// = z.T, to which every block is padded): the rank's queries (no graph) and their merged outputs and log-sum-exps
+// for every chunk at once, its own K/V; the merge recomputed block by block, a block and the one received at a hop
+// (from the second hop on, N > 2, the block sent is not yet freed: a hop holds two beside the rank's own);
+// each chunk's output backward (o_proj and the MLP, dO out); the blocks round again with their dK/dV sums, at a hop a
+// block, its sums and the next ones received, at a block the key-block backward of a chunk; the queries' backward.
+std::vector<MemoryEstimate> ring_layer_moments(const Workload& w, const Sizes& z, std::int64_t c,
+                                               std::int64_t layer_sums, const std::vector<MemoryTerm>& held) {
+  const auto& cfg = w.config;
+  const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
+  const auto rows = z.B * z.T;
+  const auto block = 2 * rows * kw * z.s;  // [2, B, n_kv, t, hd]: K and V of one shard
+  const auto sums = 2 * rows * kw * z.f;   // their dK/dV sums (fp32 in bf16)
+  const auto N = z.sp;
+  const std::vector<MemoryTerm> merged = {{"this rank's queries (no graph)", rows * qw * z.s},
+                                          {"their merged outputs and log-sum-exps", rows * (qw + cfg.num_attention_heads) * z.f},
+                                          {"this rank's K, V", block}};
+  const auto with = [&](std::string moment, std::vector<MemoryTerm> extra) {
+    MemoryEstimate e{std::move(moment), held};
+    e.terms.insert(e.terms.end(), merged.begin(), merged.end());
+    e.terms.insert(e.terms.end(), extra.begin(), extra.end());
+    return e;
+  };
+  // The last chunk's output backward at its MLP's elementwise product (as chunk_moment's MLP moment): the MLP's saved
+  // activations but the product, the chunk's output, three [c, I] gradients, down_proj's weight gradient; o_proj's
+  // input is a view of the merged output. Every chunk's dQ (zeros) exists, every dO but the last chunk's.
+  const auto out = z.B * c * z.d * z.s;
+  const auto fresh_mlp = z.lora ? 0 : z.d * I * z.g;
+  const auto output_chunk = z.B * c * (mlp_activation_bytes_per_token(w) - I * z.s) + out +
+                            2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
+  const auto dO_dQ = 2 * rows * qw * z.f;
+  return {
+      with("ring merge (recomputed)", {{"the block in flight (received)", (N > 2 ? 2 : 1) * block}}),
+      with("ring output backward", {{"layer gradient sums (none for one chunk)", layer_sums},
+                                    {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.f},
+                                    {"a chunk's output backward", output_chunk}}),
+      with("ring dK/dV hop", {{"layer gradient sums (none for one chunk)", layer_sums},
+                              {"dO, dQ of every chunk", dO_dQ},
+                              {"the block in flight (received)", (N > 2 ? 2 : 1) * block},
+                              {"its dK/dV sums and the next received", 2 * sums}}),
+  };
+}
+
 }  // namespace
 
 MemoryEstimate StreamBP::memory_model(const Workload& w) const {
@@ -95,6 +138,22 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto kv_proj_grads = z.lora ? 0 : (2 * z.d * kw + (cfg.attention_bias ? 2 * kw : 0) + (cfg.qk_norm ? cfg.head_dim : 0)) * z.g;
   const auto layer_sums = one_chunk ? 0 : (z.layer_grad - kv_proj_grads) * (z.g < z.f ? z.f / z.g : 1);
   auto moments = streamed_head_moments(w, head_chunk);
+  if (z.sp > 1 && w.sequence_scheme() == SequenceScheme::ring) {
+    for (const auto& state : layer_states(z)) {
+      const std::vector<MemoryTerm> held = {{"weights", z.weights},
+                                            {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
+                                            {"weight copies (compute dtype)", z.layer_copies()},
+                                            {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
+                                            {"checkpoints", state.checkpoints},
+                                            {"dL/dH (out, overwritten by in)", btd},
+                                            {"objective buffers", objective_bytes(w)}};
+      for (auto& m : ring_layer_moments(w, z, c_max, layer_sums, held)) {
+        m.moment = "layer " + std::to_string(state.layer) + " " + m.moment;
+        moments.push_back(std::move(m));
+      }
+    }
+    return checkpointing_peak(std::move(moments), w);
+  }
   for (const auto& state : layer_states(z)) {
     const std::vector<MemoryTerm> held = {{"weights", z.weights},
                                           {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},

@@ -14,6 +14,7 @@
 
 #include "core/methods/kernel_workspace.h"
 #include "core/model/config.h"
+#include "core/model/sequence_shard.h"
 #include "core/offload/offload_kind.h"
 
 namespace sbp {
@@ -52,8 +53,10 @@ struct DataParallelism {
 // Sequence parallelism (ARCHITECTURE.md §16): each sequence of seq_len positions split over this many ranks (a group
 // within the data-parallel ranks), modelled for the rank with the most positions (longest_zigzag_shard) and the
 // latest query (rank 0's last block ends at seq_len).
+// scheme: how the K/V travel (the all-gather's whole-sequence terms, or the ring's blocks).
 struct SequenceParallelism {
   int ranks = 1;
+  SequenceScheme scheme = SequenceScheme::allgather;
 };
 using WorkloadFeature = std::variant<Offload, DataParallelism, SequenceParallelism>;
 
@@ -107,6 +110,7 @@ struct Workload {
   bool data_parallel() const { return world_size() > 1; }
   // Sequence parallelism's ranks per sequence (1: whole sequences).
   int sequence_parallel() const;
+  SequenceScheme sequence_scheme() const;  // allgather without sequence parallelism
 };
 
 }  // namespace sbp

@@ -10,6 +10,11 @@
 
 namespace sbp {
 
+// How a group's ranks exchange the K/V of their shards (--sp-scheme; ARCHITECTURE.md §16): all-gathered (every rank
+// holds a layer's whole K/V and their sums) or round a ring of key blocks (no rank holds them all). Here, below the
+// memory models that size each (Workload's SequenceParallelism); parsed in core/training/sequence_scheme.h.
+enum class SequenceScheme { allgather, ring };
+
 struct SequenceShard {
   struct Block {
     std::int64_t start = 0, end = 0;  // global positions [start, end)

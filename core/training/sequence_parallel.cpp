@@ -124,12 +124,26 @@ ExchangeCost exchange_cost(std::int64_t seq_len, int world, std::int64_t slices,
           slices * std::int64_t(world) * padded * slice_position_bytes};
 }
 
+std::int64_t ring_hops_per_layer(int world, int forward_passes) {
+  return std::int64_t(forward_passes + 1) * (world - 1) + world;
+}
+
 std::map<std::string, CollectiveStats> sequence_step_collectives(const SequenceStep& s) {
   const auto exchange = exchange_cost(s.seq_len, s.world, s.slices, s.slice_position_bytes);
   const auto gathers = s.micro_batches * s.layers * s.gathers_per_layer, scatters = s.micro_batches * s.layers;
   std::map<std::string, CollectiveStats> out;
-  out["all_gather"] = {1 + gathers * exchange.calls, 8 + gathers * exchange.all_gather_bytes};
-  out["reduce_scatter"] = {scatters * exchange.calls, scatters * exchange.reduce_scatter_bytes};
+  if (s.scheme == SequenceScheme::ring) {
+    const auto padded = longest_zigzag_shard(s.seq_len, s.world);
+    const auto block = s.slices * padded * s.slice_position_bytes;
+    const auto sums = s.slices * padded * (s.sum_position_bytes > 0 ? s.sum_position_bytes : s.slice_position_bytes);
+    const auto layers = s.micro_batches * s.layers, N = std::int64_t(s.world);
+    out["all_gather"] = {1, 8};
+    out["ring_shift"] = {layers * ring_hops_per_layer(s.world, s.gathers_per_layer),
+                         layers * ((s.gathers_per_layer + 1) * (N - 1) * block + N * sums)};
+  } else {
+    out["all_gather"] = {1 + gathers * exchange.calls, 8 + gathers * exchange.all_gather_bytes};
+    out["reduce_scatter"] = {scatters * exchange.calls, scatters * exchange.reduce_scatter_bytes};
+  }
   if (s.statistics_bytes > 0) out["all_reduce"] = {s.micro_batches, s.micro_batches * s.statistics_bytes};
   return out;
 }

@@ -61,11 +61,16 @@ struct SequenceStep {
   std::int64_t slice_position_bytes = 0;  // head_dim * element bytes
   int gathers_per_layer = 1;        // forward passes over each layer: standard BP 1; checkpointing, StreamBP 2
   std::int64_t statistics_bytes = 0;  // an objective's row statistics (rows * 8, fp64), 0 without a row term
+  SequenceScheme scheme = SequenceScheme::allgather;
+  std::int64_t sum_position_bytes = 0;  // the ring's dK/dV sums: head_dim * their element bytes (0: as the slices)
 };
 // Calls and bytes per collective kind, as Communicator::stats() counts them: per micro-batch and layer
 // gathers_per_layer exchanges' all-gathers and one exchange's reduce-scatters (exchange_cost), per micro-batch one
 // all-reduce of the row
-// statistics (if any), per step one all-gather of the sequence length (the ranks' agreement, 8 bytes).
+// statistics (if any), per step one all-gather of the sequence length (the ranks' agreement, 8 bytes). The ring
+// (RingExchange) has no all-gathers or reduce-scatters per layer but hops ("ring_shift"): per micro-batch and layer
+// N - 1 of the rank's padded K/V block per forward pass, and in the backward N - 1 more of the block and N of its sums.
+std::int64_t ring_hops_per_layer(int world, int forward_passes);
 std::map<std::string, CollectiveStats> sequence_step_collectives(const SequenceStep& step);
 
 }  // namespace sbp

@@ -5,9 +5,10 @@
 
 #include <string>
 
+#include "core/model/sequence_shard.h"
+
 namespace sbp {
 
-enum class SequenceScheme { allgather, ring };
 SequenceScheme parse_sequence_scheme(const std::string& name);  // InputError naming --sp-scheme
 const char* sequence_scheme_name(SequenceScheme scheme);
 

@@ -3,8 +3,10 @@
 # (a) StreamBP over 2 ranks (5 steps) and checkpointing over DP x SP = 2 x 2 with ZeRO-3 (2 steps) end fp64 AdamW
 #     steps within 1e-12 (normwise, every tensor) of one process of standard BP over the same global batches (T = 37:
 #     not divisible; padded rows, masked prompts); LoRA, GRPO, DPO and N = 3, 4 are test_ring_attention's, in process;
-# (b) bad input exits 2 naming it: the ring without --sp, maxlen and project with the ring (no memory model yet), and
-#     ranks started by hand with different --sp-scheme (before any group forms).
+# (b) maxlen --sp 2 under one per-rank budget: the ring's T* (measured and modelled) exceeds the all-gather's, since
+#     no rank holds the whole sequence's K/V and their sums;
+# (c) bad input exits 2 naming it: the ring without --sp, project with the ring (its model not held in bf16 yet), and ranks
+#     started by hand with different --sp-scheme (before any group forms).
 # ctest-timeout: 300
 source "$(dirname "$0")/../support/cli_common.sh"
 
@@ -32,14 +34,26 @@ run dpsp 4 2 3 checkpoint --steps 2
 "$STREAMBP" train "${common[@]}" --steps 2 --method standard --save-model single2 2>/dev/null || fail "single, 2 steps"
 same dpsp single2
 
-# (b) Bad input.
+# (b) maxlen under one budget per rank, each scheme.
+for scheme in allgather ring; do
+  "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods streambp --optimizer adamw --batch 2 --nproc 2 \
+    --sp 2 --sp-scheme $scheme --out "maxlen-$scheme" >"maxlen-$scheme.txt" 2>"maxlen-$scheme.log" ||
+    fail "maxlen --sp-scheme $scheme:\n$(cat "maxlen-$scheme.log")"
+done
+python3 - maxlen-allgather/maxlen-*.csv maxlen-ring/maxlen-*.csv <<'PY' || fail "maxlen CSVs:\n$(cat maxlen-*/maxlen-*.csv)"
+import csv, sys
+gathered, ring = ([r for r in csv.DictReader(open(p)) if r["role"] == "max"][0] for p in sys.argv[1:3])
+for key in ("measured_max_seq", "model_max_seq"):
+    assert int(ring[key]) > int(gathered[key]), (key, ring[key], gathered[key])
+print(f"ok: maxlen --sp 2 under 2.9 MiB per rank, T* measured (modelled): ring {ring['measured_max_seq']} "
+      f"({ring['model_max_seq']}), all-gather {gathered['measured_max_seq']} ({gathered['model_max_seq']})")
+PY
+
+# (c) Bad input.
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method streambp)
 expect_exit_2 "--sp-scheme ring without --sp" "--sp-scheme ring exchanges K/V within a sequence-parallel group" \
   "$STREAMBP" train "${small[@]}" --nproc 2 --sp-scheme ring
-expect_exit_2 "maxlen --sp-scheme ring" "maxlen --sp-scheme ring: the ring's memory model is not built yet" \
-  "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods streambp --optimizer adamw --batch 2 --nproc 2 \
-  --sp 2 --sp-scheme ring
-expect_exit_2 "project --sp-scheme ring" "project --sp-scheme ring: the ring's memory model is not built yet" \
+expect_exit_2 "project --sp-scheme ring" "project --sp-scheme ring: not projected yet" \
   "$STREAMBP" project --sp 8 --sp-scheme ring
 expect_ranks_disagree "ranks with different --sp-scheme" "disagree on --sp-scheme \(ring and allgather\)" \
   --sp-scheme allgather ring "${small[@]}" --sp 2 --dist-timeout 30

@@ -44,6 +44,10 @@ class IdenticalRanks final : public Communicator {
     return out.view(sizes);
   }
   void barrier() override {}
+  // A hop: what Gloo's send and recv allocate, the received tensor (this rank's own, since every rank is this one).
+  at::Tensor ring_shift(const at::Tensor& tensor) override {
+    return at::empty_like(tensor, at::MemoryFormat::Contiguous).copy_(tensor);
+  }
 
  private:
   int world_, rank_;

@@ -15,6 +15,7 @@
 #include "core/model/model.h"
 #include "core/objectives/sft.h"
 #include "core/training/ring_exchange.h"
+#include "core/training/sequence_parallel.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/test_support.h"
 #include "verify/grad_compare.h"
@@ -179,4 +180,38 @@ TEST_CASE("negative controls: a block that skips a hop, dK/dV not carried home a
     CHECK(attention > 1e-3);
     CHECK(streambp > 1e-3);
   }
+}
+
+TEST_CASE("the ring's hops are counted, and their calls and bytes are the formula's: per layer N - 1 hops of the "
+          "rank's padded K/V block per forward pass, N - 1 more and N of its dK/dV sums in the backward",
+          "[sequence-parallel][ring][distributed]") {
+  const auto config = sbp::test::tiny_config();
+  const std::int64_t T = 37, B = 2;
+  const auto batch = sbp::random_sft_batch(config, {B, T, 0.2, 0.25, 92});
+  for (const auto& [spec, forward_passes] : std::vector<std::pair<std::string, int>>{
+           {"standard", 1}, {"checkpoint", 2}, {"streambp:layer_chunk=4,head_chunk=5", 2}})
+    for (const int world : {2, 3}) {
+      std::vector<sbp::CollectiveStats> hops(world);
+      sbp::test::run_gloo_ranks(world, [&](sbp::Communicator& comm) {
+        sbp::Model model(config, at::kDouble, 91);
+        sbp::RingExchange ring(comm, T);
+        model.set_kv_source(&ring);
+        sbp::SftObjective objective;
+        sbp::test::run_step(model, spec, objective, batch);
+        hops[comm.rank()] = comm.stats().at("ring_shift");
+      });
+      const auto expected = sbp::sequence_step_collectives(
+          {.seq_len = T, .world = world, .layers = int(config.num_hidden_layers), .micro_batches = 1,
+           .slices = 2 * B * config.num_key_value_heads, .slice_position_bytes = config.head_dim * 8,  // fp64
+           .gathers_per_layer = forward_passes, .scheme = sbp::SequenceScheme::ring});
+      // Analytic: layers x hops per layer, e.g. StreamBP at N = 3: 2 x (3 x 2 + 3) = 18.
+      CHECK(expected.at("ring_shift").calls ==
+            config.num_hidden_layers * ((forward_passes + 1) * (world - 1) + world));
+      for (int r = 0; r < world; ++r) {
+        INFO(spec << " on " << world << " ranks, rank " << r << ": " << hops[r].calls << " hops, " << hops[r].bytes
+                  << " bytes");
+        CHECK(hops[r].calls == expected.at("ring_shift").calls);
+        CHECK(hops[r].bytes == expected.at("ring_shift").bytes);
+      }
+    }
 }

@@ -280,6 +280,13 @@ std::vector<MemoryEstimate> memory::feature_moments(const Workload& w, bool stre
   return out;
 }
 
+void memory::add_feature_step_moments(const Workload& w, StepMoments& step) {
+  const Sizes z(w);
+  for_each_feature(w, [&](const auto& f) {
+    if constexpr (requires { f.add_step_moments(w, z, step); }) f.add_step_moments(w, z, step);
+  });
+}
+
 std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
   if (!workspaces)
     throw std::logic_error("memory model of " + config.name + ": no kernel calibration attached to the workload (" +

@@ -234,6 +234,7 @@ struct StepMoments {
   std::vector<MemoryEstimate> moments;
   std::vector<MemoryTerm> host;
 };
+void add_feature_step_moments(const Workload& w, StepMoments& step);
 // RoPE's cos and sin tables of `positions` positions.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
 // RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.

@@ -31,9 +31,7 @@ MemoryEstimate training_memory(const BackpropMethod& method, const Workload& w) 
                          {"optimizer states", z.device_optimizer_states},
                          {"the update's temporaries", w.optimizer_update_bytes}}};
   StepMoments step{{bp, update}, host};
-  for_each_feature(w, [&](const auto& f) {
-    if constexpr (requires { f.add_step_moments(w, z, step); }) f.add_step_moments(w, z, step);
-  });
+  add_feature_step_moments(w, step);
   auto peak = largest(std::move(step.moments));
   peak.host = std::move(step.host);
   return peak;

@@ -28,10 +28,24 @@ sbp::Workload base_workload() {
 
 using Names = std::function<std::vector<std::string>(const sbp::Workload&)>;
 
-// Where a feature's terms show: the offload tier's peak, the moments beside the method's, a training step's.
+// Where a feature's terms show: a training step's offload tier at its peak, the tier's timeline, the moments beside the
+// method's, a training step's moments.
 std::vector<std::string> host_terms(const sbp::Workload& w) {
   std::vector<std::string> names;
   for (const auto& t : sbp::training_memory(*sbp::make_method("streambp"), w).host) names.push_back(t.name);
+  return names;
+}
+// Every instant of the tier's timeline, not only its peak (which one holds the most depends on the other features).
+std::vector<std::string> tier_terms(const sbp::Workload& w) {
+  const sbp::memory::Sizes z(w);
+  sbp::memory::TierTimeline tier(z);
+  sbp::memory::for_each_feature(w, [&](const auto& f) {
+    if constexpr (requires { f.add_tier_terms(z, tier); }) f.add_tier_terms(z, tier);
+  });
+  std::vector<std::string> names;
+  for (const auto& instant : tier.instants)
+    for (const auto& t : instant.terms) names.push_back(t.name);
+  for (const auto& t : tier.whole_step) names.push_back(t.name);
   return names;
 }
 std::vector<std::string> moments(const sbp::Workload& w) {
@@ -71,9 +85,9 @@ TEST_CASE("each workload feature's memory terms appear in the estimate exactly w
           "[memory-model][features]") {
   using sbp::OffloadKind;
   const std::vector<Case> cases = {
-      {sbp::Offload{OffloadKind::checkpoints}, host_terms, "layer checkpoints"},
-      {sbp::Offload{OffloadKind::gradients}, host_terms, "gradients"},
-      {sbp::Offload{OffloadKind::parameters}, host_terms, "parameter"},  // one process's, or ZeRO-3's slices
+      {sbp::Offload{OffloadKind::checkpoints}, tier_terms, "layer checkpoints"},
+      {sbp::Offload{OffloadKind::gradients}, tier_terms, "gradients"},
+      {sbp::Offload{OffloadKind::parameters}, tier_terms, "parameter"},  // one process's, or ZeRO-3's slices
       {sbp::Offload{OffloadKind::optimizer}, host_terms, "optimizer states"},
       {sbp::DataParallelism{.world_size = 2, .zero_stage = 3, .collective_copies = true}, moments,
        "gradient reduction"},

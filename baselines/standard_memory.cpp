@@ -40,7 +40,7 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                        {"the last layer's output", z.sp > 1 && z.f != z.s ? btd : 0},
                        {"logits + loss", shard_loss_peak_bytes(w)},
                        {"objective buffers", objective_bytes(w)}}};
-  std::vector<MemoryEstimate> moments = data_parallel_moments(w, /*streamed=*/false);
+  std::vector<MemoryEstimate> moments = feature_moments(w, /*streamed=*/false);
   moments.push_back(head);
   // Sequence parallelism: a layer's backward (its K/V gradients of the whole sequence, select's zero-padded copies,
   // the reduce-scatter, as checkpointing's model has them) is not a moment here: it holds less than the head's

@@ -192,10 +192,7 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   const auto small = batch_at(std::max(16, 2 * sp_));
   base_workload_ = make_workload(*model_, objective_->prepare(small, model_->config()), small);
   base_workload_.add(SequenceParallelism{sp_, a.ranks.sp_scheme});
-  if (a.offload.checkpoints()) base_workload_.add(Offload{OffloadKind::checkpoints});
-  if (a.offload.optimizer()) base_workload_.add(Offload{OffloadKind::optimizer});
-  if (a.offload.gradients()) base_workload_.add(Offload{OffloadKind::gradients});
-  if (a.offload.parameters()) base_workload_.add(Offload{OffloadKind::parameters});
+  a.offload.add_to(base_workload_);
   // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
   set_data_parallel(base_workload_, ranks_.comm ? ranks_.world : a.ranks.nproc, a.ranks.zero, ranks_.device);
   if (optimizer_) add_optimizer_memory(base_workload_, *model_, *optimizer_);

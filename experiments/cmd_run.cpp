@@ -406,8 +406,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const auto reference = complete_batch(*model, *objective, batch, batch_source, random, a.ref_dir, dtype, a.setup.seed);
   // Every check before anything is written.
   auto workload = make_workload(*model, objective->prepare(batch, model->config(), std::nullopt, batch_source), batch);
-  if (a.offload.checkpoints()) workload.add(Offload{OffloadKind::checkpoints});
-  if (a.offload.gradients()) workload.add(Offload{OffloadKind::gradients});
+  a.offload.add_to(workload);
   // The step's inputs (weights, adapter, batch): with --model-only (what a step would take, without one), or after a
   // finished step; an oom run (exit 3) writes what describes the attempt (--json, --timeline, --op-profile) and no
   // file that looks like a result.

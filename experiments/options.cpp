@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "baselines/methods.h"
+#include "core/methods/workload.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/cli_checks.h"
 #include "core/io/input_error.h"
@@ -189,6 +190,10 @@ std::string OffloadOptions::describe() const {
   std::vector<std::string> names;
   for (const auto kind : kinds) names.push_back(offload_kind_name(kind));
   return join_values(names, ',');
+}
+
+void OffloadOptions::add_to(Workload& w) const {
+  for (const auto kind : kinds) w.add(Offload{kind});
 }
 
 void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {

@@ -27,6 +27,7 @@ namespace sbp {
 
 class BackpropMethod;
 class OffloadTier;
+struct Workload;
 
 // How many values a list flag takes in a command: none (not offered), one, or a comma-separated list.
 enum class Arity { none, one, many };
@@ -92,6 +93,7 @@ struct OffloadOptions {
   bool gradients() const { return has(OffloadKind::gradients); }
   bool parameters() const { return has(OffloadKind::parameters); }
   std::string describe() const;  // "checkpoints,optimizer", "" without offload: the results' offload column
+  void add_to(Workload& w) const;  // each kind as the memory models' Offload feature
 };
 // `what` says what the command does with it (for --offload's help).
 void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);

@@ -410,10 +410,7 @@ bool TrainSession::first_step_fits(const Batch& batch, const std::string& source
       make_workload(model(), objective().prepare(micro.front(), model().config(), std::nullopt, source), micro.front());
   trainer_->add_optimizer_memory(workload);
   workload.accumulating = micro.size() > 1;
-  if (r_.offload.checkpoints()) workload.add(Offload{OffloadKind::checkpoints});
-  if (r_.offload.optimizer()) workload.add(Offload{OffloadKind::optimizer});
-  if (r_.offload.gradients()) workload.add(Offload{OffloadKind::gradients});
-  if (r_.offload.parameters()) workload.add(Offload{OffloadKind::parameters});
+  r_.offload.add_to(workload);
   workload.add(SequenceParallelism{ranks_.sp, ranks_.sp_scheme});
   estimate_ = training_memory(method(), workload);
   if (a_.no_memory_check) return true;

@@ -1,7 +1,8 @@
-// The moments data parallelism adds to every method's memory model (ARCHITECTURE.md §12). They live with the methods'
-// models, not with DataParallel (core/training), because each method's own moments are written in them: which
-// gradients are reduced while layer l runs, which layer is gathered (memory_terms.h's Sizes); the training step's
-// composition (core/training/training_memory.cpp) adds the optimizer's around them.
+// What data parallelism adds to every method's memory model (ARCHITECTURE.md §12), through DataParallelism's hooks
+// (workload.h): its share of the sizes, its moments beside the method's, and the training step's around the update.
+// They live with the methods' models, not with DataParallel (core/training), because each method's own moments are
+// written in them: which gradients are reduced while layer l runs, which layer is gathered (memory_terms.h's Sizes).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,7 @@ namespace {
 // yet reduced in full. The first and last layer's events stand for every layer's (the sum is linear in l).
 std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool streamed) {
   const Sizes z(w);
-  if (!w.data_parallel()) return {};
+  if (z.N == 1) return {};
   const auto btd = z.B * z.T * z.d * z.s;
   std::vector<MemoryEstimate> out;
   const auto event = [&](const std::string& group, std::int64_t group_bytes, std::int64_t checkpoints,
@@ -29,9 +30,9 @@ std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool strea
                     {"dL/dH", streamed ? btd : 0},
                     {"gradients (the groups before reduced, this one's full)", gradients},
                     {z.sharded_gradients() ? std::string("reduce-scatter buffers ([N, slice], its slice") +
-                                                 (w.collective_copies() ? ", the backend's copy)" : ")")
+                                                 (z.collective_copies ? ", the backend's copy)" : ")")
                                            : std::string("all-reduce buffer (the group's gradients flattened)"),
-                     z.reduction_buffers(group_bytes, w.collective_copies())},
+                     z.reduction_buffers(group_bytes, z.collective_copies)},
                     {"objective buffers", objective_bytes(w)}}});
   };
   // Standard BP: the groups after this one still full (the layers below, an untied embedding).
@@ -49,6 +50,8 @@ std::vector<MemoryEstimate> gradient_event_moments(const Workload& w, bool strea
   return out;
 }
 
+}  // namespace
+
 // ZeRO-3 (DataParallel::use): the embedding and head gathered at the step's start, when only the slices, the states
 // and the batch exist; a layer gathered where its backward starts, beside what its backward moment holds but its
 // gradients and activations (the forward's gathers hold less: no gradients, fewer checkpoints). Standard BP gathers
@@ -61,7 +64,7 @@ std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool str
   if (z.embedding_group + z.head_group > 0)
     out.push_back({"embedding and head parameter gather (step start)",
                    {{"weights (the slices)", z.rest_weights},
-                    {"gather buffers", z.gather_buffers(z.embedding_group + z.head_group, w.collective_copies())},
+                    {"gather buffers", z.gather_buffers(z.embedding_group + z.head_group, z.collective_copies)},
                     {"objective buffers", objective_bytes(w)}}});
   if (!streamed) return out;
   for (const auto& state : layer_states(z))
@@ -70,18 +73,53 @@ std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool str
                     {"checkpoints", state.checkpoints},
                     {"dL/dH", btd},
                     {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
-                    {"gather buffers", z.gather_buffers(z.layer_grad, w.collective_copies())},
+                    {"gather buffers", z.gather_buffers(z.layer_grad, z.collective_copies)},
                     {"objective buffers", objective_bytes(w)}}});
   return out;
 }
 
-}  // namespace
+}  // namespace sbp::memory
 
-// Every moment data parallelism adds to a method's (none for one process).
-std::vector<MemoryEstimate> data_parallel_moments(const Workload& w, bool streamed) {
-  auto out = gradient_event_moments(w, streamed);
-  for (auto& m : parameter_gather_moments(w, streamed)) out.push_back(std::move(m));
-  return out;
+namespace sbp {
+
+using namespace memory;
+
+void DataParallelism::size(Sizes& z) const {
+  z.N = world_size;
+  z.stage = zero_stage;
+  z.collective_copies = collective_copies;
 }
 
-}  // namespace sbp::memory
+// Its collectives at the gradient-ready events, then ZeRO-3's gathers.
+void DataParallelism::add_moments(const Workload& w, bool streamed, std::vector<MemoryEstimate>& moments) const {
+  for (auto& m : gradient_event_moments(w, streamed)) moments.push_back(std::move(m));
+  if (Sizes(w).sharded_parameters())
+    for (auto& m : parameter_gather_moments(w, streamed)) moments.push_back(std::move(m));
+}
+
+// ZeRO 1-3, around the update (DataParallel): the gradient norm summed over the ranks' slices in fp64 (each slice's
+// gradient converted, unless fp64 already, and squared: two [slice] fp64 temporaries of the longest slice); after it
+// (stages 1-2), each group's updated slices all-gathered: this rank's [slice] packed, the [N, slice] result and the
+// backend's copy of it (collective_copies). Both with every gradient and state still alive.
+void DataParallelism::add_step_moments(const Workload&, const Sizes& z, StepMoments& step) const {
+  if (z.N == 1 || z.stage == 0) return;
+  const auto states = z.device_optimizer_states;
+  const auto longest_slice = (z.largest_tensor + z.N - 1) / z.N;
+  step.moments.push_back({"gradient norm (fp64, over the slices)",
+                          {{"weights", z.rest_weights},
+                           {"gradients", z.step_gradients()},
+                           {"optimizer states", states},
+                           {"fp64 copy and square of the longest slice's gradient",
+                            (z.g == 8 ? 1 : 2) * 8 * longest_slice}}});
+  if (z.sharded_parameters()) return;  // the slices are the parameters: no gather
+  const auto largest_group = std::max({z.head_group, z.layer_grad, z.embedding_group});
+  step.moments.push_back({"all-gather of the updated slices",
+                          {{"weights", z.rest_weights},
+                           {"gradients", z.step_gradients()},
+                           {"optimizer states", states},
+                           {std::string("the largest group's slice, gathered [N, slice]") +
+                                (z.collective_copies ? " and the backend's copy" : ""),
+                            (z.N + 1 + (z.collective_copies ? z.N : 0)) * z.slice_elements(largest_group) * z.g}}});
+}
+
+}  // namespace sbp

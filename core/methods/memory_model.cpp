@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "core/methods/memory_terms.h"
 #include "core/model/model.h"
@@ -13,13 +14,6 @@ namespace memory {
 // Per token: the saved input of an RMSNorm in compute dtype (pow/mul keep it), its normalised output and the
 // scaled output (kept by the projections that follow) in model dtype.
 // Under LoRA the norm weights are frozen: the product with the weight no longer keeps the normalised output.
-void require_whole_sequences(const Workload& w, const std::string& method) {
-  if (w.sequence_parallel() > 1)
-    throw InputError("the memory model of " + method + " does not cover sequence parallelism (the method "
-                                "does not run on a shard); no estimate for a sequence split over " +
-                                std::to_string(w.sequence_parallel()) + " ranks");
-}
-
 std::int64_t norm_bytes(std::int64_t width, const Sizes& z) { return width * (z.f + (z.lora ? 1 : 2) * z.s); }
 // The final norm feeds only the LM head, which under LoRA is frozen and keeps nothing: only the saved input stays.
 // input_kept: the norm's input is a checkpoint (checkpointing's and the streamed heads' H[L]); in fp32/fp64 its saved
@@ -49,62 +43,6 @@ std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t c, std::i
   };
   const auto tile = upcast ? std::min<std::int64_t>(1024, prefix) : prefix;
   return std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));
-}
-
-std::vector<MemoryTerm> shard_attention_backward_terms(const Workload& w) {
-  const Sizes z(w);
-  const auto qw = w.config.q_width();
-  const auto last = zigzag_shard(z.Tg, 0, int(z.sp)).blocks.back();
-  const auto c = last.length();
-  return {{"o_proj's input gradient", z.B * z.T * qw * z.s},
-          {"the last block's dK, dV (its keys)", 2 * z.B * last.end * w.config.kv_width() * z.s, true},
-          {"the last block's dO and dQ (fp32), and its q in fp32", z.B * c * qw * (2 * z.f + (z.f > z.s ? z.f : 0))},
-          {"the last block's key blocks' backward", key_blocks_backward_bytes(w, c, last.start)}};
-}
-
-std::vector<MemoryTerm> kv_reduce_scatter_terms(const Workload& w, std::int64_t element_bytes) {
-  const Sizes z(w);
-  const auto& cfg = w.config;
-  const auto piece = slices_per_piece(2 * z.B * cfg.num_key_value_heads) * z.T * cfg.head_dim;
-  const std::int64_t copies = w.collective_copies() ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
-  return {{"dK, dV (whole sequence)", 2 * z.B * z.Tg * cfg.kv_width() * element_bytes, true},
-          {"this rank's share of them", 2 * z.B * z.T * cfg.kv_width() * element_bytes},
-          {"every rank's padded piece (and the backend's clone)", copies * z.sp * piece * element_bytes, true},
-          {"the piece summed", piece * element_bytes}};
-}
-
-// In the forward, the [B, t, V] logits stay alive while each block's loss is made: the saved log-softmax outputs of
-// the blocks so far and the block's own temporary ([B, len, V]). In the backward, which takes the blocks last first,
-// while block k's log-softmax is back-propagated: the logits' gradient summed so far ([B, t, V], made by the first
-// block's narrow backward), the saved outputs of the blocks before k, and block k's own (saved, incoming, produced:
-// 3 [B, len, V]); then its narrow backward pads the produced gradient to a [B, t, V] of zeros, added into the sum.
-// (One process: 3 [B, T, V] both ways.)
-std::int64_t shard_loss_peak_bytes(const Workload& w) {
-  const Sizes z(w);
-  if (z.sp == 1) return loss_peak_bytes(z.T, z);
-  const auto shard = zigzag_shard(z.Tg, 0, int(z.sp));
-  const auto n = shard.blocks.size();
-  std::int64_t before = z.T, peak = 0;  // positions of the blocks before k
-  for (std::size_t k = n; k-- > 0;) {
-    const auto len = shard.blocks[k].length();
-    before -= len;
-    const auto sum = k + 1 < n ? z.T : 0;
-    peak = std::max({peak, z.T + before + 2 * len, sum + before + 3 * len, sum + before + len + z.T});
-  }
-  return z.B * peak * z.V * z.f;
-}
-
-// Per layer: Model::attention_block projects each block of the shard, rotates its q and K at their global positions,
-// all-gathers the K/V (the rotated K and V feed the exchange, and only the gathered whole is kept) and attends the
-// block's queries over the keys before its end: block 0 of rank 0 through SDPA (output in the model dtype), the others
-// through PrefixAndDiagonal (its merged output in the merge dtype, >= fp32). o_proj's input is their concatenation.
-ShardAttention shard_attention_bytes(const Workload& w) {
-  const Sizes z(w);
-  if (z.sp == 1) return {};
-  const auto kw = w.config.kv_width(), qw = w.config.q_width();
-  std::int64_t outputs = 0;
-  for (const auto& b : zigzag_shard(z.Tg, 0, int(z.sp)).blocks) outputs += b.length() * (b.start == 0 ? z.s : z.f);
-  return {2 * z.B * z.Tg * kw * z.s, z.B * (qw * outputs - 2 * z.T * kw * z.s)};
 }
 
 // The hidden states' gradient (dlogits · W, [B·T, d]) and, in full fine-tuning, the weight's (dlogits^T · hn, [V, d]).
@@ -295,22 +233,19 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
 using namespace memory;
 
 void Workload::add(WorkloadFeature feature) {
-  std::erase_if(features, [&](const WorkloadFeature& f) {
-    if (f.index() != feature.index()) return false;
+  // A feature's place: its kind's index, then (Offload) its kind of state.
+  const auto place = [](const WorkloadFeature& f) {
     const auto* offload = std::get_if<Offload>(&f);
-    return !offload || offload->kind == std::get<Offload>(feature).kind;
-  });
-  features.push_back(std::move(feature));
+    return std::pair{f.index(), offload ? int(offload->kind) : 0};
+  };
+  std::erase_if(features, [&](const WorkloadFeature& f) { return place(f) == place(feature); });
+  const auto at = std::find_if(features.begin(), features.end(),
+                               [&](const WorkloadFeature& f) { return place(feature) < place(f); });
+  features.insert(at, std::move(feature));
 }
 
 void Workload::remove_sequence_parallelism() {
   std::erase_if(features, [](const WorkloadFeature& f) { return std::holds_alternative<SequenceParallelism>(f); });
-}
-
-bool Workload::offloads(OffloadKind kind) const {
-  for (const auto& f : features)
-    if (const auto* o = std::get_if<Offload>(&f); o && o->kind == kind) return true;
-  return false;
 }
 
 namespace {
@@ -332,11 +267,6 @@ int Workload::zero_stage() const {
   return dp ? dp->zero_stage : 0;
 }
 
-bool Workload::collective_copies() const {
-  const auto* dp = feature_of<DataParallelism>(*this);
-  return dp && dp->collective_copies;
-}
-
 int Workload::sequence_parallel() const {
   const auto* sp = feature_of<SequenceParallelism>(*this);
   return sp ? sp->ranks : 1;
@@ -345,6 +275,21 @@ int Workload::sequence_parallel() const {
 SequenceScheme Workload::sequence_scheme() const {
   const auto* sp = feature_of<SequenceParallelism>(*this);
   return sp ? sp->scheme : SequenceScheme::allgather;
+}
+
+std::vector<MemoryEstimate> memory::feature_moments(const Workload& w, bool streamed) {
+  std::vector<MemoryEstimate> out;
+  for_each_feature(w, [&](const auto& f) {
+    if constexpr (requires { f.add_moments(w, streamed, out); }) f.add_moments(w, streamed, out);
+  });
+  return out;
+}
+
+void memory::add_feature_step_moments(const Workload& w, StepMoments& step) {
+  const Sizes z(w);
+  for_each_feature(w, [&](const auto& f) {
+    if constexpr (requires { f.add_step_moments(w, z, step); }) f.add_step_moments(w, z, step);
+  });
 }
 
 std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
@@ -356,53 +301,10 @@ std::int64_t Workload::workspace_bytes(const KernelCall& call) const {
 
 MemoryEstimate memory::checkpointing_peak(std::vector<MemoryEstimate> moments, const Workload& w) {
   moments.push_back(embedding_moment(w));
-  for (auto& m : data_parallel_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
+  for (auto& m : feature_moments(w, /*streamed=*/true)) moments.push_back(std::move(m));
   auto peak = largest(std::move(moments));
   peak.host = offload_host_terms(w);
   return peak;
-}
-
-// The tier's timeline: at the end of the forward every layer's input is there (the last hidden state never goes: the
-// head reads it at once); the backward takes them back one by one (H[l] leaves the tier when layer l's backward takes
-// it), while the gradients arrive at their events, the head's first, layer l's after its backward, the embedding's
-// last (a streamed method's; standard BP fires every event after its backward). After layer l's event the tier holds
-// H[0..l-1] and the gradients of the head and of layers l..L-1: linear in l, so the largest sum is at the head's event,
-// at layer L-1's or layer 0's, or at the end (every gradient).
-std::vector<MemoryTerm> memory::offload_host_terms(const Workload& w) {
-  const Sizes z(w);
-  auto terms = offload_host_moment(w);
-  // The trainable tensors (one process) or ZeRO-3's slices of them: in the tier the whole step.
-  if (z.offloaded_parameters) terms.push_back({"trainable parameters", z.all_gradients});
-  if (w.offloads(OffloadKind::parameters) && z.sharded_parameters())
-    terms.push_back({"parameter slices (ZeRO-3)", z.slice_elements(z.all_gradients) * z.g});
-  return terms;
-}
-
-// What of the checkpoints and gradients the tier holds at its peak.
-std::vector<MemoryTerm> memory::offload_host_moment(const Workload& w) {
-  const Sizes z(w);
-  const auto btd = z.B * z.T * z.d * z.s;
-  const auto checkpoints = [&](std::int64_t layers) { return w.offloads(OffloadKind::checkpoints) ? layers * btd : 0; };
-  if (!w.offloads(OffloadKind::gradients)) {
-    if (!w.offloads(OffloadKind::checkpoints)) return {};
-    return {{"layer checkpoints H[0..L-1]", checkpoints(z.L)}};
-  }
-  const auto head = z.kept(z.head_group), layer = z.kept(z.layer_grad), embedding = z.kept(z.embedding_group);
-  std::vector<std::vector<MemoryTerm>> moments = {
-      {{"layer checkpoints H[0..L-1]", checkpoints(z.L)}, {"gradients of the head", head}},
-      {{"gradients (every group's)", head + z.L * layer + embedding}}};
-  for (const auto l : {z.L - 1, std::int64_t(0)})
-    moments.push_back({{"layer checkpoints H[0.." + std::to_string(l) + ")", checkpoints(l)},
-                       {"gradients of the head and layers " + std::to_string(l) + "..L-1", head + (z.L - l) * layer}});
-  const auto sum = [](const std::vector<MemoryTerm>& terms) {
-    std::int64_t s = 0;
-    for (const auto& t : terms) s += t.bytes;
-    return s;
-  };
-  auto terms = *std::max_element(moments.begin(), moments.end(),
-                                 [&](const auto& a, const auto& b) { return sum(a) < sum(b); });
-  std::erase_if(terms, [](const MemoryTerm& t) { return t.bytes == 0; });
-  return terms;
 }
 
 std::int64_t MemoryEstimate::host_bytes() const {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
@@ -17,6 +18,13 @@
 #include "core/io/input_error.h"
 
 namespace sbp::memory {
+
+// Calls `hook` with each feature of `w`, in the workload's order; the hook asks (`if constexpr (requires ...)`) whether
+// the feature's kind has the function it calls (workload.h lists the four).
+template <class Hook>
+void for_each_feature(const Workload& w, Hook&& hook) {
+  for (const auto& feature : w.features) std::visit(hook, feature);
+}
 
 // The sizes every model reads: bytes per element, the workload's dimensions, the weights and gradients alive at
 // each stage of a step, and data parallelism's share of them (this rank's: rank 0, whose slices are the longest).
@@ -35,15 +43,17 @@ struct Sizes {
   // Mixed precision (g > s): a trainable master is cast to the compute dtype where it is used, and a graph keeps
   // that copy (linear saves its weight): cast bytes per trainable element, 0 when the masters are the weights.
   std::int64_t cast;
-  bool offload_checkpoints, offload_gradients;
+  // Set by the features (Offload's size): the layer checkpoints, the gradients after their events, the trainable
+  // tensors between their uses in the offload tier; the optimizer's states on the device (none in the tier).
+  bool offload_checkpoints = false, offload_gradients = false, parameters_in_tier = false;
+  std::int64_t device_optimizer_states;
   explicit Sizes(const Workload& w)
       : s(std::int64_t(c10::elementSize(w.dtype))),
         f(std::int64_t(c10::elementSize(compute_dtype(w.dtype)))),
         g(std::int64_t(c10::elementSize(w.gradient_dtype()))),
-        B(w.batch_size),
-        T(w.sequence_parallel() > 1 ? longest_zigzag_shard(w.seq_len, w.sequence_parallel()) : w.seq_len),
+        B(w.batch_size), T(w.seq_len),
         d(w.config.hidden_size), V(w.config.vocab_size), L(w.config.num_hidden_layers), P(w.config.num_parameters()),
-        Tg(w.seq_len), sp(w.sequence_parallel()), lora(w.lora_rank > 0),
+        Tg(w.seq_len), sp(1), lora(w.lora_rank > 0),
         weights(lora ? P * s + w.lora_parameters * g : P * g), lm_grad(lora ? 0 : V * d * g),
         all_gradients(lora ? w.lora_parameters * g : P * g),
         // Full fine-tuning: all but an untied embedding's, which only the embedding backward writes.
@@ -51,21 +61,23 @@ struct Sizes {
         head_gradients(lora ? 0 : (V + 1) * d * g),
         layer_grad(lora ? w.lora_parameters * g / std::max<std::int64_t>(1, L)
                         : (P - (w.config.tie_word_embeddings ? 1 : 2) * V * d - d) * g / std::max<std::int64_t>(1, L)),
-        cast(g > s ? s : 0), offload_checkpoints(w.offloads(OffloadKind::checkpoints)), offload_gradients(w.offloads(OffloadKind::gradients)),
-        N(w.world_size()), stage(w.zero_stage()), tied(w.config.tie_word_embeddings),
+        cast(g > s ? s : 0), device_optimizer_states(w.optimizer_state_bytes), tied(w.config.tie_word_embeddings),
         head_group(lora ? 0 : tied ? d * g : (V + 1) * d * g), embedding_group(lm_grad),
         largest_tensor(lora ? std::min(w.lora_parameters, w.lora_rank * std::max({w.config.intermediate_size, d,
                                                                                   w.config.q_width()}))
                             : V * d) {
+    for_each_feature(w, [&](const auto& f) {
+      if constexpr (requires { f.size(*this); }) f.size(*this);
+    });
     // ZeRO-3: the trainable tensors are this rank's slices, the embedding and head gathered for the whole step (the
     // BP's "weights"), a layer's only while it is in use (gathered_layer), none but the slices between steps.
     rest_weights = weights;
     // One process's parameter offload (ParameterHome) is ZeRO-3 with nothing kept on the device: the trainable tensors
     // in the tier between uses, fetched where ZeRO-3 gathers.
-    offloaded_parameters = w.offloads(OffloadKind::parameters) && N == 1;
+    offloaded_parameters = parameters_in_tier && N == 1;
     if (parameters_leave()) {
       // trainable bytes = gradient bytes; the slices in the tier with parameter offload
-      rest_weights = weights - all_gradients + (w.offloads(OffloadKind::parameters) ? 0 : slice_elements(all_gradients) * g);
+      rest_weights = weights - all_gradients + (parameters_in_tier ? 0 : slice_elements(all_gradients) * g);
       weights = rest_weights + embedding_group + head_group;
     }
   }
@@ -82,8 +94,9 @@ struct Sizes {
   // Data parallelism (ARCHITECTURE.md §12), this rank's share. The gradient groups, in event order: the head (final norm; an
   // untied lm_head), every layer from the last, the embedding (tied: the lm_head's gradient too, which exists from the
   // head backward on). Under LoRA only the layers' adapters are trainable: the head and embedding have no event.
-  std::int64_t N;
-  int stage;
+  std::int64_t N = 1;  // data parallelism's ranks and ZeRO stage, whether its backend copies buffers (DataParallelism)
+  int stage = 0;
+  bool collective_copies = false;
   bool tied;
   std::int64_t head_group, embedding_group;  // gradient bytes of the head's and the embedding's groups
   std::int64_t largest_tensor;               // elements of the largest trainable tensor (the [V, d] embedding)
@@ -198,10 +211,30 @@ MemoryEstimate largest(std::vector<MemoryEstimate> moments);
 // backward's and data parallelism's, the largest of them on the device, and the checkpoints the offload tier holds at
 // its own peak (MemoryEstimate::host; nothing without offload).
 MemoryEstimate checkpointing_peak(std::vector<MemoryEstimate> moments, const Workload& w);
-// What the offload tier holds at its own peak during a step (empty without offload): the layer checkpoints (methods
-// that keep them) and the gradients stored at their events, at the moment their sum is largest.
+// The offload tier during a step: what it holds at each instant where its sum can be largest, and what it holds the
+// whole step. After layer l's event it holds H[0..l-1] and the gradients of the head and of layers l..L-1 (a streamed
+// method's order; standard BP fires every event after its backward), linear in l: the instants are the head's event,
+// the end (every gradient), layer L-1's and layer 0's events.
+struct TierTimeline {
+  struct Instant {
+    std::int64_t layer;  // after this layer's event; L: the head's event, -1: the end of the backward
+    std::vector<MemoryTerm> terms;
+  };
+  std::vector<Instant> instants;
+  std::vector<MemoryTerm> whole_step;
+  explicit TierTimeline(const Sizes& z);
+  // The instant with the most bytes (its empty terms left out), then the whole step's terms.
+  std::vector<MemoryTerm> peak() const;
+};
+// What the offload tier holds at its own peak during a step (empty without offload): the features' tier terms.
 std::vector<MemoryTerm> offload_host_terms(const Workload& w);
-std::vector<MemoryTerm> offload_host_moment(const Workload& w);  // the checkpoints' and gradients' part of it
+// A training step's moments beside its BP (core/training/training_memory.h): the update's, those the features add
+// around it, and the offload tier's terms beside the BP's.
+struct StepMoments {
+  std::vector<MemoryEstimate> moments;
+  std::vector<MemoryTerm> host;
+};
+void add_feature_step_moments(const Workload& w, StepMoments& step);
 // RoPE's cos and sin tables of `positions` positions.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions);
 // RMSNorm's saved statistics per token; one full-sequence layer's saved tensors per token.
@@ -214,8 +247,12 @@ std::vector<MemoryTerm> attention_backward_terms(const Workload& w);
 MemoryEstimate embedding_moment(const Workload& w);
 // The streamed head's moments (StreamBP and MsT), its statistics pass included.
 std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_t head_chunk);
-// Every moment data parallelism adds to a method's (none for one process): its collectives at the gradient-ready
-// events and ZeRO-3's gathers. streamed: the method fires its events between layers (all but standard BP).
-std::vector<MemoryEstimate> data_parallel_moments(const Workload& w, bool streamed);
+// Every moment the workload's features add to a method's (none for one process, e.g. data parallelism's collectives
+// at the gradient-ready events and ZeRO-3's gathers). streamed: the method fires its events between layers (all but
+// standard BP).
+std::vector<MemoryEstimate> feature_moments(const Workload& w, bool streamed);
+// ZeRO-3's gathers of the trainable tensors, or one process's fetches of them from the offload tier (none when they
+// stay on the device).
+std::vector<MemoryEstimate> parameter_gather_moments(const Workload& w, bool streamed);
 
 }  // namespace sbp::memory

@@ -170,7 +170,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
       // [N, ...] buffer (Gloo all-reduces a clone of it). The layer's sums exist by then.
       const auto piece = slices_per_piece(2 * z.B * cfg.num_key_value_heads) * z.T * cfg.head_dim;
       const auto local = 2 * z.B * shard.length() * kw;  // elements of this rank's K, V (and of its dK/dV share)
-      const std::int64_t copies = w.collective_copies() ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
+      const std::int64_t copies = z.collective_copies ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
       MemoryEstimate gather{"layer " + std::to_string(state.layer) + " K/V all-gather", held};
       gather.terms.push_back({"this rank's K, V", local * z.s});
       gather.terms.push_back({"the whole sequence's K, V", 2 * kv, true});

@@ -36,27 +36,50 @@ struct MemoryEstimate {
   std::int64_t host_bytes() const;
 };
 
-// One kind of state in the offload tier (core/offload/offload_kind.h).
+namespace memory {
+struct Sizes;
+struct TierTimeline;
+struct StepMoments;
+}  // namespace memory
+struct Workload;
+
+// The features of a step (its distribution, what is offloaded), each a kind of its own that adds its own terms to the
+// memory models through the hooks it has among four (memory_terms.h runs them, in the workload's order):
+//   size(Sizes&): the sizes every model's terms are written in (this rank's positions, slices, what stays on the device);
+//   add_moments(w, streamed, moments): moments of its own beside the method's;
+//   add_tier_terms(sizes, timeline): what it keeps in the offload tier;
+//   add_step_moments(w, sizes, step): a training step's, around the optimizer's update (core/training/training_memory.h).
+// A new kind is a struct here, in WorkloadFeature, and its hooks in a file of its own.
+
+// One kind of state in the offload tier (core/offload/offload_kind.h); offload_memory.cpp.
 struct Offload {
   OffloadKind kind;
+  void size(memory::Sizes&) const;
+  void add_moments(const Workload&, bool streamed, std::vector<MemoryEstimate>&) const;
+  void add_tier_terms(const memory::Sizes&, memory::TierTimeline&) const;
+  void add_step_moments(const Workload&, const memory::Sizes&, memory::StepMoments&) const;
 };
 // Data parallelism (ARCHITECTURE.md §12), modelled per rank (rank 0, whose slices are the longest): world_size ranks at
 // ZeRO stage zero_stage (0 = DDP, 1 = + optimizer states sharded, 2 = + gradients reduce-scattered, 3 = + parameters
 // sharded, gathered while in use). Trainer::add_optimizer_memory adds it from its DataParallel (and the optimizer
 // bytes from the slices it updates); a projection adds it by hand before add_projected_optimizer. collective_copies:
 // whether the backend's reduce-scatter and all-gather hold one more [N, length] copy of their buffer while they run
-// (Communicator::copies_collective_buffers: Gloo yes, NCCL no).
+// (Communicator::copies_collective_buffers: Gloo yes, NCCL no). data_parallel_memory.cpp.
 struct DataParallelism {
   int world_size = 1, zero_stage = 0;
   bool collective_copies = false;
+  void size(memory::Sizes&) const;
+  void add_moments(const Workload&, bool streamed, std::vector<MemoryEstimate>&) const;
+  void add_step_moments(const Workload&, const memory::Sizes&, memory::StepMoments&) const;
 };
 // Sequence parallelism (ARCHITECTURE.md §16): each sequence of seq_len positions split over this many ranks (a group
 // within the data-parallel ranks), modelled for the rank with the most positions (longest_zigzag_shard) and the
-// latest query (rank 0's last block ends at seq_len).
+// latest query (rank 0's last block ends at seq_len). sequence_parallel_memory.cpp.
 // scheme: how the K/V travel (the all-gather's whole-sequence terms, or the ring's blocks).
 struct SequenceParallelism {
   int ranks = 1;
   SequenceScheme scheme = SequenceScheme::allgather;
+  void size(memory::Sizes&) const;
 };
 using WorkloadFeature = std::variant<Offload, DataParallelism, SequenceParallelism>;
 
@@ -98,15 +121,16 @@ struct Workload {
   c10::ScalarType grad_dtype = c10::ScalarType::Undefined;
   c10::ScalarType gradient_dtype() const { return grad_dtype == c10::ScalarType::Undefined ? dtype : grad_dtype; }
   // The step's features beside its shapes and dtypes: how it is distributed and what is offloaded (none: one process,
-  // everything on the device). Each kind at most once (add replaces one of the same kind).
+  // everything on the device). Each kind at most once (add replaces one of the same kind), kept in the order of
+  // WorkloadFeature's kinds (offload kinds in OffloadKind's), so that the estimate's terms do not depend on the order
+  // the features were added in.
   std::vector<WorkloadFeature> features;
   void add(WorkloadFeature feature);
   void remove_sequence_parallelism();
   bool offloads(OffloadKind kind) const;
-  // Data parallelism's world size and ZeRO stage (1 and 0 without it), whether its backend copies buffers.
+  // Data parallelism's world size and ZeRO stage (1 and 0 without it).
   int world_size() const;
   int zero_stage() const;
-  bool collective_copies() const;
   bool data_parallel() const { return world_size() > 1; }
   // Sequence parallelism's ranks per sequence (1: whole sequences).
   int sequence_parallel() const;

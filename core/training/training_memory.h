@@ -1,5 +1,6 @@
 // The analytic peak of a training step (ARCHITECTURE.md §11): a method's BP moments with the optimizer's states beside
-// them, or the optimizer's update, whichever is larger, with data parallelism's norm and gather around the update.
+// them, or the optimizer's update, whichever is larger, with the moments the features add around the update (data
+// parallelism's norm and gather).
 #pragma once
 
 #include "core/methods/method.h"

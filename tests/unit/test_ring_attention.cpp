@@ -188,9 +188,10 @@ TEST_CASE("the ring's hops are counted, and their calls and bytes are the formul
   const auto config = sbp::test::tiny_config();
   const std::int64_t T = 37, B = 2;
   const auto batch = sbp::random_sft_batch(config, {B, T, 0.2, 0.25, 92});
-  for (const auto& [spec, forward_passes] : std::vector<std::pair<std::string, int>>{
+  for (const auto& [method, forward_passes] : std::vector<std::pair<std::string, int>>{
            {"standard", 1}, {"checkpoint", 2}, {"streambp:layer_chunk=4,head_chunk=5", 2}})
     for (const int world : {2, 3}) {
+      const std::string spec = method;  // a lambda may not capture a structured binding (clang, C++20)
       std::vector<sbp::CollectiveStats> hops(world);
       sbp::test::run_gloo_ranks(world, [&](sbp::Communicator& comm) {
         sbp::Model model(config, at::kDouble, 91);

@@ -1,0 +1,52 @@
+"""transformers' Trainer with sequence parallelism (accelerate ParallelismConfig, sp_backend="deepspeed") under ZeRO-2:
+the gradient DeepSpeed's engine hands its optimizer is sp_size times the one-process gradient of the same loss.
+2 Gloo ranks on the CPU, fp64, a 1-layer untied Llama; lr 0. Rank 0 prints each tensor's multiple of the reference.
+  DS_ACCELERATOR=cpu ZERO=2 python -m torch.distributed.run --nproc_per_node=2 transformers_trainer_sp_zero2.py
+(ZERO=3: every tensor x1.)"""
+import os
+import tempfile
+
+import deepspeed
+import torch
+
+deepspeed.init_distributed(dist_backend="gloo")  # the Trainer expects DeepSpeed's process groups to exist
+from accelerate.utils import ParallelismConfig  # noqa: E402
+from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig  # noqa: E402
+from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
+from deepspeed.utils import safe_get_full_grad  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)).double()
+ids = torch.randint(1, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+labels = ids.clone()
+labels[:, :5] = -100
+labels[0, 12:] = -100  # row 0's two sequence shards hold 3 and 4 targets
+model(input_ids=ids[:1], labels=labels[:1]).loss.backward()  # the reference: row 0's mean loss, one process
+reference = {n: p.grad.clone() for n, p in model.named_parameters()}
+model.zero_grad(set_to_none=True)
+
+seen, step = [], DeepSpeedEngine.step
+
+
+def reading_step(self, *args, **kwargs):  # the reduced gradient, as the optimizer is about to take it
+    seen.append({n: safe_get_full_grad(p).clone() for n, p in self.module.named_parameters()})
+    return step(self, *args, **kwargs)
+
+
+DeepSpeedEngine.step = reading_step
+rows = [{"input_ids": ids[i], "labels": labels[i], "position_ids": torch.arange(16)} for i in range(2)]
+with tempfile.TemporaryDirectory() as out:
+    args = TrainingArguments(
+        output_dir=out, per_device_train_batch_size=1, max_steps=1, report_to=[], use_cpu=True, learning_rate=0.0,
+        save_strategy="no", deepspeed={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                       "zero_optimization": {"stage": int(os.environ.get("ZERO", "2"))}},
+        parallelism_config=ParallelismConfig(sp_size=2, sp_backend="deepspeed",
+                                             sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")))
+    Trainer(model=model, args=args, train_dataset=rows).train()
+if torch.distributed.get_rank() == 0:
+    for name, ref in reference.items():
+        factor = (seen[0][name].norm() / ref.norm()).item()
+        residual = ((seen[0][name] - factor * ref).norm() / seen[0][name].norm()).item()
+        print(f"ZeRO-{os.environ.get('ZERO', '2')} {name}: x{factor:.6f} (residual {residual:.1e})")

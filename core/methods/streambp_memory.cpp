@@ -138,16 +138,19 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto kv_proj_grads = z.lora ? 0 : (2 * z.d * kw + (cfg.attention_bias ? 2 * kw : 0) + (cfg.qk_norm ? cfg.head_dim : 0)) * z.g;
   const auto layer_sums = one_chunk ? 0 : (z.layer_grad - kv_proj_grads) * (z.g < z.f ? z.f / z.g : 1);
   auto moments = streamed_head_moments(w, head_chunk);
+  // What a layer's backward holds whatever the K/V scheme
+  const auto held_in = [&](const auto& state) -> std::vector<MemoryTerm> {
+    return {{"weights", z.weights},
+            {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
+            {"weight copies (compute dtype)", z.layer_copies()},
+            {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
+            {"checkpoints", state.checkpoints},
+            {"dL/dH (out, overwritten by in)", btd},
+            {"objective buffers", objective_bytes(w)}};
+  };
   if (z.sp > 1 && w.sequence_scheme() == SequenceScheme::ring) {
     for (const auto& state : layer_states(z)) {
-      const std::vector<MemoryTerm> held = {{"weights", z.weights},
-                                            {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
-                                            {"weight copies (compute dtype)", z.layer_copies()},
-                                            {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
-                                            {"checkpoints", state.checkpoints},
-                                            {"dL/dH (out, overwritten by in)", btd},
-                                            {"objective buffers", objective_bytes(w)}};
-      for (auto& m : ring_layer_moments(w, z, c_max, layer_sums, held)) {
+      for (auto& m : ring_layer_moments(w, z, c_max, layer_sums, held_in(state))) {
         m.moment = "layer " + std::to_string(state.layer) + " " + m.moment;
         moments.push_back(std::move(m));
       }
@@ -155,13 +158,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
     return checkpointing_peak(std::move(moments), w);
   }
   for (const auto& state : layer_states(z)) {
-    const std::vector<MemoryTerm> held = {{"weights", z.weights},
-                                          {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
-                                          {"weight copies (compute dtype)", z.layer_copies()},
-                                          {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
-                                          {"checkpoints", state.checkpoints},
-                                          {"dL/dH (out, overwritten by in)", btd},
-                                          {"objective buffers", objective_bytes(w)}};
+    const auto held = held_in(state);
     if (z.sp > 1) {
       // Sequence parallelism (SequenceParallel): the whole sequence's K/V made, then filled piece by piece (at most
       // 4 pieces of [t, hd] slices, a row's K or V of one KV head, padded to the longest shard t) from an all-gather

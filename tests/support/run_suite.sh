@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make test`'s body: build the main tree, test it while the sanitized tree builds, test that, and end with one
-# summary of both.
+# `make test`'s body: build the main tree and run its tests while the sanitized tree builds and runs its fuzz targets
+# at nice 19; then the sanitized tree's other tests; then the main tree's `alone` tests with nothing beside them; and
+# end with one summary of both trees.
 # Each tree's ctest output is also kept in <tree>/ctest.log, so the summary can be read without scrolling back
 # through the ~500 lines the sanitized tree prints after the main tree's own summary.
 # Usage: run_suite.sh "<make command>" <jobs> <main tree> <sanitized tree>
@@ -16,70 +17,93 @@ gemm_before=$(gemm_store)
 # a test writing where a user's results live.
 new_files() { git -C "$(dirname "$0")/../.." status --porcelain --untracked-files=all 2>/dev/null | sed -n 's/^?? //p'; }
 files_before=$(new_files)
-# The sanitized tree compiles at nice 19 while the main tree's tests run: they leave a core idle for much of their
-# time (python start-ups, ranks waiting on each other), and a nice-19 compiler takes little else. The tests labelled
-# `alone` (the memory models against the meter: a peak depends on what else runs) wait until it has finished.
-sanitized=${2:-}
-bg_log=$(mktemp "${TMPDIR:-/tmp}/streambp-sanitize-build-XXXXXX.log")
-bg_pid=
-trap 'rm -f "$bg_log"' EXIT
-bg_status=1
-finish_background_build() {  # once: waits for it, prints its output, keeps its exit status in bg_status
-  [[ -n $bg_pid ]] || return 0
-  bg_status=0
-  wait "$bg_pid" || bg_status=$?
-  bg_pid=
-  cat "$bg_log"
-}
-for tree in "$@"; do
-  built=0
-  if [[ $tree == "$1" ]]; then
-    # The main tree's build first, alone: a compile error there is the first thing a developer wants to see.
-    $make_cmd build && built=1
-    if [[ -n $sanitized ]]; then
-      echo "run_suite: building $sanitized/ at nice 19 while $tree/'s tests run (its output follows them)"
-      nice -n 19 $make_cmd sanitize-build >"$bg_log" 2>&1 &
-      bg_pid=$!
-    fi
-  else
-    finish_background_build
-    [[ $bg_status -eq 0 ]] && built=1
-  fi
-  if [[ $built -eq 0 ]]; then
-    summary+=("$tree/: the build failed (its output is above)")
-    status=1
-    continue
-  fi
-  log=$tree/ctest.log
-  if [[ $tree == "$1" ]]; then
-    ctest --test-dir "$tree" --output-on-failure -j "$jobs" -LE alone 2>&1 | tee "$log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    finish_background_build
-    ctest --test-dir "$tree" --output-on-failure -L alone 2>&1 | tee -a "$log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  else
-    ctest --test-dir "$tree" --output-on-failure -j "$jobs" 2>&1 | tee "$log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  fi
-  # ctest's closing lines, once per run: "100% tests passed, 0 tests failed out of 255", then the skipped ones listed
-  # under "The following tests did not run:" as "  <n> - <name> (Skipped)".
+# Phases, with the seconds since the start, so that a slow run can be read phase by phase.
+started=$SECONDS
+phase() { echo "run_suite: $1 ($((SECONDS - started)) s)"; }
+# summarize <tree> <log> <ctest status...>: one summary line from ctest's closing lines in the log, "100% tests
+# passed, 0 tests failed out of 255" once per ctest run, the skipped ones listed as "  <n> - <name> (Skipped)".
+summarize() {
+  local tree=$1 log=$2
+  shift 2
+  local rc
+  for rc in "$@"; do [[ $rc -eq 0 ]] || status=1; done
+  local lines
   lines=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log")
   if [[ -z $lines ]]; then
     summary+=("$tree/: ctest printed no summary (see $log)")
     status=1
-    continue
+    return
   fi
-  failed=0 total=0
+  local failed=0 total=0 line
   while read -r line; do
     failed=$((failed + $(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$line")))
     total=$((total + $(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")))
   done <<<"$lines"
+  local skipped passed
   skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*\((Skipped|Disabled)\)$' "$log")
   passed=$((total - failed - skipped))
   summary+=("$tree/: $passed passed, $failed failed, $skipped skipped (of $total; log: $log)")
   passed_total=$((passed_total + passed)) failed_total=$((failed_total + failed))
   skipped_total=$((skipped_total + skipped))
-done
+}
+
+main_tree=$1 sanitized=${2:-}
+# The main tree's build first, alone: a compile error there is the first thing a developer wants to see.
+if ! $make_cmd build; then
+  summary+=("$main_tree/: the build failed (its output is above)")
+  status=1
+else
+  phase "$main_tree/ built"
+  # The sanitized tree builds, and runs its fuzz targets, at nice 19 while the main tree's tests run: those leave a
+  # core idle for part of their time (python start-ups, ranks waiting on each other), and nice-19 processes take
+  # little else. Only the fuzz targets: their fixed runs have no clock (tests/fuzz/run_fuzz.sh), whereas the unit
+  # tests' ranks give up on each other after 60 s, which a nice-19 process behind busy cores can exceed.
+  bg_dir=
+  if [[ -n $sanitized ]]; then
+    bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/streambp-sanitized-XXXXXX")
+    trap 'rm -rf "$bg_dir"' EXIT
+    phase "building $sanitized/ and running its fuzz targets at nice 19 beside $main_tree/'s tests (output follows)"
+    (
+      if nice -n 19 $make_cmd sanitize-build >"$bg_dir/build.log" 2>&1; then
+        echo "run_suite: $sanitized/ built ($((SECONDS - started)) s)" >>"$bg_dir/build.log"
+        nice -n 19 ctest --test-dir "$sanitized" --output-on-failure -j "$jobs" -L fuzz >"$sanitized/ctest.log" 2>&1
+        echo $? >"$bg_dir/fuzz.status"
+      fi
+    ) &
+    bg_pid=$!
+  fi
+  log=$main_tree/ctest.log
+  ctest --test-dir "$main_tree" --output-on-failure -j "$jobs" -LE alone 2>&1 | tee "$log"
+  main_rc=${PIPESTATUS[0]}
+  phase "$main_tree/'s tests but the alone ones done"
+  sanitized_rc=
+  if [[ -n $sanitized ]]; then
+    wait "$bg_pid"
+    cat "$bg_dir/build.log"
+    if [[ -f $bg_dir/fuzz.status ]]; then
+      cat "$sanitized/ctest.log"
+      phase "$sanitized/'s fuzz targets done"
+      ctest --test-dir "$sanitized" --output-on-failure -j "$jobs" -LE fuzz 2>&1 | tee -a "$sanitized/ctest.log"
+      rest_rc=${PIPESTATUS[0]}
+      sanitized_rc="$(<"$bg_dir/fuzz.status") $rest_rc"
+      phase "$sanitized/ done"
+    fi
+  fi
+  # The tests labelled `alone` (the memory models against the meter: a peak depends on what else runs) last, with
+  # nothing beside them.
+  ctest --test-dir "$main_tree" --output-on-failure -L alone 2>&1 | tee -a "$log"
+  alone_rc=${PIPESTATUS[0]}
+  phase "$main_tree/'s alone tests done"
+  summarize "$main_tree" "$log" "$main_rc" "$alone_rc"
+  if [[ -n $sanitized ]]; then
+    if [[ -z $sanitized_rc ]]; then
+      summary+=("$sanitized/: the build failed (its output is above)")
+      status=1
+    else
+      summarize "$sanitized" "$sanitized/ctest.log" $sanitized_rc
+    fi
+  fi
+fi
 if [[ $(gemm_store) != "$gemm_before" ]]; then
   summary+=("a test measured the bf16 GEMM paths and stored them (a test's environment lacks STREAMBP_GEMM_PROBE=off)")
   status=1

@@ -108,6 +108,8 @@ def source_dir(entry):
 
 
 def gpu_problem(entry):
+    if entry.get("not_run"):  # a library listed with why it has no adapter (its path needs what no CPU has)
+        return entry["not_run"]
     if not entry.get("gpu"):
         return None
     try:

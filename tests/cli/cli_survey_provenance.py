@@ -4,13 +4,19 @@
     --out) is left as given;
 (b) an entry's own cases file (its "cases") is read from the checkout and shown relative to it;
 (c) survey.py refuses a checkout with uncommitted changes (exit 2, saying so) unless --allow-dirty: a row's commit is a
-    commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs.
+    commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs;
+(d) the committed results: every latest row (experiments/survey/survey_table.py's rule) has a clean commit of this
+    history and a command without an absolute path, every manifest entry has rows. Its negative control: a newer CSV
+    in a copy whose row is -dirty, holds /work/..., or names a commit not in the history fails, each named.
 No library, no binary.
 
 Usage: python tests/cli/cli_survey_provenance.py BUILD/streambp   (the binary is not used)
 """
 import contextlib
+import csv
 import io
+import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments" / "survey"))
 import survey  # noqa: E402
+import survey_table  # noqa: E402
+from known_bugs import newest_rows  # noqa: E402
 
 
 def main():
@@ -61,10 +69,40 @@ def main():
             failures.append(f"a dirty checkout: exit {code}, stderr {err.getvalue()!r} (wanted 2, 'uncommitted changes')")
         if Path(tmp, "out", "runs").exists():
             failures.append("a dirty checkout: survey.py made its output folder before refusing")
+    failures += committed_rows()
     for f in failures:
         print("FAIL:", f)
     print("ok" if not failures else f"{len(failures)} failure(s)")
     return 1 if failures else 0
+
+
+def committed_rows():
+    """(d): the committed rows pass the provenance check; a copy with one bad newer row of each kind fails it."""
+    entries = {e["name"]: e for e in json.loads((ROOT / "experiments/survey/implementations.json").read_text())}
+    results = ROOT / "results" / "survey"
+    problems = survey_table.provenance_problems(newest_rows(results), entries)
+    failures = [f"committed results: {p}" for p in problems[:5]] + \
+        ([f"... {len(problems) - 5} more"] if len(problems) > 5 else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in results.glob("survey-*.csv"):
+            shutil.copy(path, tmp)
+        newest = max(results.glob("survey-*.csv"))
+        rows = list(csv.DictReader(open(newest, newline="")))
+        bad = {"hf": {"commit": rows[0]["commit"] + "-dirty"},
+               "hf-ddp": {"command": "/work/wt/x/build/streambp conform --impl hf --out runs"},
+               "deepspeed-tiled": {"command": "build/streambp conform --impl '/root/venv/bin/python a.py'"},
+               "mst": {"commit": "0123456789ab"}}  # a commit not in this history
+        out = [{**rows[0], "implementation": name, "date": "9999", **change} for name, change in bad.items()]
+        with open(Path(tmp, "survey-9999-12-31T00-00-00Z.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, rows[0].keys())
+            writer.writeheader()
+            writer.writerows(out)
+        caught = survey_table.provenance_problems(newest_rows(tmp), entries)
+        for name, why in (("hf", "not a clean commit"), ("hf-ddp", "absolute path /work/wt/x"),
+                          ("deepspeed-tiled", "absolute path /root/venv"), ("mst", "not in this checkout's history")):
+            if not any(p.startswith(name + " ") and why in p for p in caught):
+                failures.append(f"negative control: a {name} row with {why} passes the check ({caught[:4]})")
+    return failures
 
 
 if __name__ == "__main__":

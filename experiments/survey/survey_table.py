@@ -139,7 +139,16 @@ def pins(entry):
     if entry.get("source"):
         words.append(f"{entry['source']['repo']}@{entry['source']['commit'][:7]} (${entry['source']['env']})")
     words += [f"{k}={v}" for k, v in entry.get("env", {}).items()]
-    return ", ".join(words) if entry.get("venv") else "the harness venv (" + ", ".join(words or ["its pins"]) + ")"
+    if entry.get("venv"):
+        return ", ".join(words)
+    from importlib import metadata  # the harness venv's own pins (the Makefile's), as installed where this runs
+    harness = []
+    for package in ("transformers", "peft", "trl"):
+        try:
+            harness.append(f"{package}=={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return "the harness venv (" + ", ".join(harness + words) + ")"
 
 
 def summary(rows, entries):

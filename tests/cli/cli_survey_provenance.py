@@ -8,12 +8,15 @@
 (d) the committed results: every latest row (experiments/survey/survey_table.py's rule) has a clean commit of this
     history and a command without an absolute path, every manifest entry has rows. Its negative control: a newer CSV
     in a copy whose row is -dirty, holds /work/..., or names a commit not in the history fails, each named.
+(e) the survey's torchrun adapters (deepspeed_ulysses.py, arctic_sft.py) decline a step of micro-batches with exit 3
+    before torchrun starts: torchrun reports a rank's exit 3 as 1, a "failed to run" row instead of N/A.
 No library, no binary.
 
 Usage: python tests/cli/cli_survey_provenance.py BUILD/streambp   (the binary is not used)
 """
 import contextlib
 import csv
+import importlib.util
 import io
 import json
 import shutil
@@ -69,7 +72,7 @@ def main():
             failures.append(f"a dirty checkout: exit {code}, stderr {err.getvalue()!r} (wanted 2, 'uncommitted changes')")
         if Path(tmp, "out", "runs").exists():
             failures.append("a dirty checkout: survey.py made its output folder before refusing")
-    failures += committed_rows()
+    failures += committed_rows() + torchrun_declines()
     for f in failures:
         print("FAIL:", f)
     print("ok" if not failures else f"{len(failures)} failure(s)")
@@ -102,6 +105,25 @@ def committed_rows():
                           ("deepspeed-tiled", "absolute path /root/venv"), ("mst", "not in this checkout's history")):
             if not any(p.startswith(name + " ") and why in p for p in caught):
                 failures.append(f"negative control: a {name} row with {why} passes the check ({caught[:4]})")
+    return failures
+
+
+def torchrun_declines():
+    """(e): a micro-batch case is N/A (3, the reason on stderr) from the launcher itself, no process started."""
+    failures = []
+    with tempfile.TemporaryDirectory() as case:
+        Path(case, "model").mkdir()
+        Path(case, "model", "config.json").write_text('{"num_attention_heads": 4, "num_key_value_heads": 2}')
+        Path(case, "case.json").write_text('{"objective": {"name": "sft"}, "ranks": 1, "micro_batches": [[0], [1]]}')
+        for name in ("deepspeed_ulysses", "arctic_sft"):
+            spec = importlib.util.spec_from_file_location(name, ROOT / "verify/conform/survey" / f"{name}.py")
+            adapter = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(adapter)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = adapter.launch(case)
+            if code != 3 or "2 micro-batches" not in err.getvalue():
+                failures.append(f"{name}.py on a micro-batch case: exit {code}, stderr {err.getvalue()[-300:]!r}")
     return failures
 
 

@@ -127,7 +127,8 @@ survey: deps venv
 	@$(MAKE) --no-print-directory build
 	STREAMBP_PYTHON=$(VENV)/bin/python STREAMBP_CACHE=$(CACHE) $(VENV)/bin/python experiments/survey/survey.py \
 	  --streambp $(BUILD)/streambp $(SURVEY_ARGS)
-	$(VENV)/bin/python experiments/survey/known_bugs.py  # results/survey/known-bugs.{csv,md} (issue #45)
+	$(VENV)/bin/python experiments/survey/known_bugs.py; bugs=$$?; \
+	  $(VENV)/bin/python experiments/survey/survey_table.py && exit $$bugs  # known-bugs.{csv,md}, survey.md (issue #45)
 
 clean:
 	rm -rf $(BUILD) $(SANITIZE_BUILD)

@@ -108,6 +108,8 @@ def source_dir(entry):
 
 
 def gpu_problem(entry):
+    if entry.get("not_run"):  # a library listed with why it has no adapter (its path needs what no CPU has)
+        return entry["not_run"]
     if not entry.get("gpu"):
         return None
     try:
@@ -248,7 +250,9 @@ def unavailable_row(entry, provenance, why):
     return {**provenance, "implementation": entry["name"], "library": entry["library"], "version": entry["version"],
             "setting": entry["setting"], "objective": ",".join(entry.get("objectives", [])) or "all",
             "dtype": ",".join(entry.get("dtypes", [])) or "all", "status": "not run",
-            "verdict": why.split(":")[0], "cause": why, "command": ""}
+            "verdict": why.split(":")[0], "cause": why,
+            # no conform ran: the row's command is the survey's own, which gives the same reason on another machine
+            "command": f'make survey SURVEY_ARGS="--only {entry["name"]}"'}
 
 
 def main(argv):

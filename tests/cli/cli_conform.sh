@@ -5,8 +5,9 @@
 #     baseline; the CSV has a row per case with provenance, status passed;
 # (b) implementations that break the protocol are reported per case, naming the tensor or what happened, and the run
 #     goes on to the next case (tests/support/conform_faulty_adapter.py): a crash, no output, a renamed tensor, a NaN, an
-#     extra tensor, an fp64 case's gradients in fp32 (the dtype named), a hang (--timeout), and a gradient off by 1e-6
-#     relative (the fp64 judgement's negative control) or 10% (the low-precision rule's); exit 1, and the results
+#     extra tensor, a flattened matrix (the shapes named), an fp64 case's gradients in fp32 (the dtype named), a hang
+#     (--timeout), and a gradient off by 1e-6 relative (the fp64 judgement's negative control) or 10% (the
+#     low-precision rule's); exit 1, and the results
 #     folder holds only whole files; a NaN loss as Python's json.dumps writes it is named as such, and a loss and
 #     gradients off together name the normaliser; a command that cannot run shows its command, the end of its output
 #     and which python ran it (issue #44);
@@ -61,6 +62,7 @@ check_faulty nothing "wrote no grads.safetensors" "${sft[@]}"
 check_faulty rename "tensor '[^']+' missing; unexpected tensor '[^']+\.renamed'" "${sft[@]}"
 check_faulty nan "has 1 non-finite entries" "${sft[@]}"
 check_faulty extra "unexpected tensor 'model.not_a_parameter'" "${sft[@]}"
+check_faulty shape "tensor '[^']+' has shape \[[0-9]+\], expected \[[0-9]+, [0-9]+\]" "${sft[@]}"
 check_faulty fp32 "grads.safetensors: [0-9]+ of [0-9]+ tensor\(s\) not in the case's dtype float64: '[^']+' is float32" "${sft[@]}"
 check_faulty hang "timed out after 2 s" --only grpo-beta0.04-grpo-token,dpo-3pairs-ls0.1 --timeout 2
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --only grpo-beta0.04-grpo-token,dpo-3pairs-ls0.1,grpo-micro2

@@ -4,13 +4,22 @@
     --out) is left as given;
 (b) an entry's own cases file (its "cases") is read from the checkout and shown relative to it;
 (c) survey.py refuses a checkout with uncommitted changes (exit 2, saying so) unless --allow-dirty: a row's commit is a
-    commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs.
+    commit, not a commit plus edits nobody can see. Checked on a scratch git repository, before any conform runs;
+(d) the committed results: every latest row (experiments/survey/survey_table.py's rule) has a clean commit of this
+    history and a command without an absolute path, every manifest entry has rows. Its negative control: a newer CSV
+    in a copy whose row is -dirty, holds /work/..., or names a commit not in the history fails, each named.
+(e) the survey's torchrun adapters (deepspeed_ulysses.py, arctic_sft.py) decline a step of micro-batches with exit 3
+    before torchrun starts: torchrun reports a rank's exit 3 as 1, a "failed to run" row instead of N/A.
 No library, no binary.
 
 Usage: python tests/cli/cli_survey_provenance.py BUILD/streambp   (the binary is not used)
 """
 import contextlib
+import csv
+import importlib.util
 import io
+import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments" / "survey"))
 import survey  # noqa: E402
+import survey_table  # noqa: E402
+from known_bugs import newest_rows  # noqa: E402
 
 
 def main():
@@ -61,10 +72,59 @@ def main():
             failures.append(f"a dirty checkout: exit {code}, stderr {err.getvalue()!r} (wanted 2, 'uncommitted changes')")
         if Path(tmp, "out", "runs").exists():
             failures.append("a dirty checkout: survey.py made its output folder before refusing")
+    failures += committed_rows() + torchrun_declines()
     for f in failures:
         print("FAIL:", f)
     print("ok" if not failures else f"{len(failures)} failure(s)")
     return 1 if failures else 0
+
+
+def committed_rows():
+    """(d): the committed rows pass the provenance check; a copy with one bad newer row of each kind fails it."""
+    entries = {e["name"]: e for e in json.loads((ROOT / "experiments/survey/implementations.json").read_text())}
+    results = ROOT / "results" / "survey"
+    problems = survey_table.provenance_problems(newest_rows(results), entries)
+    failures = [f"committed results: {p}" for p in problems[:5]] + \
+        ([f"... {len(problems) - 5} more"] if len(problems) > 5 else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in results.glob("survey-*.csv"):
+            shutil.copy(path, tmp)
+        newest = max(results.glob("survey-*.csv"))
+        rows = list(csv.DictReader(open(newest, newline="")))
+        bad = {"hf": {"commit": rows[0]["commit"] + "-dirty"},
+               "hf-ddp": {"command": "/work/wt/x/build/streambp conform --impl hf --out runs"},
+               "deepspeed-tiled": {"command": "build/streambp conform --impl '/root/venv/bin/python a.py'"},
+               "mst": {"commit": "0123456789ab"}}  # a commit not in this history
+        out = [{**rows[0], "implementation": name, "date": "9999", **change} for name, change in bad.items()]
+        with open(Path(tmp, "survey-9999-12-31T00-00-00Z.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, rows[0].keys())
+            writer.writeheader()
+            writer.writerows(out)
+        caught = survey_table.provenance_problems(newest_rows(tmp), entries)
+        for name, why in (("hf", "not a clean commit"), ("hf-ddp", "absolute path /work/wt/x"),
+                          ("deepspeed-tiled", "absolute path /root/venv"), ("mst", "not in this checkout's history")):
+            if not any(p.startswith(name + " ") and why in p for p in caught):
+                failures.append(f"negative control: a {name} row with {why} passes the check ({caught[:4]})")
+    return failures
+
+
+def torchrun_declines():
+    """(e): a micro-batch case is N/A (3, the reason on stderr) from the launcher itself, no process started."""
+    failures = []
+    with tempfile.TemporaryDirectory() as case:
+        Path(case, "model").mkdir()
+        Path(case, "model", "config.json").write_text('{"num_attention_heads": 4, "num_key_value_heads": 2}')
+        Path(case, "case.json").write_text('{"objective": {"name": "sft"}, "ranks": 1, "micro_batches": [[0], [1]]}')
+        for name in ("deepspeed_ulysses", "arctic_sft"):
+            spec = importlib.util.spec_from_file_location(name, ROOT / "verify/conform/survey" / f"{name}.py")
+            adapter = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(adapter)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = adapter.launch(case)
+            if code != 3 or "2 micro-batches" not in err.getvalue():
+                failures.append(f"{name}.py on a micro-batch case: exit {code}, stderr {err.getvalue()[-300:]!r}")
+    return failures
 
 
 if __name__ == "__main__":

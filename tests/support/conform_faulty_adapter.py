@@ -4,7 +4,8 @@ only): MODE is crash (a traceback, exit 1), nothing (exit 0, no files), rename (
 the file $CONFORM_FAULTY_PID_FILE when set), perturb (the protocol kept, one tensor's gradient scaled by 1 + 1e-6 in
 fp64 cases and by 1.1 otherwise: the judgement must fail it), nan-loss (result.json's loss NaN, as json.dumps writes
 it), half-count (the loss and every gradient doubled: divided by half the target count), fp32 (an fp64 case's
-gradients returned in fp32: right values, the wrong dtype). The other modes' gradients
+gradients returned in fp32: right values, the wrong dtype), shape (a matrix's gradient returned flattened: its
+values, the wrong shape). The other modes' gradients
 are the harness's own (streambp_adapter.py), then corrupted.
 
 Usage: python3 conform_faulty_adapter.py MODE STREAMBP_BIN CASE_DIR
@@ -53,6 +54,9 @@ elif mode == "extra":
     entry["data_offsets"] = [len(data), len(data) + end - start]
     data += data[start:end]
     header["model.not_a_parameter"] = entry
+elif mode == "shape":
+    name = next(k for k in names if len(header[k]["shape"]) > 1)
+    header[name]["shape"] = [math.prod(header[name]["shape"])]
 elif mode == "nan":
     start, _ = header[names[0]]["data_offsets"]
     fmt = {"F64": "<d", "F32": "<f"}[header[names[0]]["dtype"]]

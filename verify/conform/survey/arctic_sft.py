@@ -45,9 +45,10 @@ def launch(case_dir):
 
     meta = json.loads((Path(case_dir) / "case.json").read_text())
     name = (meta.get("objective") or {}).get("name")
-    if name != "sft" or meta.get("lora"):  # before any process starts (torchrun turns a rank's exit 3 into 1)
-        why = "LoRA: the survey runs ArcticTraining's full fine-tuning" if name == "sft" else \
-            f"{name}: ArcticTraining's SFT trainer"
+    if name != "sft" or meta.get("lora") or meta.get("micro_batches"):  # before torchrun (it turns exit 3 into 1)
+        why = f"{name}: ArcticTraining's SFT trainer" if name != "sft" else \
+            "LoRA: the survey runs ArcticTraining's full fine-tuning" if meta.get("lora") else \
+            f"{len(meta['micro_batches'])} micro-batches: the entry's steps are its --accum split of one batch"
         print(f"{Path(case_dir).name}: {why}", file=sys.stderr)
         return 3
     ranks = int(meta.get("ranks", 1))

@@ -26,7 +26,12 @@ def launch(case_dir):
     import json
 
     global SP
-    ranks = int(json.loads((Path(case_dir) / "case.json").read_text()).get("ranks", 1))
+    meta = json.loads((Path(case_dir) / "case.json").read_text())
+    if meta.get("micro_batches"):  # said before torchrun, which reports a rank's exit 3 as 1
+        print(f"{Path(case_dir).name}: {len(meta['micro_batches'])} micro-batches: this adapter runs one batch per "
+              "optimizer step", file=sys.stderr)
+        return 3  # protocol.NOT_EXPRESSIBLE
+    ranks = int(meta.get("ranks", 1))
     if ranks > 1:
         SP = ranks  # the case's processes: Ulysses over all of them
     # Ulysses' own refusal (UlyssesSPAttentionHF.__init__), said before torchrun, which reports a rank's exit 3 as 1

@@ -11,7 +11,7 @@ scheme hands its collectives (the metrics' sp_* counters, which equal sequence_s
 
 OUT gets runs.csv (one row per run, with its provenance, load and status), summary.json, and every run's metrics
 CSV, JSON sidecar and log; it is written as OUT.partial and renamed when complete (an earlier OUT is never
-overwritten). Exit 1 if any run failed.
+overwritten). Exit 1 if any run failed, 2 on bad arguments.
 """
 import argparse
 import csv
@@ -117,9 +117,9 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
     if a.steps < 2 or a.rounds < 1 or a.sp < 2:
-        sys.exit("error: --steps >= 2 (the first is not timed), --rounds >= 1 and --sp >= 2")
-    if os.path.exists(a.out):
-        sys.exit(f"error: --out {a.out} exists; results are never overwritten")
+        p.error("--steps >= 2 (the first is not timed), --rounds >= 1 and --sp >= 2")
+    if os.path.exists(a.out) or os.path.exists(a.out + ".partial"):
+        p.error(f"--out {a.out} (or {a.out}.partial) exists; results are never overwritten")
     work = a.out + ".partial"
     os.makedirs(work)
     methods = a.methods.split(";")

@@ -108,14 +108,22 @@ class BackendCommunicator final : public Communicator {
     count("ring_shift", std::int64_t(tensor.nbytes()));
     if (world_ == 1) return out[0].copy_(tensor);
     std::vector<at::Tensor> in = {tensor.contiguous()};
+    const int next = (rank_ + 1) % world_, previous = (rank_ + world_ - 1) % world_;
+    const auto to = "ring_shift (send to rank " + std::to_string(next) + ")",
+               from = "ring_shift (recv from rank " + std::to_string(previous) + ")";
     // Both posted before either is waited on: every rank sends and receives at once (a send first would deadlock on
-    // a backend whose send waits for its receiver).
-    auto sent = group_->send(in, (rank_ + 1) % world_, /*tag=*/0);
-    auto received = group_->recv(out, (rank_ + world_ - 1) % world_, /*tag=*/0);
+    // a backend whose send waits for its receiver). Gloo posts on this thread: a peer already gone throws here.
+    c10::intrusive_ptr<c10d::Work> sent, received;
+    try {
+      sent = group_->send(in, next, /*tag=*/0);
+      received = group_->recv(out, previous, /*tag=*/0);
+    } catch (const std::exception& e) {
+      throw peer_failure(sent ? from : to, e);
+    }
     // Not released: Gloo keeps a point-to-point work referenced past its wait, so release() would spin for its whole
     // second on every hop; a hop's buffers are the ring's own, held by it anyway.
-    wait("ring_shift (send)", sent, /*release_buffers=*/false);
-    wait("ring_shift (recv)", received, /*release_buffers=*/false);
+    wait(to, sent, /*release_buffers=*/false);
+    wait(from, received, /*release_buffers=*/false);
     return out[0];
   }
 
@@ -135,14 +143,17 @@ class BackendCommunicator final : public Communicator {
   // Gloo reports a dead or stalled peer from wait() (its own exception types, std::runtime_error underneath); NCCL's
   // wait() only orders the current stream after the collective and throws when the work already failed (its watchdog
   // aborts the process when a collective outlives the timeout).
-  void wait(const char* what, c10::intrusive_ptr<c10d::Work> work, bool release_buffers = true) const {
+  void wait(const std::string& what, c10::intrusive_ptr<c10d::Work> work, bool release_buffers = true) const {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      throw PeerFailure("rank " + std::to_string(rank_) + ": " + what + " failed (a peer died or stalled?): " +
-                               first_line(e.what()));
+      throw peer_failure(what, e);
     }
     if (copies_buffers_ && release_buffers) release(work);
+  }
+  PeerFailure peer_failure(const std::string& what, const std::exception& e) const {
+    return PeerFailure("rank " + std::to_string(rank_) + ": " + what + " failed (a peer died or stalled?): " +
+                       first_line(e.what()));
   }
   // Gloo's wait() returns when the work's future completes; its worker thread drops its own reference to the work
   // (and so to the tensors the work holds: the inputs, the outputs) only after that. On a busy machine that comes

@@ -5,7 +5,8 @@
 #     BP over the same global batches (T = 37: not divisible; padded rows, masked prompts); the metrics count the
 #     group's collectives as the formula says (sequence_step_collectives);
 #     maxlen --nproc 2 --sp 2 measures T* per rank beside its model;
-# (b) a rank killed mid-run: the launcher exits non-zero naming the rank, no rank left running;
+# (b) a rank killed mid-run, under the all-gather and the ring: the launcher exits non-zero within the timeout naming
+#     the rank, no rank left running; the ring's ranks started by hand: the survivor ends alone as a peer failure;
 # (c) bad input exits 2 naming it: --nproc not a multiple of --sp, --sp on one process, a method that does not run on
 #     a shard (MsT), and ranks started by hand with different --sp.
 # ctest-timeout: 240
@@ -81,27 +82,56 @@ echo "ok: maxlen --nproc 2 --sp 2 measures a longer T* than one process, beside 
 expect_exit_2 "maxlen --sp 2 with MsT" "method mst.* does not run on a sequence-parallel rank's shard" \
   "$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods mst --optimizer adamw --batch 2 --nproc 2 --sp 2
 
-# (b) SIGKILL to one rank of a long run: the survivors' collectives fail, the launcher names the rank.
-"$STREAMBP" train --preset tiny --dtype fp32 --batch 2 --seq 1024 --steps 1000 --method streambp:layer_chunk=128,head_chunk=128 \
-  --nproc 2 --sp 2 --dist-timeout 30 2>kill.log &
-launcher=$!
-victim=""
-for _ in $(seq 1 150); do
+# (b) SIGKILL to one rank of a long run under each scheme (the ring's with blocks in flight most of the step): the
+# launcher names the killed rank within the timeout, exits non-zero, and no rank is left running.
+long=(--preset tiny --dtype fp32 --batch 1 --seq 2048 --steps 1000 --method streambp:layer_chunk=256,head_chunk=256 --sp 2
+      --dist-timeout 10)
+# started PID LOG: waits for step 1 in LOG, then a little into step 2 (a kill lands mid-step, not between steps).
+started() {
+  for _ in $(seq 1 300); do grep -q "^step 1/" "$2" && { sleep 0.2; return 0; }; kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -9 $(jobs -p) 2>/dev/null
+  fail "no step 1 in 30 s:\n$(cat "$2")"
+}
+for scheme in allgather ring; do
+  "$STREAMBP" train "${long[@]}" --nproc 2 --sp-scheme $scheme 2>kill-$scheme.log &
+  launcher=$!
+  started $launcher kill-$scheme.log
   mapfile -t kids < <(pgrep -P $launcher || true)
-  [[ ${#kids[@]} -eq 2 ]] && grep -q "^step 1/" kill.log && { victim=${kids[1]}; break; }
-  sleep 0.2
+  [[ ${#kids[@]} -eq 2 ]] || { kill -9 $launcher; fail "$scheme: ${#kids[@]} ranks running, expected 2"; }
+  victim=$(tr '\0' '\n' </proc/${kids[1]}/environ | sed -n 's/^STREAMBP_RANK=//p')
+  kill -KILL "${kids[1]}"
+  start=$(date +%s)
+  status=0
+  wait $launcher || status=$?
+  elapsed=$(($(date +%s) - start))
+  [[ $status -ne 0 && $status -lt 128 ]] || fail "$scheme: launcher exit $status after SIGKILL to a rank:\n$(cat kill-$scheme.log)"
+  grep -qE "streambp: rank $victim of 2 was killed by signal 9" kill-$scheme.log ||
+    fail "$scheme: the dead rank ($victim) is not named:\n$(cat kill-$scheme.log)"
+  [[ $elapsed -le 10 ]] || fail "$scheme: the survivor took ${elapsed} s to stop (--dist-timeout 10)"
+  [[ -z $(pgrep -P $launcher || true) ]] || fail "$scheme: ranks left running"
+  echo "ok: a killed rank stops the $scheme run in ${elapsed} s: $(grep -m1 'streambp: rank' kill-$scheme.log)"
 done
-[[ -n $victim ]] || { kill -9 $launcher 2>/dev/null; fail "the ranks never started:\n$(cat kill.log)"; }
-kill -KILL "$victim"
+# The ring's ranks started by hand (as torchrun starts them: no launcher to stop the survivor): rank 1 killed, rank 0
+# ends on its own within --dist-timeout as a peer failure (exit 1, the collective it was in named; a hop names its
+# peer), never as an internal error (a hop posted to a dead peer once threw past the communicator: exit 70).
+mkdir -p store
+for r in 0 1; do
+  STREAMBP_RANK=$r STREAMBP_WORLD_SIZE=2 STREAMBP_STORE=$PWD/store/killed "$STREAMBP" train "${long[@]}" --sp-scheme ring \
+    >killed$r.log 2>&1 &
+  pids[r]=$!
+done
+started "${pids[0]}" killed0.log
+kill -KILL "${pids[1]}"
 start=$(date +%s)
 status=0
-wait $launcher || status=$?
+wait "${pids[0]}" || status=$?
 elapsed=$(($(date +%s) - start))
-[[ $status -ne 0 && $status -lt 128 ]] || fail "launcher exit $status after SIGKILL to a rank:\n$(cat kill.log)"
-grep -qE "streambp: rank [0-9] of 2 was killed by signal 9" kill.log || fail "the dead rank is not named:\n$(cat kill.log)"
-[[ $elapsed -le 40 ]] || fail "the survivor took ${elapsed} s to stop"
-[[ -z $(pgrep -P $launcher || true) ]] || fail "ranks left running"
-echo "ok: a killed sequence-parallel rank stops the run in ${elapsed} s: $(grep -m1 'streambp: rank' kill.log)"
+wait "${pids[1]}" 2>/dev/null || true
+[[ $status -eq 1 ]] || fail "the ring's survivor exited $status, expected 1 (a peer failure):\n$(cat killed0.log)"
+grep -qE "^streambp: a peer rank failed: rank 0: [a-z_]+( \((send to|recv from) rank 1\))? failed \(a peer died or stalled\?\)" \
+  killed0.log || fail "the ring's survivor does not say what failed:\n$(cat killed0.log)"
+[[ $elapsed -le 10 ]] || fail "the ring's survivor took ${elapsed} s to stop (--dist-timeout 10)"
+echo "ok: the ring's survivor ends alone in ${elapsed} s: $(grep -m1 -o 'rank 0: .* failed' killed0.log)"
 
 # (c) Bad input.
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method standard)

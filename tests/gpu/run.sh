@@ -62,6 +62,17 @@
 #     1 + 2 x 2 x 4 all-gathers and 2 x 4 reduce-scatters on the group (tiny: 2 layers; an exchange in 4 pieces, one
 #     collective each). Time per step is printed beside one
 #     process's: a ratio on the same GPUs (the CPU's Gloo runs on 2 cores are no speed reference).
+# 10b. The ring (`--sp-scheme ring`, core/training/ring_exchange.cpp, issue #48; never run on a GPU; needs 2 GPUs):
+#     step 10's runs at --nproc 2 --sp 2 with K/V blocks going round the ring (Communicator::ring_shift: NCCL's send
+#     and recv), each saved model against step 10's one process. Expected: `compare --rtol 1e-5` passes, and per step
+#     the group's hops are 2 layers x (3 x (N - 1) + N) = 10 (sp_ring_shift_calls; the formula's
+#     ring_hops_per_layer), one all-gather (the sequence length's check) and no reduce-scatter. Then one step at
+#     T = 16384 (blocks of 8 MiB, beyond NCCL's default 4 MiB buffers) must end within --dist-timeout: ring_shift
+#     posts its send and its recv as two NCCL operations, not one group, and NCCL may hold a send until its receiver
+#     runs (NVIDIA/nccl#479: both ranks sending first to each other can hang); if this run times out naming
+#     ring_shift, the hop needs its send and recv in one NCCL group (the backend's startCoalescing/endCoalescing).
+#     bf16 on CUDA is refused today (its chunk attention is one flash call with no block kernel for the ring's
+#     merge): expected non-zero exit saying so. Time per step is printed beside one process's, a ratio on these GPUs.
 # 11. The survey's GPU-only libraries (issue #33; experiments/survey/implementations.json, adapters in
 #     verify/conform/survey/): Liger-Kernel 0.8.5's patched model with its fused linear cross-entropy, and 0.8.1 in
 #     Liger #968's setting (reduction='none', then the mean by hand); Apple's Cut Cross-Entropy, default and exact;
@@ -78,12 +89,12 @@ BIN=${BUILD:-build}
 STREAMBP=$BIN/streambp
 OUT=results/gpu/$(date -u +%Y-%m-%dT%H-%M-%SZ)
 PY=${PYTHON:-python3}
-mkdir -p "$OUT"
 log() { printf '\n== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
 
 nvidia-smi -L || fail "no GPU visible (nvidia-smi -L failed)"
 [[ -x $STREAMBP ]] || fail "$STREAMBP not built: run make build"
+mkdir -p "$OUT"
 
 log "1. CUDA-only unit tests (meter, budget, CUPTI)"
 ctest --test-dir "$BIN" -R "cuda|cupti" --output-on-failure | tee "$OUT/ctest-cuda.txt"
@@ -259,6 +270,39 @@ print(f"{sys.argv[2]}: the group's collectives per step as expected; BP time {ra
 EOF
     done
   done
+fi
+
+log "10b. the ring over NCCL: --nproc 2 --sp 2 --sp-scheme ring (expected: each equals one process within rtol 1e-5; 10 hops per step; T = 16384 ends; bf16 refused)"
+if (( gpus < 2 )); then
+  echo "skipped: NCCL takes one GPU per rank and this machine has $gpus"
+else
+  for method in streambp:layer_chunk=16,head_chunk=16 checkpoint; do
+    name=${method%%:*}
+    tag=$name-ring
+    "$STREAMBP" train "${sp[@]}" --method "$method" --device cuda --nproc 2 --sp 2 --sp-scheme ring --dist-timeout 300 \
+      --metrics "$OUT/sp-$tag.csv" --save-model "$OUT/sp-$tag" 2>&1 | tee "$OUT/sp-$tag.txt"
+    grep -q "each sequence over 2" "$OUT/sp-$tag.txt" || fail "$tag: no sequence-parallel layout in the progress"
+    "$STREAMBP" compare "$OUT/sp-$name-single/model.safetensors" "$OUT/sp-$tag/model.safetensors" --rtol 1e-5 \
+      | tee "$OUT/sp-compare-$tag.txt"
+    "$PY" - "$OUT/sp-$name-single.csv" "$OUT/sp-$tag.csv" <<'EOF'
+import csv, sys
+one, ring = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
+for r in ring:
+    got = (int(r["sp_ring_shift_calls"]), int(r["sp_all_gather_calls"]), int(r["sp_reduce_scatter_calls"]))
+    assert got == (10, 1, 0), r
+ratio = sum(float(r["bp_seconds"]) for r in ring[1:]) / sum(float(r["bp_seconds"]) for r in one[1:])
+print(f"{sys.argv[2]}: 10 hops per step as the formula says; BP time {ratio:.2f}x one process's (steps 2-4)")
+EOF
+  done
+  "$STREAMBP" train --preset tiny --dtype fp32 --batch 4 --seq 16384 --steps 1 --method streambp:layer_chunk=1024,head_chunk=1024 \
+    --device cuda --nproc 2 --sp 2 --sp-scheme ring --dist-timeout 120 2>&1 | tee "$OUT/sp-ring-large.txt"
+  if "$STREAMBP" train --preset tiny --dtype bf16 --batch 4 --seq 67 --steps 1 --method streambp --device cuda --nproc 2 \
+    --sp 2 --sp-scheme ring >"$OUT/sp-ring-bf16.txt" 2>&1; then
+    fail "bf16 through the ring ran on CUDA: the refusal is gone; make this step check its exactness instead"
+  fi
+  grep -q "the ring's attention runs block kernels" "$OUT/sp-ring-bf16.txt" ||
+    fail "bf16 through the ring failed for another reason: $(tail -3 "$OUT/sp-ring-bf16.txt")"
+  echo "bf16 through the ring on CUDA: refused, as expected ($(grep -m1 -o "the ring's attention runs block kernels.*" "$OUT/sp-ring-bf16.txt"))"
 fi
 
 log "11. the survey's GPU-only libraries through conform"

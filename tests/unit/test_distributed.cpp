@@ -428,3 +428,30 @@ TEST_CASE("ranks of a sequence-parallel group handed sequences of different leng
                                   "of 21"));
   }
 }
+
+TEST_CASE("a ring hop towards a rank that is gone fails as a peer failure naming the hop and the peer, never as an "
+          "internal error (issue #48: a rank killed mid-exchange)", "[distributed][sequence-parallel]") {
+  const sbp::test::TempDir dir("sbp_ring_dead_");
+  std::string error;
+  auto join = [&](int rank) {
+    return sbp::make_gloo_communicator({.rank = rank, .world_size = 2, .file_store = (dir.path() / "store").string(),
+                                        .timeout = std::chrono::seconds(10)});
+  };
+  std::thread peer([&] {
+    auto comm = join(1);
+    comm->ring_shift(at::ones({4}));  // one hop together, then this rank's process group closes (a rank killed)
+  });
+  auto comm = join(0);
+  comm->ring_shift(at::ones({4}));
+  peer.join();
+  // Gloo notices the closed connection on its own thread: by now the next hop's send is refused as it is posted.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  try {
+    comm->ring_shift(at::ones({4}));
+  } catch (const sbp::PeerFailure& e) {
+    error = e.what();
+  }
+  INFO(error);
+  CHECK_THAT(error, Catch::Matches("rank 0: ring_shift \\((send to|recv from) rank 1\\) failed \\(a peer died or "
+                                   "stalled\\?\\): .*"));
+}

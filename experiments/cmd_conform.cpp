@@ -304,7 +304,7 @@ void write_case(const ConformCase& c, const fs::path& dir, const Model& model, c
 std::pair<TensorList, double> oracle(const ConformCase& c, const fs::path& dir, const Batch& batch,
                                      Accumulation accumulation) {
   auto model = load_model_dir(dir / "model", at::kDouble);
-  if (!c.lora.empty()) apply_lora(*model, "", (dir / "adapter").string(), c.batch.seed);
+  if (!c.lora.empty()) apply_lora(*model, {}, (dir / "adapter").string(), c.batch.seed);
   auto objective = make_objective(c.objective);
   auto standard = make_method("standard");
   const auto parts = accumulation == Accumulation::micro_means ? micro_batch_split(c, batch) : std::vector{batch};
@@ -515,7 +515,7 @@ bool ConformRun::run_case(const ConformCase& c) {
   const auto dir = work_.path() / c.name;
   fs::remove_all(dir);
   Model model(c.config, c.dtype, c.batch.seed);
-  apply_lora(model, c.lora, "", c.batch.seed + 1);
+  if (!c.lora.empty()) model.add_lora(parse_lora_spec(c.lora), c.batch.seed + 1);
   auto objective = make_objective(c.objective);
   auto batch = objective->random_batch(c.config, c.batch);
   complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);

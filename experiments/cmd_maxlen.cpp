@@ -179,8 +179,16 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
       table_({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
               "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error", "world_size",
               "zero", "sequence_parallel", "offload", "host_peak_bytes", "model_host_bytes"}) {
+  // --model-only: one process answers for a rank of the layout the flags ask for (its ZeRO stage and groups are the
+  // workload's, not this process's; --zero without --nproc N is still refused), with a rank's one intra-op thread.
   auto flags = a.ranks;
-  if (a.model_only) flags.sp = 1;  // one process answers for a rank of the layout (--model-only)
+  if (a.model_only) {
+    flags.sp = 1;
+    if (flags.nproc > 1) {
+      flags.zero = 0;
+      if (setup_.threads == 0) setup_.threads = 1;
+    }
+  }
   ranks_ = join_ranks(flags, env, setup_);
   writer_ = ranks_.writer();
   objective_ = build_objective(setup_);
@@ -191,10 +199,12 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   // Training: the optimizer's states and update of this model's trainable tensors join every T's workload.
   const auto small = batch_at(std::max(16, 2 * sp_));
   base_workload_ = make_workload(*model_, objective_->prepare(small, model_->config()), small);
-  base_workload_.add(SequenceParallelism{sp_, a.ranks.sp_scheme});
   a.offload.add_to(base_workload_);
-  // Data-parallel: the models are per rank (--model-only runs one process for --nproc N: the flags say the world).
-  set_data_parallel(base_workload_, ranks_.comm ? ranks_.world : a.ranks.nproc, a.ranks.zero, ranks_.device);
+  // The models are per rank: of the ranks joined, or (--model-only) of those the flags ask for.
+  if (a.model_only)
+    a.ranks.add_to(base_workload_, ranks_.device);
+  else
+    ranks_.add_to(base_workload_);
   if (optimizer_) add_optimizer_memory(base_workload_, *model_, *optimizer_);
   prov_ = collect_provenance(command_line, describe_device(ranks_.device));
   if (!a.model_only && writer_) std::filesystem::create_directories(a.output.out_dir);
@@ -261,8 +271,7 @@ Trainer MaxlenSearch::make_trainer(BackpropMethod& method, DataParallel* paralle
   if (a_.offload.optimizer()) options.optimizer_tier = tier;
   if (a_.offload.gradients()) options.gradient_tier = tier;
   if (a_.offload.parameters() && !parallel) options.parameter_tier = tier;  // on ranks: DataParallel's
-  options.sequence_group = ranks_.sequence.get();
-  options.sequence_scheme = ranks_.sp_scheme;
+  ranks_.add_to(options);
   return Trainer(*model_, method, *objective_, options, parallel);
 }
 

@@ -225,7 +225,7 @@ int print_model_only(const RunArgs& a, const BackpropMethod& method, const Workl
                               {"seq_len", batch.seq_len()},
                               {"threads", workload.threads},
                               {"calibration", calibration_json(*workload.workspaces)},
-                              {"provenance", to_json(collect_provenance(command_line, describe_device(a.setup.parsed_device())))}};
+                              {"provenance", to_json(collect_provenance(command_line, describe_device(a.setup.device)))}};
     write_file_atomically(a.json, j.dump(2) + "\n");
   }
   return 0;
@@ -255,7 +255,7 @@ void check_run_flags(const RunArgs& a, c10::Device device) {
     for (const auto& [value, flag] : {std::pair{a.save_grads, "--save-grads"}, {a.timeline, "--timeline"},
                                       {a.op_profile, "--op-profile"}})
       if (!value.empty()) throw InputError(std::string(flag) + " needs a step, and --model-only runs none");
-  if (!a.save_adapter.empty() && a.setup.lora.empty() && a.setup.adapter_dir.empty())
+  if (!a.save_adapter.empty() && !a.setup.lora.enabled() && a.setup.adapter_dir.empty())
     throw InputError("--save-adapter needs --lora or --adapter");
 }
 
@@ -377,7 +377,7 @@ void write_run_record(const RunRecord& r) {
                       {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
                       {"reserved_peak_bytes", m.reserved_peak_bytes >= 0 ? nlohmann::json(m.reserved_peak_bytes)
                                                                          : nlohmann::json()},
-                      {"device", describe_device(a.setup.parsed_device())},
+                      {"device", describe_device(a.setup.device)},
                       {"chunk_attention", chunk_attention_name(r.model)},
                       {"cuda", {{"available", r.cuda}, {"reason", r.cuda_reason}}},
                       {"provenance", to_json(r.prov)}};
@@ -389,7 +389,7 @@ void write_run_record(const RunRecord& r) {
 
 int run_command(const RunArgs& a, const std::string& command_line) {
   a.setup.apply_threads();
-  const auto device = a.setup.parsed_device();
+  const auto device = a.setup.device;
   check_run_flags(a, device);
   const bool random = a.batch_file.empty();
   auto [dtype, model, method, objective] = build_run_parts(a);

@@ -58,7 +58,7 @@ struct Check {
 // multiple of the chunk sizes (so the remainder chunk is exercised too). Standard BP is the reference itself.
 std::map<std::string, Check> check_methods(const ModelSource& source, const std::vector<std::string>& specs,
                                            Objective& objective, const RandomBatchOptions& options,
-                                           const std::string& lora) {
+                                           const LoraConfig& lora) {
   fmt::print("gradient check: fp64, {}, B={}, T={}, every trainable tensor against standard (rtol 1e-10)\n",
              objective.spec(), options.batch_size, options.seq_len);
   auto model = build_model(source, at::kDouble, options.seed);
@@ -332,7 +332,7 @@ void Sweep::add_rows(std::int64_t B, std::int64_t T, const std::vector<std::size
     auto w = workload;
     if (ranks_.comm) {
       add_optimizer_memory(w, *model_, noop_update_);
-      set_data_parallel(w, ranks_.world, ranks_.zero, ranks_.device);
+      ranks_.add_to(w);
     }
     const auto est = (ranks_.comm ? training_memory(*methods_[i], w) : methods_[i]->memory_model(w)).total_bytes();
     const bool reference = specs_[i] == "standard";

@@ -132,7 +132,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   args.setup.apply_threads();
   VerifyArgs a = args;
   // The fp32/bf16 runs go to --device; the fp64 oracle stays on the CPU (the CUDA attention kernels have no fp64).
-  const auto device = a.setup.parsed_device();
+  const auto device = a.setup.device;
   // The bf16 weights every run shares, widened exactly to fp32 and fp64.
   const auto bf16 = build_model(a.setup.source, at::kBFloat16, a.setup.seed);
   const auto& config = bf16->config();

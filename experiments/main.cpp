@@ -134,24 +134,24 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "streambp: error: {}\n", unknown_command(app, argv[1]));
     return sbp::kExitInput;
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help prints and exits 0; every rejection of the command line (an unknown flag, a value of the wrong type or
-    // out of its range, a missing required option) is bad input: exit 2 like every other, not CLI11's own 105-113.
-    // An unknown flag of any command is named first, with the nearest one (as a mistyped command is above).
-    for (const auto& [sub, run] : commands)
-      if (argc > 1 && sub->get_name() == argv[1] && e.get_exit_code() != 0)
-        if (const auto unknown = unknown_option(app, *sub, argc, argv); !unknown.empty()) {
-          fmt::print(stderr, "streambp: error: {}\n", unknown);
-          return sbp::kExitInput;
-        }
-    const int code = app.exit(e);
-    return code == 0 ? 0 : int(sbp::kExitInput);
-  }
-
   const auto command_line = sbp::shell_quote_argv(argc, argv);
+  // Parsing too: a value parsed once CLI11 has accepted the command line (Setup's --device, --lora) throws InputError.
   return sbp::run_with_exit_status([&] {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      // --help prints and exits 0; every rejection of the command line (an unknown flag, a value of the wrong type or
+      // out of its range, a missing required option) is bad input: exit 2 like every other, not CLI11's own 105-113.
+      // An unknown flag of any command is named first, with the nearest one (as a mistyped command is above).
+      for (const auto& [sub, run] : commands)
+        if (argc > 1 && sub->get_name() == argv[1] && e.get_exit_code() != 0)
+          if (const auto unknown = unknown_option(app, *sub, argc, argv); !unknown.empty()) {
+            fmt::print(stderr, "streambp: error: {}\n", unknown);
+            return int(sbp::kExitInput);
+          }
+      const int code = app.exit(e);
+      return code == 0 ? 0 : int(sbp::kExitInput);
+    }
     for (const auto& [sub, run] : commands)
       if (sub->parsed()) return run(command_line);
     return int(sbp::kExitInput);  // require_subcommand(1): not reached

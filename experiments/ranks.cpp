@@ -92,7 +92,7 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
   if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);
   setup.apply_threads();
-  ranks.device = setup.parsed_device();
+  ranks.device = setup.device;
   if (ranks.world == 1) return ranks;
   // A data-parallel CUDA run has one GPU per rank, by its local rank (as torchrun's LOCAL_RANK); --device cuda:N
   // names the GPU of a single process only.
@@ -128,9 +128,23 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   return ranks;
 }
 
-void set_data_parallel(Workload& w, int world, int zero, c10::Device device) {
+namespace {
+void add_rank_features(Workload& w, int world, int zero, int sp, SequenceScheme scheme, c10::Device device) {
   w.add(DataParallelism{.world_size = world, .zero_stage = world > 1 ? zero : 0,
                         .collective_copies = world > 1 && !device.is_cuda()});
+  w.add(SequenceParallelism{std::max(sp, 1), scheme});
+}
+}  // namespace
+
+void RankFlags::add_to(Workload& w, c10::Device device) const {
+  add_rank_features(w, nproc, zero, sp, sp_scheme, device);
+}
+
+void Ranks::add_to(Workload& w) const { add_rank_features(w, world, zero, sp, sp_scheme, device); }
+
+void Ranks::add_to(TrainOptions& options) const {
+  options.sequence_group = sequence.get();
+  options.sequence_scheme = sp_scheme;
 }
 
 Measurement measure_training_on_ranks(Trainer& trainer, const Ranks& ranks, const Batch& batch, int warmup, int repeats,

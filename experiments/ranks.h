@@ -22,6 +22,8 @@ class App;
 namespace sbp {
 
 class Trainer;
+struct TrainOptions;
+struct Workload;
 
 struct RankFlags {
   int nproc = 1;           // ranks on this machine (--nproc); under torchrun, the environment's
@@ -29,6 +31,9 @@ struct RankFlags {
   int dist_timeout = 300;  // seconds a collective or the rendezvous may take before the rank gives up
   int sp = 1;              // ranks each sequence is split over (--sp; train only)
   SequenceScheme sp_scheme = SequenceScheme::allgather;  // how a group exchanges K/V (--sp-scheme)
+  // The ranks these flags ask for, as the memory models' features (Ranks::add_to), on `device`: what one process
+  // predicts for them (maxlen --model-only for --nproc N).
+  void add_to(Workload& w, c10::Device device) const;
 };
 // --nproc, --zero and --dist-timeout; `what` says what each rank does (for --nproc's help).
 void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what);
@@ -56,16 +61,17 @@ struct Ranks {
   int data_world() const { return world / sp; }  // the global batch splits into this many parts
   bool writer() const { return rank == 0; }  // rank 0 writes every output and prints the progress
   std::string describe() const;              // ", 2 ranks (ZeRO-2, Gloo)" or ""
+  // These ranks as the memory models' per-rank features: data parallelism (world 1: one process, stage 0; Gloo, on
+  // the CPU, copies its collectives' buffers, NCCL does not) and sequence parallelism (sp 1: whole sequences). What
+  // Trainer::add_optimizer_memory sets from its features, for a driver that predicts before (or without) a Trainer.
+  void add_to(Workload& w) const;
+  // This rank's sequence group, for the Trainer's sequence-parallel feature (none when sp == 1).
+  void add_to(TrainOptions& options) const;
 };
 // This process's rank (from `env`, see rank_from_environment) with the setup's device and threads applied: one
 // intra-op thread per rank unless --threads; on CUDA the local rank's GPU (NCCL), else Gloo; connected to the others
 // (a FileStore from the launcher or torchrun's TCPStore). One process when `env` is empty.
 Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, const Setup& setup);
-
-// The per-rank memory models' view of `world` ranks at ZeRO stage `zero` on `device` (Gloo, on the CPU, copies its
-// collectives' buffers; NCCL does not): what Trainer::add_optimizer_memory sets from its DataParallel, for a driver
-// that predicts before (or without) building one. World 1: one process, stage 0.
-void set_data_parallel(Workload& w, int world, int zero, c10::Device device);
 
 // Training steps of `trainer` on this rank's rows, measured as measure_training does, but with no budget inside the
 // step (a rank stopped at its budget would leave the others waiting in a collective): every rank runs the step to

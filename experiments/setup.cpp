@@ -1,5 +1,7 @@
 #include "experiments/setup.h"
 
+#include <memory>
+
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
@@ -31,8 +33,6 @@ c10::ScalarType Setup::model_dtype() const {
   if (dtype) return *dtype;
   return source.load_dir.empty() ? c10::kFloat : parse_dtype(read_config_dtype(source.load_dir + "/config.json"));
 }
-
-c10::Device Setup::parsed_device() const { return parse_device(device); }
 
 void Setup::apply_threads() const {
   if (threads > 0) at::set_num_threads(threads);
@@ -67,7 +67,7 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
                      "trainable tensors - all weights, or the LoRA adapters - are fp32 masters with fp32 gradients, "
                      "cast to bf16 where used, like torch.autocast); default: the dtype");
   if (flags.lora)
-    app.add_option("--lora", s.lora, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
+    app.add_option("--lora", s.lora_spec, "LoRA: rank=R,alpha=A,targets=all-linear|q,k,v,o,gate,up,down,init=peft|random "
                    "(alpha default 2R, targets all-linear: PEFT's meaning); the base is frozen");
   if (flags.adapter)
     app.add_option("--adapter", s.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + "
@@ -76,9 +76,15 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
                  "objective spec: " + objectives_usage() + " (keys optional; defaults shown: TRL's)");
   if (flags.group)
     app.add_option("--group", s.group, "GRPO random batch: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
-  if (flags.device) add_device_option(app, s.device);
+  auto device = std::make_shared<std::string>("cpu");
+  if (flags.device) add_device_option(app, *device);
   app.add_option("--threads", s.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   if (flags.seed) app.add_option("--seed", s.seed, "seed of the random weights, adapters and batch");
+  // After every flag CLI11 checks, so that its rejections keep their order; the command then reads typed values.
+  app.final_callback([&s, device] {
+    s.device = parse_device(*device);
+    if (!s.lora_spec.empty()) s.lora = parse_lora_spec(s.lora_spec);
+  });
 }
 
 std::unique_ptr<Model> build_model(const ModelSource& s, c10::ScalarType dtype, std::uint64_t seed) {
@@ -89,12 +95,11 @@ std::unique_ptr<Model> build_model(const ModelSource& s, c10::ScalarType dtype, 
   return std::make_unique<Model>(std::move(config), dtype, seed);
 }
 
-void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed) {
-  const auto requested = lora_spec.empty() ? LoraConfig{} : parse_lora_spec(lora_spec);
+void apply_lora(Model& model, const LoraConfig& lora, const std::string& adapter_dir, std::uint64_t seed) {
   if (!adapter_dir.empty())
-    load_adapter_dir(model, adapter_dir, requested);
-  else if (requested.enabled())
-    model.add_lora(requested, seed);
+    load_adapter_dir(model, adapter_dir, lora);
+  else if (lora.enabled())
+    model.add_lora(lora, seed);
 }
 
 std::unique_ptr<Model> build_model(const Setup& s) {

@@ -12,6 +12,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include "core/io/input_error.h"
+#include "core/model/lora.h"
 
 namespace CLI {
 class App;
@@ -35,16 +36,16 @@ struct Setup {
   ModelSource source;
   std::optional<c10::ScalarType> dtype;       // --dtype; none: the --load checkpoint's torch_dtype, else fp32
   std::optional<c10::ScalarType> grad_dtype;  // --grad-dtype fp32 with --dtype bf16: mixed precision; none: the dtype
-  std::string lora;         // LoRA spec (core/model/lora.h); "": none
+  LoraConfig lora;          // --lora (core/model/lora.h); rank 0: none
+  std::string lora_spec;    // --lora as given, for the resume fingerprint (whose bytes runs already written carry)
   std::string adapter_dir;  // a PEFT adapter folder to load
   std::string objective = "sft";
   std::int64_t group = 0;   // GRPO random batches: completions per prompt (0: the whole batch)
-  std::string device = "cpu";
+  c10::Device device = c10::Device(c10::kCPU);  // --device (experiments/device.h)
   int threads = 0;          // intra-op threads; 0: torch's default
   std::uint64_t seed = 0;   // random weights, adapters and batches
 
   c10::ScalarType model_dtype() const;
-  c10::Device parsed_device() const;  // Throws InputError naming --device (see parse_device)
   // Sets the intra-op threads when asked for; every command calls it first.
   void apply_threads() const;
 };
@@ -57,13 +58,15 @@ struct SetupFlags {
   // nullptr: one of them is required.
   const char* default_preset = nullptr;
 };
+// --lora and --device are parsed once CLI11 has accepted the whole command line (its own rejections come first):
+// app.parse throws InputError naming the flag, which main turns into exit 2.
 void add_setup_options(CLI::App& app, Setup& setup, SetupFlags flags = {});
 
 // The model of one source in `dtype` (a preset or config.json with random weights from `seed`, or an HF checkpoint):
 // Throws InputError unless exactly one of --preset, --config, --load is given.
 std::unique_ptr<Model> build_model(const ModelSource& source, c10::ScalarType dtype, std::uint64_t seed);
-// --lora SPEC and/or --adapter DIR on a freshly built model (nothing when both are empty).
-void apply_lora(Model& model, const std::string& lora_spec, const std::string& adapter_dir, std::uint64_t seed);
+// --lora and/or --adapter DIR on a freshly built model (nothing without either).
+void apply_lora(Model& model, const LoraConfig& lora, const std::string& adapter_dir, std::uint64_t seed);
 
 // The model the setup describes, on the CPU: source in model_dtype(), --lora/--adapter, then --grad-dtype.
 std::unique_ptr<Model> build_model(const Setup& setup);

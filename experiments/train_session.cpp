@@ -56,7 +56,7 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
   const auto& r = a.run;
   return {{"model", r.setup.source.describe()},
           {"precision", precision_name(model.dtype(), model.grad_dtype())},
-          {"lora", r.setup.lora},
+          {"lora", r.setup.lora_spec},
           {"adapter", r.setup.adapter_dir},
           {"objective", objective.spec()},
           {"seed", r.setup.seed},
@@ -227,7 +227,7 @@ void TrainSession::check_outputs() const {
   // The checkpoint folder exists from the start, so that a run killed before its first checkpoint is resumed (from
   // step 0) with the same --resume as any other.
   if (writer_ && a_.save_every > 0) fs::create_directories(plan_.checkpoint_dir);
-  if (!r_.save_adapter.empty() && r_.setup.lora.empty() && r_.setup.adapter_dir.empty())
+  if (!r_.save_adapter.empty() && !r_.setup.lora.enabled() && r_.setup.adapter_dir.empty())
     throw InputError("--save-adapter needs --lora or --adapter");
 }
 
@@ -251,8 +251,7 @@ void TrainSession::build_trainer() {
     parallel_ = std::make_unique<DataParallel>(*comm, ranks_.zero, r_.offload.parameters() ? tier_.get() : nullptr);
   }
   if (r_.offload.parameters() && !parallel_) options_.parameter_tier = tier_.get();
-  options_.sequence_group = ranks_.sequence.get();
-  options_.sequence_scheme = ranks_.sp_scheme;
+  ranks_.add_to(options_);
   trainer_ = std::make_unique<Trainer>(model(), method(), objective(), options_, parallel_.get());
 }
 
@@ -411,7 +410,6 @@ bool TrainSession::first_step_fits(const Batch& batch, const std::string& source
   trainer_->add_optimizer_memory(workload);
   workload.accumulating = micro.size() > 1;
   r_.offload.add_to(workload);
-  workload.add(SequenceParallelism{ranks_.sp, ranks_.sp_scheme});
   estimate_ = training_memory(method(), workload);
   if (a_.no_memory_check) return true;
   const auto why = memory_refusal(method(), workload, model(), weight_bytes_ + trainer_->held_bytes(), ranks_.comm.get());

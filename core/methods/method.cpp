@@ -67,7 +67,7 @@ at::Tensor BackpropMethod::rank_loss(const Model& model, const PreparedObjective
   auto& source = model.kv_source();
   const auto rows = logits.size(1);
   auto objective = prepared;
-  if (prepared.needs_statistics() && !source.is_local()) {
+  if (prepared.needs_statistics() && !source.chunk_holds_sequence(rows, rows)) {
     // A row term couples positions across ranks: its statistics summed over the group first (each block's logits
     // copied, as the pass overwrites what it reads).
     at::NoGradGuard no_grad;

@@ -97,9 +97,9 @@ HeadResult streamed_head(const Model& model, const PreparedObjective& prepared, 
                          std::int64_t head_chunk, PhaseClock& clock) {
   const auto T = h_last.size(1);
   // Objectives whose loss couples positions (DPO's per-row sums) need their statistics before a head chunk that is
-  // not the whole sequence (a source that is not local never holds it: their sum over the group).
+  // not the whole sequence.
   auto objective = prepared;
-  if (prepared.needs_statistics() && (head_chunk < T || !model.kv_source().is_local())) {
+  if (prepared.needs_statistics() && !model.kv_source().chunk_holds_sequence(T, head_chunk)) {
     Phase phase(clock, "statistics");
     objective = statistics_pass(model, prepared, h_last, head_chunk);
   }

@@ -63,6 +63,10 @@ class KVSource {
   // Whether this process holds whole sequences and exchanges nothing. When not (a group, even of one), an objective's
   // row statistics are summed over the group before any term, and only methods that run on shards may step.
   virtual bool is_local() const = 0;
+  // Whether one chunk of at most c of this process's `rows` rows is the whole sequence, so that what couples a row's
+  // positions (an objective's row statistics) is complete within it: locally when c >= rows; never in a group, even
+  // of one (its statistics are summed over the group). A streamed head runs a statistics pass when it is not.
+  bool chunk_holds_sequence(std::int64_t rows, std::int64_t c) const { return is_local() && c >= rows; }
   // This process's positions of `whole` along `dim`, in shard order: `whole` itself for a local source.
   virtual at::Tensor own_positions(const at::Tensor& whole, std::int64_t dim) const = 0;
   // `values` summed over the group in place (an objective's row statistics: each rank saw its positions).

@@ -45,6 +45,7 @@ class SequenceParallelFeature final : public TrainingFeature {
     });
     return held;
   }
+  void describe(Workload& w) const override { w.add(SequenceParallelism{group_.world_size(), scheme_}); }
 
  private:
   Model& model_;

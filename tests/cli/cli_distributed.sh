@@ -100,6 +100,19 @@ for method in {r["method"] for r in rows}:
 PY
 grep -q "B = 2 (1 per rank), 2 ranks (ZeRO-2, Gloo)" maxlen.txt || fail "maxlen does not say its ranks:\n$(cat maxlen.txt)"
 echo "ok: maxlen --nproc 2 --zero 2: $(grep -c 'measured T\*' maxlen.txt) methods searched"
+# --model-only answers for --nproc N --zero S in one process: the T* the ranks' own model gave each method above.
+"$STREAMBP" maxlen --preset tiny --budget-bytes 4000000 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
+  --optimizer adamw:lr=1e-3 --batch 2 --nproc 2 --zero 2 --model-only >model_only.txt 2>&1 ||
+  fail "maxlen --model-only --nproc 2 --zero 2:\n$(cat model_only.txt)"
+python3 - maxlen/maxlen-*.csv model_only.txt <<'PY' || fail "maxlen --model-only --nproc 2 --zero 2:\n$(cat model_only.txt)"
+import csv, re, sys
+ranks = {r["method"]: r["model_max_seq"] for r in csv.DictReader(open(sys.argv[1]))}
+alone = dict(re.findall(r"^(\S+): the model predicts T\* = (\d+) ", open(sys.argv[2]).read(), re.M))
+assert alone == ranks, (alone, ranks)
+print("ok: maxlen --model-only --nproc 2 --zero 2 predicts the ranks' T*:", alone)
+PY
+expect_exit_2 "maxlen --model-only --zero without --nproc" "--zero 2 shards across data-parallel ranks" \
+  "$STREAMBP" maxlen --preset tiny --budget-bytes 4000000 --optimizer adamw --zero 2 --model-only
 "$STREAMBP" sweep seq --preset tiny --seq 128,256 --methods "checkpoint;streambp:layer_chunk=64,head_chunk=64" \
   --batch 2 --nproc 2 --zero 2 --repeats 1 --check-seq 40 --out sweep >sweep.txt 2>sweep.log || fail "sweep --nproc 2:\n$(cat sweep.log)"
 python3 - sweep/seq-*.csv <<'PY' || fail "sweep --nproc 2 CSV:\n$(cat sweep/seq-*.csv)"

@@ -105,6 +105,21 @@ TEST_CASE("flags arrive as enums, parsed once, and name themselves back in the r
     CHECK_THROWS_AS(again.parse(bad, false), CLI::ValidationError);
   }
   CHECK(sbp::Setup{}.model_dtype() == c10::kFloat);  // no --dtype and no --load: fp32
+  // --lora and --device arrive typed (parsed after CLI11's own checks); the spec as given stays for the fingerprint.
+  sbp::Setup typed;
+  CLI::App typed_app;
+  sbp::add_setup_options(typed_app, typed);
+  typed_app.parse("--lora rank=4,targets=q,v --device cpu", false);
+  CHECK(typed.lora.spec() == "rank=4,alpha=8,targets=q,v,init=peft");
+  CHECK(typed.lora_spec == "rank=4,targets=q,v");
+  CHECK(typed.device == c10::Device(c10::kCPU));
+  CHECK(!sbp::Setup{}.lora.enabled());
+  for (const char* bad : {"--lora rank=0", "--device tpu"}) {
+    CLI::App again;
+    sbp::Setup s;
+    sbp::add_setup_options(again, s);
+    CHECK_THROWS_AS(again.parse(bad, false), sbp::InputError);
+  }
   // The words the CSVs and JSON records have always had.
   CHECK(std::string(sbp::step_status_name(sbp::StepStatus::oom)) == "oom");
   CHECK(std::string(sbp::check_status_name(sbp::CheckStatus::reference)) == "reference");

@@ -131,7 +131,7 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
 Batch prepared_random_batch(const Model& model, const Objective& objective, std::int64_t batch_size,
                             std::int64_t seq_len, std::int64_t group, std::uint64_t seed) {
   auto batch = objective.random_batch(model.config(),
-                                      {batch_size, seq_len, 0.0, objective.name() == "sft" ? 0.1 : 0.0, seed, group})
+                                      {batch_size, seq_len, 0.0, objective.default_prompt_fraction(), seed, group})
                    .to(model.device());
   complete_batch(model, objective, batch, "random batch", true, "", model.dtype(), seed);
   objective.prepare(batch, model.config(), std::nullopt, "random batch");  // its checks

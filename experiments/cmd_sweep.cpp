@@ -231,7 +231,7 @@ int Sweep::run() {
   // SFT: 10% of each row is prompt (no loss); GRPO/DPO draw their prompt lengths.
   if (plan_.check_seq_len > 0 && writer_)
     checks_ = check_methods(setup_.source, specs_, *objective_,
-                            {batches.front(), plan_.check_seq_len, 0.0, objective_->name() == "sft" ? 0.1 : 0.0,
+                            {batches.front(), plan_.check_seq_len, 0.0, objective_->default_prompt_fraction(),
                              setup_.seed, setup_.group},
                             setup_.lora);
   for (const auto B : batches)

@@ -140,7 +140,7 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   Model oracle_model(config, at::kDouble, bf16->parameters(), "bf16 weights");
   const auto source = a.batch_file.empty() ? std::string("random batch") : a.batch_file;
   Batch batch = a.batch_file.empty()
-                    ? objective->random_batch(config, {a.measure.batch_size(), a.measure.seq_len(), 0.0, objective->name() == "sft" ? 0.1 : 0.0, a.setup.seed, 0})
+                    ? objective->random_batch(config, {a.measure.batch_size(), a.measure.seq_len(), 0.0, objective->default_prompt_fraction(), a.setup.seed, 0})
                     : read_batch_file(a.batch_file);
   validate_tokens(batch, config, source);
   complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.setup.seed);

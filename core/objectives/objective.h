@@ -151,6 +151,9 @@ class Objective {
 
   // Random batches of this objective's format (--batch/--seq): tokens, masks and the objective's own tensors.
   virtual Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const = 0;
+  // The prompt_fraction of the random batches the commands make (RandomBatchOptions): 0 lets GRPO and DPO draw
+  // their prompts; SFT masks a leading share of labels, so that its checks see masked targets.
+  virtual double default_prompt_fraction() const { return 0.0; }
   // Log-probs a random batch synthesises from the policy's (old_logps, and ref_logps when no reference model is
   // given): when true, the caller computes the policy's per-token log-probs and calls add_synthetic_logps.
   virtual bool wants_policy_logps() const { return false; }

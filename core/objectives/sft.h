@@ -12,6 +12,7 @@ class SftObjective final : public Objective {
   explicit SftObjective(const Spec& spec = Spec{"objective", "sft", {}});
   std::string spec() const override { return "sft"; }
   Batch random_batch(const ModelConfig& config, const RandomBatchOptions& options) const override;
+  double default_prompt_fraction() const override { return 0.1; }
 
  private:
   struct State;

@@ -15,6 +15,7 @@
 #include "core/training/trainer.h"
 #include "profiler/cuda_memory.h"
 #include "core/io/input_error.h"
+#include "core/model/chunk_attention_kernels.h"
 
 namespace sbp {
 
@@ -69,6 +70,15 @@ std::string sequence_layout_problem(int world, int sp) {
   return "";
 }
 
+std::string sequence_scheme_problem(SequenceScheme scheme, c10::DeviceType device, c10::ScalarType dtype) {
+  if (scheme != SequenceScheme::ring) return "";
+  const auto choice = choose_chunk_attention(device, dtype);
+  if (choice.blocks) return "";
+  return fmt::format("--sp-scheme ring runs attention as key blocks, and {} in {} has none ({} takes whole chunks; "
+                     "issue #48): --sp-scheme allgather, or another --dtype", c10::DeviceTypeName(device, true),
+                     c10::toString(dtype), choice.name());
+}
+
 std::string Ranks::describe() const {
   if (world == 1) return "";
   return fmt::format(", {} ranks ({}, {}){}", world, zero == 0 ? "DDP" : fmt::format("ZeRO-{}", zero),
@@ -89,6 +99,9 @@ Ranks join_ranks(const RankFlags& flags, const std::optional<RankEnv>& env, cons
   if (flags.sp_scheme != SequenceScheme::allgather && flags.sp <= 1)
     throw InputError(fmt::format("--sp-scheme {} exchanges K/V within a sequence-parallel group: add --sp N (N >= 2)",
                                  sequence_scheme_name(flags.sp_scheme)));
+  if (const auto problem = sequence_scheme_problem(flags.sp_scheme, setup.device.type(), setup.model_dtype());
+      !problem.empty())
+    throw InputError(problem);
   // The ranks share this machine's cores: one intra-op thread each unless --threads says otherwise.
   if (ranks.world > 1 && setup.threads == 0) at::set_num_threads(1);
   setup.apply_threads();

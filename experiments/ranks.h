@@ -41,6 +41,9 @@ void add_rank_options(CLI::App& app, RankFlags& flags, const std::string& what);
 void add_sequence_parallel_option(CLI::App& app, RankFlags& flags);
 // Why `world` ranks cannot run with --sp `sp` (empty when they can): a command checks it before launching its ranks.
 std::string sequence_layout_problem(int world, int sp);
+// Why a group cannot exchange K/V by `scheme` on `device` in `dtype` (empty when it can): the ring's attention runs
+// key blocks, which CUDA's 16-bit path does not have. Checked before any group forms.
+std::string sequence_scheme_problem(SequenceScheme scheme, c10::DeviceType device, c10::ScalarType dtype);
 
 // The refusal of a global batch of `rows` rows (from `source`: "--batch 3", a batch file) that does not split evenly
 // over `world` ranks, with the sizes that would: every command's --batch is the global batch, each rank takes

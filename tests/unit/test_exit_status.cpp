@@ -12,8 +12,10 @@
 #include <system_error>
 
 #include "core/io/input_error.h"
+#include "core/model/chunk_attention_kernels.h"
 #include "core/io/safetensors.h"
 #include "core/training/communicator.h"
+#include "experiments/ranks.h"
 
 using sbp::run_with_exit_status;
 
@@ -47,4 +49,19 @@ TEST_CASE("exit status: out of memory exits 3, a peer rank's failure 1", "[exit-
           throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)}, "refused 1 GiB");
         }) == sbp::kExitOutOfMemory);
   CHECK(run_with_exit_status([]() -> int { throw sbp::PeerFailure("rank 0: all_reduce failed"); }) == sbp::kExitFailed);
+}
+
+TEST_CASE("the ring on a device and dtype without key-block attention is refused as input before any group forms",
+          "[exit-status][ring-scheme]") {
+  using sbp::SequenceScheme;
+  CHECK(sbp::sequence_scheme_problem(SequenceScheme::ring, c10::kCPU, at::kBFloat16).empty());
+  CHECK(sbp::sequence_scheme_problem(SequenceScheme::ring, c10::kCPU, at::kDouble).empty());
+  // CUDA's 16-bit path (whole-chunk kernels, no key blocks), chosen on this CPU the way tests stand it in: the ring
+  // would fail inside a rank's first step (a TORCH_CHECK: exit 70); join_ranks refuses it as input (exit 2).
+  const sbp::ScopedCpuWholeChunkKernel whole(sbp::cpu_masked_whole_chunk_kernel());
+  const auto problem = sbp::sequence_scheme_problem(SequenceScheme::ring, c10::kCPU, at::kBFloat16);
+  INFO(problem);
+  CHECK_THAT(problem, Catch::Contains("--sp-scheme ring") && Catch::Contains("--sp-scheme allgather"));
+  CHECK(sbp::sequence_scheme_problem(SequenceScheme::allgather, c10::kCPU, at::kBFloat16).empty());
+  CHECK(sbp::sequence_scheme_problem(SequenceScheme::ring, c10::kCPU, at::kFloat).empty());
 }

@@ -157,7 +157,7 @@ class MaxlenSearch {
   Setup setup_;
   Ranks ranks_;
   bool writer_ = false;
-  std::unique_ptr<Objective> objective_;
+  std::shared_ptr<const Objective> objective_;
   std::unique_ptr<Model> model_;
   std::string precision_;
   Workload base_workload_;

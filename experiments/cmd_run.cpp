@@ -282,7 +282,7 @@ void write_op_profile(const RunArgs& a, const std::vector<OpTime>& op_times, con
 }
 
 // The step, unless the memory check refused it (then an oom measurement that says why, with no time and no peak).
-Measurement measure_step(const RunArgs& a, Model& model, BackpropMethod& method, Objective& objective,
+Measurement measure_step(const RunArgs& a, Model& model, BackpropMethod& method, const Objective& objective,
                          const Batch& batch, const MemoryCheck& memory) {
   const bool refused = !memory.fits() && !a.no_memory_check;
   if (!memory.fits() && !refused)

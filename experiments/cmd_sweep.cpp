@@ -41,7 +41,7 @@ namespace sbp {
 namespace {
 
 // Gradients of a step, detached copies (the model's grads are freed by the next step).
-TensorList step_gradients(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch) {
+TensorList step_gradients(Model& model, BackpropMethod& method, const Objective& objective, const Batch& batch) {
   method.step(model, objective, batch);
   TensorList grads;
   for (auto& g : model.gradients()) grads.push_back({g.name, g.tensor.clone()});
@@ -57,7 +57,7 @@ struct Check {
 // fp64, every trainable tensor of every method against standard BP, on the sweep's model with a T that need not be a
 // multiple of the chunk sizes (so the remainder chunk is exercised too). Standard BP is the reference itself.
 std::map<std::string, Check> check_methods(const ModelSource& source, const std::vector<std::string>& specs,
-                                           Objective& objective, const RandomBatchOptions& options,
+                                           const Objective& objective, const RandomBatchOptions& options,
                                            const LoraConfig& lora) {
   fmt::print("gradient check: fp64, {}, B={}, T={}, every trainable tensor against standard (rtol 1e-10)\n",
              objective.spec(), options.batch_size, options.seq_len);
@@ -156,7 +156,7 @@ class Sweep {
   bool writer_ = false;
   std::vector<std::unique_ptr<BackpropMethod>> methods_;
   std::vector<std::string> specs_;  // canonical
-  std::unique_ptr<Objective> objective_;
+  std::shared_ptr<const Objective> objective_;
   std::unique_ptr<Model> model_;
   std::string precision_, preset_;
   Provenance prov_;

@@ -40,7 +40,7 @@ struct RunParts {
   c10::ScalarType dtype;
   std::unique_ptr<Model> model;
   std::unique_ptr<BackpropMethod> method;
-  std::unique_ptr<Objective> objective;
+  std::shared_ptr<const Objective> objective;
 };
 RunParts build_run_parts(const RunArgs& args);
 int run_command(const RunArgs& args, const std::string& command_line);

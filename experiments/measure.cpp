@@ -125,7 +125,7 @@ Measurement measure_on_device(Model& model, const Step& step, const Owned& owned
 
 }  // namespace
 
-Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+Measurement measure_method(Model& model, BackpropMethod& method, const Objective& objective, const Batch& batch,
                            int warmup, int repeats, std::int64_t budget_bytes, bool report_progress) {
   const auto weights = model_weight_bytes(model);
   return measure_on_device(

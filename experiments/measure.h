@@ -48,7 +48,7 @@ struct Measurement {
 // (the step then ends with status "oom"); on CUDA it caps the allocator's reserved bytes, as a GPU of that size would.
 // An allocation the system refuses ends the step with status "oom" too, naming its size. `report_progress`: a long
 // step's phase and layer on stderr (experiments/step_progress.h).
-Measurement measure_method(Model& model, BackpropMethod& method, Objective& objective, const Batch& batch,
+Measurement measure_method(Model& model, BackpropMethod& method, const Objective& objective, const Batch& batch,
                            int warmup, int repeats, std::int64_t budget_bytes, bool report_progress = false);
 
 // measure_method for training steps (BP + optimizer update) of `trainer` on its model: the peak counts the optimizer's

@@ -72,7 +72,8 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   if (flags.adapter)
     app.add_option("--adapter", s.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + "
                    "adapter_model.safetensors)")->check(CLI::ExistingDirectory);
-  app.add_option("--objective", s.objective,
+  auto objective = std::make_shared<std::string>("sft");
+  app.add_option("--objective", *objective,
                  "objective spec: " + objectives_usage() + " (keys optional; defaults shown: TRL's)");
   if (flags.group)
     app.add_option("--group", s.group, "GRPO random batch: completions per prompt (default: the whole batch)")->check(CLI::PositiveNumber);
@@ -81,8 +82,9 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   app.add_option("--threads", s.threads, "intra-op threads (default: torch's)")->check(CLI::NonNegativeNumber);
   if (flags.seed) app.add_option("--seed", s.seed, "seed of the random weights, adapters and batch");
   // After every flag CLI11 checks, so that its rejections keep their order; the command then reads typed values.
-  app.final_callback([&s, device] {
+  app.final_callback([&s, device, objective] {
     s.device = parse_device(*device);
+    s.objective = make_objective(*objective);
     if (!s.lora_spec.empty()) s.lora = parse_lora_spec(s.lora_spec);
   });
 }
@@ -109,6 +111,8 @@ std::unique_ptr<Model> build_model(const Setup& s) {
   return model;
 }
 
-std::unique_ptr<Objective> build_objective(const Setup& s) { return make_objective(s.objective); }
+std::shared_ptr<const Objective> build_objective(const Setup& s) {
+  return s.objective ? s.objective : std::shared_ptr<const Objective>(make_objective("sft"));
+}
 
 }  // namespace sbp

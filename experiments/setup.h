@@ -39,7 +39,9 @@ struct Setup {
   LoraConfig lora;          // --lora (core/model/lora.h); rank 0: none
   std::string lora_spec;    // --lora as given, for the resume fingerprint (whose bytes runs already written carry)
   std::string adapter_dir;  // a PEFT adapter folder to load
-  std::string objective = "sft";
+  // --objective, built from the catalogue once CLI11 has accepted the command line (a bad spec exits 2 naming it);
+  // an objective is immutable, so every step and rank shares this one. Null until then: build_objective gives SFT.
+  std::shared_ptr<const Objective> objective;
   std::int64_t group = 0;   // GRPO random batches: completions per prompt (0: the whole batch)
   c10::Device device = c10::Device(c10::kCPU);  // --device (experiments/device.h)
   int threads = 0;          // intra-op threads; 0: torch's default
@@ -70,6 +72,6 @@ void apply_lora(Model& model, const LoraConfig& lora, const std::string& adapter
 
 // The model the setup describes, on the CPU: source in model_dtype(), --lora/--adapter, then --grad-dtype.
 std::unique_ptr<Model> build_model(const Setup& setup);
-std::unique_ptr<Objective> build_objective(const Setup& setup);
+std::shared_ptr<const Objective> build_objective(const Setup& setup);
 
 }  // namespace sbp

@@ -162,7 +162,7 @@ class TrainSession {
   bool stepped() const { return trainer_->steps_taken() > start_step_; }
   Model& model() const { return *parts_.model; }
   BackpropMethod& method() const { return *parts_.method; }
-  Objective& objective() const { return *parts_.objective; }
+  const Objective& objective() const { return *parts_.objective; }
 
   const TrainArgs& a_;
   const RunArgs& r_;

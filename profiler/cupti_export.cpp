@@ -39,6 +39,16 @@ constexpr int kKernelThread = 2, kMemcpyThread = 3;  // thread 1: append_counter
 
 }  // namespace
 
+const char* cupti_kind_name(CuptiKind kind) {
+  switch (kind) {
+    case CuptiKind::memory: return "memory";
+    case CuptiKind::memory_pool: return "memory_pool";
+    case CuptiKind::memcpy: return "memcpy";
+    case CuptiKind::kernel: return "kernel";
+  }
+  return "unknown";
+}
+
 std::string cupti_losses(const CuptiRecording& recording) {
   return "dropped_records=" + std::to_string(recording.dropped_records) +
          " unconverted_records=" + std::to_string(recording.unconverted_records) +
@@ -48,7 +58,7 @@ std::string cupti_losses(const CuptiRecording& recording) {
 void write_cupti_csv(const CuptiRecording& recording, std::ostream& out) {
   out << "kind,name,start_ns,end_ns,bytes,address,device\n";
   for (const CuptiRecord& r : recording.records)
-    out << r.kind << ',' << csv_field(r.name) << ',' << r.start_ns << ',' << r.end_ns << ',' << r.bytes << ','
+    out << cupti_kind_name(r.kind) << ',' << csv_field(r.name) << ',' << r.start_ns << ',' << r.end_ns << ',' << r.bytes << ','
         << r.address << ',' << r.device << '\n';
   out << "# " << cupti_losses(recording) << '\n';
 }
@@ -66,7 +76,7 @@ void write_cupti_chrome_trace(const CuptiRecording& recording, std::ostream& out
   std::set<std::pair<int, std::string>> memory_tracks;  // (device, memory kind)
   for (const CuptiRecord& r : records) {
     devices.insert(r.device);
-    if (r.kind == "memory") memory_tracks.insert({r.device, r.name});
+    if (r.kind == CuptiKind::memory) memory_tracks.insert({r.device, r.name});
   }
   for (const int device : devices) {
     const auto name = [&](const char* what, const std::string& value) {
@@ -85,14 +95,14 @@ void write_cupti_chrome_trace(const CuptiRecording& recording, std::ostream& out
 
   for (const CuptiRecord& r : records) {
     const double ts = microseconds_since(r.start_ns, origin_ns);
-    if (r.kind == "kernel" || r.kind == "memcpy") {
+    if (r.kind == CuptiKind::kernel || r.kind == CuptiKind::memcpy) {
       const std::uint64_t duration_ns = r.end_ns > r.start_ns ? r.end_ns - r.start_ns : 0;
-      nlohmann::json slice = {{"name", r.name}, {"cat", r.kind}, {"ph", "X"}, {"ts", ts},
+      nlohmann::json slice = {{"name", r.name}, {"cat", cupti_kind_name(r.kind)}, {"ph", "X"}, {"ts", ts},
                               {"dur", static_cast<double>(duration_ns) * 1e-3}, {"pid", r.device},
-                              {"tid", r.kind == "kernel" ? kKernelThread : kMemcpyThread}};
-      if (r.kind == "memcpy") slice["args"] = {{"bytes", r.bytes}};
+                              {"tid", r.kind == CuptiKind::kernel ? kKernelThread : kMemcpyThread}};
+      if (r.kind == CuptiKind::memcpy) slice["args"] = {{"bytes", r.bytes}};
       trace.push_back(std::move(slice));
-    } else if (r.kind == "memory_pool") {
+    } else if (r.kind == CuptiKind::memory_pool) {
       trace.push_back({{"name", "memory pool " + hex_address(r.address)}, {"ph", "C"}, {"ts", ts}, {"pid", r.device},
                        {"args", {{"bytes", r.bytes}}}});
     }

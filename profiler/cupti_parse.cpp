@@ -69,26 +69,26 @@ std::optional<CuptiRecord> convert(const CUpti_Activity& activity) {
       if (m.memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION) change = bytes;
       else if (m.memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE) change = -bytes;
       else return std::nullopt;
-      return CuptiRecord{"memory", memory_kind_name(m.memoryKind), m.timestamp, m.timestamp, change,
+      return CuptiRecord{CuptiKind::memory, memory_kind_name(m.memoryKind), m.timestamp, m.timestamp, change,
                          static_cast<std::int64_t>(m.address), static_cast<int>(m.deviceId)};
     }
     case CUPTI_ACTIVITY_KIND_MEMORY_POOL: {
       const auto& p = reinterpret_cast<const CUpti_ActivityMemoryPool3&>(activity);
       const bool destroyed = p.memoryPoolOperationType == CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_DESTROYED;
-      return CuptiRecord{"memory_pool", pool_operation_name(p.memoryPoolOperationType), p.timestamp, p.timestamp,
+      return CuptiRecord{CuptiKind::memory_pool, pool_operation_name(p.memoryPoolOperationType), p.timestamp, p.timestamp,
                          destroyed ? 0 : static_cast<std::int64_t>(p.size), static_cast<std::int64_t>(p.address),
                          static_cast<int>(p.deviceId)};
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto& c = reinterpret_cast<const CUpti_ActivityMemcpy6&>(activity);
       if (c.start == 0 && c.end == 0) return std::nullopt;  // CUPTI could not time it
-      return CuptiRecord{"memcpy", memcpy_kind_name(static_cast<CUpti_ActivityMemcpyKind>(c.copyKind)), c.start,
+      return CuptiRecord{CuptiKind::memcpy, memcpy_kind_name(static_cast<CUpti_ActivityMemcpyKind>(c.copyKind)), c.start,
                          c.end, static_cast<std::int64_t>(c.bytes), 0, static_cast<int>(c.deviceId)};
     }
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       const auto& k = reinterpret_cast<const CUpti_ActivityKernel10&>(activity);
       if (k.start == 0 && k.end == 0) return std::nullopt;  // CUPTI could not time it (no device memory left)
-      return CuptiRecord{"kernel", demangle(k.name), k.start, k.end, 0, 0, static_cast<int>(k.deviceId)};
+      return CuptiRecord{CuptiKind::kernel, demangle(k.name), k.start, k.end, 0, 0, static_cast<int>(k.deviceId)};
     }
     default: return std::nullopt;
   }

@@ -23,8 +23,12 @@
 
 namespace sbp {
 
+// What a record is; its name in the CSV and the trace's categories is cupti_kind_name's.
+enum class CuptiKind { memory, memory_pool, memcpy, kernel };
+const char* cupti_kind_name(CuptiKind kind);  // "memory", "memory_pool", "memcpy", "kernel"
+
 struct CuptiRecord {
-  std::string kind;  // "memory", "memory_pool", "memcpy", "kernel"
+  CuptiKind kind = CuptiKind::memory;
   // memory: the memory kind ("device", "pinned", "managed", ...); memory_pool: the operation ("created",
   // "destroyed", "trimmed"); memcpy: the direction ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", ...); kernel: the
   // demangled kernel name.

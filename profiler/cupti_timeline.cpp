@@ -16,7 +16,7 @@ CuptiTimeline cupti_memory_timeline(const std::vector<CuptiRecord>& records, int
 
   std::vector<const CuptiRecord*> memory;
   for (const CuptiRecord& r : records)
-    if (r.kind == "memory" && r.device == device && r.name == memory_kind) memory.push_back(&r);
+    if (r.kind == CuptiKind::memory && r.device == device && r.name == memory_kind) memory.push_back(&r);
   // The recorder sorts; hand-made input may not be. Stable: an allocation and a release in the same nanosecond
   // keep CUPTI's order.
   std::stable_sort(memory.begin(), memory.end(),
@@ -47,10 +47,10 @@ CuptiTimeline cupti_memory_timeline(const std::vector<CuptiRecord>& records, int
 CopyOverlap copy_overlap(const std::vector<CuptiRecord>& records, const std::string& direction) {
   CopyOverlap out;
   for (const auto& copy : records) {
-    if (copy.kind != "memcpy" || copy.name != direction) continue;
+    if (copy.kind != CuptiKind::memcpy || copy.name != direction) continue;
     ++out.copies;
     const bool overlaps = std::any_of(records.begin(), records.end(), [&](const CuptiRecord& k) {
-      return k.kind == "kernel" && k.device == copy.device && k.start_ns < copy.end_ns && copy.start_ns < k.end_ns;
+      return k.kind == CuptiKind::kernel && k.device == copy.device && k.start_ns < copy.end_ns && copy.start_ns < k.end_ns;
     });
     if (overlaps) ++out.overlapping;
   }

@@ -48,7 +48,7 @@ std::string checkpoint_name(std::int64_t step) {
 
 }  // namespace
 
-Trainer::Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
+Trainer::Trainer(Model& model, BackpropMethod& method, const Objective& objective, TrainOptions options,
                  DataParallel* parallel)
     : model_(model), method_(method), objective_(objective), options_(std::move(options)),
       features_(make_training_features(model, method, options_, parallel)),

@@ -70,7 +70,7 @@ class Trainer {
   // updates. References are kept: model, method and objective outlive the trainer.
   // With `parallel`, this rank's batches are its rows of the global batch and every step is data-parallel (the
   // gradients summed over ranks at their gradient-ready events, the objective normalised by the global totals).
-  Trainer(Model& model, BackpropMethod& method, Objective& objective, TrainOptions options,
+  Trainer(Model& model, BackpropMethod& method, const Objective& objective, TrainOptions options,
           DataParallel* parallel = nullptr);
   ~Trainer();  // with parameter offload: the model's tensors whole on the device again
   Trainer(Trainer&&);
@@ -131,7 +131,7 @@ class Trainer {
 
   Model& model_;
   BackpropMethod& method_;
-  Objective& objective_;
+  const Objective& objective_;
   TrainOptions options_;
   // What the options and the DataParallel ask for (make_training_features), in the order a step calls them.
   TrainingFeatures features_;

@@ -15,26 +15,26 @@ constexpr std::int64_t kMiB = 1 << 20;
 
 sbp::CuptiRecord alloc(std::int64_t address, std::int64_t bytes, std::uint64_t ns, int device = 0,
                        const std::string& memory_kind = "device") {
-  return {"memory", memory_kind, ns, ns, bytes, address, device};
+  return {sbp::CuptiKind::memory, memory_kind, ns, ns, bytes, address, device};
 }
 
 sbp::CuptiRecord release(std::int64_t address, std::int64_t bytes, std::uint64_t ns, int device = 0,
                          const std::string& memory_kind = "device") {
-  return {"memory", memory_kind, ns, ns, -bytes, address, device};
+  return {sbp::CuptiKind::memory, memory_kind, ns, ns, -bytes, address, device};
 }
 
 // A kernel first (it sets the origin), two device blocks, a copy, a release; a pinned block; device 1's block.
 sbp::CuptiRecording two_device_recording() {
   sbp::CuptiRecording recording;
   recording.records = {
-      {"kernel", "void add<float, 4>(float*)", 1'000, 3'000, 0, 0, 0},
+      {sbp::CuptiKind::kernel, "void add<float, 4>(float*)", 1'000, 3'000, 0, 0, 0},
       alloc(0x1000, kMiB, 2'000),
-      {"memcpy", "HtoD", 2'500, 3'500, 4096, 0, 0},
+      {sbp::CuptiKind::memcpy, "HtoD", 2'500, 3'500, 4096, 0, 0},
       alloc(0x2000, 2 * kMiB, 3'000),
       alloc(0x9000, 65536, 3'200, 0, "pinned"),
       alloc(0x1000, 4 * kMiB, 4'000, 1),  // same address on another device: another block
       release(0x1000, kMiB, 5'000),
-      {"memory_pool", "created", 6'000, 6'000, 8 * kMiB, 0x5000, 0},
+      {sbp::CuptiKind::memory_pool, "created", 6'000, 6'000, 8 * kMiB, 0x5000, 0},
   };
   recording.dropped_records = 7;
   recording.unconverted_records = 3;
@@ -132,7 +132,7 @@ TEST_CASE("cupti_memory_timeline of no records is empty", "[cupti]") {
 TEST_CASE("write_cupti_csv has the documented header, quotes a name with a comma and ends with the losses",
           "[cupti]") {
   sbp::CuptiRecording recording;
-  recording.records = {{"kernel", "void add<float, 4>(float*)", 5'000'500, 5'002'750, 0, 0, 0},
+  recording.records = {{sbp::CuptiKind::kernel, "void add<float, 4>(float*)", 5'000'500, 5'002'750, 0, 0, 0},
                        alloc(0x7f0000000000, 2 * kMiB, 5'000'000)};
   recording.dropped_records = 2;
   recording.unconverted_records = 5;
@@ -210,22 +210,22 @@ TEST_CASE("cupti writers accept no records", "[cupti]") {
 // would show) do not; another device's kernel and a kernel that only touches the copy do not count.
 TEST_CASE("copy_overlap counts the copies that ran while a kernel of their device ran", "[cupti][offload]") {
   const std::vector<sbp::CuptiRecord> overlapped = {
-      {"kernel", "layer 7 backward", 1'000, 5'000, 0, 0, 0},
-      {"memcpy", "HtoD", 2'000, 3'000, 1 << 20, 0, 0},        // the prefetch of H[6] while layer 7 runs
-      {"memcpy", "DtoH", 4'000, 6'000, 1 << 20, 0, 0},        // a store that outlasts the kernel
-      {"kernel", "layer 6 backward", 6'000, 9'000, 0, 0, 0},
-      {"memcpy", "HtoD", 7'000, 8'000, 1 << 20, 0, 0}};
+      {sbp::CuptiKind::kernel, "layer 7 backward", 1'000, 5'000, 0, 0, 0},
+      {sbp::CuptiKind::memcpy, "HtoD", 2'000, 3'000, 1 << 20, 0, 0},        // the prefetch of H[6] while layer 7 runs
+      {sbp::CuptiKind::memcpy, "DtoH", 4'000, 6'000, 1 << 20, 0, 0},        // a store that outlasts the kernel
+      {sbp::CuptiKind::kernel, "layer 6 backward", 6'000, 9'000, 0, 0, 0},
+      {sbp::CuptiKind::memcpy, "HtoD", 7'000, 8'000, 1 << 20, 0, 0}};
   const auto in = sbp::copy_overlap(overlapped, "HtoD");
   CHECK(in.copies == 2);
   CHECK(in.overlapping == 2);
   CHECK(sbp::copy_overlap(overlapped, "DtoH").overlapping == 1);
   // Negative control: the same copies, each between two kernels.
   const std::vector<sbp::CuptiRecord> serialised = {
-      {"kernel", "layer 7 backward", 1'000, 2'000, 0, 0, 0},
-      {"memcpy", "HtoD", 2'000, 3'000, 1 << 20, 0, 0},        // touches both kernels, overlaps neither
-      {"kernel", "layer 6 backward", 3'000, 4'000, 0, 0, 0},
-      {"kernel", "another device's", 4'000, 9'000, 0, 0, 1},
-      {"memcpy", "HtoD", 5'000, 6'000, 1 << 20, 0, 0}};
+      {sbp::CuptiKind::kernel, "layer 7 backward", 1'000, 2'000, 0, 0, 0},
+      {sbp::CuptiKind::memcpy, "HtoD", 2'000, 3'000, 1 << 20, 0, 0},        // touches both kernels, overlaps neither
+      {sbp::CuptiKind::kernel, "layer 6 backward", 3'000, 4'000, 0, 0, 0},
+      {sbp::CuptiKind::kernel, "another device's", 4'000, 9'000, 0, 0, 1},
+      {sbp::CuptiKind::memcpy, "HtoD", 5'000, 6'000, 1 << 20, 0, 0}};
   const auto out = sbp::copy_overlap(serialised, "HtoD");
   CHECK(out.copies == 2);
   CHECK(out.overlapping == 0);

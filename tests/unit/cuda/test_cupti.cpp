@@ -113,7 +113,7 @@ CUpti_ActivityMemoryPool3 pool(CUpti_ActivityMemoryPoolOperationType operation, 
 }
 
 void check_record(const sbp::CuptiRecord& r, const sbp::CuptiRecord& expected) {
-  INFO("expected " << expected.kind << ' ' << expected.name << " at " << expected.start_ns);
+  INFO("expected " << sbp::cupti_kind_name(expected.kind) << ' ' << expected.name << " at " << expected.start_ns);
   CHECK(r.kind == expected.kind);
   CHECK(r.name == expected.name);
   CHECK(r.start_ns == expected.start_ns);
@@ -159,13 +159,13 @@ TEST_CASE("cupti parse_activity_buffer reads CUPTI's memory, pool, memcpy and ke
   CHECK(recording.unreadable_buffers == 0);
   CHECK(recording.dropped_records == 0);  // the caller's to add, from libcupti
   const std::vector<sbp::CuptiRecord> expected = {
-      {"memory", "device", 1000, 1000, kMiB, static_cast<std::int64_t>(kBlock), 0},  // allocation: +size
-      {"memcpy", "HtoD", 1100, 1300, 4096, 0, 0},
-      {"kernel", kFillKernel, 1400, 2400, 0, 0, 0},
-      {"memory_pool", "created", 2500, 2500, 2 * kMiB, 0x5000, 1},
-      {"memory_pool", "destroyed", 2600, 2600, 0, 0x5000, 1},  // a destroyed pool holds nothing
-      {"memory", "device", 3000, 3000, -kMiB, static_cast<std::int64_t>(kBlock), 0},  // release: -size
-      {"memory", "pinned", 3100, 3100, 65536, 0x9000, 0},
+      {sbp::CuptiKind::memory, "device", 1000, 1000, kMiB, static_cast<std::int64_t>(kBlock), 0},  // allocation: +size
+      {sbp::CuptiKind::memcpy, "HtoD", 1100, 1300, 4096, 0, 0},
+      {sbp::CuptiKind::kernel, kFillKernel, 1400, 2400, 0, 0, 0},
+      {sbp::CuptiKind::memory_pool, "created", 2500, 2500, 2 * kMiB, 0x5000, 1},
+      {sbp::CuptiKind::memory_pool, "destroyed", 2600, 2600, 0, 0x5000, 1},  // a destroyed pool holds nothing
+      {sbp::CuptiKind::memory, "device", 3000, 3000, -kMiB, static_cast<std::int64_t>(kBlock), 0},  // release: -size
+      {sbp::CuptiKind::memory, "pinned", 3100, 3100, 65536, 0x9000, 0},
   };
   REQUIRE(recording.records.size() == expected.size());
   for (std::size_t i = 0; i < expected.size(); ++i) check_record(recording.records[i], expected[i]);
@@ -185,7 +185,7 @@ TEST_CASE("cupti memcpy records are named by their copy kind and keep their byte
   const sbp::CuptiRecording recording = parse(buffer);
   REQUIRE(recording.records.size() == kinds.size());
   for (std::size_t i = 0; i < kinds.size(); ++i)
-    check_record(recording.records[i], {"memcpy", kinds[i].second, 100 * i + 10, 100 * i + 50,
+    check_record(recording.records[i], {sbp::CuptiKind::memcpy, kinds[i].second, 100 * i + 10, 100 * i + 50,
                                         static_cast<std::int64_t>(1000 + i), 0, 2});
 }
 
@@ -215,7 +215,7 @@ TEST_CASE("cupti records parse_activity_buffer does not convert are counted, and
   CHECK(recording.unconverted_records == 4);
   CHECK(recording.unreadable_buffers == 0);
   REQUIRE(recording.records.size() == 1);
-  check_record(recording.records[0], {"memory", "device", 40, 40, kMiB, static_cast<std::int64_t>(kBlock), 0});
+  check_record(recording.records[0], {sbp::CuptiKind::memory, "device", 40, 40, kMiB, static_cast<std::int64_t>(kBlock), 0});
 }
 
 TEST_CASE("a cupti buffer the walker rejects counts as unreadable and keeps the records before the bad one",

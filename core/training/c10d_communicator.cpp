@@ -111,14 +111,25 @@ class BackendCommunicator final : public Communicator {
     const int next = (rank_ + 1) % world_, previous = (rank_ + world_ - 1) % world_;
     const auto to = "ring_shift (send to rank " + std::to_string(next) + ")",
                from = "ring_shift (recv from rank " + std::to_string(previous) + ")";
-    // Both posted before either is waited on: every rank sends and receives at once (a send first would deadlock on
-    // a backend whose send waits for its receiver). Gloo posts on this thread: a peer already gone throws here.
+    // Both posted before either is waited on. Under NCCL a send waits for its receiver, and at N = 2 the send and the
+    // recv go to one peer on one stream, run in the order posted: if both ranks posted their send first, each would
+    // wait on a recv queued behind it. So odd ranks post the recv first (any cycle of ranks holds one). Gloo posts
+    // on this thread: a peer already gone throws here.
     c10::intrusive_ptr<c10d::Work> sent, received;
+    const bool send_first = rank_ % 2 == 0;
+    const std::string* posting = send_first ? &to : &from;
     try {
-      sent = group_->send(in, next, /*tag=*/0);
-      received = group_->recv(out, previous, /*tag=*/0);
+      if (send_first) {
+        sent = group_->send(in, next, /*tag=*/0);
+        posting = &from;
+        received = group_->recv(out, previous, /*tag=*/0);
+      } else {
+        received = group_->recv(out, previous, /*tag=*/0);
+        posting = &to;
+        sent = group_->send(in, next, /*tag=*/0);
+      }
     } catch (const std::exception& e) {
-      throw peer_failure(sent ? from : to, e);
+      throw peer_failure(*posting, e);
     }
     // Not released: Gloo keeps a point-to-point work referenced past its wait, so release() would spin for its whole
     // second on every hop; a hop's buffers are the ring's own, held by it anyway.

@@ -68,9 +68,9 @@
 #     the group's hops are 2 layers x (3 x (N - 1) + N) = 10 (sp_ring_shift_calls; the formula's
 #     ring_hops_per_layer), one all-gather (the sequence length's check) and no reduce-scatter. Then one step at
 #     T = 16384 (blocks of 8 MiB, beyond NCCL's default 4 MiB buffers) must end within --dist-timeout: ring_shift
-#     posts its send and its recv as two NCCL operations, not one group, and NCCL may hold a send until its receiver
-#     runs (NVIDIA/nccl#479: both ranks sending first to each other can hang); if this run times out naming
-#     ring_shift, the hop needs its send and recv in one NCCL group (the backend's startCoalescing/endCoalescing).
+#     posts its send and its recv as two NCCL operations; NCCL holds a send until its receiver runs, and at N = 2
+#     both share one stream (NVIDIA/nccl#479), so odd ranks post the recv first. If this run times out naming
+#     ring_shift, that ordering is not enough on this NCCL: put the two in one group (startCoalescing/endCoalescing).
 #     bf16 on CUDA is refused today (its chunk attention is one flash call with no block kernel for the ring's
 #     merge): expected non-zero exit saying so. Time per step is printed beside one process's, a ratio on these GPUs.
 # 11. The survey's GPU-only libraries (issue #33; experiments/survey/implementations.json, adapters in

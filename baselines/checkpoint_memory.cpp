@@ -11,7 +11,7 @@ using namespace memory;
 
 MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
   const Sizes z(w);
-  // Sequence parallelism: the gathered K/V and what changes with them. (The re-forward's all-gather is no peak: the
+  // Sequence parallelism: the exchange's K/V and what changes with them. (The re-forward's all-gather is no peak: the
   // layer's backward holds the gathered K/V with more beside them.)
   const auto shard = shard_attention_bytes(w);
   const auto btd = z.B * z.T * z.d * z.s;
@@ -75,40 +75,18 @@ MemoryEstimate CheckpointBackprop::memory_model(const Workload& w) const {
     attention.terms.push_back({"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients});
     attention.terms.push_back(
         {"attention activations", z.B * z.T * attention_activation_bytes_per_token(w, true) + shard.activations});
-    if (z.sp == 1) {
-      for (const auto& t : attention_backward_terms(w)) attention.terms.push_back(t);
-    } else {
-      for (const auto& t : shard_attention_backward_terms(w)) attention.terms.push_back(t);
-    }
+    for (const auto& t : shard_attention_backward_terms(w)) attention.terms.push_back(t);
     attention.terms.push_back({"input and q/k norm statistics", attention_statistics});
     attention.terms.push_back({"h_mid's gradient", btd});
     moments.push_back(mlp);
     moments.push_back(attention);
-    if (z.sp > 1) {
-      // After the blocks' attention backward (sequence parallelism): their saved q, K/V and outputs are released, and
-      // o_proj's input with o_proj's backward; the whole sequence's K and V gradients become the gathered tensor's
-      // (select's backward pads each into a zeroed [2, B, n_kv, T, hd]: dK, dV and two of those at once, 2.5 times
-      // the gathered K/V), which the exchange then reduce-scatters piece by piece into this rank's share.
-      const auto held = z.B * z.T * (attention_activation_bytes_per_token(w, true) - 2 * c.q_width() * z.s) -
-                        2 * z.B * z.T * c.kv_width() * z.s;
-      MemoryEstimate select{layer + " (K/V gradients)", common};
-      select.terms.insert(select.terms.end(),
-                          {{"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients},
-                           {"attention activations but q, K, V and the outputs", held},
-                           {"input and q/k norm statistics", attention_statistics},
-                           {"h_mid's gradient", btd},
-                           {"q's gradient", z.B * z.T * c.q_width() * z.s},
-                           {"dK, dV and select's zero-padded copies (whole sequence)", 5 * shard.whole_kv / 2, true}});
-      moments.push_back(select);
-      MemoryEstimate scatter{layer + " (dK/dV reduce-scatter)", common};
-      scatter.terms.insert(scatter.terms.end(),
-                           {{"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients},
-                            {"attention activations but q, K, V and the outputs", held},
-                            {"input and q/k norm statistics", attention_statistics},
-                            {"h_mid's gradient", btd}});
-      for (const auto& t : kv_reduce_scatter_terms(w, z.s)) scatter.terms.push_back(t);
-      moments.push_back(scatter);
-    }
+    // Sequence parallelism: the K/V exchange's moments after the attention backward (the all-gather's whole-sequence
+    // dK/dV and their reduce-scatter), the layer's attention graph released.
+    auto held = common;
+    held.insert(held.end(), {{"gradients (this layer's: the MLP's, o_proj's)", earlier + mlp_o_gradients},
+                             {"input and q/k norm statistics", attention_statistics},
+                             {"h_mid's gradient", btd}});
+    for (auto& m : kv_exchange_backward_moments(w, layer, held)) moments.push_back(std::move(m));
     // Full fine-tuning, short sequences: down_proj's weight gradient GEMM (grad^T · product over B·T rows), while
     // the product (its input) and d(product) are alive, with the GEMM's workspace; in mixed precision its output is
     // then widened into the fp32 gradient (after the workspace is gone). Measured on an AVX512_CORE CPU, bf16:

@@ -12,7 +12,7 @@ using namespace memory;
 MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
   const Sizes z(w);
   const auto btd = z.B * z.T * z.d * z.s;
-  const auto shard = shard_attention_bytes(w);  // sequence parallelism: the gathered K/V and what changes with them
+  const auto shard = shard_attention_bytes(w);  // sequence parallelism: the exchange's K/V and what changes with them
   // Peak: log-softmax backward, with every layer's activations still alive and no gradient written yet.
   // Under LoRA the frozen embedding's output needs no gradient: layer 0 keeps less (full_sequence_layer_bytes_per_token).
   // RoPE's cos/sin tables: each layer's rotation makes its own pair for q and one for k ([T, hd] each, per position,
@@ -32,7 +32,7 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                        {"the layers' parameters the graph keeps (ZeRO-3 gathered, or fetched)", kept_layers},
                        {"weight copies (compute dtype)", z.all_copies()},
                        {"layer activations", z.B * z.T * layers + z.L * shard.activations},
-                       {"every layer's whole-sequence K, V (gathered)", z.L * shard.whole_kv, true},
+                       {"every layer's whole-sequence K, V (gathered; the ring: none)", z.L * shard.whole_kv, true},
                        {"RoPE tables", z.L * rope_table_bytes(w, z.T)},
                        {"final norm", z.B * z.T * (final_norm_bytes(z.d, z, false) + z.f)},
                        // Sequence parallelism: the peak is the loss's forward, the method still holding the last
@@ -42,10 +42,11 @@ MemoryEstimate StandardBackprop::memory_model(const Workload& w) const {
                        {"objective buffers", objective_bytes(w)}}};
   std::vector<MemoryEstimate> moments = feature_moments(w, /*streamed=*/false);
   moments.push_back(head);
-  // Sequence parallelism: a layer's backward (its K/V gradients of the whole sequence, select's zero-padded copies,
-  // the reduce-scatter, as checkpointing's model has them) is not a moment here: it holds less than the head's
-  // moment (every layer's graph is alive at both; the head adds 2.5 [B, t, V] of logits where a layer adds 1.5x its
-  // gathered K/V, 3 N t kv_width bytes: V = 151936 against N kv_width = 32 x 1024 at Qwen3-8B's size).
+  // Sequence parallelism: a layer's backward (the exchange's: the all-gather's K/V gradients of the whole sequence,
+  // select's zero-padded copies, the reduce-scatter; the ring's blocks and sums, as checkpointing's model has them) is
+  // not a moment here: it holds less than the head's moment (every layer's graph is alive at both; the head adds 2.5
+  // [B, t, V] of logits where a layer adds 1.5x its gathered K/V, 3 N t kv_width bytes: V = 151936 against
+  // N kv_width = 32 x 1024 at Qwen3-8B's size; the ring's a few [t, kv_width] and [t, q_width] blocks).
   // Then the lm_head's GEMMs, the loss's tensors gone (the peak at short T and a large vocabulary).
   {
     auto gemms = head;

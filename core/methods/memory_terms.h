@@ -159,19 +159,24 @@ struct Sizes {
 void require_whole_sequences(const Workload& w, const std::string& method);
 
 // Sequence parallelism inside Model::attention_block (standard BP and checkpointing; ARCHITECTURE.md §16), on rank 0
-// (the shard sizes z.T; its last block ends at the sequence's end). What one layer's graph keeps beyond one process's
-// over the same positions, and what its attention backward makes; zero / empty when sp == 1.
+// (the shard sizes z.T; its last block ends at the sequence's end), through the workload's K/V exchange (the all-gather
+// or the ring: sequence_parallel_memory.cpp picks its terms). What one layer's graph keeps beyond one process's over
+// the same positions, and what its attention backward makes; zero / empty when sp == 1.
 struct ShardAttention {
-  std::int64_t whole_kv = 0;  // the gathered [2, B, n_kv, T, hd], kept by the blocks' attention
-  // Added to one process's activations over the shard: the rotated K and V are not kept (they went into the exchange),
-  // the blocks' attention outputs are (beside o_proj's input, which is their concatenation).
+  std::int64_t whole_kv = 0;  // the gathered [2, B, n_kv, T, hd], kept by the blocks' attention (the ring: none)
+  // Added to one process's activations over the shard (the all-gather: the rotated K and V are not kept, they went
+  // into the exchange, the blocks' attention outputs are beside o_proj's input; the ring: its merged output is).
   std::int64_t activations = 0;
 };
 ShardAttention shard_attention_bytes(const Workload& w);
-// The attention backward of the shard's last block (the most keys), as the baselines' graphs run it under sequence
-// parallelism: o_proj's input gradient, the block's dK/dV over its keys (model dtype), its dO/dQ (fp32) and its key
-// blocks' backward; one process's are attention_backward_terms.
+// A layer's attention backward as the baselines' graphs run it, at its largest moment: one process's
+// (attention_backward_terms), or the exchange's over the shard.
 std::vector<MemoryTerm> shard_attention_backward_terms(const Workload& w);
+// The exchange's moments after a layer's attention backward, each `held` (what the layer's backward holds then) and
+// its own terms, named after `layer` (the all-gather: the whole sequence's dK/dV and their reduce-scatter; none when
+// sp == 1 or for the ring, whose sums travel inside the attention backward).
+std::vector<MemoryEstimate> kv_exchange_backward_moments(const Workload& w, const std::string& layer,
+                                                         const std::vector<MemoryTerm>& held);
 // The reduce-scatter of the whole sequence's dK/dV ([2, B, n_kv, T, hd], `element_bytes` per element) into this rank's
 // share, one piece at a time (SequenceParallel::scatter_sum): the whole gradient, the share, every rank's padded piece
 // packed into one [N, ...] buffer (and the backend's clone), the piece summed.

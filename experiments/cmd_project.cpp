@@ -190,8 +190,13 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
       ->check(CLI::PositiveNumber);
   app.add_option("--nproc", a.nproc, "with --sp: the devices in all (data-parallel groups of --sp; default --sp)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--sp-scheme", a.sp_scheme, "with --sp: the K/V exchange projected; allgather (ring: refused until "
-                 "its memory model holds in bf16, issue #48)")->check(CLI::IsMember({"allgather", "ring"}));
+  app.add_option("--sp-scheme", a.sp_scheme, "with --sp: the K/V exchange projected: allgather (the default: every "
+                 "rank holds a layer's whole K/V) or ring (each rank its own; the blocks go round)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, SequenceScheme>{{"allgather", SequenceScheme::allgather},
+                                                                                {"ring", SequenceScheme::ring}}));
+  app.add_option("--host-bytes-per-node", a.host_bytes_per_node, "with --sp and --offload: the host memory of a node "
+                 "of 8 devices; a T whose offload tier does not fit it is host-bound")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   add_output_options(app, a.output, "results folder");
 }
 
@@ -276,10 +281,8 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   if (a.zero > 0 && a.world_sizes.empty())
     throw InputError("--zero " + std::to_string(a.zero) + " needs --world N (the GPUs of the data-parallel "
                                 "run, e.g. --world 3,4,5,6,7,8)");
-  if (a.sp_scheme == "ring")
-    throw InputError("project --sp-scheme ring: not projected yet: the ring's memory model is held by the meter in "
-                     "fp64 only, not in bf16, the projection's dtype (issue #48 item 4); --sp-scheme allgather, or "
-                     "maxlen --sp-scheme ring");
+  if (a.sp == 0 && a.sp_scheme != SequenceScheme::allgather)
+    throw InputError("--sp-scheme needs --sp N (the projection of a sequence split over N devices)");
   if (a.sp > 0) return project_sequence_parallel(a, command_line);
   if (a.nproc > 0) throw InputError("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);

@@ -148,7 +148,9 @@ struct ProjectArgs {
   // Sequence parallelism beside ALST (experiments/project_sequence.cpp): each sequence over sp ranks of nproc
   // (0: nproc = sp).
   int sp = 0, nproc = 0;
-  std::string sp_scheme = "allgather";  // only the all-gather is projected so far (issue #48 items 3-4)
+  SequenceScheme sp_scheme = SequenceScheme::allgather;
+  // The host memory of a node of 8 devices, which the offload tier must fit (ALST's nodes had 1.9 TB per 8 H100s).
+  double host_bytes_per_node = 2e12;
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);

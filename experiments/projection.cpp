@@ -29,7 +29,7 @@ std::vector<OffloadSet> offload_sets(const OffloadOptions& asked) {
 }
 
 Workload alst_workload(const ModelConfig& config, const Objective& objective, const OffloadSet& offload, int world,
-                       int zero, int sequence_parallel) {
+                       int zero, int sequence_parallel, SequenceScheme scheme) {
   Workload w;
   w.config = config;
   w.dtype = c10::kBFloat16;
@@ -39,7 +39,7 @@ Workload alst_workload(const ModelConfig& config, const Objective& objective, co
   w.threads = 1;
   w.workspaces = no_kernel_workspaces();  // the GPU's are the floor term, not a CPU calibration's
   w.add(DataParallelism{.world_size = world, .zero_stage = world > 1 ? zero : 0, .collective_copies = false});  // NCCL
-  w.add(SequenceParallelism{sequence_parallel});
+  w.add(SequenceParallelism{sequence_parallel, scheme});
   add_projected_optimizer(w, OptimizerOptions{});  // AdamW's defaults; this rank's slices under ZeRO 1-3
   if (offload.checkpoints) w.add(Offload{OffloadKind::checkpoints});
   if (offload.optimizer) w.add(Offload{OffloadKind::optimizer});
@@ -49,9 +49,15 @@ Workload alst_workload(const ModelConfig& config, const Objective& objective, co
 }
 
 std::int64_t max_projected_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t multiple) {
+  return max_projected_seq_where(method, std::move(w), multiple,
+                                 [&](const MemoryEstimate& e) { return e.total_bytes() <= budget; });
+}
+
+std::int64_t max_projected_seq_where(const BackpropMethod& method, Workload w, std::int64_t multiple,
+                                     const std::function<bool(const MemoryEstimate&)>& fits_estimate) {
   const auto fits = [&](std::int64_t k) {
     w.seq_len = k * multiple;
-    return training_memory(method, w).total_bytes() <= budget;
+    return fits_estimate(training_memory(method, w));
   };
   std::int64_t lo = 1, hi = (std::int64_t(1) << 26) / multiple;
   if (!fits(lo)) return 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,16 @@ std::vector<OffloadSet> offload_sets(const OffloadOptions& asked);
 
 // Llama/Qwen-8B-style full SFT with AdamW, bf16 everything, batch 1, no CPU calibration (a GPU's workspaces are the
 // floor term of the budget): on `world` ranks at ZeRO `zero` (NCCL: no collective copies), each sequence split over
-// `sequence_parallel` of them.
+// `sequence_parallel` of them, exchanging K/V by `scheme`.
 Workload alst_workload(const ModelConfig& config, const Objective& objective, const OffloadSet& offload, int world = 1,
-                       int zero = 0, int sequence_parallel = 1);
+                       int zero = 0, int sequence_parallel = 1,
+                       SequenceScheme scheme = SequenceScheme::allgather);
 
 // The largest T whose modelled device peak fits `budget` (0 if none), by bisection up to 2^26; T a multiple of
 // `multiple` (a sequence split over ranks: at least one position each, so the bisection starts there).
 std::int64_t max_projected_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t multiple = 1);
+// The same bisection for any bound that grows with T: the largest T whose training step's estimate `fits`.
+std::int64_t max_projected_seq_where(const BackpropMethod& method, Workload w, std::int64_t multiple,
+                                     const std::function<bool(const MemoryEstimate&)>& fits);
 
 }  // namespace sbp

@@ -5,8 +5,9 @@
 #     not divisible; padded rows, masked prompts); LoRA, GRPO, DPO and N = 3, 4 are test_ring_attention's, in process;
 # (b) maxlen --sp 2 under one per-rank budget: the ring's T* (measured and modelled) exceeds the all-gather's, since
 #     no rank holds the whole sequence's K/V and their sums;
-# (c) bad input exits 2 naming it: the ring without --sp, project with the ring (its model not held in bf16 yet), and ranks
-#     started by hand with different --sp-scheme (before any group forms).
+# (c) bad input exits 2 naming it: the ring without --sp, project's --sp-scheme without --sp or not a scheme, and ranks
+#     started by hand with different --sp-scheme (before any group forms);
+# (d) project --sp 8 under each scheme (below).
 # ctest-timeout: 300
 source "$(dirname "$0")/../support/cli_common.sh"
 
@@ -53,7 +54,40 @@ PY
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method streambp)
 expect_exit_2 "--sp-scheme ring without --sp" "--sp-scheme ring exchanges K/V within a sequence-parallel group" \
   "$STREAMBP" train "${small[@]}" --nproc 2 --sp-scheme ring
-expect_exit_2 "project --sp-scheme ring" "project --sp-scheme ring: not projected yet" \
-  "$STREAMBP" project --sp 8 --sp-scheme ring
+expect_exit_2 "project --sp-scheme without --sp" "--sp-scheme needs --sp N" "$STREAMBP" project --sp-scheme ring
+expect_exit_2 "project --sp-scheme that does not exist" "--sp-scheme" "$STREAMBP" project --sp 8 --sp-scheme ulysses
+
+# (d) project --sp 8 under each scheme: the ring's rows beside ALST's and UPipe's, a verdict on the goal, what stops a
+#     longer T, and the host bound (offloaded bytes per node of 8 devices within 2 TB).
+for scheme in allgather ring; do
+  "$STREAMBP" project --sp 8 --sp-scheme $scheme --offload checkpoints,optimizer --out "project-$scheme" \
+    >"project-$scheme.txt" 2>&1 || fail "project --sp-scheme $scheme:\n$(cat "project-$scheme.txt")"
+  grep -q "| ALST, measured .* | 3.7M |" "project-$scheme.txt" || fail "no ALST row:\n$(cat "project-$scheme.txt")"
+  grep -q "| UPipe, measured .* | 5.0M |" "project-$scheme.txt" || fail "no UPipe row:\n$(cat "project-$scheme.txt")"
+  grep -qE "^Goal .* 10M: (met|not met) " "project-$scheme.txt" || fail "no verdict:\n$(cat "project-$scheme.txt")"
+  grep -q "^What stops a longer T: " "project-$scheme.txt" || fail "nothing stops T:\n$(cat "project-$scheme.txt")"
+done
+# A node of 0.5 TB: the checkpoints in the tier bind before the device does.
+"$STREAMBP" project --sp 8 --sp-scheme ring --offload checkpoints,optimizer --host-bytes-per-node 5e11 \
+  --out project-host >project-host.txt 2>&1 || fail "project --host-bytes-per-node:\n$(cat project-host.txt)"
+grep -q "^What stops a longer T: the host" project-host.txt || fail "not host-bound:\n$(cat project-host.txt)"
+csvs=(project-allgather/project-sp8-*.csv project-ring/project-sp8-*.csv project-host/project-sp8-*.csv)
+python3 - "${csvs[@]}" <<'PY' || fail "project CSVs"
+import csv, sys
+gathered, ring, host = (list(csv.DictReader(open(p))) for p in sys.argv[1:4])
+for rows, scheme in ((gathered, "allgather"), (ring, "ring"), (host, "ring")):
+    assert len(rows) == 8 and {r["sp_scheme"] for r in rows} == {scheme}, rows
+    for r in rows:
+        T, device, host_T = int(r["model_max_seq"]), int(r["device_max_seq"]), r["host_max_seq"]
+        assert T == (min(device, int(host_T)) if host_T else device), r
+        assert float(r["host_bytes_per_node"]) == 8 * int(r["host_bytes"]), r
+        assert (int(r["whole_sequence_bytes"]) == 0) == (scheme == "ring"), r  # the ring holds no whole-sequence term
+bound = [r for r in host if r["host_max_seq"]]
+assert bound and all(int(r["host_max_seq"]) < int(r["device_max_seq"]) for r in bound), host
+assert all(int(r["host_bytes_per_node"]) <= 5e11 for r in bound), bound
+best = lambda rows: max(int(r["model_max_seq"]) for r in rows if r["preset"] == "llama-3.1-8b")
+assert best(ring) > best(gathered), (best(ring), best(gathered))
+print(f"ok: project --sp 8 (Llama-3.1-8B, best offload): ring {best(ring) / 1e6:.2f}M, all-gather {best(gathered) / 1e6:.2f}M")
+PY
 expect_ranks_disagree "ranks with different --sp-scheme" "disagree on --sp-scheme \(ring and allgather\)" \
   --sp-scheme allgather ring "${small[@]}" --sp 2 --dist-timeout 30

@@ -92,11 +92,46 @@ std::vector<MemoryEstimate> ring_layer_moments(const Workload& w, const Sizes& z
   const auto output_chunk = z.B * c * (mlp_activation_bytes_per_token(w) - I * z.s) + out +
                             2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
   const auto dO_dQ = 2 * rows * qw * z.f;
+  // A chunk's key-block backward (key_block_backward) at its largest tile: a whole part of another rank's shard (the
+  // zig-zag's 2N parts; bf16 tiles of at most 1024 keys, upcast to fp32) or its own causal block of c keys. Beyond
+  // its inputs: the tile's dK/dV (and in bf16 its fp32 K/V and q), the block's dQ before it is added, the kernel's
+  // scratch.
+  const bool upcast = z.f > z.s;
+  const auto part = (z.Tg + 2 * N - 1) / (2 * N);
+  const auto tile_keys = upcast ? std::min<std::int64_t>(1024, part) : part;
+  const auto tile = [&](std::int64_t keys, bool causal) {
+    return (upcast ? 4 : 2) * z.B * keys * kw * z.f + (upcast ? 2 : 1) * z.B * c * qw * z.f +
+           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, causal);
+  };
+  const auto key_block = std::max(tile(tile_keys, false), tile(c, true));
+  // A chunk's merge of one tile (merge_key_block), in the merge dtype: the tile's output and the two rescaled outputs
+  // beside the old and the new merged one (in bf16 also q's fp32 copy), and six [c, n_h] log-sum-exp steps.
+  const auto merge_step = z.B * c * (qw * (upcast ? 5 : 4) + 6 * cfg.num_attention_heads) * z.f;
+  // A chunk's queries' backward (StreamedBackward::q_backward: RoPE, q_norm, q_proj, the input norm): seven [c, d]
+  // gradients and saved values in the merge dtype, the normed input and its q projection in the model dtype (LoRA:
+  // the projection only), in bf16 their fp32 copies, the RoPE table of its positions. Measured with the meter's
+  // timeline (tiny, N = 2 and 3, T = 512 and 2048, fp64 and bf16, with and without LoRA).
+  const auto q_chunk = z.B * c * (7 * z.d * z.f + ((z.lora ? 1 : 2) + (upcast ? 2 : 0)) * z.d * z.s + z.f) +
+                       rope_table_bytes(w, c) / 2;
+  // The output backward's MLP GEMMs: their workspace (the input gradient's, and down_proj's weight gradient's in full
+  // fine-tuning), as a chunk's in one process.
+  const auto out_gemm = std::max(gemm_workspace_bytes(w, z.B * c, I, z.d, false),
+                                  z.lora ? 0 : gemm_workspace_bytes(w, z.d, I, z.B * c, true));
   return {
       with("ring merge (recomputed)", {{"the block in flight (received)", (N > 2 ? 2 : 1) * block}}),
+      with("ring merge of a chunk", {{"the block received", N > 1 ? block : 0}, {"a chunk's merge step", merge_step}}),
       with("ring output backward", {{"layer gradient sums (none for one chunk)", layer_sums},
                                     {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.f},
-                                    {"a chunk's output backward", output_chunk}}),
+                                    {"a chunk's output backward", output_chunk + out_gemm}}),
+      with("ring key-block backward", {{"layer gradient sums (none for one chunk)", layer_sums},
+                                       {"dO, dQ of every chunk", dO_dQ},
+                                       {"the block received", block},
+                                       {"its dK/dV sums", sums},
+                                       {"a key tile's backward", key_block}}),
+      with("ring queries' backward", {{"layer gradient sums (none for one chunk)", layer_sums},
+                                      {"dO, dQ of every chunk", dO_dQ},
+                                      {"the dK/dV sums home", sums},
+                                      {"a chunk's queries' backward", q_chunk}}),
       with("ring dK/dV hop", {{"layer gradient sums (none for one chunk)", layer_sums},
                               {"dO, dQ of every chunk", dO_dQ},
                               {"the block in flight (received)", (N > 2 ? 2 : 1) * block},

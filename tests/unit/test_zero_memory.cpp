@@ -380,43 +380,55 @@ TEST_CASE("per-rank memory models of sequence-parallel training steps with stand
        << " runs (closest " << closest_control << ")");
 }
 
-TEST_CASE("the ring's per-rank memory model (StreamBP inside each rank, N = 2 and 3, fp64) matches the measured peaks "
-          "within 3 percent, and without its in-flight block or as the all-gather's it misses",
+TEST_CASE("the ring's per-rank memory model (StreamBP inside each rank, N = 2 and 3, fp64, bf16 and LoRA) matches the "
+          "measured peaks within 3 percent, and without its in-flight block or as the all-gather's it misses",
           "[training][meter][memory-model][sequence-parallel][ring]") {
-  struct Shape {
+  struct Point {
     std::int64_t T;
     std::string spec;
+    int sp;
+    c10::ScalarType dtype;
+    std::string lora;
   };
   double worst = 0;
   int controls = 0;
   // T = 512: a layer's chunks are the larger part; T = 2048 with small chunks: the ring's blocks and the rank's
-  // queries, merged outputs and dO/dQ are.
-  for (const auto& shape : {Shape{512, "streambp:layer_chunk=64,head_chunk=64"},
-                            Shape{2048, "streambp:layer_chunk=16,head_chunk=256"}})
-    for (const int sp : {2, 3}) {
-      const auto m = measure_rank(shape.spec, "", 512, shape.T, sp, 0, at::kDouble, nullptr, {}, sp,
-                                  sbp::SequenceScheme::ring);
-      const double ratio = double(m.peak) / double(m.model.total_bytes());
-      const double allgather = double(m.peak) / double(m.allgather_model.total_bytes());
-      std::int64_t in_flight = 0;  // negative control: the model with the block in flight dropped
-      for (const auto& t : m.model.terms)
-        if (t.name.find("in flight") != std::string::npos) in_flight += t.bytes;
-      const double dropped = double(m.peak) / double(m.model.total_bytes() - in_flight);
-      INFO("T " << shape.T << " " << shape.spec << " ring of " << sp << ": measured " << m.peak << ", model "
-                << m.model.total_bytes() << " (ratio " << ratio << ") at " << describe(m.model)
-                << "; without the block in flight: ratio " << dropped << "; the all-gather's model: ratio "
-                << allgather);
-      CHECK(std::abs(ratio - 1.0) <= 0.03);
-      worst = std::max(worst, std::abs(ratio - 1.0));
-      if (shape.T == 2048) {
-        CHECK(in_flight > 0);
-        CHECK(std::abs(dropped - 1.0) > 0.03);
-        CHECK(std::abs(allgather - 1.0) > 0.03);
-        ++controls;
-      }
+  // queries, merged outputs and dO/dQ are. bf16 (fp32 merges, sums and tiles) and LoRA (no fresh weight gradients)
+  // at both.
+  const std::string wide = "streambp:layer_chunk=64,head_chunk=64", narrow = "streambp:layer_chunk=16,head_chunk=256";
+  const std::vector<Point> points = {{512, wide, 2, at::kDouble, ""},
+                                     {512, wide, 3, at::kDouble, ""},
+                                     {2048, narrow, 2, at::kDouble, ""},
+                                     {2048, narrow, 3, at::kDouble, ""},
+                                     {512, wide, 2, at::kBFloat16, ""},
+                                     {2048, "streambp:layer_chunk=16,head_chunk=64", 3, at::kBFloat16, ""},
+                                     {512, wide, 2, at::kDouble, "rank=8"},
+                                     {512, wide, 2, at::kBFloat16, "rank=8"},
+                                     {2048, "streambp:layer_chunk=16,head_chunk=64", 3, at::kBFloat16, "rank=8"}};
+  for (const auto& p : points) {
+    const auto m = measure_rank(p.spec, p.lora, 512, p.T, p.sp, 0, p.dtype, nullptr, {}, p.sp, sbp::SequenceScheme::ring);
+    const double ratio = double(m.peak) / double(m.model.total_bytes());
+    const double allgather = double(m.peak) / double(m.allgather_model.total_bytes());
+    std::int64_t in_flight = 0;  // negative control: the model with the block in flight dropped
+    for (const auto& t : m.model.terms)
+      if (t.name.find("in flight") != std::string::npos || t.name.find("block received") != std::string::npos)
+        in_flight += t.bytes;
+    const double dropped = double(m.peak) / double(m.model.total_bytes() - in_flight);
+    INFO("T " << p.T << " " << p.spec << " " << c10::toString(p.dtype) << " lora '" << p.lora << "' ring of " << p.sp
+              << ": measured " << m.peak << ", model " << m.model.total_bytes() << " (ratio " << ratio << ") at "
+              << describe(m.model) << "; without the block in flight: ratio " << dropped
+              << "; the all-gather's model: ratio " << allgather);
+    CHECK(std::abs(ratio - 1.0) <= 0.03);
+    worst = std::max(worst, std::abs(ratio - 1.0));
+    CHECK(std::abs(allgather - 1.0) > 0.03);  // the all-gather's model must miss on every point
+    if (p.T == 2048 && p.dtype == at::kDouble) {
+      CHECK(in_flight > 0);
+      CHECK(std::abs(dropped - 1.0) > 0.03);
+      ++controls;
     }
+  }
   CHECK(controls == 2);
-  WARN("ring: largest |measured / model - 1| over 4 runs: " << worst);
+  WARN("ring: largest |measured / model - 1| over " << points.size() << " runs: " << worst);
 }
 
 

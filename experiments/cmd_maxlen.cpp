@@ -184,6 +184,7 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   auto flags = a.ranks;
   if (a.model_only) {
     flags.sp = 1;
+    flags.sp_scheme = SequenceScheme::allgather;  // the scheme is the workload's (a.ranks.add_to), not this process's
     if (flags.nproc > 1) {
       flags.zero = 0;
       if (setup_.threads == 0) setup_.threads = 1;

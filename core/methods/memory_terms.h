@@ -177,6 +177,20 @@ std::vector<MemoryTerm> shard_attention_backward_terms(const Workload& w);
 // sp == 1 or for the ring, whose sums travel inside the attention backward).
 std::vector<MemoryEstimate> kv_exchange_backward_moments(const Workload& w, const std::string& layer,
                                                          const std::vector<MemoryTerm>& held);
+// A StreamBP layer's backward (its chunk loop) through the workload's K/V source, at its largest moments, each named
+// after `layer`: `held` is what the layer's backward holds whatever the source (weights, gradients, checkpoints, dL/dH,
+// objective buffers), `sums` its gradient sums so far, `chunk` its worst chunk's moment, of at most `c` rows. One
+// process and the all-gather hold the whole sequence's K/V and their sums through the loop (the all-gather its
+// exchanges before and after it too); the ring holds its own K/V, blocks and sums in flight.
+struct StreamedLayer {
+  std::string layer;
+  std::vector<MemoryTerm> held;
+  std::int64_t sums = 0, chunk = 0, c = 0;
+};
+std::vector<MemoryEstimate> streamed_layer_moments(const Workload& w, const StreamedLayer& layer);
+// The positions this rank holds, as blocks of the sequence: one block [0, T) for one process; under sequence
+// parallelism rank 0's zig-zag shard (its last block ends at T, so its last chunk has the most keys).
+SequenceShard rank_shard(const Sizes& z);
 // The reduce-scatter of the whole sequence's dK/dV ([2, B, n_kv, T, hd], `element_bytes` per element) into this rank's
 // share, one piece at a time (SequenceParallel::scatter_sum): the whole gradient, the share, every rank's padded piece
 // packed into one [N, ...] buffer (and the backend's clone), the piece summed.

@@ -61,84 +61,6 @@ std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std
   return std::max(mlp_moment, attention_moment);
 }
 
-// A layer's backward over the ring (RingExchange::stream_backward, ARCHITECTURE.md §16), on rank 0 (the longest shard, t
-// = z.T, to which every block is padded): the rank's queries (no graph) and their merged outputs and log-sum-exps
-// for every chunk at once, its own K/V; the merge recomputed block by block, a block and the one received at a hop
-// (from the second hop on, N > 2, the block sent is not yet freed: a hop holds two beside the rank's own);
-// each chunk's output backward (o_proj and the MLP, dO out); the blocks round again with their dK/dV sums, at a hop a
-// block, its sums and the next ones received, at a block the key-block backward of a chunk; the queries' backward.
-std::vector<MemoryEstimate> ring_layer_moments(const Workload& w, const Sizes& z, std::int64_t c,
-                                               std::int64_t layer_sums, const std::vector<MemoryTerm>& held) {
-  const auto& cfg = w.config;
-  const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
-  const auto rows = z.B * z.T;
-  const auto block = 2 * rows * kw * z.s;  // [2, B, n_kv, t, hd]: K and V of one shard
-  const auto sums = 2 * rows * kw * z.f;   // their dK/dV sums (fp32 in bf16)
-  const auto N = z.sp;
-  const std::vector<MemoryTerm> merged = {{"this rank's queries (no graph)", rows * qw * z.s},
-                                          {"their merged outputs and log-sum-exps", rows * (qw + cfg.num_attention_heads) * z.f},
-                                          {"this rank's K, V", block}};
-  const auto with = [&](std::string moment, std::vector<MemoryTerm> extra) {
-    MemoryEstimate e{std::move(moment), held};
-    e.terms.insert(e.terms.end(), merged.begin(), merged.end());
-    e.terms.insert(e.terms.end(), extra.begin(), extra.end());
-    return e;
-  };
-  // The last chunk's output backward at its MLP's elementwise product (as chunk_moment's MLP moment): the MLP's saved
-  // activations but the product, the chunk's output, three [c, I] gradients, down_proj's weight gradient; o_proj's
-  // input is a view of the merged output. Every chunk's dQ (zeros) exists, every dO but the last chunk's.
-  const auto out = z.B * c * z.d * z.s;
-  const auto fresh_mlp = z.lora ? 0 : z.d * I * z.g;
-  const auto output_chunk = z.B * c * (mlp_activation_bytes_per_token(w) - I * z.s) + out +
-                            2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
-  const auto dO_dQ = 2 * rows * qw * z.f;
-  // A chunk's key-block backward (key_block_backward) at its largest tile: a whole part of another rank's shard (the
-  // zig-zag's 2N parts; bf16 tiles of at most 1024 keys, upcast to fp32) or its own causal block of c keys. Beyond
-  // its inputs: the tile's dK/dV (and in bf16 its fp32 K/V and q), the block's dQ before it is added, the kernel's
-  // scratch.
-  const bool upcast = z.f > z.s;
-  const auto part = (z.Tg + 2 * N - 1) / (2 * N);
-  const auto tile_keys = upcast ? std::min<std::int64_t>(1024, part) : part;
-  const auto tile = [&](std::int64_t keys, bool causal) {
-    return (upcast ? 4 : 2) * z.B * keys * kw * z.f + (upcast ? 2 : 1) * z.B * c * qw * z.f +
-           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, causal);
-  };
-  const auto key_block = std::max(tile(tile_keys, false), tile(c, true));
-  // A chunk's merge of one tile (merge_key_block), in the merge dtype: the tile's output and the two rescaled outputs
-  // beside the old and the new merged one (in bf16 also q's fp32 copy), and six [c, n_h] log-sum-exp steps.
-  const auto merge_step = z.B * c * (qw * (upcast ? 5 : 4) + 6 * cfg.num_attention_heads) * z.f;
-  // A chunk's queries' backward (StreamedBackward::q_backward: RoPE, q_norm, q_proj, the input norm): seven [c, d]
-  // gradients and saved values in the merge dtype, the normed input and its q projection in the model dtype (LoRA:
-  // the projection only), in bf16 their fp32 copies, the RoPE table of its positions. Measured with the meter's
-  // timeline (tiny, N = 2 and 3, T = 512 and 2048, fp64 and bf16, with and without LoRA).
-  const auto q_chunk = z.B * c * (7 * z.d * z.f + ((z.lora ? 1 : 2) + (upcast ? 2 : 0)) * z.d * z.s + z.f) +
-                       rope_table_bytes(w, c) / 2;
-  // The output backward's MLP GEMMs: their workspace (the input gradient's, and down_proj's weight gradient's in full
-  // fine-tuning), as a chunk's in one process.
-  const auto out_gemm = std::max(gemm_workspace_bytes(w, z.B * c, I, z.d, false),
-                                  z.lora ? 0 : gemm_workspace_bytes(w, z.d, I, z.B * c, true));
-  return {
-      with("ring merge (recomputed)", {{"the block in flight (received)", (N > 2 ? 2 : 1) * block}}),
-      with("ring merge of a chunk", {{"the block received", N > 1 ? block : 0}, {"a chunk's merge step", merge_step}}),
-      with("ring output backward", {{"layer gradient sums (none for one chunk)", layer_sums},
-                                    {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.f},
-                                    {"a chunk's output backward", output_chunk + out_gemm}}),
-      with("ring key-block backward", {{"layer gradient sums (none for one chunk)", layer_sums},
-                                       {"dO, dQ of every chunk", dO_dQ},
-                                       {"the block received", block},
-                                       {"its dK/dV sums", sums},
-                                       {"a key tile's backward", key_block}}),
-      with("ring queries' backward", {{"layer gradient sums (none for one chunk)", layer_sums},
-                                      {"dO, dQ of every chunk", dO_dQ},
-                                      {"the dK/dV sums home", sums},
-                                      {"a chunk's queries' backward", q_chunk}}),
-      with("ring dK/dV hop", {{"layer gradient sums (none for one chunk)", layer_sums},
-                              {"dO, dQ of every chunk", dO_dQ},
-                              {"the block in flight (received)", (N > 2 ? 2 : 1) * block},
-                              {"its dK/dV sums and the next received", 2 * sums}}),
-  };
-}
-
 }  // namespace
 
 MemoryEstimate StreamBP::memory_model(const Workload& w) const {
@@ -147,10 +69,8 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto& cfg = w.config;
   const auto btd = z.B * z.T * z.d * z.s;
   const auto kw = cfg.kv_width();
-  const auto kv = z.B * z.Tg * kw * z.s;  // one of K, V: [B, n_kv, T, hd] of the whole sequence (gathered under SP)
-  // The positions this rank holds, as blocks of the sequence (one process: one block [0, T)); a chunk never crosses
-  // a block. Under sequence parallelism rank 0's: its last block ends at T, so its last chunk has the most keys.
-  const auto shard = z.sp > 1 ? zigzag_shard(z.Tg, 0, int(z.sp)) : SequenceShard{0, 1, z.T, {{0, z.T}}};
+  // The positions this rank holds, as blocks of the sequence; a chunk never crosses a block.
+  const auto shard = rank_shard(z);
   std::int64_t longest_block = 0, chunks = 0;
   for (const auto& b : shard.blocks) {
     longest_block = std::max(longest_block, b.length());
@@ -173,7 +93,7 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const auto kv_proj_grads = z.lora ? 0 : (2 * z.d * kw + (cfg.attention_bias ? 2 * kw : 0) + (cfg.qk_norm ? cfg.head_dim : 0)) * z.g;
   const auto layer_sums = one_chunk ? 0 : (z.layer_grad - kv_proj_grads) * (z.g < z.f ? z.f / z.g : 1);
   auto moments = streamed_head_moments(w, head_chunk);
-  // What a layer's backward holds whatever the K/V scheme
+  // What a layer's backward holds whatever the K/V source
   const auto held_in = [&](const auto& state) -> std::vector<MemoryTerm> {
     return {{"weights", z.weights},
             {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
@@ -183,49 +103,11 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
             {"dL/dH (out, overwritten by in)", btd},
             {"objective buffers", objective_bytes(w)}};
   };
-  if (z.sp > 1 && w.sequence_scheme() == SequenceScheme::ring) {
-    for (const auto& state : layer_states(z)) {
-      for (auto& m : ring_layer_moments(w, z, c_max, layer_sums, held_in(state))) {
-        m.moment = "layer " + std::to_string(state.layer) + " " + m.moment;
-        moments.push_back(std::move(m));
-      }
-    }
-    return checkpointing_peak(std::move(moments), w);
-  }
-  for (const auto& state : layer_states(z)) {
-    const auto held = held_in(state);
-    if (z.sp > 1) {
-      // Sequence parallelism (SequenceParallel): the whole sequence's K/V made, then filled piece by piece (at most
-      // 4 pieces of [t, hd] slices, a row's K or V of one KV head, padded to the longest shard t) from an all-gather
-      // of N pieces (with Gloo's flat copy of them while the collective runs); after the chunk loop this rank's share
-      // of dK/dV made, then filled piece by piece from a reduce-scatter of every rank's padded piece packed into one
-      // [N, ...] buffer (Gloo all-reduces a clone of it). The layer's sums exist by then.
-      const auto piece = slices_per_piece(2 * z.B * cfg.num_key_value_heads) * z.T * cfg.head_dim;
-      const auto local = 2 * z.B * shard.length() * kw;  // elements of this rank's K, V (and of its dK/dV share)
-      const std::int64_t copies = z.collective_copies ? 2 : 1;  // the backend's copy beside the buffer (NCCL: none)
-      MemoryEstimate gather{"layer " + std::to_string(state.layer) + " K/V all-gather", held};
-      gather.terms.push_back({"this rank's K, V", local * z.s});
-      gather.terms.push_back({"the whole sequence's K, V", 2 * kv, true});
-      gather.terms.push_back({"a piece padded", (shard.length() < z.T ? piece : 0) * z.s});
-      gather.terms.push_back({"the all-gather's N pieces (and the backend's copy)", copies * z.sp * piece * z.s, true});
-      moments.push_back(gather);
-      MemoryEstimate scatter{"layer " + std::to_string(state.layer) + " dK/dV reduce-scatter", held};
-      scatter.terms.push_back({"layer gradient sums (none for one chunk)", layer_sums});
-      for (const auto& t : kv_reduce_scatter_terms(w, z.f)) scatter.terms.push_back(t);
-      moments.push_back(scatter);
-    }
-    moments.push_back({"layer " + std::to_string(state.layer) + " backward",
-                       {{"weights", z.weights},
-                        {"the layer's gathered parameters (ZeRO-3, the whole chunk loop)", z.gathered_layer()},
-                        {"weight copies (compute dtype)", z.layer_copies()},
-                        {"gradients (of the head and the layers after)", state.gradients - z.layer_grad},
-                        {"layer gradient sums (none for one chunk)", layer_sums},
-                        {"checkpoints", state.checkpoints},
-                        {"dL/dH (out, overwritten by in)", btd},
-                        {"K, V, dK, dV", 2 * kv + 2 * kv * z.f / z.s, true},
-                        {"layer chunk", chunk},
-                        {"objective buffers", objective_bytes(w)}}});
-  }
+  // The chunk loop runs through the workload's K/V source, which adds its own terms and moments.
+  for (const auto& state : layer_states(z))
+    for (auto& m : streamed_layer_moments(w, {"layer " + std::to_string(state.layer), held_in(state), layer_sums,
+                                              chunk, c_max}))
+      moments.push_back(std::move(m));
   return checkpointing_peak(std::move(moments), w);
 }
 

@@ -49,6 +49,16 @@ for key in ("measured_max_seq", "model_max_seq"):
 print(f"ok: maxlen --sp 2 under 2.9 MiB per rank, T* measured (modelled): ring {ring['measured_max_seq']} "
       f"({ring['model_max_seq']}), all-gather {gathered['measured_max_seq']} ({gathered['model_max_seq']})")
 PY
+# --model-only answers in one process for the ranks' layout and scheme: the T* their own model gave.
+"$STREAMBP" maxlen --preset tiny --budget-bytes 3000000 --methods streambp --optimizer adamw --batch 2 --nproc 2 \
+  --sp 2 --sp-scheme ring --model-only >model-only.txt 2>&1 || fail "maxlen --model-only --sp-scheme ring:\n$(cat model-only.txt)"
+python3 - maxlen-ring/maxlen-*.csv model-only.txt <<'PY' || fail "maxlen --model-only --sp-scheme ring:\n$(cat model-only.txt)"
+import csv, re, sys
+measured = [r for r in csv.DictReader(open(sys.argv[1])) if r["role"] == "max"][0]
+alone = re.search(r"the model predicts T\* = (\d+)", open(sys.argv[2]).read()).group(1)
+assert alone == measured["model_max_seq"], (alone, measured["model_max_seq"])
+print("ok: maxlen --model-only --sp 2 --sp-scheme ring predicts the ranks' T*:", alone)
+PY
 
 # (c) Bad input.
 small=(--preset tiny --batch 2 --seq 16 --steps 1 --method streambp)

@@ -65,7 +65,8 @@ std::vector<std::pair<std::string, double>> bytes_per_position(const std::vector
 }
 
 struct Row {
-  std::int64_t device_T = 0, host_T = 0, T = 0;  // host_T 0: nothing offloaded grows with T (no host bound)
+  std::int64_t device_T = 0, host_T = 0, T = 0;  // host_T 0: the host holds the tier at device_T (no host bound)
+  double host_at_device_T = 0;                     // the tier's bytes per node at device_T
   MemoryEstimate peak;
 };
 
@@ -106,7 +107,8 @@ int project_sequence_parallel(const ProjectArgs& a, const std::string& command_l
       r.device_T = max_projected_seq(*method, w, budget, 2 * sp);
       r.T = r.device_T;
       w.seq_len = std::max<std::int64_t>(r.device_T, 2 * sp);
-      if (nodes_of(training_memory(*method, w)) > a.host_bytes_per_node) {
+      r.host_at_device_T = nodes_of(training_memory(*method, w));
+      if (r.host_at_device_T > a.host_bytes_per_node) {
         r.host_T = max_projected_seq_where(*method, w, 2 * sp,
                                            [&](const MemoryEstimate& e) { return nodes_of(e) <= a.host_bytes_per_node; });
         r.T = std::min(r.device_T, r.host_T);
@@ -158,7 +160,7 @@ int project_sequence_parallel(const ProjectArgs& a, const std::string& command_l
   if (host_bound)
     fmt::print("What stops a longer T: the host. The offload tier holds {:.2f} TB per node of {} devices at the device's "
                "T* of {:.2f}M, beyond {:.1f} TB; per rank it grows by {:.1f} KB per position of the whole sequence:\n",
-               [&] { auto w = best_workload; w.seq_len = best.device_T; return nodes_of(training_memory(*method, w)); }() / 1e12,
+               best.host_at_device_T / 1e12,
                kDevicesPerNode, best.device_T / 1e6, a.host_bytes_per_node / 1e12, per_position / 1e3);
   else
     fmt::print("What stops a longer T: the device ({:.1f} of {:.1f} GB at T*); per rank its peak grows by {:.1f} KB per "

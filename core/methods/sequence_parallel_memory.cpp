@@ -294,8 +294,7 @@ std::vector<MemoryEstimate> kv_exchange_backward_moments(const Workload& w, cons
 
 std::vector<MemoryEstimate> streamed_layer_moments(const Workload& w, const StreamedLayer& layer) {
   const Sizes z(w);
-  auto moments = z.sp == 1 ? whole_kv_streamed(w, z, layer) : exchange_model(w).streamed(w, z, layer);
-  return moments;
+  return z.sp == 1 ? whole_kv_streamed(w, z, layer) : exchange_model(w).streamed(w, z, layer);
 }
 
 SequenceShard rank_shard(const Sizes& z) {

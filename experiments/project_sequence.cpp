@@ -157,7 +157,11 @@ int project_sequence_parallel(const ProjectArgs& a, const std::string& command_l
                                 : bytes_per_position(best.peak.terms, best.T, before.terms, shorter.seq_len);
   double per_position = 0;
   for (const auto& [name, bytes] : stops) per_position += bytes;
-  if (host_bound)
+  if (best.T > kProjectionCeiling - 2 * sp)
+    fmt::print("What stops a longer T: nothing the models hold below {:.2f}M positions, where the search stops; per "
+               "rank the device's peak grows by {:.1f} KB per position of the whole sequence there:\n",
+               best.T / 1e6, per_position / 1e3);
+  else if (host_bound)
     fmt::print("What stops a longer T: the host. The offload tier holds {:.2f} TB per node of {} devices at the device's "
                "T* of {:.2f}M, beyond {:.1f} TB; per rank it grows by {:.1f} KB per position of the whole sequence:\n",
                best.host_at_device_T / 1e12,

@@ -59,7 +59,7 @@ std::int64_t max_projected_seq_where(const BackpropMethod& method, Workload w, s
     w.seq_len = k * multiple;
     return fits_estimate(training_memory(method, w));
   };
-  std::int64_t lo = 1, hi = (std::int64_t(1) << 26) / multiple;
+  std::int64_t lo = 1, hi = kProjectionCeiling / multiple;
   if (!fits(lo)) return 0;
   if (fits(hi)) return hi * multiple;
   while (hi - lo > 1) {

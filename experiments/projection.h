@@ -30,7 +30,9 @@ Workload alst_workload(const ModelConfig& config, const Objective& objective, co
                        int zero = 0, int sequence_parallel = 1,
                        SequenceScheme scheme = SequenceScheme::allgather);
 
-// The largest T whose modelled device peak fits `budget` (0 if none), by bisection up to 2^26; T a multiple of
+// Where the bisection below stops: a T that fits here is reported as this, not as a maximum.
+constexpr std::int64_t kProjectionCeiling = std::int64_t(1) << 26;
+// The largest T whose modelled device peak fits `budget` (0 if none), by bisection up to kProjectionCeiling; T a multiple of
 // `multiple` (a sequence split over ranks: at least one position each, so the bisection starts there).
 std::int64_t max_projected_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t multiple = 1);
 // The same bisection for any bound that grows with T: the largest T whose training step's estimate `fits`.

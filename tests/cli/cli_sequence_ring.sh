@@ -81,6 +81,11 @@ done
 "$STREAMBP" project --sp 8 --sp-scheme ring --offload checkpoints,optimizer --host-bytes-per-node 5e11 \
   --out project-host >project-host.txt 2>&1 || fail "project --host-bytes-per-node:\n$(cat project-host.txt)"
 grep -q "^What stops a longer T: the host" project-host.txt || fail "not host-bound:\n$(cat project-host.txt)"
+# A budget no T reaches: the search's ceiling stops it, not the device (it said "the device" before).
+"$STREAMBP" project --sp 8 --sp-scheme ring --budget-bytes 100000000000000 --out project-ceiling >project-ceiling.txt \
+  2>&1 || fail "project at the ceiling:\n$(cat project-ceiling.txt)"
+grep -q "^What stops a longer T: nothing the models hold below 67.11M" project-ceiling.txt ||
+  fail "the ceiling is not named:\n$(cat project-ceiling.txt)"
 csvs=(project-allgather/project-sp8-*.csv project-ring/project-sp8-*.csv project-host/project-sp8-*.csv)
 python3 - "${csvs[@]}" <<'PY' || fail "project CSVs"
 import csv, sys

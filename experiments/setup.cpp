@@ -16,6 +16,9 @@
 #include "core/io/input_error.h"
 
 namespace sbp {
+namespace {
+constexpr const char* kDefaultObjective = "sft";  // --objective's default, and a Setup's never parsed
+}  // namespace
 
 ModelSource ModelSource::or_preset(const std::string& name) const {
   ModelSource out = *this;
@@ -72,7 +75,7 @@ void add_setup_options(CLI::App& app, Setup& s, SetupFlags flags) {
   if (flags.adapter)
     app.add_option("--adapter", s.adapter_dir, "PEFT LoRA adapter folder (adapter_config.json + "
                    "adapter_model.safetensors)")->check(CLI::ExistingDirectory);
-  auto objective = std::make_shared<std::string>("sft");
+  auto objective = std::make_shared<std::string>(kDefaultObjective);
   app.add_option("--objective", *objective,
                  "objective spec: " + objectives_usage() + " (keys optional; defaults shown: TRL's)");
   if (flags.group)
@@ -112,7 +115,7 @@ std::unique_ptr<Model> build_model(const Setup& s) {
 }
 
 std::shared_ptr<const Objective> build_objective(const Setup& s) {
-  return s.objective ? s.objective : std::shared_ptr<const Objective>(make_objective("sft"));
+  return s.objective ? s.objective : std::shared_ptr<const Objective>(make_objective(kDefaultObjective));
 }
 
 }  // namespace sbp

@@ -431,7 +431,6 @@ TEST_CASE("the ring's per-rank memory model (StreamBP inside each rank, N = 2 an
   WARN("ring: largest |measured / model - 1| over " << points.size() << " runs: " << worst);
 }
 
-
 TEST_CASE("the ring's per-rank memory models of standard BP and checkpointing (N = 2 and 3, fp64, and bf16 and LoRA at "
           "N = 3) match the measured peaks within 3 percent, and the all-gather's model misses",
           "[training][meter][memory-model][sequence-parallel][ring]") {

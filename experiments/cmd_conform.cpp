@@ -32,7 +32,9 @@
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
 #include "core/objectives/catalogue.h"
+#include "experiments/batches.h"
 #include "experiments/commands.h"
+#include "experiments/conform_diagnosis.h"
 #include "experiments/interrupt.h"
 #include "experiments/junit.h"
 #include "experiments/results_table.h"
@@ -108,6 +110,7 @@ struct ChildRun {
   double wall_seconds = 0, cpu_seconds = 0;
   std::int64_t peak_rss_bytes = 0;  // the largest process's, sampled every 20 ms
   bool interrupted = false;  // killed because conform got a Ctrl-C
+  ImplementationProvenance provenance;  // what result.json says it ran with
 };
 
 // `command case_dir` through /bin/sh in its own process group, output to case_dir/impl.log; after `timeout` seconds
@@ -161,8 +164,11 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.cpu_seconds = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                   1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-  if (std::ifstream in(case_dir / "result.json"); in)  // a warm worker's own CPU time: not this process's child
-    r.cpu_seconds += result_worker_cpu_seconds(std::string(std::istreambuf_iterator<char>(in), {}));
+  if (std::ifstream in(case_dir / "result.json"); in) {
+    const std::string text(std::istreambuf_iterator<char>(in), {});
+    r.cpu_seconds += result_worker_cpu_seconds(text);  // a warm worker's own CPU time: not this process's child
+    r.provenance = result_provenance(text);
+  }
   r.exit_status = timed_out || stopped || WIFSIGNALED(status) ? -1 : WEXITSTATUS(status);
   r.interrupted = stopped;
   if (stopped) {
@@ -177,14 +183,24 @@ ChildRun run_child(const std::string& command, const fs::path& case_dir, double 
   return r;
 }
 
-// The last `count` non-empty lines of a file, each cut at 200 characters.
+// A progress bar's line (tqdm's "Loading weights: 100%|#####| 9/9 [00:00<00:00, 12.3it/s]"): never the last word.
+bool progress_bar(const std::string& line) {
+  static const std::regex bar(R"((\d+%\|)|(\| *\d+/\d+ \[\d))");
+  return std::regex_search(line, bar);
+}
+
+// The last `count` non-empty lines of a file, each cut at 200 characters; a carriage return ends a line too (a
+// progress bar redraws itself with one), and progress bars are left out.
 std::vector<std::string> last_lines(const fs::path& file, std::size_t count) {
   std::ifstream in(file);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    lines.push_back(line.size() > 200 ? line.substr(0, 200) + "..." : line);
-    if (lines.size() > count) lines.erase(lines.begin());
+  for (std::string text; std::getline(in, text);) {
+    std::istringstream parts(text);
+    for (std::string line; std::getline(parts, line, '\r');) {
+      if (line.find_first_not_of(" \t") == std::string::npos || progress_bar(line)) continue;
+      lines.push_back(line.size() > 200 ? line.substr(0, 200) + "..." : line);
+      if (lines.size() > count) lines.erase(lines.begin());
+    }
   }
   return lines;
 }
@@ -217,8 +233,16 @@ std::optional<std::string> python_of(const std::string& command) {
   return std::string();
 }
 
+// Whether `python` (a resolved path; "" when not on PATH) can import torch, asked without importing it.
+bool has_torch(const std::string& python) {
+  if (python.empty()) return false;
+  const auto probe = quoted(python) + " -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") "
+                     "is None)' >/dev/null 2>&1";
+  return std::system(probe.c_str()) == 0;
+}
+
 // After the table, for the first command that failed to run: the command line, the end of its output, and which
-// python ran it with the harness's own as the remedy.
+// python ran it, with the harness's own as the remedy when that one has no torch.
 std::string failed_run_note(const std::string& who, const std::string& command, const fs::path& dir,
                             const std::string& outcome) {
   auto note = fmt::format("{} failed ({}): {} {}\n", who, outcome, command, quoted(dir.string()));
@@ -231,8 +255,9 @@ std::string failed_run_note(const std::string& who, const std::string& command, 
   const auto first = command.substr(0, command.find_first_of(" \t", command.find_first_not_of(" \t")));
   note += python->empty() ? fmt::format("  {} is not on PATH\n", first)
                           : fmt::format("  {} is {}\n", first, *python);
+  // The harness's python as the remedy only when the command's has no torch: a user's library runs in its own venv.
   const auto ours = harness_python();
-  if (!ours.empty() && fs::absolute(ours).lexically_normal().string() != *python)
+  if (!ours.empty() && fs::absolute(ours).lexically_normal().string() != *python && !has_torch(*python))
     note += fmt::format("  the harness's python (torch, transformers, peft) is {}: --impl \"{}{}\"\n", ours, ours,
                         command.substr(first.size()));
   return note;
@@ -345,10 +370,16 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
       ->check(CLI::IsMember({"union", "micro-means"}));
   app.add_option("--junit", a.junit, "also write a JUnit XML report here (one testcase per case; a failure's message "
                  "its worst tensor, error, bar and hint; N/A as skipped), for a CI's test page");
-  app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")->check(CLI::PositiveNumber);
+  app.add_option("--timeout", a.timeout, "seconds per case before the implementation is killed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   add_output_options(app, a.output, "results folder");
   app.add_option("--work", a.work_dir, "where the case directories go; the failing ones stay there for a rerun by "
                  "hand (default: a fresh temporary folder, removed when the run ends)");
+  app.add_option("--judge", a.judge_dir, "judge a case directory that --work kept (DIR/CASE), as it is, again: --impl "
+                 "runs on its files and its gradients are judged, without writing or running the rest of the matrix "
+                 "(the case is found by its case.json's name in the built-in sets, or in --cases FILE)")
+      ->check(CLI::ExistingDirectory);
 }
 
 // What a failing line says after its columns, on one line (a crash's lines joined; impl.log keeps them as they
@@ -367,7 +398,9 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
                       verdict.worst);
   }
   // A mean's rounding moves the loss far less than 1% in any dtype; a different denominator moves it that much.
-  if (loss_rel > 1e-2)
+  if (!verdict.hint.empty())
+    why += "; " + verdict.hint;
+  else if (loss_rel > 1e-2)
     why += fmt::format("; the loss is {:.1e} off too: usually the normaliser (the token losses' sum divided by "
                        "something else than the batch's target count: per row, per chunk, padding counted) "
                        "(docs/conformance.md)", loss_rel);
@@ -376,14 +409,11 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
   return words.empty() ? why : words + "; " + why;
 }
 
-// A JUnit row for a case: grouped by objective on a CI page, named by the case and what it runs on.
+// A JUnit row for a case: grouped by objective on a CI page, named by the case's id (pytest's items carry it too).
 static JUnitCase junit_case(const ConformCase& c, JUnitCase::Status status, std::string message, std::string details,
                             double seconds) {
-  auto name = c.name + "[" + dtype_name(c.dtype);
-  if (c.ranks != 1) name += fmt::format(",ranks={}", c.ranks);
-  if (!c.micro_batches.empty()) name += fmt::format(",micro_batches={}", c.micro_batches.size());
-  return {"streambp.conform." + c.objective.substr(0, c.objective.find(':')), name + "]", status, std::move(message),
-          std::move(details), seconds};
+  return {"streambp.conform." + c.objective.substr(0, c.objective.find(':')), conform_case_id(c), status,
+          std::move(message), std::move(details), seconds};
 }
 
 namespace {
@@ -455,8 +485,8 @@ class ConformRun {
  private:
   bool run_case(const ConformCase& c);
   std::optional<ConformVerdict> judge(const ConformCase& c, const Objective& objective, const fs::path& dir,
-                                      const TensorList& reference, double reference_loss, const Returned& got,
-                                      ChildRun& base_run);
+                                      const Batch& batch, const TensorList& reference, double reference_loss,
+                                      const Returned& got, ChildRun& base_run);
   void record_not_expressible(const ConformCase& c, const Objective& objective, double reference_loss,
                               const ChildRun& run, const std::string& judged_against);
   void record_verdict(const ConformCase& c, const Objective& objective, double reference_loss, const Returned& got,
@@ -490,11 +520,13 @@ ConformRun::ConformRun(const ConformArgs& a, std::vector<ConformCase> cases, con
       work_(a.work_dir),
       table_({"case", "description", "objective", "lora", "rule", "worst_tensor", "worst", "loss", "oracle_loss",
               "loss_rel_error", "seconds", "cpu_seconds", "peak_rss_bytes", "baseline_seconds",
-              "baseline_peak_rss_bytes", "problem", "impl", "accumulation"}) {
+              "baseline_peak_rss_bytes", "problem", "impl", "accumulation", "impl_python", "impl_torch_version",
+              "baseline_python", "baseline_torch_version"}) {
   watch_interrupts("\ninterrupt: stopping the implementation and the run (Ctrl-C again to stop at once)\n");
   prov_ = collect_provenance(command_line);
   fs::create_directories(a.output.out_dir);
   csv_ = ResultsTable::new_path(a.output.out_dir, "conform", prov_);
+  // torch_version: the harness's; a testcase's own properties name the implementation's.
   junit_properties_ = {{"commit", prov_.commit}, {"date_utc", prov_.date_utc}, {"machine", prov_.machine},
                        {"torch_version", prov_.torch_version}, {"command", prov_.command}, {"implementation", impl_},
                        {"csv", csv_.string()}};
@@ -512,14 +544,21 @@ int ConformRun::run() {
 // written with the oracle's answer; then the implementation's run, judged. False when Ctrl-C stopped a child (the
 // case then has no row).
 bool ConformRun::run_case(const ConformCase& c) {
-  const auto dir = work_.path() / c.name;
-  fs::remove_all(dir);
-  Model model(c.config, c.dtype, c.batch.seed);
-  if (!c.lora.empty()) model.add_lora(parse_lora_spec(c.lora), c.batch.seed + 1);
+  const bool kept = !a_.judge_dir.empty();  // --judge: the kept directory's files as they are
+  const auto dir = kept ? fs::path(a_.judge_dir) : work_.path() / c.name;
   auto objective = make_objective(c.objective);
-  auto batch = objective->random_batch(c.config, c.batch);
-  complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
-  write_case(c, dir, model, *objective, batch);
+  Batch batch;
+  if (kept) {
+    for (const auto* output : {"grads.safetensors", "result.json"}) fs::remove(dir / output);
+    batch = read_batch_file(dir / "batch.safetensors");
+  } else {
+    fs::remove_all(dir);
+    Model model(c.config, c.dtype, c.batch.seed);
+    if (!c.lora.empty()) model.add_lora(parse_lora_spec(c.lora), c.batch.seed + 1);
+    batch = objective->random_batch(c.config, c.batch);
+    complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
+    write_case(c, dir, model, *objective, batch);
+  }
   const auto [reference, reference_loss] = oracle(c, dir, batch, accumulation_);
   // A micro-batch case's row names the normalisation it was judged against.
   const auto judged_against = c.micro_batches.empty() ? std::string() : accumulation_description(accumulation_);
@@ -530,16 +569,16 @@ bool ConformRun::run_case(const ConformCase& c) {
     failed_run_ = failed_run_note("the implementation", impl_, dir, run.outcome);
   if (run.exit_status == kNotExpressible) {
     record_not_expressible(c, *objective, reference_loss, run, judged_against);
-    fs::remove_all(dir);
+    if (!kept) fs::remove_all(dir);
     return true;
   }
   const auto got = read_returned(dir, run, c.dtype, c.micro_batches.size());
   ChildRun base_run;
-  const auto verdict = judge(c, *objective, dir, reference, reference_loss, got, base_run);
+  const auto verdict = judge(c, *objective, dir, batch, reference, reference_loss, got, base_run);
   if (!verdict) return false;
   record_verdict(c, *objective, reference_loss, got, *verdict, run, base_run, judged_against);
   if (verdict->passed && verdict->problem.empty()) {
-    fs::remove_all(dir);
+    if (!kept) fs::remove_all(dir);
     fs::remove_all(work_.path() / (c.name + ".baseline"));
   }
   return true;
@@ -549,8 +588,8 @@ bool ConformRun::run_case(const ConformCase& c) {
 // the low-precision rule, beside the baseline's run of the same case (base_run). Nullopt when Ctrl-C stopped the
 // baseline.
 std::optional<ConformVerdict> ConformRun::judge(const ConformCase& c, const Objective& objective, const fs::path& dir,
-                                                const TensorList& reference, double reference_loss,
-                                                const Returned& got, ChildRun& base_run) {
+                                                const Batch& batch, const TensorList& reference,
+                                                double reference_loss, const Returned& got, ChildRun& base_run) {
   ConformVerdict verdict;
   if (!got.problem.empty()) {
     verdict.problem = got.problem;
@@ -559,6 +598,8 @@ std::optional<ConformVerdict> ConformRun::judge(const ConformCase& c, const Obje
   }
   if (c.dtype == c10::kDouble) {
     verdict = judge_exact(reference, got.grads, kExactRtol);
+    if (!verdict.passed && verdict.problem.empty())
+      verdict.hint = tile_boundary_hint(c, dir, batch, got.grads, verdict.worst);
     const double loss_error = std::abs(*got.loss - reference_loss) / std::max(std::abs(reference_loss), 1e-300);
     if (verdict.problem.empty() && loss_error > kExactRtol) {
       verdict.passed = false;
@@ -597,7 +638,7 @@ void ConformRun::record_not_expressible(const ConformCase& c, const Objective& o
   table_.add({c.config.name, a_.impl, dtype_name(c.dtype), "not expressible", c.batch.seed,
               {c.name, c.description, objective.spec(), c.lora, "", "", "", "", fmt::format("{:.17g}", reference_loss),
                "", fmt::format("{:.3f}", run.wall_seconds), fmt::format("{:.3f}", run.cpu_seconds),
-               std::to_string(run.peak_rss_bytes), "", "", why, impl_, judged_against}});
+               std::to_string(run.peak_rss_bytes), "", "", why, impl_, judged_against, "", "", "", ""}});
   add_line(fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype), "N/A",
                        "-", "-", run.wall_seconds, format_bytes(run.peak_rss_bytes), "not expressible: " + why));
   table_.write_to(csv_, prov_);
@@ -627,7 +668,8 @@ void ConformRun::record_verdict(const ConformCase& c, const Objective& objective
                fmt::format("{:.3f}", run.cpu_seconds), std::to_string(run.peak_rss_bytes),
                c.dtype == c10::kDouble ? "" : fmt::format("{:.3f}", base_run.wall_seconds),
                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl_,
-               judged_against}});
+               judged_against, run.provenance.python, run.provenance.torch_version, base_run.provenance.python,
+               base_run.provenance.torch_version}});
   const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
   const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                 pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
@@ -639,6 +681,10 @@ void ConformRun::record_verdict(const ConformCase& c, const Objective& objective
       c, pass ? JUnitCase::Status::passed : JUnitCase::Status::failed,
       compared ? fmt::format("worst tensor '{}': {:.2e}; {}", verdict.worst_tensor, verdict.worst, words) : words,
       line, run.wall_seconds));
+  for (const auto& [who, p] : {std::pair{"impl", run.provenance}, std::pair{"baseline", base_run.provenance}}) {
+    if (!p.python.empty()) junit_.back().properties.emplace_back(std::string(who) + "_python", p.python);
+    if (!p.torch_version.empty()) junit_.back().properties.emplace_back(std::string(who) + "_torch_version", p.torch_version);
+  }
   write_report();
 }
 
@@ -662,12 +708,16 @@ int ConformRun::summarize() const {
              not_expressible_ ? fmt::format(" ({} more not expressible by the implementation)", not_expressible_) : "",
              std::filesystem::absolute(csv_).string());
   if (!failed_run_.empty()) fmt::print("{}", failed_run_);
-  if (failed_ > 0 && work_.temporary())
+  if (failed_ > 0 && !a_.judge_dir.empty())
+    fmt::print("the case's directory: {}; rerun it by hand: {} {}\n", a_.judge_dir, impl_, a_.judge_dir);
+  else if (failed_ > 0 && work_.temporary())
     fmt::print("the failing cases' directories went with the temporary folder; --work DIR keeps them (inputs, the "
-               "implementation's output, impl.log) to rerun one by hand: {} DIR/CASE\n", impl_);
+               "implementation's output, impl.log) to rerun one by hand: {} DIR/CASE, or to judge one again after a "
+               "fix: streambp conform --impl ... --judge DIR/CASE\n", impl_);
   else if (failed_ > 0)
     fmt::print("the failing cases' directories (inputs, the implementation's output, impl.log): {}; rerun one by "
-               "hand: {} {}/CASE\n", work_.path().string(), impl_, work_.path().string());
+               "hand: {} {}/CASE; judge one again after a fix: streambp conform --impl ... --judge {}/CASE\n",
+               work_.path().string(), impl_, work_.path().string(), work_.path().string());
   if (interrupted()) {
     fmt::print("interrupted (Ctrl-C) after {} of {} case(s)\n", judged + not_expressible_, cases_.size());
     return kInterruptedExit;
@@ -680,10 +730,42 @@ int ConformRun::summarize() const {
   return failed_ > 0 ? 1 : 0;
 }
 
+// --judge DIR/CASE: the case its case.json names, looked up in --cases FILE or the built-in sets, and checked to be
+// what this harness writes for it (a directory of another version or a hand-edited one is judged by nothing).
+std::vector<ConformCase> kept_case(const ConformArgs& a) {
+  const fs::path dir(a.judge_dir);
+  nlohmann::json meta;
+  try {
+    std::ifstream in(dir / "case.json");
+    meta = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError("--judge " + a.judge_dir + ": case.json: " + e.what());
+  }
+  const auto name = meta.value("case", std::string());
+  std::vector<std::string> sets = conform_case_sets();
+  if (fs::exists(a.cases)) sets = {a.cases};
+  for (const auto& set : sets)
+    for (const auto& c : conform_cases(set))
+      if (c.name == name) {
+        if (case_json(c, *make_objective(c.objective)) != meta)
+          throw InputError(fmt::format("--judge {}: case.json differs from case '{}' as this harness writes it (another "
+                                       "version's, or edited): run the case anew with --only {}", a.judge_dir, name,
+                                       name));
+        return {c};
+      }
+  throw InputError(fmt::format("--judge {}: case.json names case '{}', which is in no case set{} (a case file's: pass "
+                               "it as --cases FILE)", a.judge_dir, name, sets.size() == 1 ? " of " + sets[0] : ""));
+}
+
 }  // namespace
 
 int conform_command(const ConformArgs& a, const std::string& command_line) {
   at::set_num_threads(1);  // the harness's side is tiny; the cores are the implementation's
+  if (!a.judge_dir.empty()) {
+    if (a.impl.empty()) throw InputError("--judge needs --impl: the implementation to run on the case again");
+    ConformRun run(a, kept_case(a), command_line);
+    return run.run();
+  }
   auto cases = select_cases(a);
   if (a.list_cases) {
     print_case_list(cases);

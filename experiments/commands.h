@@ -120,6 +120,7 @@ int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
 
 struct ConformArgs {
   std::string impl, baseline = "hf", cases = "quick", work_dir, junit;  // junit: a JUnit XML report (issue #47)
+  std::string judge_dir;  // a kept case directory, judged again as it is (issue #62)
   std::vector<std::string> objectives, dtypes, only;  // empty: every one of the matrix; only: case names
   OutputOptions output{.out_dir = "results/conform"};
   bool lora_only = false, list_cases = false;

@@ -49,14 +49,23 @@ std::string junit_xml(const std::string& suite, const std::vector<JUnitCase>& ca
   for (const auto& c : cases) {
     xml += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", escaped(c.classname),
                        escaped(c.name), c.seconds);
-    if (c.status == JUnitCase::Status::passed) {
+    if (c.status == JUnitCase::Status::passed && c.properties.empty()) {
       xml += "/>\n";
-    } else if (c.status == JUnitCase::Status::skipped) {
-      xml += fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n", escaped(c.message));
-    } else {
-      xml += fmt::format(">\n      <failure message=\"{}\" type=\"incorrect\">{}</failure>\n    </testcase>\n",
-                         escaped(c.message), escaped(c.details));
+      continue;
     }
+    xml += ">\n";
+    if (!c.properties.empty()) {
+      xml += "      <properties>\n";
+      for (const auto& [key, value] : c.properties)
+        xml += fmt::format("        <property name=\"{}\" value=\"{}\"/>\n", escaped(key), escaped(value));
+      xml += "      </properties>\n";
+    }
+    if (c.status == JUnitCase::Status::skipped)
+      xml += fmt::format("      <skipped message=\"{}\"/>\n", escaped(c.message));
+    else if (c.status == JUnitCase::Status::failed)
+      xml += fmt::format("      <failure message=\"{}\" type=\"incorrect\">{}</failure>\n", escaped(c.message),
+                         escaped(c.details));
+    xml += "    </testcase>\n";
   }
   return xml + "  </testsuite>\n</testsuites>\n";
 }

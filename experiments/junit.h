@@ -11,12 +11,14 @@ namespace sbp {
 
 struct JUnitCase {
   enum class Status { passed, failed, skipped };
-  std::string classname;  // the CI page's group: "streambp.conform.<objective>.<dtype>"
-  std::string name;       // the case, with its dtype and (where it has them) ranks and micro-batches
+  std::string classname;  // the CI page's group: "streambp.conform.<objective>"
+  std::string name;       // the case's id: its name and dtype (conform_case_id)
   Status status = Status::passed;
   std::string message;    // failed: the worst tensor, its error, the bar and the hint; skipped: the reason
   std::string details;    // the failure's body: the whole verdict line
   double seconds = 0;
+  // This case's own provenance (the implementation's python and torch), beside the suite's (the harness's).
+  std::vector<std::pair<std::string, std::string>> properties;
 };
 
 // The document: one <testsuite> named `suite` with its counts and `properties` (provenance), inside <testsuites>.

@@ -121,13 +121,13 @@ std::vector<ConformCase> ci_cases() {
 std::vector<ConformCase> full_cases() {
   auto cases = quick_cases();
   std::uint64_t seed = 100;
-  // Every architecture variant, SFT.
+  // Every architecture variant, SFT: "sft-arch-" apart from quick's cases, one of which is a variant's architecture.
   for (const bool mha : {false, true})
     for (const bool qk_norm : {false, true})
       for (const bool bias : {false, true})
         for (const bool tied : {false, true}) {
           const auto c = variant(mha, qk_norm, bias, tied);
-          cases.push_back(make_case("sft-" + c.name.substr(5), "architecture variant", c, c10::kDouble, "sft",
+          cases.push_back(make_case("sft-arch-" + c.name.substr(5), "architecture variant", c, c10::kDouble, "sft",
                                     ragged(2, 41, seed++)));
         }
   const auto tiny = variant(false, true, false, true);
@@ -266,6 +266,9 @@ std::vector<ConformCase> file_cases(const std::string& file) {
       }
       if (const auto problem = micro_batches_problem(c, c.batch.batch_size); !problem.empty())
         throw InputError(problem);
+      for (std::size_t k = 0; k < out.size(); ++k)
+        if (out[k].name == c.name)  // a case's name is its id: --only, pytest's items and JUnit's rows select by it
+          throw InputError(fmt::format("name '{}' is case {}'s too: every case needs its own name", c.name, k));
       out.push_back(std::move(c));
     } catch (const nlohmann::json::exception& ex) {
       throw InputError(where + ": " + ex.what());
@@ -282,13 +285,20 @@ double number(const Spec& spec, const std::string& key) { return std::stod(spec.
 
 const char* parallel_name(ConformParallel p) { return p == ConformParallel::sequence ? "sequence" : "data"; }
 
+const std::vector<std::string>& conform_case_sets() {
+  static const std::vector<std::string> sets = {"ci", "quick", "full", "survey"};
+  return sets;
+}
+
+std::string conform_case_id(const ConformCase& c) { return c.name + "-" + dtype_name(c.dtype); }
+
 std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "quick") return quick_cases();
   if (which == "ci") return ci_cases();
   if (which == "full") return full_cases();
   if (which == "survey") return survey_cases();
   if (!std::filesystem::exists(which)) {
-    const auto nearest = nearest_name(which, {"ci", "quick", "full", "survey"});
+    const auto nearest = nearest_name(which, conform_case_sets());
     throw InputError("--cases " + which + ": neither a case set (ci, quick, full, survey) nor a file" +
                                 (nearest.empty() ? "" : " (did you mean " + nearest + "?)"));
   }
@@ -346,6 +356,18 @@ double result_worker_cpu_seconds(const std::string& text) {
   } catch (const nlohmann::json::exception&) {
     return 0;
   }
+}
+
+ImplementationProvenance result_provenance(const std::string& text) {
+  ImplementationProvenance p;
+  try {
+    const auto j = python_json(text);
+    if (j.contains("python") && j["python"].is_string()) p.python = j["python"].get<std::string>();
+    if (j.contains("torch_version") && j["torch_version"].is_string())
+      p.torch_version = j["torch_version"].get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  return p;
 }
 
 Accumulation parse_accumulation(const std::string& name) {

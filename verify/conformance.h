@@ -69,6 +69,10 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 // key takes the quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is
 // neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
+// The built-in sets' names: ci, quick, full, survey. A name is one case in every set that holds it.
+const std::vector<std::string>& conform_case_sets();
+// A case's id in reports (conform's JUnit rows, pytest's items): its name and dtype, "sft-lora-fp64".
+std::string conform_case_id(const ConformCase& c);
 
 // result.json's "loss". A non-finite loss written as Python's json.dumps writes it (a bare NaN, Infinity or
 // -Infinity, which JSON does not have) is read as that number. Throws nlohmann::json::exception when malformed.
@@ -77,6 +81,13 @@ double result_loss(const std::string& text);
 // worker forked by another process, streambp_conform.warm), which conform adds to what it measured; 0 when absent,
 // not a finite non-negative number, or the file is malformed (the run's verdict comes from result_loss).
 double result_worker_cpu_seconds(const std::string& text);
+
+// result.json's optional "python" and "torch_version": the interpreter and torch the implementation ran with (the
+// adapter package writes them), recorded beside the harness's own; empty when absent or malformed.
+struct ImplementationProvenance {
+  std::string python, torch_version;
+};
+ImplementationProvenance result_provenance(const std::string& text);
 
 // The protocol's case.json for a case and its (canonical) objective: TRL's parameter names and values.
 nlohmann::json case_json(const ConformCase& c, const Objective& objective);
@@ -87,6 +98,7 @@ struct ConformVerdict {
   std::string worst_tensor;
   double worst = 0;          // fp64: the worst normwise relative error; low precision: the worst ratio to the bar
   std::string problem;       // protocol failures (missing, extra, misshapen or non-finite tensors, unreadable files)
+  std::string hint;          // what conform found the error to be (a diagnosis it ran), beside the usual causes
 };
 
 // What an implementation's gradients must be before any number is compared: every expected tensor exactly once

@@ -64,7 +64,9 @@ check_faulty nan "has 1 non-finite entries" "${sft[@]}"
 check_faulty extra "unexpected tensor 'model.not_a_parameter'" "${sft[@]}"
 check_faulty shape "tensor '[^']+' has shape \[[0-9]+\], expected \[[0-9]+, [0-9]+\]" "${sft[@]}"
 check_faulty fp32 "grads.safetensors: [0-9]+ of [0-9]+ tensor\(s\) not in the case's dtype float64: '[^']+' is float32" "${sft[@]}"
-check_faulty hang "timed out after 2 s" --only grpo-beta0.04-grpo-token,dpo-3pairs-ls0.1 --timeout 2
+check_faulty hang "timed out after 2 s \(--timeout\): loading the model" --only grpo-beta0.04-grpo-token,dpo-3pairs-ls0.1 --timeout 2
+! grep -q "Loading weights" hang.txt || fail "a progress bar quoted as the last words:\n$(cat hang.txt)"
+"$STREAMBP" conform --help | grep -qE -- "--timeout [A-Z:]+=300" || fail "conform --help: no default for --timeout"
 check_faulty perturb "FAIL +[0-9.e+-]+ model\." --only grpo-beta0.04-grpo-token,dpo-3pairs-ls0.1,grpo-micro2
 # A failing line names its bar, so that a reader knows how far off the implementation is.
 grep -qE "FAIL .*normwise error [0-9.e+-]+ > the fp64 bar 1e-10" perturb.txt || fail "no fp64 bar:\n$(cat perturb.txt)"
@@ -76,6 +78,23 @@ python3 -c "import re, sys; open('tampered.xml', 'w').write(re.sub(r\"worst tens
   fail "junit_check.py accepts a report naming another tensor than the CSV"
 check_faulty nan-loss "result.json: the loss is NaN" "${sft[@]}"
 check_faulty half-count "loss .* off too: usually the normaliser" "${sft[@]}"
+# A loss that shifts its labels inside each head tile: exact away from the tiles' boundaries, wrong at them, named.
+check_faulty chunk-shift "the error sits next to the head tile boundaries \(every 8 positions\)" "${sft[@]}"
+! grep -q "off too: usually the normaliser" chunk-shift.txt || fail "chunk-shift: the normaliser blamed:\n$(cat chunk-shift.txt)"
+# --judge DIR/CASE: the kept case judged again as it is, after a "fix" (the right adapter), and with the bug still in.
+kept=w-chunk-shift/sft-gqa-qknorm-tied
+[[ -f $kept/case.json ]] || fail "--work kept no failing case: $(ls w-chunk-shift)"
+"$STREAMBP" conform --impl "$impl" --judge "$kept" --out rejudged >rejudged.txt 2>&1 ||
+  fail "--judge after the fix:\n$(cat rejudged.txt)"
+grep -q "1 of 1 case(s) passed" rejudged.txt && [[ -f $kept/case.json ]] || fail "--judge:\n$(cat rejudged.txt)"
+status=0
+"$STREAMBP" conform --impl "python3 $HERE/../support/conform_faulty_adapter.py chunk-shift $STREAMBP" --judge "$kept" \
+  --out rejudged-bug >rejudged-bug.txt 2>&1 || status=$?
+[[ $status -eq 1 ]] && grep -q "tile boundaries" rejudged-bug.txt || fail "--judge, the bug kept: exit $status\n$(cat rejudged-bug.txt)"
+sed -i 's/"case": "sft-gqa-qknorm-tied"/"case": "sft-gqa-qknorm-tied", "edited": 1/' "$kept/case.json"
+expect_exit_2 "--judge on an edited case.json" "case.json differs from case 'sft-gqa-qknorm-tied'" \
+  "$STREAMBP" conform --impl "$impl" --judge "$kept"
+echo "ok: --judge re-judges a kept case: $(grep -m1 "case(s) passed" rejudged.txt)"
 
 # A command that cannot run (here a python without the module it imports) is shown once: its command line, the end of
 # its output, and which python ran it beside the harness's own.
@@ -87,9 +106,20 @@ status=0
 grep -q "the implementation failed (exited with status 1): python3 -c 'import streambp_no_such_module' '/" nomodule.txt &&
   grep -q "    ModuleNotFoundError: No module named 'streambp_no_such_module'" nomodule.txt &&
   grep -qE "^  python3 is /.*python3" nomodule.txt || fail "no command, output or python named:\n$(cat nomodule.txt)"
+# The harness's python is offered only to a command whose python has no torch: a user's own venv is theirs.
+has_torch() { "$@" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; }
+offered="the harness's python (torch, transformers, peft) is"
 if [[ -n ${2:-} && $(command -v python3) != "$2" ]]; then
-  grep -qF "the harness's python (torch, transformers, peft) is $2: --impl \"$2 -c 'import" nomodule.txt ||
-    fail "the harness's python not offered:\n$(cat nomodule.txt)"
+  if has_torch python3; then
+    ! grep -qF "$offered" nomodule.txt || fail "the harness's python offered to a python with torch:\n$(cat nomodule.txt)"
+  else
+    grep -qF "$offered $2: --impl \"$2 -c 'import" nomodule.txt ||
+      fail "the harness's python not offered:\n$(cat nomodule.txt)"
+  fi
+  mkdir -p fake-torch/torch && touch fake-torch/torch/__init__.py  # a python3 that has a torch: the user's venv
+  PYTHONPATH=$PWD/fake-torch "$STREAMBP" conform --impl "python3 -c 'import streambp_no_such_module'" \
+    --cases one.json --out withtorch >withtorch.txt 2>&1 && fail "a python without the module passed"
+  ! grep -qF "$offered" withtorch.txt || fail "the harness's python offered to a python with torch:\n$(cat withtorch.txt)"
 fi
 grep -q -- "--work DIR keeps them" nomodule.txt || fail "no word on keeping the failing cases:\n$(cat nomodule.txt)"
 echo "ok: a command that cannot run: $(grep -m1 "python3 is" nomodule.txt)"

@@ -5,7 +5,9 @@ the file $CONFORM_FAULTY_PID_FILE when set), perturb (the protocol kept, one ten
 fp64 cases and by 1.1 otherwise: the judgement must fail it), nan-loss (result.json's loss NaN, as json.dumps writes
 it), half-count (the loss and every gradient doubled: divided by half the target count), fp32 (an fp64 case's
 gradients returned in fp32: right values, the wrong dtype), shape (a matrix's gradient returned flattened: its
-values, the wrong shape). The other modes' gradients
+values, the wrong shape), chunk-shift (the gradients of a loss that shifts its labels inside each head tile after
+splitting: the harness's own on a copy of the case whose labels at every multiple of the head chunk are -100). The
+other modes' gradients
 are the harness's own (streambp_adapter.py), then corrupted.
 
 Usage: python3 conform_faulty_adapter.py MODE STREAMBP_BIN CASE_DIR
@@ -14,8 +16,10 @@ import json
 import math
 import os
 import struct
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,12 +29,45 @@ if mode == "crash":
 if mode == "nothing":
     sys.exit(0)
 if mode == "hang":
+    # its last words before hanging, then a progress bar redrawn with carriage returns (tqdm's): the timeout quotes
+    # the words, never the bar
+    print("loading the model", file=sys.stderr)
+    sys.stderr.write("Loading weights:  50%|#####     | 1/2 [00:01<00:01,  1.00it/s]\r"
+                     "Loading weights: 100%|##########| 2/2 [00:02<00:00,  1.00it/s]")
+    sys.stderr.flush()
     if "CONFORM_FAULTY_PID_FILE" in os.environ:
         Path(os.environ["CONFORM_FAULTY_PID_FILE"]).write_text(str(os.getpid()))
     time.sleep(3600)
 
+
+
+def drop_tile_crossing_labels(batch_file, chunk):
+    """labels [B, T] int64 in a safetensors file: -100 at every multiple of `chunk` but 0, in place."""
+    raw = bytearray(batch_file.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    entry = json.loads(raw[8:8 + n])["labels"]
+    assert entry["dtype"] == "I64", entry
+    rows, T = entry["shape"]
+    start = 8 + n + entry["data_offsets"][0]
+    for b in range(rows):
+        for t in range(chunk, T, chunk):
+            struct.pack_into("<q", raw, start + 8 * (b * T + t), -100)
+    batch_file.write_bytes(bytes(raw))
+
+
 adapter = Path(__file__).resolve().parents[2] / "verify" / "conform" / "streambp_adapter.py"
-done = subprocess.run([sys.executable, str(adapter), "--streambp", binary, str(case_dir)])
+run_dir = case_dir
+if mode == "chunk-shift":
+    run_dir = Path(tempfile.mkdtemp(prefix="chunk-shift-", dir=case_dir.parent))
+    shutil.copytree(case_dir, run_dir, dirs_exist_ok=True)
+    drop_tile_crossing_labels(run_dir / "batch.safetensors", json.loads((case_dir / "case.json").read_text())["chunks"]["head"])
+done = subprocess.run([sys.executable, str(adapter), "--streambp", binary, str(run_dir)])
+if mode == "chunk-shift":
+    for name in ("grads.safetensors", "result.json"):
+        if (run_dir / name).exists():
+            shutil.copy(run_dir / name, case_dir / name)
+    shutil.rmtree(run_dir)
+    sys.exit(done.returncode)
 if done.returncode:  # 3: a case the harness's adapter declines stays N/A here too
     sys.exit(done.returncode)
 result = case_dir / "result.json"

@@ -23,7 +23,7 @@ names = [f"{c.get('classname')}.{c.get('name')}" for c in cases]
 assert len(set(names)) == len(names), names
 assert {p.get("name") for p in suite.find("properties")} >= {"commit", "torch_version", "command"}
 for case, row in zip(cases, rows):
-    assert case.get("name").startswith(row["case"] + "[" + row["dtype"]), (case.attrib, row["case"])
+    assert case.get("name") == row["case"] + "-" + row["dtype"], (case.attrib, row["case"])  # pytest's item id too
     assert case.get("classname") == "streambp.conform." + row["objective"].split(":")[0], case.attrib
     failure, skipped = case.find("failure"), case.find("skipped")
     if row["status"] == "passed":

@@ -3,6 +3,9 @@
 // cannot pass it by accident; the case-set checks and result.json's micro-batch count name what is wrong.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -107,4 +110,36 @@ TEST_CASE("a warm worker's cpu_seconds in result.json is added, and only a finit
   CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_seconds": Infinity})") == 0);
   CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_seconds": "2"})") == 0);
   CHECK(sbp::result_worker_cpu_seconds(R"({"loss": 1, "cpu_)") == 0);  // malformed: result_loss reports it
+}
+
+TEST_CASE("every case set names each case once, and a name is one case in every set that holds it", "[conform]") {
+  std::map<std::string, sbp::ConformCase> by_name;
+  for (const auto& set : sbp::conform_case_sets()) {
+    std::set<std::string> names;
+    for (const auto& c : sbp::conform_cases(set)) {
+      INFO(set << ": " << c.name);
+      CHECK(names.insert(c.name).second);  // --only, pytest's items and JUnit's rows select a case by its name
+      const auto [it, fresh] = by_name.emplace(c.name, c);
+      if (fresh) continue;
+      const auto& first = it->second;
+      CHECK(first.description == c.description);
+      CHECK(first.config.name == c.config.name);
+      CHECK(first.dtype == c.dtype);
+      CHECK(first.objective == c.objective);
+      CHECK(first.lora == c.lora);
+      CHECK((first.batch.seed == c.batch.seed && first.batch.seq_len == c.batch.seq_len &&
+             first.batch.batch_size == c.batch.batch_size));
+      CHECK(first.micro_batches == c.micro_batches);
+    }
+  }
+  CHECK(by_name.count("sft-gqa-qknorm-tied"));
+  CHECK(by_name.count("sft-arch-gqa-qknorm-tied"));  // full's architecture grid, apart from quick's case
+}
+
+TEST_CASE("a case file that names two cases alike is bad input naming both", "[conform]") {
+  const auto file = std::filesystem::temp_directory_path() / "streambp-test-duplicate-cases.json";
+  std::ofstream(file) << R"([{"name": "a"}, {"name": "b"}, {"name": "a", "seq": 9}])";
+  CHECK_THROWS_WITH(sbp::conform_cases(file.string()),
+                    Catch::Contains("case 2: name 'a' is case 0's too: every case needs its own name"));
+  std::filesystem::remove(file);
 }

@@ -240,7 +240,8 @@ class ConformItem(pytest.Item):
     def setup(self):
         xml = self.config.stash.get(xml_key, None) if xml_key is not None else None
         if xml is not None:  # before the first report: the junitxml plugin keeps an attribute given this early
-            xml.node_reporter(self.nodeid).add_attribute("classname", self.classname)
+            # its key is the node's id as record_xml_attribute passes it: `id` (pytest 9.2), else `nodeid`
+            xml.node_reporter(getattr(self, "id", self.nodeid)).add_attribute("classname", self.classname)
 
     def runtest(self):
         name = self.case["name"]

@@ -165,7 +165,8 @@ def serve(path, preload=DEFAULT_PRELOAD):
                         caller.close()
                         continue
                     request = json.loads(message)
-                    if request.get("prefix") != _environment():
+                    # a caller that does not say (an older package: it cannot run cold on a refusal) is served
+                    if request.get("prefix", _environment()) != _environment():
                         _decline(caller, fds, request)
                         continue
                     pid = os.fork()

@@ -3,7 +3,7 @@ plugin's collection, verdicts, options and errors, the adapter side's objectives
 environment check and streambp_conform.hf. Run by tests/cli/cli_conform_pytest.sh in the user-like venv:
   PYTHONPATH=verify/conform python -m pytest -p pytester conform_plugin_checks.py
 with CONFORM_OTHER_PYTHON a python of another environment (the harness's). Each pytest run below is in-process: no
-python start, no build, no torch but in the last three checks."""
+python start, no build, no torch but in the last two checks."""
 import json
 import os
 import shlex
@@ -32,7 +32,7 @@ class Harness:
     def __init__(self, pytester, monkeypatch):
         self.pytester, self.root = pytester, pytester.path
         self.binary = self.root / "streambp"
-        self.binary.write_text(f"#!{sys.executable} -IS\nimport runpy, sys\nsys.argv[0] = {str(FAKE)!r}\n"
+        self.binary.write_text(f"#!{sys.executable} -IS\nimport runpy\n"  # -IS: the standard library only, sooner
                                f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
         self.binary.chmod(0o755)
         monkeypatch.setenv("FAKE_CONFORM_CASES", str(self.root / "cases.json"))
@@ -77,7 +77,7 @@ def no_traceback(result):
     assert "Traceback" not in result.text and "pytest_plugin.py" not in result.text, result.text
 
 
-# 1. names
+# Case names and reports
 def test_duplicate_case_names_fail_collection_naming_both(harness):
     harness.cases(case("sft-a"), case("sft-a", dtype="bf16", description="the other one"))
     harness.test_file(f"@pytest.mark.streambp_conform({PASSES})\ndef test_loss(): pass\n")
@@ -99,7 +99,7 @@ def test_a_report_without_exactly_one_testcase_is_one_line(harness, monkeypatch)
     no_traceback(result)
 
 
-# 3. objectives and sessions that judge nothing
+# Objectives, and sessions that judge nothing
 def test_marker_objectives_any_case_and_unknown_named(harness):
     harness.test_file(f"@pytest.mark.streambp_conform({PASSES}, objectives=['SFT', 'Dpo'])\ndef test_loss(): pass\n")
     harness.run().assert_outcomes(passed=2)
@@ -157,7 +157,7 @@ def test_run_reads_objectives_in_any_case_and_names_an_unknown_one(tmp_path, cap
         protocol.read_case(dpo, objectives=["bogus"])
 
 
-# 4. the adapter's script beside the test file
+# The adapter's script, beside the test file
 def test_a_marker_script_is_found_beside_its_test_file(harness):
     harness.test_file("raise SystemExit(0)\n", "tests/conform/adapter.py")
     harness.test_file("@pytest.mark.streambp_conform(adapter=[sys.executable, 'adapter.py'])\ndef test_loss(): pass\n",
@@ -174,7 +174,7 @@ def test_a_marker_script_is_found_beside_its_test_file(harness):
     no_traceback(result)
 
 
-# 5. --streambp-work
+# --streambp-work
 def test_streambp_work_keeps_each_tests_case_apart(harness):
     command = ["sh", "-c", "echo it broke; exit 1"]
     fails = f"adapter={command!r}"
@@ -198,7 +198,7 @@ def test_streambp_work_keeps_each_tests_case_apart(harness):
         [str(work / "test_one"), str(work / "test_two")]
 
 
-# 7. the small ones
+# Collection, options, the binary, JUnit
 def test_adapter_items_are_counted_as_collected(harness):
     adapter = "true"
     result = harness.run("--streambp-adapter", adapter)
@@ -245,7 +245,7 @@ def test_junit_classname_is_conforms(harness):
                          "test_loss[sft-b-fp64]": "streambp.conform.sft"}, testcases
 
 
-# 6. warm starts and result.json (real processes)
+# Warm starts, result.json, streambp_conform.hf (real processes)
 def test_warm_server_declines_another_python_environment(tmp_path):
     other = os.environ["CONFORM_OTHER_PYTHON"]
     env = {**os.environ, "PYTHONPATH": str(Path(protocol.__file__).parents[1])}

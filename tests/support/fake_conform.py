@@ -1,5 +1,5 @@
-"""A stand-in for the harness binary's `conform` as the pytest plugin drives it (tests/support/conform_plugin_checks.py):
-the plugin's own behaviour checked in milliseconds per case, without the build or torch.
+"""A stand-in for the harness binary's `conform` as the pytest plugin drives it (conform_plugin_checks.py): the
+plugin's own behaviour checked in milliseconds per case, without the build or torch.
 
   conform --list-cases ...   prints the cases of the JSON file $FAKE_CONFORM_CASES (each: name, description,
                              objective, dtype; optional "fails": a verdict, as a wrong gradient's)

@@ -158,12 +158,14 @@ def test_run_reads_objectives_in_any_case_and_names_an_unknown_one(tmp_path, cap
 
 
 # The adapter's script, beside the test file
-def test_a_marker_script_is_found_beside_its_test_file(harness):
+def test_a_marker_script_and_case_file_are_found_beside_its_test_file(harness):
     harness.test_file("raise SystemExit(0)\n", "tests/conform/adapter.py")
-    harness.test_file("@pytest.mark.streambp_conform(adapter=[sys.executable, 'adapter.py'])\ndef test_loss(): pass\n",
-                      "tests/conform/test_gradients.py")
+    (harness.root / "tests/conform/mine.json").write_text("[]")
+    harness.test_file("@pytest.mark.streambp_conform(adapter=[sys.executable, 'adapter.py'], cases='mine.json')\n"
+                      "def test_loss(): pass\n", "tests/conform/test_gradients.py")
     harness.run("tests/conform").assert_outcomes(passed=2)  # from the repository's root, as CI runs it
-    assert all(str(harness.root / "tests/conform/adapter.py") in argv[argv.index("--impl") + 1]
+    assert all(str(harness.root / "tests/conform/adapter.py") in argv[argv.index("--impl") + 1] and
+               argv[argv.index("--cases") + 1] == str(harness.root / "tests/conform/mine.json")
                for argv in harness.calls())
     harness.test_file("@pytest.mark.streambp_conform(adapter=[sys.executable, 'missing.py'])\ndef test_loss(): pass\n",
                       "tests/conform/test_gradients.py")

@@ -338,12 +338,16 @@ def _scripts_beside(adapter, here):
 
 
 def _marker_spec(collector, name, marker):
-    """A marker's arguments as a spec: its script beside the test file, --streambp-cases (given) instead of cases."""
+    """A marker's arguments as a spec: its script (and a JSON file of cases) beside the test file, --streambp-cases
+    (when given) instead of its cases."""
+    here = collector.path.parent
     try:
         args = inspect.signature(ConformSpec).bind(*marker.args, **marker.kwargs).arguments
         if not isinstance(args["adapter"], str):
-            args["adapter"] = _scripts_beside(args["adapter"], collector.path.parent)
-        args["cases"] = collector.config.getoption("--streambp-cases") or args.get("cases", "ci")
+            args["adapter"] = _scripts_beside(args["adapter"], here)
+        cases = str(args.get("cases", "ci"))
+        args["cases"] = collector.config.getoption("--streambp-cases") or \
+            (str(here / cases) if _is_file(here / cases) else cases)
         return ConformSpec(**args)
     except (TypeError, ValueError) as e:
         raise _error(f"@pytest.mark.{MARKER} on {name}: {e}")

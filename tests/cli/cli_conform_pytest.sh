@@ -100,10 +100,16 @@ start=$SECONDS
   --junitxml wrong.xml) >wrong.txt 2>&1 || status=$?
 [[ $status -eq 1 ]] || fail "the chunk-shift loss: pytest exit $status, expected 1:\n$(cat wrong.txt)"
 grep -qE "^=+ 1 failed, 3 deselected in " wrong.txt || fail "-x did not stop at the first case:\n$(cat wrong.txt)"
-grep -qE "worst tensor '(model\.|lm_head)[a-z_.0-9]+': [0-9.e+-]+;.* > the fp64 bar 1e-10" wrong.txt ||
-  fail "the tensor is not named in pytest's output:\n$(cat wrong.txt)"
-grep -q "tile boundary" wrong.txt && grep -q "tile boundary" project/wrong.xml ||
-  fail "no 'tile boundary' in the verdict (the harness's hint for a target lost between tiles):\n$(cat wrong.txt)"
+verdict="worst tensor '(model\.|lm_head)[a-z_.0-9]+': [0-9.e+-]+;.* > the fp64 bar 1e-10"
+grep -qE "$verdict" wrong.txt || fail "the tensor is not named in pytest's output:\n$(cat wrong.txt)"
+# the harness's hint for a target lost between tiles, in pytest's output and the JUnit file
+grep -q "tile boundary" wrong.txt || fail "no 'tile boundary' in the verdict:\n$(cat wrong.txt)"
+python3 - project/wrong.xml "$verdict" <<'PY' || fail "wrong.xml:\n$(cat project/wrong.xml)"
+import re, sys, xml.etree.ElementTree as ET
+(failure,) = ET.parse(sys.argv[1]).getroot().iter("failure")
+words = failure.get("message") + (failure.text or "")
+assert re.search(sys.argv[2], words) and "tile boundary" in words, words
+PY
 ! grep -qE "pytest_plugin.py|Traceback" wrong.txt || fail "a traceback into the plugin:\n$(cat wrong.txt)"
 echo "ok: STREAMBP, -k and -x on the chunk-shift loss ($((SECONDS - start)) s): $(grep -m1 -oE "worst tensor '[^']+': [0-9.e+-]+" wrong.txt)"
 

@@ -11,6 +11,7 @@ Every command line is appended to $FAKE_CONFORM_LOG as a JSON list.
 """
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ def judge(impl, case, work):
     case_dir = work / case["name"]
     case_dir.mkdir(parents=True, exist_ok=True)
     with open(case_dir / "impl.log", "w") as log:
-        status = subprocess.run(f"{impl} {case_dir}", shell=True, stdout=log, stderr=subprocess.STDOUT).returncode
+        status = subprocess.run(f"{impl} {shlex.quote(str(case_dir))}", shell=True, stdout=log,
+                                stderr=subprocess.STDOUT).returncode
     lines = (case_dir / "impl.log").read_text().strip().splitlines()
     last = lines[-1] if lines else ""
     if status == 3:

@@ -216,13 +216,13 @@ class ConformSpec:
             raise _error(f"{shlex.join(argv)}: {p.stderr.strip() or p.stdout.strip()}")
         cases = _case_list(p.stdout)
         if cases is None:
-            first = p.stdout.strip().splitlines()
+            lines = p.stdout.strip().splitlines()
             raise _error(f"{given}: `conform --list-cases` printed no case list "
-                         f"({repr(first[0][:60]) if first else 'nothing'}): is it the harness's build/streambp? "
+                         f"({repr(lines[0][:60]) if lines else 'nothing'}): is it the harness's build/streambp? "
                          f"({DOCS})")
-        first = {}
+        seen = {}  # name -> the index of its first case
         for k, c in enumerate(cases):  # an item runs its case by --only NAME: two of one name would be one item
-            j = first.setdefault(c["name"], k)
+            j = seen.setdefault(c["name"], k)
             if j != k:
                 raise _error(f"`streambp {shlex.join(argv[1:])}` lists two cases named {c['name']!r}: "
                              f"{_describe(cases[j], j)} and {_describe(c, k)}; an item runs its case by name, so the "

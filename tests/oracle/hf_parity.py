@@ -30,11 +30,11 @@ RTOL = 1e-10
 
 def patch_rms_norms():
     """HF's RMSNorm rounds its statistics to fp32 even in an fp64 model: the one patch, shared with the conformance
-    adapters (verify/conform/protocol.py)."""
+    adapters (streambp_conform.hf)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verify" / "conform"))
-    from protocol import patch_rms_norms_for_fp64  # noqa: E402
+    from streambp_conform.hf import fp64_exact  # noqa: E402
 
-    patch_rms_norms_for_fp64()
+    fp64_exact()
 
 
 def check(binary, work, name, source_args):

@@ -5,8 +5,8 @@ python that has torch, transformers and peft (the harness's venv has them; the h
   streambp conform --impl "~/.cache/streambp/venv-torch-2.14.1/bin/python example_adapter.py" --cases quick
 A case it does not do (GRPO, DPO, several ranks, micro-batch steps) exits with status 3 and the reason: the harness
 reports it N/A, neither passed nor failed. fp64 is judged at 1e-10 against an exact fp64 computation, so fp64 must stay
-fp64 throughout: HF's RMSNorms round to fp32 (patched below) and so does HF's built-in loss (not used: F.cross_entropy
-keeps fp64)."""
+fp64 throughout: HF's RMSNorms round to fp32 (streambp_conform.hf.fp64_exact patches them) and so does HF's built-in
+loss (not used: F.cross_entropy keeps fp64)."""
 import sys
 from pathlib import Path
 
@@ -15,26 +15,15 @@ try:
 except ImportError:  # not installed: the checkout's copy beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from streambp_conform import Case, run
-
-
-def rms_norm(self, x):  # HF's RMSNorm, computing in (at least) fp32 instead of exactly fp32
-    import torch
-
-    xc = x.to(torch.promote_types(x.dtype, torch.float32))
-    return self.weight * (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+from streambp_conform.hf import fp64_exact
 
 
 def gradients(case: Case):
     """The loss and the gradient of every trainable tensor, by HF's parameter names (a tied lm_head appears once)."""
     import torch.nn.functional as F
     import transformers
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
-    from transformers.models.qwen3 import modeling_qwen3
 
-    # Every model family the matrix writes (config.json's model_type): Qwen3 with qk-norm, Qwen2 without, Llama.
-    for norm in (modeling_qwen3.Qwen3RMSNorm, modeling_qwen2.Qwen2RMSNorm, modeling_llama.LlamaRMSNorm):
-        norm.forward = rms_norm
+    fp64_exact()  # every model family the matrix writes (Qwen3, Qwen2, Llama): RMSNorm in at least fp32
     # --- your implementation ---
     model = transformers.AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=case.dtype)
     if case.lora:  # without autocast_adapter_dtype=False PEFT holds bf16 adapters in fp32

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the checkout's streambp_conform when it is not installed
+from streambp_conform.hf import fp64_exact  # noqa: E402
 from streambp_conform.protocol import (NOT_EXPRESSIBLE, PROTOCOL, Case, CaseError, NotExpressible, Result,  # noqa: E402,F401
                                        micro_case, read_case, run, saved_peft_name, write_outputs)
 
@@ -25,26 +26,6 @@ def quiet_hf():
     transformers.utils.logging.disable_progress_bar()
 
 
-def patch_rms_norms_for_fp64():
-    """HF's RMSNorm rounds its statistics to fp32 even in an fp64 model (`.to(torch.float32)`), which puts an fp64 HF
-    run ~1e-7 from an exact fp64 computation. Upcast to *at least* fp32 instead: fp64 stays fp64, and fp32/bf16 are
-    unchanged (the same patch as tests/oracle/hf_parity.py). Applied in fp64 cases only."""
-    import importlib
-
-    for module, cls_name in (("qwen3", "Qwen3RMSNorm"), ("qwen2", "Qwen2RMSNorm"), ("llama", "LlamaRMSNorm")):
-        try:
-            cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name)
-        except ModuleNotFoundError:  # an older transformers (a survey pin): no Qwen3 before 4.51
-            continue
-
-        def forward(self, x):
-            xc = x.to(torch.promote_types(x.dtype, torch.float32))
-            xc = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-            return self.weight * xc.to(x.dtype)
-
-        cls.forward = forward
-
-
 def load_model(case, gradient_checkpointing=False):
     """HF's AutoModelForCausalLM on model/ in the case dtype (PEFT-wrapped under LoRA), and its trainable tensors by
     the names grads.safetensors must use. Train mode only with checkpointing (HF checkpoints only in training);
@@ -52,8 +33,8 @@ def load_model(case, gradient_checkpointing=False):
     import transformers
 
     quiet_hf()
-    if case.dtype == torch.float64:
-        patch_rms_norms_for_fp64()
+    if case.dtype == torch.float64:  # HF's RMSNorms compute in fp32; fp32 and bf16 cases run HF as shipped
+        fp64_exact()
     config = json.loads((case.dir / "model" / "config.json").read_text())
     # The harness's own keys beside HF's (core/model/config.cpp): HF's Qwen3 always has q/k norms and puts
     # attention_bias on o_proj too; a config that says otherwise describes a model HF cannot build.

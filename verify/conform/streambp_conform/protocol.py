@@ -19,6 +19,7 @@ PROTOCOL = "streambp-conform/1"
 NOT_EXPRESSIBLE = 3  # the harness reports the case N/A, neither passed nor failed
 BAD_CASE = 2
 DTYPE_NAMES = ("float64", "float32", "bfloat16")
+OBJECTIVE_NAMES = ("sft", "grpo", "dpo")
 
 
 class CaseError(Exception):
@@ -115,17 +116,31 @@ def _meta(case_dir):
     if meta.get("dtype") not in DTYPE_NAMES:
         raise CaseError(f"case.json: dtype {meta.get('dtype')!r} (one of {', '.join(DTYPE_NAMES)})")
     objective = meta.get("objective") or {}
-    if objective.get("name") not in ("sft", "grpo", "dpo"):
+    if objective.get("name") not in OBJECTIVE_NAMES:
         raise CaseError(f"case.json: objective {objective!r} (name sft, grpo or dpo)")
     if meta.get("parallel", "data") not in ("data", "sequence"):
         raise CaseError(f"case.json: parallel {meta.get('parallel')!r} (data or sequence)")
     return meta
 
 
+def objective_names(objectives):
+    """`objectives` as a set of lower-case names (None: any). A name that is no objective is the caller's mistake, not
+    a case to decline: "SFT" once made every case N/A, and a run that judged nothing looked green."""
+    if objectives is None:
+        return None
+    names = {str(o).lower() for o in ([objectives] if isinstance(objectives, str) else objectives)}
+    unknown = sorted(names - set(OBJECTIVE_NAMES))
+    if unknown or not names:
+        raise ValueError(f"objectives {sorted(names)}: {'unknown ' + ', '.join(unknown) if unknown else 'none'} "
+                         f"(valid: {', '.join(OBJECTIVE_NAMES)}; None: any)")
+    return names
+
+
 def read_case(case_dir, accumulates=False, distributed=True, objectives=None):
     """The case. Declined (NotExpressible) before torch loads: a micro-batch case unless the caller `accumulates` (runs
     the step's micro-batches into one gradient normalised by the step's totals), a case of several ranks unless it is
-    `distributed`, an objective not in `objectives` (None: any)."""
+    `distributed`, an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one)."""
+    objectives = objective_names(objectives)
     case_dir = Path(case_dir)
     meta = _meta(case_dir)
     if objectives is not None and meta["objective"]["name"] not in objectives:
@@ -202,12 +217,15 @@ def _replace_atomically(target, write):
 
 def write_outputs(case, loss, grads, seconds=None, micro_batches=None):
     """grads.safetensors first, then result.json, each atomically: a result.json always has its gradients beside it.
-    micro_batches: how many the step ran (a micro-batch case)."""
+    micro_batches: how many the step ran (a micro-batch case). result.json also says which python and torch computed
+    them (conform's provenance: a user's venv is not the harness's)."""
+    import torch
     from safetensors.torch import save_file
 
     grads = _grads_to_save(case, grads)
     _replace_atomically(case.dir / "grads.safetensors", lambda tmp: save_file(grads, tmp, metadata={"format": "pt"}))
     result = {"loss": float(loss)} if seconds is None else {"loss": float(loss), "seconds": seconds}
+    result.update(python=sys.executable, torch_version=torch.__version__)
     if micro_batches is not None:
         result["micro_batches"] = micro_batches
     if warm.in_worker():  # conform measures the process it started, which is not this one's parent
@@ -220,11 +238,17 @@ def run(step, argv=None, accumulates=False, distributed=False, objectives=None, 
     write the outputs; returns the exit status (0 written; 2 a bad case or usage; 3 NotExpressible; 1 any other
     exception, its traceback and then one line naming the case). `accumulates`: step runs a micro-batch case's
     micro-batches (micro_case) as its trainer does; `distributed`: step runs case.ranks processes itself. Otherwise
-    such cases are declined before torch loads, as are objectives not in `objectives` (None: any). Gradients may carry PEFT's in-memory names; they are saved as PEFT's
-    files name them, in the case dtype."""
+    such cases are declined before torch loads, as are objectives not in `objectives` (sft, grpo, dpo in any case;
+    None: any; an unknown name exits 2 on every case). Gradients may carry PEFT's in-memory names; they are saved as
+    PEFT's files name them, in the case dtype."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
         print(usage or f"Usage: {Path(sys.argv[0]).name} CASE_DIR", file=sys.stderr)
+        return BAD_CASE
+    try:
+        objectives = objective_names(objectives)
+    except ValueError as e:  # the adapter's own mistake: every case fails with it, none is quietly N/A
+        print(f"{Path(sys.argv[0]).name}: run(objectives=...): {e}", file=sys.stderr)
         return BAD_CASE
     name = Path(argv[0]).name
     try:

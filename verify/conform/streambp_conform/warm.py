@@ -11,8 +11,12 @@ the run to it:
     delegate()
 
 `delegate()` sends its command line, working directory, environment and standard streams to the server and exits
-with the worker's status. The worker joins the caller's process group, so `streambp conform` measures, times out and
-kills it as it would the adapter itself; if it cannot (another session), the server kills it when the caller goes.
+with the worker's status. Only a server of the caller's own python environment (sys.prefix: venv pythons are
+symlinks to one binary, so the executable says nothing) takes the run: a worker forked from another venv would run
+the script on that venv's torch and packages (pytest --streambp-warm's server is the user's venv; conform's `hf`
+baseline runs in the harness's). Another environment's server declines and the script runs cold. The worker joins
+the caller's process group, so `streambp conform` measures, times out and kills it as it would the adapter itself; if
+it cannot (another session), the server kills it when the caller goes.
 The worker is a fork: whatever the adapter patches or sets stays in it. Without the variable, or with no server
 answering, `delegate()` returns and the script runs cold, as before. What differs from a cold run: modules the
 server preloaded read their import-time settings from the server's environment, not the run's; and a worker's peak
@@ -42,6 +46,11 @@ def in_worker():
     return _in_worker
 
 
+def _environment():
+    """This python's environment: its venv (or installation) folder, symlinks resolved."""
+    return os.path.realpath(sys.prefix)
+
+
 def delegate():
     """Run this script in a warm worker and exit with its status; return (to run cold) when none is available."""
     path = os.environ.get(ENV)
@@ -55,10 +64,14 @@ def delegate():
         return  # no server: run cold
     env = {k: v for k, v in os.environ.items() if k != ENV}
     request = {"argv": [os.path.abspath(sys.argv[0]), *sys.argv[1:]], "cwd": os.getcwd(), "env": env,
-               "pgid": os.getpgid(0)}
+               "pgid": os.getpgid(0), "prefix": _environment()}
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
     reply = conn.recv(_MAX_MESSAGE)
-    status = json.loads(reply)["status"] if reply else 1
+    answer = json.loads(reply) if reply else {"status": 1}
+    if "declined" in answer:  # another python environment's server: run cold
+        conn.close()
+        return
+    status = answer["status"]
     if not reply:
         print("streambp_conform.warm: the warm server went away during the run", file=sys.stderr)
     if status < 0:  # killed by a signal: die of the same one, as the cold process would have
@@ -105,6 +118,19 @@ def _worker(request, fds):
     os._exit(code)
 
 
+def _decline(caller, fds, request):
+    """A caller of another python environment: it runs cold, in its own."""
+    for fd in fds:
+        os.close(fd)
+    print(f"streambp_conform serve: declined {' '.join(request['argv'])}: its python environment "
+          f"{request.get('prefix')} is not this server's {_environment()} (it runs cold)", file=sys.stderr, flush=True)
+    try:
+        caller.send(json.dumps({"declined": _environment()}).encode())
+    except OSError:
+        pass
+    caller.close()
+
+
 def serve(path, preload=DEFAULT_PRELOAD):
     """Import `preload`, then fork a worker for every request on the socket at `path` until SIGTERM or SIGINT. The
     socket appears once the imports are done: a caller that finds none runs cold."""
@@ -138,15 +164,19 @@ def serve(path, preload=DEFAULT_PRELOAD):
                     if len(fds) != 3 or not message:
                         caller.close()
                         continue
+                    request = json.loads(message)
+                    # a caller that does not say (an older package: it cannot run cold on a refusal) is served
+                    if request.get("prefix", _environment()) != _environment():
+                        _decline(caller, fds, request)
+                        continue
                     pid = os.fork()
                     if pid == 0:
                         server.close()
                         for other in [caller, *workers.values()]:
                             other.close()
-                        _worker(json.loads(message), fds)
+                        _worker(request, fds)
                     for fd in fds:
                         os.close(fd)
-                    request = json.loads(message)
                     workers[pid], groups[pid], commands[pid] = caller, request["pgid"], " ".join(request["argv"])
                 else:  # a caller hung up before its worker finished (killed)
                     pid = next(p for p, c in workers.items() if c is conn)

@@ -111,21 +111,6 @@ def fix_c(ms):
 
 # ------------------------------------------------------------------------------------------------ the case
 
-def patch_llama_rms_norm_for_fp64():
-    """The harness's fp64 patch (protocol.patch_rms_norms_for_fp64) for Llama's and Qwen2's classes: transformers
-    4.44 has no qwen3 module for protocol's version to import. RMSNorm statistics in at least fp32, not exactly fp32."""
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
-
-    def forward(self, x):
-        xc = x.to(torch.promote_types(x.dtype, torch.float32))
-        xc = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * xc.to(x.dtype)
-
-    modeling_llama.LlamaRMSNorm.forward = forward
-    modeling_qwen2.Qwen2RMSNorm.forward = forward
-
-
 def load(case, fixes, fork=False):
     import transformers
     if fork:
@@ -154,7 +139,7 @@ def load(case, fixes, fork=False):
                         "nothing (plain HF loss). Llama cases only: qk_norm false, attention_bias false")
     protocol.quiet_hf()
     if case.dtype == torch.float64:
-        patch_llama_rms_norm_for_fp64()
+        protocol.fp64_exact()  # the harness's fp64 patch (streambp_conform.hf); 4.44 has no Qwen3 to patch
     if "A" in fixes:
         fix_a(ms)
     if "B" in fixes:

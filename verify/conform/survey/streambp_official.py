@@ -31,7 +31,7 @@ official code answers itself. DPO is not expressible (the reason in NOT_EXPRESSI
 fp64: the harness judges fp64 at 1e-10 against an exact fp64 oracle. Two roundings to fp32 inside *HF transformers
 4.51.3* (not StreamBP) would put every fp64 case ~1e-7 off on their own: RMSNorm's `.to(torch.float32)` and
 ForCausalLMLoss's `logits.float()`. In fp64 cases only, this adapter applies the same two precision patches as the
-harness's own HF adapter: protocol.patch_rms_norms_for_fp64 (RMSNorm in at least fp32) and an HF causal-LM loss
+harness's own HF adapter: protocol.fp64_exact (RMSNorm in at least fp32) and an HF causal-LM loss
 without the fp32 cast, set as the HF model's `loss_function` (which StreamModel.forward calls per chunk).
 Set STREAMBP_NO_FP64_PATCHES=1 to run HF 4.51.3 exactly as shipped.
 """
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import protocol  # noqa: E402  (read_case, quiet_hf, patch_rms_norms_for_fp64, saved_peft_name, write_outputs)
+import protocol  # noqa: E402  (read_case, quiet_hf, fp64_exact, saved_peft_name, write_outputs)
 from protocol import CaseError, NotExpressible  # noqa: E402
 
 import torch  # noqa: E402
@@ -168,7 +168,7 @@ def build(case, meta):
     protocol.quiet_hf()
     fp64_patches = case.dtype == torch.float64 and os.environ.get("STREAMBP_NO_FP64_PATCHES") != "1"
     if fp64_patches:
-        protocol.patch_rms_norms_for_fp64()
+        protocol.fp64_exact()
     hf = transformers.AutoModelForCausalLM.from_pretrained(case.dir / "model", torch_dtype=case.dtype,
                                                            attn_implementation="sdpa")
     if getattr(hf.config, "attention_dropout", 0.0) != 0.0:

@@ -33,7 +33,7 @@ def load(case):
     import torch
 
     if case.dtype == torch.float64:
-        protocol.patch_rms_norms_for_fp64()
+        protocol.fp64_exact()
     return trainer_step.load_pinned_model(case)
 
 

@@ -17,9 +17,21 @@ gemm_before=$(gemm_store)
 # a test writing where a user's results live.
 new_files() { git -C "$(dirname "$0")/../.." status --porcelain --untracked-files=all 2>/dev/null | sed -n 's/^?? //p'; }
 files_before=$(new_files)
-# Phases, with the seconds since the start, so that a slow run can be read phase by phase.
+# Phases, with the seconds since the start and the CPU seconds each took, so that a slow run can be read phase by
+# phase: wall time depends on what else the machine runs, CPU time much less (a 2-core CI has 2 CPU-seconds a second).
 started=$SECONDS
-phase() { echo "run_suite: $1 ($((SECONDS - started)) s)"; }
+# cpu_seconds [PID]: user + system CPU seconds of the finished (waited-for) children of this shell, or of PID.
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.0f", ($16 + $17) / hz }' "/proc/${1:-$$}/stat"; }
+cpu_mark=0 phases=()
+# phase WHAT [CPU]: a line when WHAT is done; CPU: its CPU seconds when not this shell's children's since the last mark.
+phase() {
+  local now cpu
+  now=$(cpu_seconds)
+  cpu=${2:-$((now - cpu_mark))}
+  [[ -n ${2:-} ]] || cpu_mark=$now
+  echo "run_suite: $1 ($((SECONDS - started)) s; $cpu CPU-s)"
+  phases+=("$(printf '%6s s %7s CPU-s  %s' "$((SECONDS - started))" "$cpu" "$1")")
+}
 # summarize <tree> <log> <ctest status...>: one summary line from ctest's closing lines in the log, "100% tests
 # passed, 0 tests failed out of 255" once per ctest run, the skipped ones listed as "  <n> - <name> (Skipped)".
 summarize() {
@@ -62,12 +74,16 @@ else
   if [[ -n $sanitized ]]; then
     bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/streambp-sanitized-XXXXXX")
     trap 'rm -rf "$bg_dir"' EXIT
-    phase "building $sanitized/ and running its fuzz targets at nice 19 beside $main_tree/'s tests (output follows)"
+    echo "run_suite: building $sanitized/ and running its fuzz targets at nice 19 beside $main_tree/'s tests (output follows)"
     (
+      me=$BASHPID  # this subshell (inside a $(...) BASHPID is that one's)
       if nice -n 19 $make_cmd sanitize-build >"$bg_dir/build.log" 2>&1; then
-        echo "run_suite: $sanitized/ built ($((SECONDS - started)) s)" >>"$bg_dir/build.log"
+        cpu_seconds "$me" >"$bg_dir/build.cpu"
+        echo "$((SECONDS - started))" >"$bg_dir/build.seconds"
         nice -n 19 ctest --test-dir "$sanitized" --output-on-failure -j "$jobs" -L fuzz >"$sanitized/ctest.log" 2>&1
         echo $? >"$bg_dir/fuzz.status"
+        echo $(($(cpu_seconds "$me") - $(<"$bg_dir/build.cpu"))) >"$bg_dir/fuzz.cpu"
+        echo "$((SECONDS - started))" >"$bg_dir/fuzz.seconds"
       fi
     ) &
     bg_pid=$!
@@ -79,14 +95,20 @@ else
   sanitized_rc=
   if [[ -n $sanitized ]]; then
     wait "$bg_pid"
+    cpu_mark=$(cpu_seconds)  # the sanitized tree's CPU, now this shell's children's, is its own phases'
     cat "$bg_dir/build.log"
     if [[ -f $bg_dir/fuzz.status ]]; then
+      echo "run_suite: $sanitized/ built at $(<"$bg_dir/build.seconds") s ($(<"$bg_dir/build.cpu") CPU-s, beside $main_tree/'s tests)"
+      phases+=("$(printf '%6s s %7s CPU-s  %s' "$(<"$bg_dir/build.seconds")" "$(<"$bg_dir/build.cpu")" \
+        "$sanitized/ built (beside the tests above, nice 19)")")
       cat "$sanitized/ctest.log"
-      phase "$sanitized/'s fuzz targets done"
+      phases+=("$(printf '%6s s %7s CPU-s  %s' "$(<"$bg_dir/fuzz.seconds")" "$(<"$bg_dir/fuzz.cpu")" \
+        "$sanitized/'s fuzz targets done")")
+      echo "run_suite: $sanitized/'s fuzz targets done at $(<"$bg_dir/fuzz.seconds") s ($(<"$bg_dir/fuzz.cpu") CPU-s)"
       ctest --test-dir "$sanitized" --output-on-failure -j "$jobs" -LE fuzz 2>&1 | tee -a "$sanitized/ctest.log"
       rest_rc=${PIPESTATUS[0]}
       sanitized_rc="$(<"$bg_dir/fuzz.status") $rest_rc"
-      phase "$sanitized/ done"
+      phase "$sanitized/'s unit tests done"
     fi
   fi
   # The tests labelled `alone` (the memory models against the meter: a peak depends on what else runs) last, with
@@ -116,6 +138,9 @@ fi
 echo
 echo "make test summary"
 printf '  %s\n' "${summary[@]}"
+echo "  phases (seconds since the suite started, CPU seconds of each; apt and the venv before it are make's):"
+printf '  %s\n' "${phases[@]}"
+echo "  $(cpu_seconds) CPU-s in $((SECONDS - started)) s"
 if [[ $status -eq 0 ]]; then echo "make test: both trees passed"; else echo "make test: FAILED (see above)"; fi
 echo "tests: $passed_total passed, $failed_total failed, $skipped_total skipped"
 exit $status

@@ -405,7 +405,8 @@ static std::string failure_words(c10::ScalarType dtype, const ConformVerdict& ve
                        "something else than the batch's target count: per row, per chunk, padding counted) "
                        "(docs/conformance.md)", loss_rel);
   else if (dtype == c10::kDouble && verdict.worst > 1e-9 && verdict.worst < 1e-4)
-    why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32 (docs/conformance.md)";
+    why += "; ~1e-7 in fp64 is usually a norm, softmax or loss computed in fp32: HF's RMSNorm is, even in an fp64 "
+           "model (streambp_conform.hf.fp64_exact() patches it; docs/conform-in-ci.md)";
   return words.empty() ? why : words + "; " + why;
 }
 

@@ -4,7 +4,7 @@ W = SP Gloo ranks (2, or 3) on the CPU, fp64, a 1-layer untied Llama; lr 0; ACCU
 step. Rank 0 prints each tensor's multiple of the reference: one process's gradient of the step's union batch.
   DS_ACCELERATOR=cpu ZERO=2 SP=2 ACCUM=1 python -m torch.distributed.run --nproc_per_node=2 \
     transformers_trainer_sp_zero2.py
-(ZERO=3: every tensor x1.)"""
+(ZERO=3: every tensor x1; ZERO=3 REDUCE_SCATTER=0, zero_optimization's "reduce_scatter": false: x SP again.)"""
 import os
 import tempfile
 
@@ -12,6 +12,11 @@ import deepspeed
 import torch
 
 W, K = int(os.environ.get("SP", "2")), int(os.environ.get("ACCUM", "1"))
+ZERO = {"stage": int(os.environ.get("ZERO", "2"))}
+for knob in ("reduce_scatter", "contiguous_gradients"):  # REDUCE_SCATTER=0 etc.; unset: DeepSpeed's default, true
+    if knob.upper() in os.environ:
+        ZERO[knob] = os.environ[knob.upper()] == "1"
+LABEL = " ".join([f"ZeRO-{ZERO['stage']}"] + [f"{k}={v}" for k, v in ZERO.items() if k != "stage"])
 deepspeed.init_distributed(dist_backend="gloo")  # the Trainer expects DeepSpeed's process groups to exist
 from accelerate.utils import ParallelismConfig  # noqa: E402
 from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig  # noqa: E402
@@ -48,7 +53,7 @@ with tempfile.TemporaryDirectory() as out:
         output_dir=out, per_device_train_batch_size=1, max_steps=1, gradient_accumulation_steps=K, report_to=[],
         use_cpu=True, learning_rate=0.0, save_strategy="no",
         deepspeed={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": K,
-                   "zero_optimization": {"stage": int(os.environ.get("ZERO", "2"))}},
+                   "zero_optimization": ZERO},
         parallelism_config=ParallelismConfig(sp_size=W, sp_backend="deepspeed",
                                              sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")))
     Trainer(model=model, args=args, train_dataset=rows).train()
@@ -57,5 +62,5 @@ if torch.distributed.get_rank() == 0:
         for name, ref in references[kind].items():
             factor = (seen[0][name].norm() / ref.norm()).item()
             residual = ((seen[0][name] - factor * ref).norm() / seen[0][name].norm()).item()
-            print(f"ZeRO-{os.environ.get('ZERO', '2')} W={W} K={K} vs {kind} {name}: x{factor:.6f} "
+            print(f"{LABEL} W={W} K={K} vs {kind} {name}: x{factor:.6f} "
                   f"(residual {residual:.1e})")

@@ -161,7 +161,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
   app.add_flag("--lora", a.lora_only, "only the LoRA cases");
   app.add_option("--only", a.only, "only these cases of the set, by name, comma-separated (a pytest item runs one)")
       ->delimiter(',');
-  app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, description, objective, dtype, "
+  app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, id, description, objective, dtype, "
                "lora, batch, seq, ranks, parallel, micro_batches, tied, chunks) and run nothing");
   app.add_option("--accumulation", a.accumulation, "what a step of several micro-batches is judged against: union "
                  "(the loss over their union, normalised by the step's target count) or micro-means (the mean of each "
@@ -242,7 +242,7 @@ std::vector<ConformCase> select_cases(const ConformArgs& a) {
 void print_case_list(const std::vector<ConformCase>& cases) {
   auto list = nlohmann::json::array();
   for (const auto& c : cases)
-    list.push_back({{"name", c.name}, {"description", c.description}, {"objective", c.objective},
+    list.push_back({{"name", c.name}, {"id", conform_case_id(c)}, {"description", c.description}, {"objective", c.objective},
                     {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
                     {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
                     {"micro_batches", c.micro_batches}, {"tied", c.config.tie_word_embeddings},

@@ -2,7 +2,7 @@
 plugin's own behaviour checked in milliseconds per case, without the build or torch.
 
   conform --list-cases ...   prints the cases of the JSON file $FAKE_CONFORM_CASES (each: name, description,
-                             objective, dtype; optional "fails": a verdict, as a wrong gradient's)
+                             objective, dtype; optional "fails": a verdict, as a wrong gradient's), each with its id
   conform --impl CMD --only NAME --junit FILE [--work DIR] ...   runs `CMD DIR/NAME` in a shell as conform does: exit
                              0 passes (unless the case "fails"), 3 is N/A with the last line as the reason, another
                              status fails; the case's directory stays in DIR when it failed; the JUnit report has a
@@ -46,6 +46,8 @@ def main(argv):
     with open(os.environ["FAKE_CONFORM_LOG"], "a") as log:
         log.write(json.dumps(argv) + "\n")
     cases = json.loads(Path(os.environ["FAKE_CONFORM_CASES"]).read_text())
+    for case in cases:  # the case id conform lists beside each case and names its JUnit rows by
+        case.setdefault("id", f"{case['name']}-{case['dtype']}")
     if "--list-cases" in argv:
         print(json.dumps(cases, indent=2))
         return 0
@@ -60,7 +62,7 @@ def main(argv):
         verdicts.append(status)
         for _ in range(2 if os.environ.get("FAKE_CONFORM_JUNIT_TWICE") else 1):
             testcase = ET.SubElement(suite, "testcase", classname="streambp.conform." + case["objective"].split(":")[0],
-                                     name=f"{case['name']}[{case['dtype']}]")
+                                     name=case["id"])
             if status != "passed":
                 ET.SubElement(testcase, "failure" if status == "failed" else "skipped", message=message)
         if status != "failed" or not given_work:

@@ -308,7 +308,7 @@ def _work_folder(config, name):
 def _items(parent, name, spec):
     binary = _binary(parent.config)
     spec.work = _work_folder(parent.config, name)
-    return [ConformItem.from_parent(parent, name=f"{name}[{c['name']}-{c['dtype']}]", spec=spec, case=c,
+    return [ConformItem.from_parent(parent, name=f"{name}[{c['id']}]", spec=spec, case=c,
                                     binary=binary[0])
             for c in spec.list_cases(binary)]
 

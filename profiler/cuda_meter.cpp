@@ -62,7 +62,7 @@ void on_allocator_trace(const c10::CachingDeviceAllocator::TraceEntry& entry) {
 
 // As in cuda_memory.cpp: the allocator's per-device state exists only after torch's lazy CUDA init; init() only adds
 // the devices it does not know yet, so calling it ahead of torch is harmless.
-void ensure_allocator_initialized() {
+void ensure_meter_allocator() {
   auto* allocator = c10::cuda::CUDACachingAllocator::get();
   if (!allocator->initialized()) allocator->init(cuda_device_count());
 }
@@ -123,7 +123,7 @@ CudaMemoryMeter::CudaMemoryMeter(int device) : state_(std::make_unique<State>(de
     s.reason = "no CUDA device " + std::to_string(device) + " (found " + std::to_string(cuda_device_count()) + ")";
     return;
   }
-  ensure_allocator_initialized();
+  ensure_meter_allocator();
   s.trace_reason = attach_trace_callback();
   s.trace_attached = s.trace_reason.empty();
   g_states[std::size_t(device)].store(&s, std::memory_order_release);

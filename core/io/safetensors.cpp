@@ -61,7 +61,7 @@ std::optional<at::ScalarType> dtype_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-std::optional<std::string> dtype_name(at::ScalarType type) {
+std::optional<std::string> safetensors_dtype(at::ScalarType type) {
   for (const Dtype& d : kDtypes) {
     if (type == d.type) return d.name;
   }
@@ -340,7 +340,7 @@ void check_writable(const fs::path& where, const TensorList& tensors) {
     if (name == kMetadataKey) fail_tensor(where, name, "the name is reserved for metadata");
     if (!names.insert(name).second) fail_tensor(where, name, "the name is used twice");
     if (!tensor.defined()) fail_tensor(where, name, "undefined tensor");
-    if (!dtype_name(tensor.scalar_type())) {
+    if (!safetensors_dtype(tensor.scalar_type())) {
       fail_tensor(where, name, std::string("dtype ") + c10::toString(tensor.scalar_type()) + " is not supported");
     }
   }
@@ -352,7 +352,7 @@ std::string build_header(const TensorList& tensors, const std::map<std::string, 
   std::uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     const std::uint64_t bytes = byte_size(tensor);
-    header[name] = {{"dtype", *dtype_name(tensor.scalar_type())},
+    header[name] = {{"dtype", *safetensors_dtype(tensor.scalar_type())},
                     {"shape", tensor.sizes().vec()},
                     {"data_offsets", Json::array({offset, offset + bytes})}};
     offset += bytes;

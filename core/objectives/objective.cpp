@@ -12,11 +12,11 @@
 namespace sbp {
 namespace {
 
-void check(bool ok, const std::string& source, const std::string& what) {
+void check_batch(bool ok, const std::string& source, const std::string& what) {
   if (!ok) throw InputError(source + ": " + what);
 }
 
-std::string join(const std::set<std::string>& names) {
+std::string join_names(const std::set<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
   return out.empty() ? "none" : out;
@@ -27,35 +27,35 @@ std::string join(const std::set<std::string>& names) {
 void check_field_names(const Batch& batch, const std::set<std::string>& required, const std::set<std::string>& optional,
                        const std::string& objective, const std::string& source) {
   for (const auto& name : required)
-    check(batch.has(name), source, "missing tensor '" + name + "' (objective " + objective + " needs " + join(required) + ")");
+    check_batch(batch.has(name), source, "missing tensor '" + name + "' (objective " + objective + " needs " + join_names(required) + ")");
   for (const auto& [name, tensor] : batch.fields)
-    check(required.count(name) || optional.count(name), source,
-          "unexpected tensor '" + name + "' for objective " + objective + " (it reads " + join(required) +
-              (optional.empty() ? "" : "; optional " + join(optional)) + "): was the batch made for another objective?");
+    check_batch(required.count(name) || optional.count(name), source,
+                "unexpected tensor '" + name + "' for objective " + objective + " (it reads " + join_names(required) +
+                    (optional.empty() ? "" : "; optional " + join_names(optional)) + "): was the batch made for another objective?");
 }
 
 at::Tensor checked_completion_mask(const Batch& b, const std::string& source) {
   const auto& m = b.field("completion_mask");
-  check(m.scalar_type() == at::kLong, source, "completion_mask must be int64, got " + std::string(c10::toString(m.scalar_type())));
-  check(m.sizes() == b.input_ids.sizes(), source,
-        "completion_mask " + c10::str(m.sizes()) + " must have the shape of input_ids " + c10::str(b.input_ids.sizes()));
-  check(((m == 0) | (m == 1)).all().item<bool>(), source, "completion_mask must hold only 0 and 1");
-  check(((m == 0) | (b.attention_mask == 1)).all().item<bool>(), source,
-        "completion_mask is 1 on a padded position (attention_mask 0): a pad is never scored");
-  check((m.select(1, 0) == 0).all().item<bool>(), source,
-        "completion_mask is 1 on token 0, which no position predicts: a completion follows at least one prompt token");
-  check(m.any().item<bool>(), source, "completion_mask is all 0: the batch has no completion token to score");
+  check_batch(m.scalar_type() == at::kLong, source, "completion_mask must be int64, got " + std::string(c10::toString(m.scalar_type())));
+  check_batch(m.sizes() == b.input_ids.sizes(), source,
+              "completion_mask " + c10::str(m.sizes()) + " must have the shape of input_ids " + c10::str(b.input_ids.sizes()));
+  check_batch(((m == 0) | (m == 1)).all().item<bool>(), source, "completion_mask must hold only 0 and 1");
+  check_batch(((m == 0) | (b.attention_mask == 1)).all().item<bool>(), source,
+              "completion_mask is 1 on a padded position (attention_mask 0): a pad is never scored");
+  check_batch((m.select(1, 0) == 0).all().item<bool>(), source,
+              "completion_mask is 1 on token 0, which no position predicts: a completion follows at least one prompt token");
+  check_batch(m.any().item<bool>(), source, "completion_mask is all 0: the batch has no completion token to score");
   return m;
 }
 
 at::Tensor checked_float_field(const Batch& b, const std::string& name, at::IntArrayRef shape, const at::Tensor& where,
                                const std::string& source) {
   const auto& t = b.field(name);
-  check(at::isFloatingType(t.scalar_type()), source, name + " must be floating point, got " + std::string(c10::toString(t.scalar_type())));
-  check(t.sizes() == shape, source, name + " has shape " + c10::str(t.sizes()) + ", expected " + c10::str(shape));
+  check_batch(at::isFloatingType(t.scalar_type()), source, name + " must be floating point, got " + std::string(c10::toString(t.scalar_type())));
+  check_batch(t.sizes() == shape, source, name + " has shape " + c10::str(t.sizes()) + ", expected " + c10::str(shape));
   const auto x = t.to(at::kDouble);
   const auto finite = at::isfinite(x);
-  check((where.defined() ? (finite | (where == 0)) : finite).all().item<bool>(), source, name + " holds a non-finite value");
+  check_batch((where.defined() ? (finite | (where == 0)) : finite).all().item<bool>(), source, name + " holds a non-finite value");
   return where.defined() ? x.masked_fill(where == 0, 0.0) : x;
 }
 

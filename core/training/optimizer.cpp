@@ -42,7 +42,7 @@ std::string shortest(double value) {
   return std::string(text, result.ptr);
 }
 
-std::string shape_text(at::IntArrayRef shape) {
+std::string shape_list(at::IntArrayRef shape) {
   std::string text = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
@@ -276,7 +276,7 @@ void Optimizer::load_state(const TensorList& state, const std::string& source) {
       fail(name, std::string("has dtype ") + c10::toString(t.scalar_type()) + ", expected " +
                      c10::toString(mine.scalar_type()));
     if (t.sizes() != mine.sizes())
-      fail(name, "has shape " + shape_text(t.sizes()) + ", expected " + shape_text(mine.sizes()));
+      fail(name, "has shape " + shape_list(t.sizes()) + ", expected " + shape_list(mine.sizes()));
   }
   for (const auto& [name, tensor] : given)
     if (!known.count(name)) fail(name, "is not a state of this optimizer (" + optimizer_spec(options_) + ")");

@@ -11,7 +11,7 @@
 namespace sbp {
 namespace {
 
-const void* key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+const void* home_key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
 // Dropped as ZeRO-3 frees a tensor: empty data, the same tensor object (the model's, autograd's saved reference).
 void drop_data(const at::Tensor& p) { p.set_data(at::empty({0}, p.options())); }
@@ -24,7 +24,7 @@ ParameterHome::ParameterHome(const TensorList& trainable, OffloadTier& tier) : t
     device_ = p.device();
     auto home = tier_.store(p.detach());
     homes_.push_back({name, home});
-    entries_[key(p)] = {p, home, 0};
+    entries_[home_key(p)] = {p, home, 0};
   }
   // The copies into the tier done before anything reads the homes on the host (CUDA: they run on a side stream).
   synchronize(device_);
@@ -41,7 +41,7 @@ ParameterHome::~ParameterHome() {
 void ParameterHome::use(const ParameterUse& use) {
   at::NoGradGuard no_grad;
   for (const auto& p : use.tensors) {
-    const auto it = entries_.find(key(p));
+    const auto it = entries_.find(home_key(p));
     if (it == entries_.end()) throw std::logic_error("parameter offload: '" + use.name + "' uses a tensor it does not hold");
     auto& e = it->second;
     if (use.begin) {

@@ -20,6 +20,13 @@ struct MemoryEstimate;  // core/methods/workload.h
 
 namespace sbp::test {
 
+// ARCHITECTURE.md §4: the fp64 gate. Summation-order differences in fp64 give ~1e-15 relative error per operation; a few
+// hundred accumulated operations stay far below this, while any real bug (a wrong mask, a dropped term) is O(1).
+inline constexpr double kFp64Rtol = 1e-10;
+// Losses are one scalar sum; different chunkings reorder it, nothing else.
+inline constexpr double kLossRtol = 1e-12;
+inline constexpr std::int64_t kMiB = 1 << 20;
+
 // A fresh folder under the system temp directory, removed with everything in it.
 class TempDir {
  public:

@@ -22,7 +22,7 @@ using sbp::test::TempDir;
 namespace {
 
 // The message of the exception `action` throws; fails the test when it throws none.
-std::string error_of(const std::function<void()>& action) {
+std::string checkpoint_error_of(const std::function<void()>& action) {
   try {
     action();
   } catch (const std::exception& e) {
@@ -130,7 +130,7 @@ nlohmann::json valid_config_json() {
 // read_config_json's error for `config` written to `file`.
 std::string config_error(const nlohmann::json& config, const fs::path& file) {
   sbp::test::write_bytes(file, config.dump(2));
-  return error_of([&] { sbp::read_config_json(file); });
+  return checkpoint_error_of([&] { sbp::read_config_json(file); });
 }
 
 }  // namespace
@@ -187,7 +187,7 @@ TEST_CASE("a malformed config.json is rejected naming the file and the field", "
   }
   SECTION("not JSON") {
     sbp::test::write_bytes(file, "{\"hidden_size\": 64,");
-    CHECK_THAT(error_of([&] { sbp::read_config_json(file); }), Catch::Contains(file.string()));
+    CHECK_THAT(checkpoint_error_of([&] { sbp::read_config_json(file); }), Catch::Contains(file.string()));
   }
 }
 
@@ -204,7 +204,7 @@ struct SavedCheckpoint {
     sbp::save_model_dir(model, dir.path());
   }
   fs::path weights() const { return dir.path() / "model.safetensors"; }
-  std::string load_error() const { return error_of([&] { sbp::load_model_dir(dir.path(), at::kFloat); }); }
+  std::string load_error() const { return checkpoint_error_of([&] { sbp::load_model_dir(dir.path(), at::kFloat); }); }
 };
 
 }  // namespace

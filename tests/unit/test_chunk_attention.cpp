@@ -26,17 +26,17 @@ double relative_error(const at::Tensor& got, const at::Tensor& want) {
 
 // What one chunk must reproduce: rows [s, T) of causal attention over [0, T), and the gradients of
 // L = sum(o * g) with respect to those query rows and to every key and value row.
-struct Case {
+struct AttentionCase {
   at::Tensor q, k, v, g;  // q: [B, n_h, T, hd]; k, v: [B, n_kv, T, hd]; g: [B, n_h, T - s, hd]
   std::int64_t s;
   double scale;
   at::Tensor o, dq, dk, dv;  // the reference
 };
 
-Case make_case(std::int64_t T, std::int64_t s, std::int64_t heads, std::int64_t kv_heads) {
+AttentionCase make_attention_case(std::int64_t T, std::int64_t s, std::int64_t heads, std::int64_t kv_heads) {
   const auto opts = at::TensorOptions().dtype(at::kDouble);
   at::manual_seed(7);
-  Case c;
+  AttentionCase c;
   c.q = at::randn({2, heads, T, 16}, opts), c.k = at::randn({2, kv_heads, T, 16}, opts);
   c.v = at::randn({2, kv_heads, T, 16}, opts), c.g = at::randn({2, heads, T - s, 16}, opts);
   c.s = s;
@@ -48,12 +48,12 @@ Case make_case(std::int64_t T, std::int64_t s, std::int64_t heads, std::int64_t 
   return c;
 }
 
-struct Result {
+struct AttentionResult {
   at::Tensor o, dq, dk, dv;
 };
 
 template <typename Kernel>
-Result run_chunk(const Kernel& kernel, const Case& c, bool into_sums) {
+AttentionResult run_chunk(const Kernel& kernel, const AttentionCase& c, bool into_sums) {
   const auto q = c.q.narrow(2, c.s, c.q.size(2) - c.s).clone().requires_grad_();
   const auto k = c.k.clone().requires_grad_(!into_sums), v = c.v.clone().requires_grad_(!into_sums);
   sbp::KVGradSums sums{at::zeros_like(c.k), at::zeros_like(c.v)};
@@ -70,7 +70,7 @@ AttentionKernel cuda_layout_on_cpu() {
   return kernel;
 }
 
-double worst_error(const Result& r, const Case& c) {
+double worst_error(const AttentionResult& r, const AttentionCase& c) {
   return std::max({relative_error(r.o, c.o), relative_error(r.dq, c.dq), relative_error(r.dk, c.dk),
                    relative_error(r.dv, c.dv)});
 }
@@ -82,7 +82,7 @@ TEST_CASE("chunk_attention equals whole-sequence attention in fp64, with either 
   REQUIRE(cuda_like.needs_equal_heads);  // the CUDA kernel set-up is the one with expanded K/V heads
   // s = 2500: a prefix of three tiles (1024, 1024, 452) under the CUDA layout; GQA (4 query heads on 2) and MHA.
   for (const auto kv_heads : {2, 4}) {
-    const Case c = make_case(2600, 2500, 4, kv_heads);
+    const AttentionCase c = make_attention_case(2600, 2500, 4, kv_heads);
     for (const bool into_sums : {false, true}) {
       INFO("kv_heads " << kv_heads << ", into sums " << into_sums);
       CHECK(worst_error(run_chunk(sbp::cpu_attention_kernel(), c, into_sums), c) < 1e-12);
@@ -107,8 +107,8 @@ TEST_CASE("negative control: the chunk attention check fails when the expanded K
           "[attention][negative]") {
   AttentionKernel faulty = cuda_layout_on_cpu();
   faulty.backward = backward_dropping_heads;
-  const Case c = make_case(1200, 1100, 4, 2);
-  const Result r = run_chunk(faulty, c, true);
+  const AttentionCase c = make_attention_case(1200, 1100, 4, 2);
+  const AttentionResult r = run_chunk(faulty, c, true);
   CHECK(relative_error(r.o, c.o) < 1e-12);  // the forward is untouched
   CHECK(relative_error(r.dk, c.dk) > 0.1);
 }
@@ -123,7 +123,7 @@ namespace {
 
 // StreamBP's use of one layer: chunks [0, 7), [7, 20), [20, T) in turn, each over the K/V prefix up to its end (a view
 // of the layer's K/V, as streambp.cpp passes it), every chunk's K/V gradients added into one pair of sums.
-Result run_streamed(const WholeChunkKernel& kernel, const Case& c) {
+AttentionResult run_streamed(const WholeChunkKernel& kernel, const AttentionCase& c) {
   const auto T = c.q.size(2);
   sbp::KVGradSums sums{at::zeros_like(c.k), at::zeros_like(c.v)};
   std::vector<at::Tensor> o, dq;
@@ -160,14 +160,14 @@ TEST_CASE("the whole-chunk path equals whole-sequence attention in fp64, its K/V
   // dK/dV added into the sums over [0, s+c) only. s = 2500: a prefix longer than the blocks' 1024-key tiles.
   const auto& kernel = sbp::cpu_masked_whole_chunk_kernel();
   for (const auto kv_heads : {2, 4}) {
-    const Case c = make_case(2600, 2500, 4, kv_heads);
+    const AttentionCase c = make_attention_case(2600, 2500, 4, kv_heads);
     for (const bool into_sums : {false, true}) {
       INFO("kv_heads " << kv_heads << ", into sums " << into_sums);
       CHECK(worst_error(run_chunk(kernel, c, into_sums), c) < 1e-12);
     }
     // Three chunks of one layer, the first one alone on its (square) diagonal: the sums must hold every key's
     // gradient over the whole sequence, and the rows beyond each chunk's prefix must stay untouched by it.
-    const Case whole = make_case(40, 0, 4, kv_heads);
+    const AttentionCase whole = make_attention_case(40, 0, 4, kv_heads);
     INFO("kv_heads " << kv_heads << ", three chunks into one pair of sums");
     CHECK(worst_error(run_streamed(kernel, whole), whole) < 1e-12);
   }
@@ -176,8 +176,8 @@ TEST_CASE("the whole-chunk path equals whole-sequence attention in fp64, its K/V
 TEST_CASE("negative control: the whole-chunk check fails with the causal rule aligned top-left",
           "[attention][whole-chunk][negative]") {
   const WholeChunkKernel top_left{"top-left causal", top_left_forward, top_left_backward};
-  const Case c = make_case(120, 100, 4, 2);
-  const Result r = run_chunk(top_left, c, true);
+  const AttentionCase c = make_attention_case(120, 100, 4, 2);
+  const AttentionResult r = run_chunk(top_left, c, true);
   CHECK(relative_error(r.o, c.o) > 0.1);
   CHECK(relative_error(r.dk, c.dk) > 0.1);
   CHECK(worst_error(run_chunk(sbp::cpu_masked_whole_chunk_kernel(), c, true), c) < 1e-12);  // the same case, right

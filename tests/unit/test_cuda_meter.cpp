@@ -23,7 +23,7 @@ using sbp::AllocatorTraceAdapter;
 using Entry = AllocatorTraceAdapter::TraceEntry;
 using Action = Entry::Action;
 
-constexpr std::int64_t kMiB = 1 << 20;
+using sbp::test::kMiB;
 
 Entry trace_entry(Action action, std::size_t addr, std::size_t size_bytes, c10::approx_time_t ticks, int device = 0) {
   return Entry(action, static_cast<c10::DeviceIndex>(device), addr, size_bytes, /*stream=*/nullptr,
@@ -41,12 +41,12 @@ std::vector<std::int64_t> current_bytes_of(const std::vector<sbp::MemoryEvent>& 
 
 
 // A budget for one scope, always lifted, so that a failing check cannot leave the rest of the test under it.
-class BudgetScope {
+class CudaBudgetScope {
  public:
-  BudgetScope(sbp::CudaMemoryMeter& meter, std::int64_t bytes) : meter_(meter) { meter_.set_budget_bytes(bytes); }
-  ~BudgetScope() { meter_.set_budget_bytes(0); }
-  BudgetScope(const BudgetScope&) = delete;
-  BudgetScope& operator=(const BudgetScope&) = delete;
+  CudaBudgetScope(sbp::CudaMemoryMeter& meter, std::int64_t bytes) : meter_(meter) { meter_.set_budget_bytes(bytes); }
+  ~CudaBudgetScope() { meter_.set_budget_bytes(0); }
+  CudaBudgetScope(const CudaBudgetScope&) = delete;
+  CudaBudgetScope& operator=(const CudaBudgetScope&) = delete;
 
  private:
   sbp::CudaMemoryMeter& meter_;
@@ -311,7 +311,7 @@ TEST_CASE("with a GPU the CUDA meter's budget makes an allocation beyond it thro
   };
   REQUIRE(meter.start_timeline());
   {
-    BudgetScope budget(meter, reserved + 64 * kMiB);
+    CudaBudgetScope budget(meter, reserved + 64 * kMiB);
     CHECK(meter.budget_bytes() == reserved + 64 * kMiB);
     CHECK_NOTHROW(floats(16 * kMiB));
     CHECK_THROWS_AS(floats(reserved + 128 * kMiB), c10::OutOfMemoryError);

@@ -8,10 +8,11 @@
 #include <vector>
 
 #include "profiler/cupti_recorder.h"
+#include "tests/support/test_support.h"
 
 namespace {
 
-constexpr std::int64_t kMiB = 1 << 20;
+using sbp::test::kMiB;
 
 sbp::CuptiRecord alloc(std::int64_t address, std::int64_t bytes, std::uint64_t ns, int device = 0,
                        const std::string& memory_kind = "device") {

@@ -32,11 +32,8 @@ using sbp::test::run_step;
 
 namespace {
 
-// ARCHITECTURE.md §4: the fp64 gate. Summation-order differences in fp64 give ~1e-15 relative error per operation; a few
-// hundred accumulated operations stay far below this, while any real bug (a wrong mask, a dropped term) is O(1).
-constexpr double kFp64Rtol = 1e-10;
-// Losses are one scalar sum; different chunkings reorder it, nothing else.
-constexpr double kLossRtol = 1e-12;
+using sbp::test::kFp64Rtol;  // the fp64 gate (tests/support/test_support.h)
+using sbp::test::kLossRtol;
 
 double relative_difference(double reference, double other) {
   return std::abs(reference - other) / std::abs(reference);
@@ -57,14 +54,14 @@ double check_gradients_match(const sbp::TensorList& ref, const sbp::TensorList& 
   return cmp.max_normwise_rel();
 }
 
-struct Shape {
+struct ExactShape {
   std::string what;
   ModelConfig config;
   RandomBatchOptions batch;
 };
 
-std::vector<Shape> standard_vs_checkpoint_shapes() {
-  std::vector<Shape> shapes;
+std::vector<ExactShape> standard_vs_checkpoint_shapes() {
+  std::vector<ExactShape> shapes;
   ModelConfig qwen3 = sbp::test::tiny_config();  // GQA 4/2, qk_norm, tied
   shapes.push_back({"qwen3 tiny, ragged B=2", qwen3, {2, 24, 0.3, 0.0, 11}});
 

@@ -67,7 +67,7 @@ std::vector<std::string> shard_positions(const sbp::Workload& w) {
   return {"T = " + std::to_string(z.T)};
 }
 
-struct Case {
+struct FeatureCase {
   sbp::WorkloadFeature feature;
   Names names;
   std::string term;  // a part of the name of one of its terms
@@ -84,7 +84,7 @@ bool shows(const std::vector<std::string>& names, const std::string& term) {
 TEST_CASE("each workload feature's memory terms appear in the estimate exactly when the feature is there",
           "[memory-model][features]") {
   using sbp::OffloadKind;
-  const std::vector<Case> cases = {
+  const std::vector<FeatureCase> cases = {
       {sbp::Offload{OffloadKind::checkpoints}, tier_terms, "layer checkpoints"},
       {sbp::Offload{OffloadKind::gradients}, tier_terms, "gradients"},
       {sbp::Offload{OffloadKind::parameters}, tier_terms, "parameter"},  // one process's, or ZeRO-3's slices

@@ -97,7 +97,7 @@ class WorkCounter {
   at::CallbackHandle handle_;
 };
 
-double relative(double a, double b) { return std::abs(a / b - 1); }
+double relative_gap(double a, double b) { return std::abs(a / b - 1); }
 
 }  // namespace
 
@@ -146,24 +146,24 @@ TEST_CASE("the FLOP model is the matrix products and attention pairs each method
     INFO(spec << " lora=" << lora << " dtype=" << c10::toString(dtype) << ": attention forward counted "
               << attention_forward << ", model " << forwards * f.attention << "; backward counted "
               << attention_backward << ", model " << f.attention * sbp::FlopTerms::kAttentionBackward);
-    CHECK(relative(attention_forward, forwards * f.attention) < 1e-12);
-    CHECK(relative(attention_backward, f.attention * sbp::FlopTerms::kAttentionBackward) < 1e-12);
+    CHECK(relative_gap(attention_forward, forwards * f.attention) < 1e-12);
+    CHECK(relative_gap(attention_backward, f.attention * sbp::FlopTerms::kAttentionBackward) < 1e-12);
     if (name == "streambp")
-      CHECK(relative(attention_forward + attention_backward, sbp::streambp_attention_flops(workload)) <
+      CHECK(relative_gap(attention_forward + attention_backward, sbp::streambp_attention_flops(workload)) <
             1e-12);
     const double counted = matmul + attention_forward + attention_backward;
     INFO("counted - model = " << counted - method->flops(workload));
-    CHECK(relative(counted, method->flops(workload)) < 1e-9);
+    CHECK(relative_gap(counted, method->flops(workload)) < 1e-9);
 
     // Negative controls: the comparison resolves one pair per head and query. A causal term of T²/2 pairs (the
     // diagonal's T pairs per head missing), and, for StreamBP, the earlier chunk-square term (each chunk's diagonal
     // block scored in full: Σ c·(s + c) = T²(1 + 1/D)/2 pairs), are both rejected.
     const double half_square = f.attention * T / (T + 1);
-    CHECK(relative(attention_forward, forwards * half_square) > 1e-3);
+    CHECK(relative_gap(attention_forward, forwards * half_square) > 1e-3);
     if (name == "streambp") {
       const double D = double((T + layer_chunk - 1) / layer_chunk), c = double(layer_chunk);
       const double chunk_square = f.attention * std::min(double(T * T), c * c * D * (D + 1) / 2) / (T * (T + 1) / 2.0);
-      CHECK(relative(attention_forward + attention_backward,
+      CHECK(relative_gap(attention_forward + attention_backward,
                      chunk_square * (2 + sbp::FlopTerms::kAttentionBackward)) > 1e-3);
     }
   }

@@ -28,7 +28,7 @@ using sbp::test::run_step;
 
 namespace {
 
-constexpr double kFp64Rtol = 1e-10;  // the exactness gate of test_exactness.cpp
+using sbp::test::kFp64Rtol;  // the exactness gate
 
 // Standard BP against StreamBP with `fault` (tests/support/faulty_methods.h), in fp64 on the tiny preset (untied, so that
 // the lm_head and the embedding gradients are checked separately). No padding: padded tail positions carry no loss,
@@ -46,14 +46,14 @@ sbp::GradComparison faulty_streambp_error(StreamBPFault fault, std::int64_t seq_
   return sbp::compare_gradients(standard.gradients, model.gradients());
 }
 
-void require_gate_fails(const sbp::GradComparison& cmp) {
+void require_method_gate_fails(const sbp::GradComparison& cmp) {
   const auto* worst = cmp.worst();
   INFO("largest normwise relative error " << cmp.max_normwise_rel() << " in " << (worst ? worst->name : "-"));
   CHECK(cmp.problems.empty());  // the gradients are all there; only their values are wrong
   CHECK_FALSE(cmp.passed(kFp64Rtol));
 }
 
-TensorList clone(const TensorList& tensors) {
+TensorList clone_all(const TensorList& tensors) {
   TensorList out;
   for (const auto& t : tensors) out.push_back({t.name, t.tensor.clone()});
   return out;
@@ -63,22 +63,22 @@ TensorList clone(const TensorList& tensors) {
 
 TEST_CASE("the exactness gate fails when chunks use top-left causal alignment", "[negative-control]") {
   // Needs a chunk with s > 0: T = 16 in chunks of 4.
-  require_gate_fails(faulty_streambp_error(StreamBPFault::top_left_causal, 16, 4));
+  require_method_gate_fails(faulty_streambp_error(StreamBPFault::top_left_causal, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails when the dK/dV path is dropped", "[negative-control]") {
-  require_gate_fails(faulty_streambp_error(StreamBPFault::drop_kv_path, 16, 4));
+  require_method_gate_fails(faulty_streambp_error(StreamBPFault::drop_kv_path, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails on a doubled head gradient", "[negative-control]") {
-  require_gate_fails(faulty_streambp_error(StreamBPFault::double_head_grad, 16, 4));
+  require_method_gate_fails(faulty_streambp_error(StreamBPFault::double_head_grad, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails when the tail tokens are dropped", "[negative-control]") {
   // Needs T mod c >= 2: T = 14 in chunks of 4 leaves two tokens out. A single dropped token would go unnoticed by
   // any gate: the last position predicts nothing (its shifted label is -100) and no earlier query attends to it,
   // so its exact gradient is zero in every layer (measured: 6e-16 with T = 13).
-  require_gate_fails(faulty_streambp_error(StreamBPFault::drop_tail, 14, 4));
+  require_method_gate_fails(faulty_streambp_error(StreamBPFault::drop_tail, 14, 4));
 }
 
 namespace {
@@ -159,13 +159,13 @@ sbp::GradComparison faulty_mst_error(MsTFault fault, std::int64_t seq_len, std::
 }  // namespace
 
 TEST_CASE("the exactness gate fails on MsT's doubled LM-head gradient (the public code's bug A)", "[negative-control][mst]") {
-  require_gate_fails(faulty_mst_error(MsTFault::double_head_grad, 16, 4));
+  require_method_gate_fails(faulty_mst_error(MsTFault::double_head_grad, 16, 4));
 }
 
 TEST_CASE("the exactness gate fails when MsT drops the last (T-1) mod M targets (the public code's bug B)",
           "[negative-control][mst]") {
   // T = 16, M = 4: slices of floor(15/4) = 3 positions cover 12 targets; 3 carry loss but get no gradient.
-  require_gate_fails(faulty_mst_error(MsTFault::drop_tail, 16, 4));
+  require_method_gate_fails(faulty_mst_error(MsTFault::drop_tail, 16, 4));
 }
 
 TEST_CASE("the same MsT without faults passes the gate", "[negative-control][mst]") {
@@ -185,7 +185,7 @@ TensorList tiny_gradients() {
 
 TEST_CASE("the checker rejects a doubled head gradient", "[negative-control][checker]") {
   const TensorList ref = tiny_gradients();
-  TensorList doubled = clone(ref);
+  TensorList doubled = clone_all(ref);
   for (auto& t : doubled)
     if (t.name == "lm_head.weight") t.tensor.mul_(2);
   const auto cmp = sbp::compare_gradients(ref, doubled);
@@ -195,14 +195,14 @@ TEST_CASE("the checker rejects a doubled head gradient", "[negative-control][che
   CHECK(cmp.worst()->name == "lm_head.weight");
   // max|g - 2g| / max|g| is exactly 1: doubling in floating point is exact.
   CHECK(cmp.worst()->normwise_rel == 1.0);
-  CHECK(sbp::compare_gradients(ref, clone(ref)).max_normwise_rel() == 0.0);
+  CHECK(sbp::compare_gradients(ref, clone_all(ref)).max_normwise_rel() == 0.0);
 }
 
 TEST_CASE("the checker rejects a missing tensor or a shape mismatch at any tolerance", "[negative-control][checker]") {
   const TensorList ref = tiny_gradients();
   const double any_tolerance = std::numeric_limits<double>::infinity();
 
-  TensorList missing = clone(ref);
+  TensorList missing = clone_all(ref);
   missing.erase(missing.begin() + 3);
   const auto missing_cmp = sbp::compare_gradients(ref, missing);
   REQUIRE(missing_cmp.problems.size() == 1);
@@ -215,7 +215,7 @@ TEST_CASE("the checker rejects a missing tensor or a shape mismatch at any toler
   CHECK_THAT(extra_cmp.problems[0], Catch::Contains(ref[3].name));
   CHECK_FALSE(extra_cmp.passed(any_tolerance));
 
-  TensorList reshaped = clone(ref);
+  TensorList reshaped = clone_all(ref);
   reshaped[1].tensor = reshaped[1].tensor.reshape({1, -1});
   const auto shape_cmp = sbp::compare_gradients(ref, reshaped);
   REQUIRE(shape_cmp.problems.size() == 1);
@@ -226,7 +226,7 @@ TEST_CASE("the checker rejects a missing tensor or a shape mismatch at any toler
 TEST_CASE("the checker rejects a NaN gradient", "[negative-control][checker]") {
   // NaN compares false with everything: a gate written as `error > rtol` would let it through.
   const TensorList ref = tiny_gradients();
-  TensorList poisoned = clone(ref);
+  TensorList poisoned = clone_all(ref);
   poisoned[0].tensor.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
   CHECK_FALSE(sbp::compare_gradients(ref, poisoned).passed(kFp64Rtol));
 }
@@ -249,7 +249,7 @@ TEST_CASE("the checker passes an exact method on tensors whose true gradient is 
   CHECK(cmp.passed(kFp64Rtol));
 
   // A perturbation of 1e-3 of the global maximum on a zero-gradient tensor is a real error: it fails.
-  TensorList perturbed = clone(stream.gradients);
+  TensorList perturbed = clone_all(stream.gradients);
   for (auto& t : perturbed)
     if (t.name == "model.layers.0.self_attn.q_proj.weight") t.tensor.view({-1})[0] += 1e-3 * cmp.global_max_abs;
   const auto bad = sbp::compare_gradients(standard.gradients, perturbed);

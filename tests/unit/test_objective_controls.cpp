@@ -21,7 +21,7 @@ using sbp::test::run_step;
 
 namespace {
 
-constexpr double kFp64Rtol = 1e-10;
+using sbp::test::kFp64Rtol;
 const std::string kStream = "streambp:layer_chunk=5,head_chunk=6";  // T = 24: several head and layer chunks
 
 sbp::ModelConfig untied_tiny() {

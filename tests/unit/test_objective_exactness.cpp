@@ -26,8 +26,8 @@ using sbp::test::describe;
 
 namespace {
 
-constexpr double kFp64Rtol = 1e-10;  // as in test_exactness.cpp
-constexpr double kLossRtol = 1e-12;
+using sbp::test::kFp64Rtol;
+using sbp::test::kLossRtol;
 
 struct ObjectiveCase {
   ModelConfig config;

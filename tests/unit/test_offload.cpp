@@ -245,7 +245,7 @@ TEST_CASE("an offload folder that does not exist, cannot take files or has no ro
 namespace {
 
 // `steps` training steps of `spec` on tiny (of `objective_spec`, with `lora` adapters); the trained tensors afterwards.
-sbp::TensorList train(const std::string& spec, c10::ScalarType dtype, const std::string& optimizer, sbp::OffloadTier* tier,
+sbp::TensorList train_offloaded(const std::string& spec, c10::ScalarType dtype, const std::string& optimizer, sbp::OffloadTier* tier,
                       bool checkpoints, bool states, bool gradients = false, bool parameters = false, int steps = 3,
                       const std::string& objective_spec = "sft", const std::string& lora = "") {
   sbp::Model model(sbp::test::tiny_config(), dtype, 21);
@@ -295,7 +295,7 @@ TEST_CASE("training steps with the optimizer's states, the gradients, the parame
   for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16})
     for (const std::string optimizer : {"adamw:lr=1e-2,weight_decay=0.1", "sgd:lr=0.1,momentum=0.9"})
       for (const auto& spec : sbp::typical_method_specs(24)) {
-        const auto plain = train(spec, dtype, optimizer, nullptr, false, false);
+        const auto plain = train_offloaded(spec, dtype, optimizer, nullptr, false, false);
         const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
         for (const auto& set : {Set{false, true, false}, Set{true, true, false}, Set{false, false, true},
                                 Set{false, true, true}, Set{true, true, true}, Set{false, false, false, true},
@@ -307,7 +307,7 @@ TEST_CASE("training steps with the optimizer's states, the gradients, the parame
                                     << " states=" << set.states << " gradients=" << set.gradients
                                     << " parameters=" << set.parameters);
           const auto tier = sbp::make_file_tier(dir.path().string());
-          CHECK(same_bits(plain, train(spec, dtype, optimizer, tier.get(), set.checkpoints, set.states, set.gradients,
+          CHECK(same_bits(plain, train_offloaded(spec, dtype, optimizer, tier.get(), set.checkpoints, set.states, set.gradients,
                                        set.parameters)));
         }
       }
@@ -322,36 +322,36 @@ TEST_CASE("training steps of every objective, full and LoRA, with everything off
         for (const auto& spec : sbp::typical_method_specs(24)) {
           if (objective == "sft" && lora.empty()) continue;  // the test above
           INFO(objective << " lora=" << lora << " " << c10::toString(dtype) << " " << spec);
-          const auto plain = train(spec, dtype, "adamw:lr=1e-2,weight_decay=0.1", nullptr, false, false, false, false, 3,
+          const auto plain = train_offloaded(spec, dtype, "adamw:lr=1e-2,weight_decay=0.1", nullptr, false, false, false, false, 3,
                                    objective, lora);
           const auto tier = sbp::make_file_tier(dir.path().string());
           const bool keeps = sbp::make_method(spec)->keeps_layer_checkpoints();
-          CHECK(same_bits(plain, train(spec, dtype, "adamw:lr=1e-2,weight_decay=0.1", tier.get(), keeps, true, true, true,
+          CHECK(same_bits(plain, train_offloaded(spec, dtype, "adamw:lr=1e-2,weight_decay=0.1", tier.get(), keeps, true, true, true,
                                        3, objective, lora)));
         }
 }
 
 TEST_CASE("a tier that garbles an optimizer state fails the bitwise check", "[offload][training][negative-control]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
-  const auto plain = train("checkpoint", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
+  const auto plain = train_offloaded("checkpoint", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
   FaultyTier tier(sbp::make_file_tier(dir.path().string()), true);
-  CHECK_FALSE(same_bits(plain, train("checkpoint", at::kFloat, "adamw:lr=1e-2", &tier, false, true)));
+  CHECK_FALSE(same_bits(plain, train_offloaded("checkpoint", at::kFloat, "adamw:lr=1e-2", &tier, false, true)));
 }
 
 TEST_CASE("a tier that loses a gradient fails the bitwise check", "[offload][training][negative-control]") {
   // The second gradient stored (the first layer's first tensor: the head's group is stored first) comes back as zeros.
   const sbp::test::TempDir dir("sbp_offload_train_");
-  const auto plain = train("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
+  const auto plain = train_offloaded("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
   FaultyTier tier(sbp::make_file_tier(dir.path().string()), /*swap=*/false);
-  CHECK_FALSE(same_bits(plain, train("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, true)));
+  CHECK_FALSE(same_bits(plain, train_offloaded("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, true)));
 }
 
 TEST_CASE("a tier that loses a parameter fails the bitwise check", "[offload][training][negative-control]") {
   // The second tensor stored (the parameters go in at the trainer's construction) comes back as zeros.
   const sbp::test::TempDir dir("sbp_offload_train_");
-  const auto plain = train("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
+  const auto plain = train_offloaded("streambp", at::kFloat, "adamw:lr=1e-2", nullptr, false, false);
   FaultyTier tier(sbp::make_file_tier(dir.path().string()), /*swap=*/false);
-  CHECK_FALSE(same_bits(plain, train("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, false, true)));
+  CHECK_FALSE(same_bits(plain, train_offloaded("streambp", at::kFloat, "adamw:lr=1e-2", &tier, false, false, false, true)));
 }
 
 namespace {

@@ -28,7 +28,7 @@ namespace {
 // correction (the negative control) 0.24.
 constexpr double kTextbookTol = 1e-15;
 
-struct Case {
+struct OptimizerCase {
   TensorList params;  // fp64 leaves
   std::vector<std::map<std::string, at::Tensor>> grads;  // per step; a missing name = no gradient that step
   std::vector<double> lrs;
@@ -36,12 +36,12 @@ struct Case {
 
 // Three tensors (a weight, a bias and a norm weight, so that HF's decay groups matter), 6 steps of gradients, the
 // bias without a gradient at step 2, a learning rate that changes every step.
-Case make_case(at::ScalarType dtype = at::kDouble, std::uint64_t seed = 7) {
+OptimizerCase make_case(at::ScalarType dtype = at::kDouble, std::uint64_t seed = 7) {
   const auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes = {
       {"model.layers.0.mlp.up_proj.weight", {4, 5}}, {"model.layers.0.mlp.up_proj.bias", {4}},
       {"model.layers.0.input_layernorm.weight", {7}}};
-  Case c;
+  OptimizerCase c;
   for (const auto& [name, shape] : shapes)
     c.params.push_back({name, (at::rand(shape, gen, at::kDouble) * 2 - 1).to(dtype).requires_grad_(true)});
   for (int k = 0; k < 6; ++k) {
@@ -67,7 +67,7 @@ TensorList clone(const TensorList& params) {
 }
 
 // Runs `steps` steps of `c` from step `first` on.
-void run_steps(Optimizer& optimizer, const Case& c, const TensorList& params, int first, int steps) {
+void run_steps(Optimizer& optimizer, const OptimizerCase& c, const TensorList& params, int first, int steps) {
   for (int k = first; k < first + steps; ++k) {
     set_grads(params, c.grads[k]);
     optimizer.step(c.lrs[k]);
@@ -82,7 +82,7 @@ struct Textbook {
   std::map<std::string, std::vector<double>> p, m, v;
   std::map<std::string, int> t;
 
-  void step(const Case& c, int k) {
+  void step(const OptimizerCase& c, int k) {
     for (const auto& [name, param] : c.params) {
       const auto it = c.grads[k].find(name);
       if (it == c.grads[k].end()) continue;
@@ -113,7 +113,7 @@ struct Textbook {
   }
 };
 
-Textbook start(const OptimizerOptions& o, const Case& c) {
+Textbook start(const OptimizerOptions& o, const OptimizerCase& c) {
   Textbook ref{o};
   for (const auto& [name, p] : c.params) {
     const auto flat = p.detach().contiguous();
@@ -134,7 +134,7 @@ double max_error(const TensorList& params, const Textbook& ref) {
 
 // Ours and the textbook's over the whole case; returns the worst |difference| of the parameters.
 double textbook_error(const OptimizerOptions& o, bool bias_correction = true) {
-  const Case c = make_case();
+  const OptimizerCase c = make_case();
   Textbook ref = start(o, c);
   ref.bias_correction = bias_correction;
   Optimizer optimizer(c.params, o);
@@ -277,7 +277,7 @@ TEST_CASE("an optimizer resumed from its saved state continues bit for bit", "[o
     INFO(config.spec << " on " << c10::toString(config.dtype) << " parameters");
     OptimizerOptions o = sbp::parse_optimizer_spec(config.spec);
     o.state_dtype = config.state_dtype;
-    const Case c = make_case(config.dtype);
+    const OptimizerCase c = make_case(config.dtype);
     const TensorList whole = clone(c.params), resumed = clone(c.params);
     Optimizer uninterrupted(whole, o);
     run_steps(uninterrupted, c, whole, 0, 6);
@@ -305,7 +305,7 @@ TEST_CASE("bf16 parameters with fp32 optimizer states take the fp32 update and a
     INFO(spec);
     OptimizerOptions mixed = sbp::parse_optimizer_spec(spec);
     mixed.state_dtype = at::kFloat;
-    const Case c = make_case(at::kBFloat16);
+    const OptimizerCase c = make_case(at::kBFloat16);
     Optimizer ours(c.params, mixed);
     // The reference is torch's own path in fp32 over fp32 copies that are re-read from the rounded bf16 values
     // before every step (there is no master copy: each step starts from the bf16 parameter).
@@ -329,7 +329,7 @@ TEST_CASE("bf16 parameters with fp32 optimizer states take the fp32 update and a
 }
 
 TEST_CASE("load_state rejects a state of another optimizer, naming the source and the tensor", "[optimizer]") {
-  const Case c = make_case();
+  const OptimizerCase c = make_case();
   const OptimizerOptions adamw;
   Optimizer optimizer(c.params, adamw);
   const TensorList good = optimizer.state();

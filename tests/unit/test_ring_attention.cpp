@@ -54,17 +54,17 @@ class FaultyRing final : public sbp::RingExchange {
   RingFault fault_;
 };
 
-double relative(const at::Tensor& a, const at::Tensor& b) {
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
 }
 
-struct Shape {
+struct RingShape {
   std::int64_t T, heads, kv_heads;
 };
 
 // The worst relative error, over ranks, of the output and q, k, v gradients of the ring's attention (with a graph,
 // as standard BP and checkpointing use it) against the whole sequence's causal attention.
-double ring_attention_error(int world, const Shape& shape, RingFault fault = RingFault::none) {
+double ring_attention_error(int world, const RingShape& shape, RingFault fault = RingFault::none) {
   const std::int64_t B = 2, hd = 8;
   const double scale = 1.0 / std::sqrt(double(hd));
   const auto opts = at::TensorOptions().dtype(at::kDouble);
@@ -82,13 +82,13 @@ double ring_attention_error(int world, const Shape& shape, RingFault fault = Rin
     const auto ql = take(q).requires_grad_(), kl = take(k).requires_grad_(), vl = take(v).requires_grad_();
     const auto o = ring.attend_shard(ql, kl, vl, scale);
     (o * take(w)).sum().backward();
-    worst[comm.rank()] = std::max({relative(o.detach(), take(ref.detach())), relative(ql.grad(), take(qr.grad())),
-                                   relative(kl.grad(), take(kr.grad())), relative(vl.grad(), take(vr.grad()))});
+    worst[comm.rank()] = std::max({relative_error(o.detach(), take(ref.detach())), relative_error(ql.grad(), take(qr.grad())),
+                                   relative_error(kl.grad(), take(kr.grad())), relative_error(vl.grad(), take(vr.grad()))});
   });
   return *std::max_element(worst.begin(), worst.end());
 }
 
-struct ModelCase {
+struct RingModelCase {
   std::int64_t T, kv_heads;
   std::string method;
   std::string lora = "";  // "": full fine-tuning
@@ -97,7 +97,7 @@ struct ModelCase {
 
 // The method on `world` ranks over the ring, each on its zig-zag shard of every row (right padding, masked prompts),
 // the loss and gradients summed over the group; against one process of standard BP. The largest relative difference.
-double ring_step_error(int world, const ModelCase& c, RingFault fault = RingFault::none) {
+double ring_step_error(int world, const RingModelCase& c, RingFault fault = RingFault::none) {
   auto config = sbp::test::tiny_config();
   config.num_key_value_heads = c.kv_heads;
   const auto make_model = [&] {
@@ -130,7 +130,7 @@ TEST_CASE("ring attention equals the whole sequence's causal attention in fp64: 
           "than ranks and MHA, T not divisible", "[sequence-parallel][ring][distributed]") {
   double worst = 0;
   for (const int world : {2, 3, 4})
-    for (const auto& shape : {Shape{37, 4, 1}, Shape{48, 4, 2}, Shape{29, 3, 3}}) {
+    for (const auto& shape : {RingShape{37, 4, 1}, RingShape{48, 4, 2}, RingShape{29, 3, 3}}) {
       const auto e = ring_attention_error(world, shape);
       INFO(world << " ranks, T " << shape.T << ", heads " << shape.heads << "x" << shape.kv_heads << ": " << e);
       CHECK(e <= 1e-12);
@@ -144,8 +144,8 @@ TEST_CASE("StreamBP over a ring of N ranks equals one process of standard BP in 
           "chunks several per block and one per block", "[sequence-parallel][ring][distributed]") {
   double worst = 0;
   for (const int world : {2, 3, 4})
-    for (const auto& c : {ModelCase{37, 1, "streambp:layer_chunk=2,head_chunk=3"},
-                          ModelCase{41, 2, "streambp:layer_chunk=64,head_chunk=64"}}) {
+    for (const auto& c : {RingModelCase{37, 1, "streambp:layer_chunk=2,head_chunk=3"},
+                          RingModelCase{41, 2, "streambp:layer_chunk=64,head_chunk=64"}}) {
       const auto e = ring_step_error(world, c);
       INFO(c.method << " on " << world << " ranks, T " << c.T << ", KV heads " << c.kv_heads << ": " << e);
       CHECK(e <= 1e-12);
@@ -158,10 +158,10 @@ TEST_CASE("standard BP and checkpointing over a ring, and StreamBP with LoRA, GR
           "DPO, equal one process of standard BP in fp64", "[sequence-parallel][ring][distributed]") {
   double worst = 0;
   const std::string streambp = "streambp:layer_chunk=3,head_chunk=4";
-  for (const auto& c : {ModelCase{37, 1, "standard"}, ModelCase{37, 2, "checkpoint"},
-                        ModelCase{48, 2, streambp, "rank=8"}, ModelCase{41, 2, streambp, "", "grpo"},
-                        ModelCase{41, 1, streambp, "rank=8", "grpo:importance=sequence"},
-                        ModelCase{43, 2, streambp, "", "dpo"}, ModelCase{43, 2, "checkpoint", "rank=8", "dpo"}}) {
+  for (const auto& c : {RingModelCase{37, 1, "standard"}, RingModelCase{37, 2, "checkpoint"},
+                        RingModelCase{48, 2, streambp, "rank=8"}, RingModelCase{41, 2, streambp, "", "grpo"},
+                        RingModelCase{41, 1, streambp, "rank=8", "grpo:importance=sequence"},
+                        RingModelCase{43, 2, streambp, "", "dpo"}, RingModelCase{43, 2, "checkpoint", "rank=8", "dpo"}}) {
     const auto e = ring_step_error(3, c);
     INFO(c.method << ", " << c.objective << ", T " << c.T << ", KV heads " << c.kv_heads << ", lora '" << c.lora
                   << "': " << e);

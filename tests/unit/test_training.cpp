@@ -27,7 +27,7 @@ namespace {
 
 using sbp::Batch;
 
-struct Case {
+struct TrainingCase {
   std::string objective, lora;  // lora "": full fine-tuning
   std::int64_t batch_size = 2, seq_len = 23, group = 0;
   double pad_fraction = 0.3;
@@ -48,7 +48,7 @@ sbp::TrainOptions training_options(std::int64_t steps, std::int64_t grad_accum) 
   return o;
 }
 
-std::unique_ptr<sbp::Model> case_model(const Case& k) {
+std::unique_ptr<sbp::Model> training_model(const TrainingCase& k) {
   auto model = std::make_unique<sbp::Model>(sbp::test::tiny_config(), at::kDouble, 11);
   if (!k.lora.empty()) model->add_lora(sbp::parse_lora_spec(k.lora), 12);
   return model;
@@ -56,8 +56,8 @@ std::unique_ptr<sbp::Model> case_model(const Case& k) {
 
 // One global batch per step, drawn (with the log-probs GRPO/DPO need) from the initial model, so that every method
 // trains on the same tensors.
-std::vector<Batch> case_batches(const Case& k, int steps) {
-  auto model = case_model(k);
+std::vector<Batch> training_batches(const TrainingCase& k, int steps) {
+  auto model = training_model(k);
   auto objective = sbp::make_objective(k.objective);
   std::vector<Batch> out;
   for (int s = 0; s < steps; ++s)
@@ -66,9 +66,9 @@ std::vector<Batch> case_batches(const Case& k, int steps) {
   return out;
 }
 
-Trajectory train(const Case& k, const std::string& method_spec, const std::vector<Batch>& batches,
+Trajectory train(const TrainingCase& k, const std::string& method_spec, const std::vector<Batch>& batches,
                  std::int64_t grad_accum = 1) {
-  auto model = case_model(k);
+  auto model = training_model(k);
   auto method = sbp::make_method(method_spec);
   auto objective = sbp::make_objective(k.objective);
   sbp::Trainer trainer(*model, *method, *objective, training_options(std::int64_t(batches.size()), grad_accum));
@@ -82,8 +82,8 @@ double trajectory_error(const Trajectory& ref, const Trajectory& other) {
   return sbp::test::trajectory_difference(ref.losses, ref.params, other.losses, other.params);
 }
 
-const std::vector<Case>& cases() {
-  static const std::vector<Case> all = {
+const std::vector<TrainingCase>& training_cases() {
+  static const std::vector<TrainingCase> all = {
       {"sft", ""},
       {"sft", "rank=4,alpha=8"},
       {"grpo:beta=0.04,loss_type=grpo", "", 4, 23, 2},
@@ -100,8 +100,8 @@ TEST_CASE("every method trains along standard BP's trajectory in fp64 (20 AdamW 
           "[training][exactness][trajectory]") {
   constexpr int kSteps = 20;
   double worst = 0;
-  for (const auto& k : cases()) {
-    const auto batches = case_batches(k, kSteps);
+  for (const auto& k : training_cases()) {
+    const auto batches = training_batches(k, kSteps);
     const auto reference = train(k, "standard", batches);
     for (const auto& spec : sbp::typical_method_specs(k.seq_len)) {
       if (spec == "standard") continue;  // the reference
@@ -115,10 +115,10 @@ TEST_CASE("every method trains along standard BP's trajectory in fp64 (20 AdamW 
 }
 
 TEST_CASE("K micro-batches of B are one optimizer step of K*B in fp64, for every objective", "[training][exactness]") {
-  for (auto k : cases()) {
+  for (auto k : training_cases()) {
     k.batch_size = 8;  // 4 micro-batches of 2 rows (DPO: of 1 pair), with rows of different target counts
     k.group = 0;
-    const auto batches = case_batches(k, 3);
+    const auto batches = training_batches(k, 3);
     for (const std::string spec : {"standard", "streambp:layer_chunk=5,head_chunk=7"}) {
       const double err = trajectory_error(train(k, spec, batches, 1), train(k, spec, batches, 4));
       INFO(k.objective << " lora=" << k.lora << " " << spec << ": 4 x B=2 against B=8, relative difference " << err);
@@ -131,11 +131,11 @@ TEST_CASE("negative control: micro-batches normalised by their own counts are no
           "[training][negative-control]") {
   // What a trainer without the step's totals does (HF's loss averaged per micro-batch, then divided by K): with rows
   // of different target counts the gradient is a different weighting of the same tokens.
-  Case k{"sft", ""};
+  TrainingCase k{"sft", ""};
   k.batch_size = 8;
-  const auto batches = case_batches(k, 3);
+  const auto batches = training_batches(k, 3);
   const auto reference = train(k, "standard", batches, 1);
-  auto model = case_model(k);
+  auto model = training_model(k);
   auto method = sbp::make_method("standard");
   auto objective = sbp::make_objective(k.objective);
   const auto o = training_options(3, 4);

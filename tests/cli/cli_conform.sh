@@ -18,6 +18,7 @@
 # (d) the temporary folder goes however a run ends (passed, failed, Ctrl-C: exit 130, the implementation stopped);
 #     nothing stays in $TMPDIR (issue #44).
 # ctest-timeout: 300
+# ctest-cost: 95
 source "$(dirname "$0")/../support/cli_common.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
 ours=(python3 "$HERE/../../verify/conform/streambp_adapter.py" --streambp "$STREAMBP")

@@ -10,6 +10,7 @@
 # Usage: cli_conform_paths.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 900
+# ctest-cost: 25
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

@@ -17,6 +17,7 @@
 # Usage: cli_conform_pytest.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 900
+# ctest-cost: 180
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 source "$SRC/tests/support/cli_common.sh"
 CACHE=${STREAMBP_CACHE:-$HOME/.cache/streambp}

@@ -13,6 +13,7 @@
 # Usage: cli_conform_sp.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 600
+# ctest-cost: 50
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

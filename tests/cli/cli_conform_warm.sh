@@ -9,6 +9,7 @@
 # Usage: cli_conform_warm.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 600
+# ctest-cost: 75
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

@@ -10,6 +10,7 @@
 # (c) bad input exits 2 naming it: ranks started by hand (the launcher's environment) with different --seed, and a
 #     global batch whose rows do not split over --nproc.
 # ctest-timeout: 300
+# ctest-cost: 85
 source "$(dirname "$0")/../support/cli_common.sh"
 
 common=(--preset tiny --dtype fp64 --batch 6 --seq 40 --pad-fraction 0.4 --prompt-fraction 0.2 --steps 4 --seed 5

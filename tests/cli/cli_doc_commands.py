@@ -1,4 +1,5 @@
 # ctest-timeout: 300
+# ctest-cost: 35
 """Every `build/streambp ...` command in README.md and docs/*.md is one the binary accepts (issue #46 item 6).
 
 For each command in a fenced code block (continuation lines joined, `# comments` dropped, a token with `...` taken

@@ -2,6 +2,7 @@
 # file under a final name (each output is written to a temporary name and renamed), and `sweep --resume` continues a
 # killed sweep to the same set of rows. (`train`: tests/cli_train_resume.sh.) The moments are random fractions of the
 # measured runtime; STREAMBP_KILL_SEED=N replays a draw.
+# ctest-cost: 65
 source "$(dirname "$0")/../support/cli_common.sh"
 kill_seed=${STREAMBP_KILL_SEED:-$(($(date +%s%N) / 1000 % 32768))}
 RANDOM=$kill_seed

@@ -8,6 +8,7 @@
 # Usage: cli_known_bugs_accumulation.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 900
+# ctest-cost: 150
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

@@ -9,6 +9,7 @@
 # Usage: cli_known_bugs_sp.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 900
+# ctest-cost: 160
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

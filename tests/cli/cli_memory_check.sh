@@ -3,6 +3,7 @@
 # in the middle of a step is an oom naming its size (exit 3, never the usage error's 2); the console prints the budget
 # as given, no time for a step that did not finish and one unit per column.
 # ctest-timeout: 180
+# ctest-cost: 55
 source "$(dirname "$0")/../support/cli_common.sh"
 
 run=(run --preset tiny --method checkpoint --dtype fp32 --threads 1)

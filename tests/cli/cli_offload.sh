@@ -9,6 +9,7 @@
 # (d) bad input exits 2 naming the flag, the method or the folder, before any work; a folder that fills up mid-run
 #     (a file-size limit stands in for a full disk) stops the run with the folder named and nothing half-written.
 # ctest-timeout: 300
+# ctest-cost: 50
 source "$(dirname "$0")/../support/cli_common.sh"
 
 # (a) tiny with 6 layers, so that the checkpoints are a visible share of the peak.

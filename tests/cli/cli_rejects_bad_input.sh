@@ -1,4 +1,5 @@
 # Malformed input exits non-zero with a message that says what is wrong (STYLE rule 7).
+# ctest-cost: 30
 source "$(dirname "$0")/../support/cli_common.sh"
 
 "$STREAMBP" run --preset tiny --method standard --seq 8 --save-model "$WORK/M" --save-grads g.safetensors >/dev/null

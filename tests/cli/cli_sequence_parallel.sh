@@ -10,6 +10,7 @@
 # (c) bad input exits 2 naming it: --nproc not a multiple of --sp, --sp on one process, a method that does not run on
 #     a shard (MsT), and ranks started by hand with different --sp.
 # ctest-timeout: 240
+# ctest-cost: 30
 source "$(dirname "$0")/../support/cli_common.sh"
 
 common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --steps 3 --seed 5

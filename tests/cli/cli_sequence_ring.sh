@@ -9,6 +9,7 @@
 #     started by hand with different --sp-scheme (before any group forms);
 # (d) project --sp 8 under each scheme (below).
 # ctest-timeout: 300
+# ctest-cost: 25
 source "$(dirname "$0")/../support/cli_common.sh"
 
 common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --seed 5

@@ -11,6 +11,7 @@
 # Usage: cli_survey.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 1500
+# ctest-cost: 115
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)

@@ -1,5 +1,6 @@
 # The reproduction drivers as a user runs them (issue #9): a sequence sweep that records an over-budget run as an
 # `oom` row with empty cells, resumes after an interruption without re-measuring what it has, and the linear toy.
+# ctest-cost: 45
 source "$(dirname "$0")/../support/cli_common.sh"
 
 col() {  # col FILE METHOD SEQ COLUMN: one cell of the sweep CSV

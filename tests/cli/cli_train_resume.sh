@@ -13,6 +13,7 @@
 # (c) bad input exits 2 naming what is wrong: --resume with another --seed or --optimizer (the key named), --grad-accum
 #     3 with --batch 4 (the rows named), --data on an empty folder.
 # The kill moments are random fractions of the measured runtime of (a); STREAMBP_KILL_SEED=N replays a draw.
+# ctest-cost: 40
 source "$(dirname "$0")/../support/cli_common.sh"
 
 kill_seed=${STREAMBP_KILL_SEED:-$(($(date +%s%N) / 1000 % 32768))}

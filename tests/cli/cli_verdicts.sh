@@ -7,6 +7,7 @@
 # The configuration this run sees is printed first. Usage: cli_verdicts.sh BINARY
 # ctest-every-cpu-configuration
 # ctest-timeout: 600
+# ctest-cost: 25
 source "$(dirname "$0")/../support/cli_common.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
 echo "configuration: ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-native} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-native}"

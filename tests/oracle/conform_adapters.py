@@ -14,6 +14,7 @@ through the command line exactly as the harness calls it; the others import the 
 (protocol.main) in this process, to pay Python's import of torch/transformers/peft once.
 """
 # ctest-timeout: 600
+# ctest-cost: 35
 import json
 import subprocess
 import sys

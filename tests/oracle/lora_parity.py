@@ -17,6 +17,7 @@ Usage: python tests/oracle/lora_parity.py BUILD/streambp
 RMSNorm is patched as in tests/oracle/hf_parity.py (fp64 stays fp64; docs/departures-from-hf.md).
 """
 # ctest-fault: lora_parity_fault STREAMBP_PARITY_FAULT=1e-6 FAIL: .*(normwise relative error|gradient error|of the allowance)
+# ctest-cost: 25
 import json
 import subprocess
 import sys

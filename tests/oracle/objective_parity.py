@@ -15,6 +15,7 @@ Usage: python tests/oracle/objective_parity.py BUILD/streambp
 """
 # ctest-fault: objective_parity_fault STREAMBP_PARITY_FAULT=1e-6 FAIL: .*(normwise relative error|gradient error|of the allowance)
 # ctest-fault: objective_parity_trl_fault STREAMBP_TRL_FAULT=1e-6 FAIL: .*TRL \(fp64 head\) differs from the formulas
+# ctest-cost: 30
 import json
 import math
 import subprocess

@@ -64,10 +64,11 @@ def main():
             return lambda t: [t.pop(k) for k in [k for k in t if k not in names]]
 
         def hf_flash_kwargs(t):
-            t["cu_seq_lens_q"] = t["cu_seq_lens_k"] = t.pop("cu_seqlens")
+            cu = t.pop("cu_seqlens")
+            t["cu_seq_lens_q"], t["cu_seq_lens_k"] = cu, cu.clone()
             t.pop("position_ids")
-            lengths = t["cu_seq_lens_q"][1:] - t["cu_seq_lens_q"][:-1]
-            t["max_length_q"] = t["max_length_k"] = lengths.max().reshape(1).to(torch.int64)
+            longest = (cu[1:] - cu[:-1]).max().reshape(1).to(torch.int64)
+            t["max_length_q"], t["max_length_k"] = longest, longest.clone()
 
         forms = {"position_ids alone, no attention_mask": keep_only("input_ids", "labels", "position_ids"),
                  "cu_seqlens alone": keep_only("input_ids", "attention_mask", "labels", "cu_seqlens"),

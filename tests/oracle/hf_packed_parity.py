@@ -31,6 +31,10 @@ from hf_parity import patch_rms_norms  # noqa: E402
 from parity_metrics import finite, normwise_error, stop_if_fault_run, with_fault  # noqa: E402
 
 RTOL = 1e-10
+# HF's eager attention rounds its softmax to fp32 even in an fp64 model (eager_attention_forward: softmax(...,
+# dtype=torch.float32)), so against it the bar is fp32 rounding (measured 2.4e-7 on tiny); a leak across a boundary
+# is O(1). It shows that eager builds the same packed mask as SDPA, which is judged at RTOL.
+RTOL_BY_IMPLEMENTATION = {"sdpa": RTOL, "eager": 1e-5}
 # Every method, with chunks that straddle the batch's boundaries (B = 2, T = 40, sequences of 1 to 16 tokens).
 METHODS = ["standard", "checkpoint", "mst:mini_seq=3", "streambp:layer_chunk=7,head_chunk=5"]
 PACK = ["--pack", "uniform:min=1,max=16", "--batch", "2", "--seq", "40", "--prompt-fraction", "0.2", "--seed", "7"]
@@ -50,14 +54,17 @@ def hf_step(model_dir, b, implementation, attention_mask=None):
     """HF's loss and gradients on the packed batch: position_ids only (its packed path), or with `attention_mask`."""
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
                                                               attn_implementation=implementation)
-    logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], attention_mask=attention_mask).logits
+    # use_cache=False as a training step runs: with a cache (the inference default) transformers skips the packed
+    # detection and attends across every boundary.
+    logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], attention_mask=attention_mask,
+                   use_cache=False).logits
     shifted = torch.nn.functional.pad(b["labels"], (0, 1), value=-100)[:, 1:]  # the step's target count normalises
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), shifted.flatten(), ignore_index=-100)
     loss.backward()
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def compare(what, theirs, grads, their_loss, our_loss):
+def compare(what, theirs, grads, their_loss, our_loss, rtol=RTOL):
     failures, worst = [], 0.0
     if set(theirs) != set(grads):
         failures.append(f"{what}: parameter names differ: {sorted(set(theirs) ^ set(grads))}")
@@ -65,9 +72,9 @@ def compare(what, theirs, grads, their_loss, our_loss):
         if n in grads:
             err = normwise_error(grads[n], g)
             worst = max(worst, err)
-            if not err <= RTOL:
+            if not err <= rtol:
                 failures.append(f"{what}: {n}: normwise relative error {err:.3e}")
-    if not finite(abs(their_loss - our_loss) / abs(their_loss)) <= 1e-12:
+    if not finite(abs(their_loss - our_loss) / abs(their_loss)) <= rtol / 100:
         failures.append(f"{what}: loss {our_loss} vs HF {their_loss}")
     return failures, worst
 
@@ -84,7 +91,8 @@ def check(binary, work, name, source_args):
         for method, (_, batch, grads, our_loss) in zip(METHODS, runs):
             if not torch.equal(batch["input_ids"], b["input_ids"]):
                 failures.append(f"{name} {method}: another batch than standard's")
-            found, worst = compare(f"{name} {method} vs HF {implementation}", theirs, grads, loss, our_loss)
+            found, worst = compare(f"{name} {method} vs HF {implementation}", theirs, grads, loss, our_loss,
+                                   RTOL_BY_IMPLEMENTATION[implementation])
             failures += found
             print(f"{name} {method} vs HF {implementation} ({sequences} sequences in 2 rows): largest gradient error "
                   f"{worst:.2e} over {len(theirs)} tensors")

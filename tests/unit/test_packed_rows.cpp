@@ -106,7 +106,7 @@ TEST_CASE("malformed boundaries are bad input naming the row and the position", 
                     Catch::Contains("packed.safetensors: row 1, position 3: labels there is a target across a sequence boundary"));
 }
 
-TEST_CASE("SFT scores a packed row as its sequences padded; GRPO and DPO refuse packed rows saying why", "[packed]") {
+TEST_CASE("SFT scores a packed row as its sequences padded, and GRPO and DPO refuse packed rows saying why", "[packed]") {
   const auto config = sbp::test::tiny_config();
   const auto batch = small_packed_batch();
   const auto padded = sbp::padded_sequences(batch);

@@ -38,17 +38,17 @@ constexpr std::int64_t kT = 48;
 // beside short ones, and the rows packed differently (so a chunk's earliest sequence starts elsewhere in each row).
 const std::vector<std::vector<std::int64_t>> kLengths = {{5, 1, 6, 12, 9, 3, 12}, {30, 2, 16}};
 
-// The untied, biased MHA variant beside the tiny preset (GQA, qk_norm, tied).
-std::vector<ModelConfig> configs() {
-  auto tiny = sbp::test::tiny_config();
-  auto mha = tiny;
-  mha.tie_word_embeddings = false;
-  mha.num_key_value_heads = 4;
-  mha.qk_norm = false;
-  mha.attention_bias = true;
-  mha.o_proj_bias = true;
-  return {tiny, mha};
-}
+// The tiny preset (GQA, qk_norm, tied) and its untied, biased MHA corner.
+std::vector<ModelConfig> configs() { return {sbp::test::tiny_config(), sbp::test::untied_mha_with_biases()}; }
+
+// The tiny preset in fp64 on kLengths' rows: a model and a packed SFT batch of two seeds.
+struct TinyPacked {
+  explicit TinyPacked(std::uint64_t seed, double prompt_fraction = 0.0)
+      : model(config, at::kDouble, seed), batch(sbp::packed_sft_batch(config, kLengths, prompt_fraction, seed + 1)) {}
+  ModelConfig config = sbp::test::tiny_config();
+  sbp::Model model;
+  Batch batch;
+};
 
 // What a packed step gives against the padded oracle: its loss's relative error and its worst tensor's.
 struct Gate {
@@ -93,9 +93,8 @@ TEST_CASE("every method on packed rows equals the same sequences as padded rows 
 TEST_CASE("packed micro-batches normalised by the step's target count equal the whole packed batch",
           "[packed][exactness]") {
   // HF/TRL's num_items_in_batch: each pack's loss is divided by the step's scored tokens, never by its own.
-  const auto config = sbp::test::tiny_config();
-  sbp::Model model(config, at::kDouble, 47);
-  const auto batch = sbp::packed_sft_batch(config, kLengths, 0.25, 48);
+  TinyPacked tiny(47, 0.25);
+  auto& [config, model, batch] = tiny;
   sbp::SftObjective sft;
   const std::string spec = "streambp:layer_chunk=7,head_chunk=5";
   const auto whole = run_step(model, spec, sft, batch);
@@ -113,9 +112,8 @@ TEST_CASE("packed micro-batches normalised by the step's target count equal the 
 
 TEST_CASE("the packed gate fails on attention across a boundary, unrestarted positions and a kept separator",
           "[packed][exactness][negative-control]") {
-  const auto config = sbp::test::tiny_config();
-  sbp::Model model(config, at::kDouble, 43);
-  const auto batch = sbp::packed_sft_batch(config, kLengths, 0.0, 44);
+  TinyPacked tiny(43);
+  auto& [config, model, batch] = tiny;
   sbp::SftObjective sft;
   sbp::test::SeparatorKeepingSft keeps_separator;
   for (const std::string spec : {"standard", "checkpoint", "mst:mini_seq=5", "streambp:layer_chunk=7,head_chunk=5"}) {

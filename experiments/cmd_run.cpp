@@ -376,6 +376,9 @@ void write_run_record(const RunRecord& r) {
                       {"seed", a.setup.seed},
                       {"batch_size", r.batch.batch_size()},
                       {"seq_len", r.batch.seq_len()},
+                      // Packed rows: how many sequences, and the --pack that drew them (empty for a batch file's).
+                      {"sequences", r.batch.packed ? nlohmann::json(r.batch.packed->sequences()) : nlohmann::json()},
+                      {"pack", a.pack.packed() ? nlohmann::json(a.pack.spec()) : nlohmann::json()},
                       {"budget_bytes", a.measure.budget_bytes},
                       {"memory_check", memory_check_json(r.memory, !a.no_memory_check)},
                       {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},

@@ -133,7 +133,8 @@ void add_pack_option(CLI::App& app, LengthDistribution& pack) {
       "--pack", [&pack](const std::string& text) { pack = LengthDistribution::parse(text); },
       "pack each random row with several sequences (SFT), as DataCollatorWithFlattening does: position_ids restart at "
       "0 and each sequence's first label is -100; lengths drawn with --seed from DIST = uniform:min=A,max=B | "
-      "lognormal:median=M,sigma=S | fixed:length=L, the last sequence of a row cut to fit (docs/packing.md)");
+      "lognormal:median=M,sigma=S | fixed:length=L, the last sequence of a row cut to fit (docs/packing.md)")
+      ->type_name("DIST");
 }
 
 void add_methods_option(CLI::App& app, std::vector<std::string>& specs, const std::string& help) {

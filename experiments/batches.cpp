@@ -1,5 +1,6 @@
 #include "experiments/batches.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
@@ -19,23 +20,69 @@ namespace sbp {
 
 Batch read_batch_file(const std::filesystem::path& file) {
   Batch batch;
+  // A packed batch's boundaries, by the names transformers' DataCollatorWithFlattening and flash-attention give them.
+  std::map<std::string, at::Tensor> boundaries;
   for (const auto& t : read_safetensors(file)) {
     if (t.name == "input_ids")
       batch.input_ids = t.tensor;
     else if (t.name == "attention_mask")
       batch.attention_mask = t.tensor;
+    else if (t.name == "position_ids" || t.name == "cu_seqlens" || t.name.rfind("cu_seq_lens_", 0) == 0 ||
+             t.name.rfind("max_length_", 0) == 0)
+      boundaries[t.name] = t.tensor;
     else
       batch.fields[t.name] = t.tensor;  // the objective checks its own (names, shapes, dtypes)
   }
-  if (!batch.input_ids.defined()) throw InputError(file.string() + ": missing tensor 'input_ids'");
-  if (!batch.attention_mask.defined()) throw InputError(file.string() + ": missing tensor 'attention_mask'");
+  const auto source = file.string();
+  if (!batch.input_ids.defined()) throw InputError(source + ": missing tensor 'input_ids'");
+  if (!boundaries.empty()) {
+    read_packed_boundaries(batch, boundaries, source);
+    // DataCollatorWithFlattening writes no attention_mask: every position of a packed row is a token.
+    if (!batch.attention_mask.defined()) batch.attention_mask = at::ones_like(batch.input_ids);
+  }
+  if (!batch.attention_mask.defined()) throw InputError(source + ": missing tensor 'attention_mask'");
   return batch;
 }
 
 void write_batch_file(const Batch& b, const std::filesystem::path& file) {
   TensorList tensors = {{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask}};
+  if (b.packed) {  // both spellings, so that either kind of reader finds its own
+    tensors.push_back({"position_ids", b.packed->position_ids()});
+    tensors.push_back({"cu_seqlens", b.packed->cu_seqlens()});
+  }
   for (const auto& [name, tensor] : b.fields) tensors.push_back({name, tensor});
   write_safetensors(file, tensors);
+}
+
+void read_packed_boundaries(Batch& batch, const std::map<std::string, at::Tensor>& given, const std::string& source) {
+  const auto get = [&](const char* name) {
+    const auto it = given.find(name);
+    return it == given.end() ? at::Tensor() : it->second;
+  };
+  for (const auto& [name, t] : given)
+    if (name != "position_ids" && name != "cu_seqlens" && name != "cu_seq_lens_q" && name != "cu_seq_lens_k" &&
+        name != "max_length_q" && name != "max_length_k")
+      throw InputError(source + ": unexpected tensor '" + name + "' (a packed batch's boundaries are position_ids, "
+                       "cu_seqlens, or HF's cu_seq_lens_q/k with max_length_q/k)");
+  // HF's flash-attention kwargs: queries and keys over the same tokens, so one set of boundaries.
+  auto cu = get("cu_seqlens");
+  for (const char* name : {"cu_seq_lens_q", "cu_seq_lens_k"}) {
+    const auto t = get(name);
+    if (!t.defined()) continue;
+    if (cu.defined() && !(t.sizes() == cu.sizes() && t.to(at::kLong).equal(cu.to(at::kLong))))
+      throw InputError(source + ": " + name + " differs from the other cumulative lengths: a training batch's queries "
+                       "and keys are the same tokens");
+    cu = t;
+  }
+  set_sequence_boundaries(batch, get("position_ids"), cu, source);
+  if (!batch.packed)
+    throw InputError(source + ": max_length_q/k without the boundaries (position_ids or cu_seqlens) they describe");
+  std::int64_t longest = 0;
+  for (std::int64_t r = 0; r < batch.packed->rows(); ++r)
+    for (const auto s : batch.packed->starts(r)) longest = std::max(longest, batch.packed->sequence_end(r, s) - s);
+  for (const char* name : {"max_length_q", "max_length_k"})
+    if (const auto t = get(name); t.defined() && !(t.numel() == 1 && t.to(at::kLong).item<std::int64_t>() == longest))
+      throw InputError(source + ": " + name + " must be the longest sequence's length, " + std::to_string(longest));
 }
 
 namespace {
@@ -83,6 +130,8 @@ Workload make_workload(const Model& model, const PreparedObjective& objective, c
 
 ReferencePass complete_batch(const Model& model, const Objective& objective, Batch& batch, const std::string& source,
                              bool random, const std::string& ref_dir, c10::ScalarType dtype, std::uint64_t seed) {
+  if (batch.packed)  // before any pass over the batch: a refused layout is refused first
+    if (const auto why = objective.packed_rows_refusal(); !why.empty()) throw InputError(source + ": " + why);
   if (!ref_dir.empty() && batch.has("ref_logps"))
     throw InputError(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
   const bool lora = model.lora().enabled();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "core/methods/workload.h"
@@ -15,9 +16,14 @@
 
 namespace sbp {
 
-// safetensors: input_ids and attention_mask (I64) and the objective's tensors (Batch::fields), by name.
+// safetensors: input_ids and attention_mask (I64) and the objective's tensors (Batch::fields), by name. A packed
+// batch adds its boundaries (position_ids and/or cu_seqlens, or HF's cu_seq_lens_q/k and max_length_q/k; its
+// attention_mask may then be absent, as DataCollatorWithFlattening writes none); written with both spellings.
 Batch read_batch_file(const std::filesystem::path& file);
 void write_batch_file(const Batch& batch, const std::filesystem::path& file);
+// The boundaries among a batch file's tensors (by their names above) set on `batch`, every given one checked against
+// the others. Throws InputError naming `source`.
+void read_packed_boundaries(Batch& batch, const std::map<std::string, at::Tensor>& given, const std::string& source);
 
 // The memory models' view of a run: shape, dtype, the objective's buffers and statistics pass as prepared on `batch`,
 // LoRA.

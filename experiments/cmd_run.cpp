@@ -39,7 +39,9 @@ void add_model_options(CLI::App& app, RunArgs& a) {
   add_method_option(app, a.method);
   app.add_option("--ref", a.ref_dir, "reference model (HF checkpoint) for GRPO beta > 0 and DPO when the batch has no ref_logps")->check(CLI::ExistingDirectory);
   app.add_option("--pad-fraction", a.pad_fraction, "right padding of the random batch (row b: F*T*(b+1)/B pads)")->check(sbp::within(0.0, 0.99));
-  app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking)")->check(sbp::within(0.0, 0.99));
+  app.add_option("--prompt-fraction", a.prompt_fraction, "leading label fraction set to -100 (prompt masking; with "
+                 "--pack of each sequence's labels)")->check(sbp::within(0.0, 0.99));
+  add_pack_option(app, a.pack);
   app.add_option("--save-adapter", a.save_adapter, "write the LoRA adapter as a PEFT folder");
   app.add_option("--save-model", a.save_model, "write the model as an HF checkpoint folder");
   app.add_option("--json", a.json, "write the run record (JSON)");
@@ -140,7 +142,8 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
     for (const auto& t : model.adapters()) adapter_elements += t.tensor.numel();
     fmt::print("lora      {} ({:.2f} M trainable; base frozen)\n", model.lora().spec(), adapter_elements / 1e6);
   }
-  fmt::print("batch     B={} T={} objective={}\n", batch.batch_size(), batch.seq_len(), objective.spec());
+  fmt::print("batch     B={} T={} objective={}{}\n", batch.batch_size(), batch.seq_len(), objective.spec(),
+             batch.packed ? fmt::format(", packed: {} sequences", batch.packed->sequences()) : "");
   if (reference.ran)
     fmt::print("reference {} log-probs in {:.3f} s, peak {} measured, {} analytic (at {}; before the step, not in "
                "its time or peak)\n", a.ref_dir, reference.seconds, format_bytes(reference.peak_bytes),
@@ -241,6 +244,7 @@ void check_run_flags(const RunArgs& a, c10::Device device) {
   const bool random = a.batch_file.empty();
   if (random && a.measure.seq_len() == 0) throw InputError("give --seq T (and --batch B) or --batch-file FILE");
   if (!random && a.measure.seq_len() != 0) throw InputError("--seq and --batch-file exclude each other");
+  if (!random && a.pack.packed()) throw InputError("--pack makes a random batch; a --batch-file brings its own boundaries (position_ids or cu_seqlens)");
   check_distinct_outputs({{"--save-grads", a.save_grads}, {"--json", a.json}, {"--save-batch", a.save_batch},
                           {"--save-model", a.save_model}, {"--save-adapter", a.save_adapter},
                           {"--timeline", a.timeline.empty() ? "" : a.timeline + ".csv"},
@@ -372,6 +376,9 @@ void write_run_record(const RunRecord& r) {
                       {"seed", a.setup.seed},
                       {"batch_size", r.batch.batch_size()},
                       {"seq_len", r.batch.seq_len()},
+                      // Packed rows: how many sequences, and the --pack that drew them (empty for a batch file's).
+                      {"sequences", r.batch.packed ? nlohmann::json(r.batch.packed->sequences()) : nlohmann::json()},
+                      {"pack", a.pack.packed() ? nlohmann::json(a.pack.spec()) : nlohmann::json()},
                       {"budget_bytes", a.measure.budget_bytes},
                       {"memory_check", memory_check_json(r.memory, !a.no_memory_check)},
                       {"largest_allocation_bytes", unless_oom(m.largest_allocation_bytes)},
@@ -398,7 +405,7 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   const auto precision = precision_name(model->dtype(), model->grad_dtype());
   const auto batch_source = random ? std::string("random batch") : a.batch_file;
   Batch batch = random ? objective->random_batch(model->config(), {a.measure.batch_size(), a.measure.seq_len(), a.pad_fraction,
-                                                                   a.prompt_fraction, a.setup.seed, a.setup.group})
+                                                                   a.prompt_fraction, a.setup.seed, a.setup.group, a.pack})
                        : read_batch_file(a.batch_file);
   validate_tokens(batch, model->config(), batch_source);
   model->to(device);

@@ -70,6 +70,7 @@ std::map<std::string, GroupError> group_errors(const GradComparison& cmp) {
 void add_verify_options(CLI::App& app, VerifyArgs& a) {
   add_setup_options(app, a.setup, {.dtype = false, .grad_dtype = false, .lora = false, .adapter = false, .group = false, .default_preset = "tiny"});
   app.add_option("--batch-file", a.batch_file, "batch (safetensors) instead of a random one")->check(CLI::ExistingFile);
+  add_pack_option(app, a.pack);
   add_measure_options(app, a.measure, {});
   add_methods_option(app, a.methods, "the methods verified besides standard BP (e.g. streambp;checkpoint;mst)");
   add_output_options(app, a.output, "results folder (CSV + JSON)");
@@ -139,8 +140,11 @@ int verify_command(const VerifyArgs& args, const std::string& command_line) {
   auto objective = build_objective(a.setup);
   Model oracle_model(config, at::kDouble, bf16->parameters(), "bf16 weights");
   const auto source = a.batch_file.empty() ? std::string("random batch") : a.batch_file;
+  if (!a.batch_file.empty() && a.pack.packed())
+    throw InputError("--pack makes a random batch; a --batch-file brings its own boundaries (position_ids or cu_seqlens)");
   Batch batch = a.batch_file.empty()
-                    ? objective->random_batch(config, {a.measure.batch_size(), a.measure.seq_len(), 0.0, objective->default_prompt_fraction(), a.setup.seed, 0})
+                    ? objective->random_batch(config, {a.measure.batch_size(), a.measure.seq_len(), 0.0,
+                                                       objective->default_prompt_fraction(), a.setup.seed, 0, a.pack})
                     : read_batch_file(a.batch_file);
   validate_tokens(batch, config, source);
   complete_batch(oracle_model, *objective, batch, source, a.batch_file.empty(), "", at::kDouble, a.setup.seed);

@@ -24,6 +24,7 @@ struct RunArgs {
   std::string method = "standard";
   MeasureOptions measure{.batch_sizes = {1}};  // --seq, --batch; run: --warmup, --repeats, --budget-bytes
   double pad_fraction = 0, prompt_fraction = 0;
+  LengthDistribution pack;  // --pack: random rows packed with sequences of these lengths (SFT)
   std::string batch_file, ref_dir, save_adapter;
   std::string save_grads, save_model, save_batch, json, timeline, op_profile;
   std::string profile;  // --profile cupti
@@ -181,6 +182,7 @@ struct VerifyArgs {
   Setup setup;  // default model: tiny; the dtypes are the verification's own; the device takes the fp32/bf16 runs,
                 // the fp64 oracle always runs on the CPU
   std::string batch_file;
+  LengthDistribution pack;  // --pack: a random batch of packed rows (SFT)
   std::vector<std::string> methods = {"streambp"};
   MeasureOptions measure{.seq_lens = {512}, .batch_sizes = {1}};
   OutputOptions output{.out_dir = "results/verify"};

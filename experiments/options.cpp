@@ -128,6 +128,15 @@ void add_method_option(CLI::App& app, std::string& spec) {
   app.add_option("--method", spec, "BP method spec: " + methods_usage())->required()->check(method_spec());
 }
 
+void add_pack_option(CLI::App& app, LengthDistribution& pack) {
+  app.add_option_function<std::string>(
+      "--pack", [&pack](const std::string& text) { pack = LengthDistribution::parse(text); },
+      "pack each random row with several sequences (SFT), as DataCollatorWithFlattening does: position_ids restart at "
+      "0 and each sequence's first label is -100; lengths drawn with --seed from DIST = uniform:min=A,max=B | "
+      "lognormal:median=M,sigma=S | fixed:length=L, the last sequence of a row cut to fit (docs/packing.md)")
+      ->type_name("DIST");
+}
+
 void add_methods_option(CLI::App& app, std::vector<std::string>& specs, const std::string& help) {
   auto* option = app.add_option("--methods", specs, help + " (semicolon-separated specs: " + methods_usage() + ")")
                      ->delimiter(';')->check(method_list_item());

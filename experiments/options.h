@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 
 #include "core/methods/event_hooks.h"
+#include "core/objectives/length_distribution.h"
 #include "core/training/optimizer.h"
 #include "core/io/input_error.h"
 #include "core/offload/offload_kind.h"
@@ -57,6 +58,8 @@ void add_measure_options(CLI::App& app, MeasureOptions& options, MeasureFlags fl
 // while parsing (an unknown method, option or value is exit 2 naming it) and kept as the user wrote it (commands
 // print method->spec(), the canonical form). A --methods default is the vector's value when the command adds it.
 void add_method_option(CLI::App& app, std::string& spec);
+// --pack DIST: random rows packed with several sequences of DIST's lengths (docs/packing.md), parsed into `pack`.
+void add_pack_option(CLI::App& app, LengthDistribution& pack);
 void add_methods_option(CLI::App& app, std::vector<std::string>& specs, const std::string& help);
 
 // --optimizer SPEC and --optimizer-state-dtype D, each checked while parsing (the spec by parse_optimizer_spec; D

@@ -41,6 +41,16 @@ std::string metrics_sidecar(const std::string& metrics) {
 
 namespace {
 
+// What makes a run's random batches, as its record and a resume's check see it (--pack only when given, so that the
+// settings of runs without it stay as they were).
+nlohmann::json random_batch_settings(const RunArgs& r) {
+  nlohmann::json j = {{"B", r.measure.batch_size()}, {"T", r.measure.seq_len()}, {"pad", r.pad_fraction},
+                      {"prompt", r.prompt_fraction}, {"group", r.setup.group}};
+  if (r.pack.packed()) j["pack"] = r.pack.spec();
+  return j;
+}
+
+
 std::vector<fs::path> batch_files(const std::string& dir) {
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir))
@@ -61,9 +71,7 @@ nlohmann::json trajectory_fingerprint(const TrainArgs& a, const Model& model, co
           {"objective", objective.spec()},
           {"seed", r.setup.seed},
           {"data", a.data_dir},
-          {"batch", a.data_dir.empty() ? nlohmann::json({{"B", r.measure.batch_size()}, {"T", r.measure.seq_len()}, {"pad", r.pad_fraction},
-                                                          {"prompt", r.prompt_fraction}, {"group", r.setup.group}})
-                                       : nlohmann::json()},
+          {"batch", a.data_dir.empty() ? random_batch_settings(r) : nlohmann::json()},
           {"ref", r.ref_dir},
           {"optimizer", optimizer},
           {"optimizer_state_dtype", a.optimizer.state_dtype},
@@ -380,7 +388,8 @@ std::pair<Batch, std::string> TrainSession::batch_for_step(std::int64_t s) {
   const auto source = random_ ? fmt::format("random batch of step {}", s + 1) : files_[s % files_.size()].string();
   Batch batch = random_ ? objective().random_batch(model().config(), {r_.measure.batch_size(), r_.measure.seq_len(),
                                                                       r_.pad_fraction, r_.prompt_fraction,
-                                                                      r_.setup.seed + std::uint64_t(s), r_.setup.group})
+                                                                      r_.setup.seed + std::uint64_t(s), r_.setup.group,
+                                                                      r_.pack})
                         : read_batch_file(files_[s % files_.size()]);
   validate_tokens(batch, model().config(), source);
   if (ranks_.data_world() > 1 && batch.batch_size() % ranks_.data_world() != 0)

@@ -16,8 +16,13 @@ StepResult BackpropMethod::step(Model& model, const Objective& objective, const 
   if (!model.kv_source().is_local() && !runs_sequence_shards())
     throw InputError("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
                                 "BP and checkpointing do)");
+  if (batch.packed && !model.kv_source().is_local())
+    throw InputError("packed rows (position_ids / cu_seqlens) on a sequence-parallel rank: not supported yet (issue "
+                     "#59 item 4); run them on one process per sequence group, or give the sequences as padded rows");
   if (!options.accumulate) model.zero_grad();
   const auto prepared = objective.prepare(batch, model.config(), options.step_totals);
+  // Every piece of the model reads the batch's sequences (RoPE positions, attention within each sequence).
+  const Model::PackedRowsInUse packed(model, batch.packed.get());
   PhaseClock clock;
   const auto start = std::chrono::steady_clock::now();
   // The embedding and the head (final norm, lm_head) are used at both ends of the step: in use throughout.

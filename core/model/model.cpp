@@ -11,6 +11,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/model/chunk_attention.h"
+#include "core/model/packed_attention.h"
+#include "core/model/packed_rows.h"
 #include "core/model/gemm.h"
 #include "core/model/vector_math.h"
 #include "core/io/dtype.h"
@@ -296,9 +298,17 @@ at::Tensor Model::rope(const at::Tensor& x, std::int64_t start) const {
   const auto c = x.size(2);
   // Absolute positions: a chunk at `start` is rotated exactly like the same rows of the full sequence.
   spend_first_vector_math_calls();  // again only if the thread count grew since the model was made
-  const auto positions = at::arange(start, start + c, inv_freq_.options());
-  const auto freqs = at::outer(positions, inv_freq_);  // [c, hd/2] fp32
-  const auto angles = at::cat({freqs, freqs}, -1);      // [c, hd]
+  at::Tensor angles;
+  if (packed_rows_) {  // each row's own positions, restarting at every sequence (HF's position_ids)
+    TORCH_CHECK(x.size(0) == packed_rows_->rows(), "rope: ", x.size(0), " rows for packed rows of ", packed_rows_->rows());
+    const auto positions = packed_rows_->positions(start, start + c).to(inv_freq_.options());  // [B, c]
+    const auto freqs = positions.unsqueeze(-1) * inv_freq_;  // [B, c, hd/2] fp32: the products outer() makes
+    angles = at::cat({freqs, freqs}, -1).unsqueeze(1);      // [B, 1, c, hd]
+  } else {
+    const auto positions = at::arange(start, start + c, inv_freq_.options());
+    const auto freqs = at::outer(positions, inv_freq_);  // [c, hd/2] fp32
+    angles = at::cat({freqs, freqs}, -1);                // [c, hd]
+  }
   const auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
   return x * cos + rotate_half(x) * sin;
 }
@@ -337,7 +347,8 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const KVGradSums* sums) const {
   const auto B = q.size(0), c = q.size(2), e = k.size(2);
   TORCH_CHECK(e == q_start + c, "attend: keys must be the prefix [0, q_start + c) = [0, ", q_start + c, "), got ", e);
-  const auto o = prefix_attention(q, k, v, q_start, attention_scale(), sums);  // [B, n_h, c, hd]
+  const auto o = packed_rows_ ? packed_attention(q, k, v, q_start, attention_scale(), sums, *packed_rows_)
+                              : prefix_attention(q, k, v, q_start, attention_scale(), sums);  // [B, n_h, c, hd]
   return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
 }
 
@@ -370,8 +381,11 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
     auto kv = kv_from_normed(w, hb, position);
     ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, position));
   });
-  const auto q = cat_or_one(qs, 2);  // [B, n_h, T, hd]
-  const auto o = kv_source_->attend_shard(q, cat_or_one(ks, 2), cat_or_one(vs, 2), attention_scale());  // [B, n_h, T, hd]
+  const auto q = cat_or_one(qs, 2), k = cat_or_one(ks, 2), v = cat_or_one(vs, 2);  // [B, n_h or n_kv, T, hd]
+  // Packed rows attend within their sequences, on one process only (BackpropMethod::step refuses them on a shard).
+  TORCH_CHECK(!packed_rows_ || kv_source_->is_local(), "attention_block: packed rows on a sequence-parallel shard");
+  const auto o = packed_rows_ ? packed_attention(q, k, v, 0, attention_scale(), nullptr, *packed_rows_)
+                              : kv_source_->attend_shard(q, k, v, attention_scale());  // [B, n_h, T, hd]
   return h + project(w, "o", o.transpose(1, 2).reshape({B, T, q.size(1) * q.size(3)}), w.o_w, w.o_b);
 }
 

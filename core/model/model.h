@@ -25,6 +25,7 @@
 namespace sbp {
 
 struct KVGradSums;  // core/model/chunk_attention.h
+class PackedRows;  // core/model/packed_rows.h
 
 struct LayerWeights {
   at::Tensor input_norm;            // [d]
@@ -95,6 +96,24 @@ class Model {
     const Model& model_;
     bool was_;
   };
+
+  // While alive, the model's rows are packed (core/model/packed_rows.h): RoPE rotates each column at its position in
+  // its own sequence, and attend/attention_block let each sequence attend causally within itself only. Null: one
+  // sequence per row. BackpropMethod::step holds one for its batch; `rows` outlives it.
+  class PackedRowsInUse {
+   public:
+    PackedRowsInUse(const Model& model, const PackedRows* rows) : model_(model), was_(model.packed_rows_) {
+      model.packed_rows_ = rows;
+    }
+    ~PackedRowsInUse() { model_.packed_rows_ = was_; }
+    PackedRowsInUse(const PackedRowsInUse&) = delete;
+    PackedRowsInUse& operator=(const PackedRowsInUse&) = delete;
+
+   private:
+    const Model& model_;
+    const PackedRows* was_;
+  };
+  const PackedRows* packed_rows() const { return packed_rows_; }
 
   at::Tensor embed(const at::Tensor& input_ids) const;                                 // [B, c] -> [B, c, d]
   // Back-propagates dLoss/d(embed(input_ids)) ([B, T, d]) into the embedding gradient in place (tied: the lm_head's,
@@ -183,6 +202,7 @@ class Model {
   LoraConfig lora_;
   std::vector<NamedTensor> adapters_;
   mutable bool adapters_enabled_ = true;
+  mutable const PackedRows* packed_rows_ = nullptr;
   KVSource* kv_source_ = &local_kv_source();
 };
 

@@ -21,16 +21,49 @@ void check(bool ok, const std::string& source, const std::string& what) {
 }  // namespace
 
 Batch Batch::to(c10::Device device) const {
-  Batch out{input_ids.to(device), attention_mask.to(device), {}};
+  Batch out{input_ids.to(device), attention_mask.to(device), {}, packed};
   for (const auto& [name, t] : fields) out.fields[name] = t.to(device);
   return out;
 }
 
 Batch Batch::select_rows(const at::Tensor& index) const {
   const auto i = index.to(input_ids.device());
-  Batch out{input_ids.index_select(0, i), attention_mask.index_select(0, i), {}};
+  Batch out{input_ids.index_select(0, i), attention_mask.index_select(0, i), {}, nullptr};
   for (const auto& [name, t] : fields) out.fields[name] = t.index_select(0, i.to(t.device()));
+  if (packed) {
+    const auto rows = index.to(at::kCPU, at::kLong).contiguous();
+    out.packed = packed->select_rows(std::vector<std::int64_t>(rows.data_ptr<std::int64_t>(),
+                                                               rows.data_ptr<std::int64_t>() + rows.numel()));
+  }
   return out;
+}
+
+void set_sequence_boundaries(Batch& batch, const at::Tensor& position_ids, const at::Tensor& cu_seqlens,
+                             const std::string& source) {
+  check(batch.input_ids.defined() && batch.input_ids.dim() == 2, source, "packed rows need input_ids [B, T]");
+  const auto B = batch.input_ids.size(0), T = batch.input_ids.size(1);
+  std::shared_ptr<const PackedRows> from_ids, from_cu;
+  if (position_ids.defined()) {
+    check(position_ids.sizes() == batch.input_ids.sizes(), source,
+          "position_ids " + c10::str(position_ids.sizes()) + " must have the shape of input_ids " +
+              c10::str(batch.input_ids.sizes()));
+    from_ids = PackedRows::from_position_ids(position_ids, source);
+  }
+  if (cu_seqlens.defined()) from_cu = PackedRows::from_cu_seqlens(cu_seqlens, B, T, source);
+  if (from_ids && from_cu)
+    for (std::int64_t b = 0; b < B; ++b)
+      if (from_ids->starts(b) != from_cu->starts(b)) {
+        const auto& a = from_ids->starts(b);
+        const auto& c = from_cu->starts(b);
+        std::size_t i = 0;
+        while (i < a.size() && i < c.size() && a[i] == c[i]) ++i;
+        const auto position = std::min(i < a.size() ? a[i] : T, i < c.size() ? c[i] : T);
+        const bool ids_start = i < a.size() && a[i] == position;
+        throw InputError(fmt::format("{}: position_ids and cu_seqlens disagree in row {} at position {}: position_ids "
+                                     "{} a sequence there, cu_seqlens {}", source, b, position,
+                                     ids_start ? "starts" : "continues", ids_start ? "continues one" : "starts one"));
+      }
+  batch.packed = from_ids ? from_ids : from_cu;
 }
 
 std::string micro_batch_rows_problem(const MicroBatchRows& micro, std::int64_t batch_rows, bool pairs) {
@@ -109,8 +142,13 @@ void validate_tokens(const Batch& b, const ModelConfig& config, const std::strin
   check(((mask == 0) | (mask == 1)).all().item<bool>(), source, "attention_mask must hold only 0 and 1");
   // Right padding: the mask never goes 0 -> 1 along a row, and the first token is real.
   check((mask.slice(1, 1) <= mask.slice(1, 0, -1)).all().item<bool>(), source,
-        "attention_mask must be right padding (1...1 0...0); left/interior padding and packed sequences are not supported");
+        "attention_mask must be right padding (1...1 0...0); left/interior padding is not supported (rows holding "
+        "several sequences give position_ids or cu_seqlens instead)");
   check((mask.select(1, 0) == 1).all().item<bool>(), source, "every row needs at least one token (attention_mask[:, 0] == 1)");
+  if (b.packed)
+    check(b.packed->rows() == ids.size(0) && b.packed->seq_len() == ids.size(1), source,
+          fmt::format("packed rows of {} x {} for input_ids {}", b.packed->rows(), b.packed->seq_len(),
+                      c10::str(ids.sizes())));
 }
 
 Batch random_sft_batch(const ModelConfig& config, const RandomBatchOptions& o) {

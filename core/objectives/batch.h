@@ -1,14 +1,18 @@
-// A training batch in HF's convention (right padding), plus what its objective reads beside the tokens.
+// A training batch in HF's convention (right padding, or several sequences packed per row), plus what its objective
+// reads beside the tokens.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/model/config.h"
+#include "core/model/packed_rows.h"
+#include "core/objectives/length_distribution.h"
 #include "core/io/input_error.h"
 
 namespace sbp {
@@ -19,6 +23,9 @@ struct Batch {
   // The objective's tensors, by their batch-file names: SFT "labels"; GRPO "completion_mask", "advantages",
   // "old_logps", "ref_logps"; DPO "completion_mask", "ref_logps". Each objective validates its own (objective.h).
   std::map<std::string, at::Tensor> fields;
+  // Null: one sequence per row. Otherwise the sequences of each row (HF's position_ids, flash-attention's cu_seqlens;
+  // set_sequence_boundaries), each attending within itself only (ARCHITECTURE.md §3 "Packed rows").
+  std::shared_ptr<const PackedRows> packed;
 
   std::int64_t batch_size() const { return input_ids.size(0); }
   std::int64_t seq_len() const { return input_ids.size(1); }
@@ -29,11 +36,17 @@ struct Batch {
   Batch select_rows(const at::Tensor& index) const;
 };
 
-// The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token. Throws
-// InputError saying what is wrong and where (`source` names the file or flag). With right padding and no
-// loss on pads the causal rule alone gives HF's gradients, so no method ever needs a [B, T, T] mask (ARCHITECTURE.md §4);
-// left/interior padding and packed sequences are rejected.
+// The tokens only: input_ids in the vocabulary, attention_mask of right padding with a real first token, packed rows
+// of the batch's shape. Throws InputError saying what is wrong and where (`source` names the file or flag). With
+// right padding and no loss on pads the causal rule alone gives HF's gradients, so no method ever needs a [B, T, T]
+// mask (ARCHITECTURE.md §4); left/interior padding is rejected (packed rows say where sequences start instead).
 void validate_tokens(const Batch& batch, const ModelConfig& config, const std::string& source);
+
+// Packs `batch` by the boundaries given in either spelling, or both (each undefined when absent): position_ids
+// [B, T] and cu_seqlens [n + 1] over the flattened B*T tokens (packed_rows.h). Derived once here, the one from the
+// other; both given must describe the same sequences. Throws InputError naming `source`, the row and the position.
+void set_sequence_boundaries(Batch& batch, const at::Tensor& position_ids, const at::Tensor& cu_seqlens,
+                             const std::string& source);
 
 // The micro-batches of one optimizer step by rows: rows[k] the batch rows micro-batch k holds.
 using MicroBatchRows = std::vector<std::vector<std::int64_t>>;
@@ -50,6 +63,7 @@ struct RandomBatchOptions {
   double prompt_fraction = 0.0;  // SFT: leading labels set to -100; GRPO/DPO: prompt length (0: drawn in [1, T/2])
   std::uint64_t seed = 0;
   std::int64_t group = 0;        // GRPO: completions per prompt (0: the whole batch is one group)
+  LengthDistribution pack;       // SFT: rows packed with sequences of these lengths (none: one sequence per row)
 };
 
 // SFT: random tokens, labels = input_ids with -100 on the prompt and on pads.

@@ -26,7 +26,14 @@ std::string DpoObjective::spec() const {
   return fmt::format("dpo:beta={},label_smoothing={}", options_.beta, options_.label_smoothing);
 }
 
+std::string DpoObjective::packed_rows_refusal() const {
+  return "dpo: packed rows (position_ids / cu_seqlens) are not defined for it: a pair's chosen and rejected sequences "
+         "would have to be matched across packs; give each its own right-padded row (the chosen rows, then the "
+         "rejected ones)";
+}
+
 Batch DpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
+  if (o.pack.packed()) throw InputError(packed_rows_refusal());
   if (o.batch_size % 2 != 0)
     throw InputError("dpo: --batch counts rows (P chosen, then P rejected) and must be even, got " +
                                 std::to_string(o.batch_size));

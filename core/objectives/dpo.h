@@ -33,6 +33,7 @@ class DpoObjective : public Objective {
   bool paired_rows() const override { return true; }
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
   bool has_row_term() const override { return true; }
+  std::string packed_rows_refusal() const override;
 
  protected:
   Fields prepare_fields(const Batch& batch, const ModelConfig& config, const std::optional<StepTotals>& step_totals,

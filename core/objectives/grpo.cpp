@@ -43,7 +43,14 @@ std::string GrpoObjective::spec() const {
                      o.max_completion_length);
 }
 
+std::string GrpoObjective::packed_rows_refusal() const {
+  return "grpo: packed rows (position_ids / cu_seqlens) are not defined for it yet: its per-sequence terms "
+         "(advantages, the sequence-level ratio, grpo's per-sequence mean) would need one value per packed completion, "
+         "as verl's remove-padding layout carries them (issue #59); give each completion its own right-padded row";
+}
+
 Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
+  if (o.pack.packed()) throw InputError(packed_rows_refusal());
   const auto B = o.batch_size, G = o.group > 0 ? o.group : o.batch_size;
   if (G < 2)
     throw InputError("grpo: --group must be >= 2 (advantages are normalised within a group; a group of one "

@@ -40,6 +40,7 @@ class GrpoObjective : public Objective {
   Batch with_reference(const Batch& batch, const at::Tensor& token_logps) const override;
   double temperature() const override { return options_.temperature; }
   bool has_row_term() const override { return options_.importance == "sequence"; }
+  std::string packed_rows_refusal() const override;
 
  protected:
   // The loss_type's normaliser of each scored token of a head chunk whose scored mask is `mask` ([B, c], in the

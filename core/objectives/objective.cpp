@@ -59,6 +59,20 @@ at::Tensor checked_float_field(const Batch& b, const std::string& name, at::IntA
   return where.defined() ? x.masked_fill(where == 0, 0.0) : x;
 }
 
+void check_targets_within_sequences(const Batch& b, const at::Tensor& targets, const std::string& field,
+                                    const std::string& source) {
+  if (!b.packed) return;
+  const auto scored = (targets >= 0).to(at::kCPU);
+  const auto a = scored.accessor<bool, 2>();
+  for (std::int64_t r = 0; r < b.packed->rows(); ++r)
+    for (const auto start : b.packed->starts(r))
+      if (start > 0 && a[r][start - 1])
+        throw InputError(source + ": row " + std::to_string(r) + ", position " + std::to_string(start) + ": " + field +
+                         " there is a target across a sequence boundary (the sequence ending at position " +
+                         std::to_string(start - 1) + " would be trained to predict the next one's first token); a "
+                         "packed row's first label of each sequence is -100 (DataCollatorWithFlattening's separator)");
+}
+
 at::Tensor shift_left(const at::Tensor& x, double fill) {
   return at::cat({x.slice(1, 1), at::full({x.size(0), 1}, fill, x.options())}, 1);
 }
@@ -67,8 +81,15 @@ at::Tensor chunk_of(const at::Tensor& per_position, std::int64_t start, const at
   return per_position.slice(1, start, start + like.size(1)).to(like.scalar_type());
 }
 
+std::string Objective::packed_rows_refusal() const {
+  return name() + ": packed rows (position_ids / cu_seqlens) are not defined for this objective yet; give each "
+                  "sequence its own right-padded row";
+}
+
 PreparedObjective Objective::prepare(const Batch& batch, const ModelConfig& config,
                                      const std::optional<StepTotals>& step_totals, const std::string& source) const {
+  if (batch.packed)
+    if (const auto why = packed_rows_refusal(); !why.empty()) throw InputError(source + ": " + why);
   auto fields = prepare_fields(batch, config, step_totals, source);
   return PreparedObjective(*this, batch, std::move(fields.targets), std::move(fields.state),
                            fields.state_bytes_per_token, fields.statistics_known);

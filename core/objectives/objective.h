@@ -133,6 +133,9 @@ class Objective {
   PreparedObjective prepare(const Batch& batch, const ModelConfig& config,
                             const std::optional<StepTotals>& step_totals = std::nullopt,
                             const std::string& source = "batch") const;
+  // Why this objective cannot take packed rows (Batch::packed), or "" when it can: prepare() refuses them with it.
+  // A packed layout must say what each per-row statistic means per sequence, which is defined for SFT only so far.
+  virtual std::string packed_rows_refusal() const;
   // Whether the loss has a row term R(S): a streamed head then runs the statistics pass, unless the batch gives S
   // without one (PreparedObjective::needs_statistics). What a workload without a batch (a projection) assumes.
   virtual bool has_row_term() const { return false; }
@@ -209,6 +212,11 @@ at::Tensor checked_completion_mask(const Batch& batch, const std::string& source
 at::Tensor checked_float_field(const Batch& batch, const std::string& name, at::IntArrayRef shape,
                                const at::Tensor& where, const std::string& source);
 
+// A packed batch's targets never cross a sequence boundary: the last position of a sequence predicts nothing (the
+// next sequence's first label is -100, DataCollatorWithFlattening's separator). `targets` [B, T] as prepare_fields
+// makes them (-1: none). Throws InputError naming `source`, the row, the position and `field`'s entry there.
+void check_targets_within_sequences(const Batch& batch, const at::Tensor& targets, const std::string& field,
+                                    const std::string& source);
 // Shifted per-position view of a per-token tensor: out[:, t] = x[:, t + 1], the last column `fill`. Position t
 // predicts token t + 1, so a token's mask or log-prob is read at the position before it.
 at::Tensor shift_left(const at::Tensor& per_token, double fill);

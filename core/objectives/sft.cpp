@@ -3,7 +3,9 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+
 #include "core/io/input_error.h"
+#include "core/objectives/packed_batch.h"
 
 namespace sbp {
 
@@ -15,7 +17,7 @@ struct SftObjective::State final : ObjectiveState {
 SftObjective::SftObjective(const Spec& spec) { spec.check_keys({}); }
 
 Batch SftObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& options) const {
-  return random_sft_batch(config, options);
+  return options.pack.packed() ? random_packed_sft_batch(config, options) : random_sft_batch(config, options);
 }
 
 Objective::Fields SftObjective::prepare_fields(const Batch& b, const ModelConfig& config,
@@ -34,6 +36,7 @@ Objective::Fields SftObjective::prepare_fields(const Batch& b, const ModelConfig
   const auto shifted = shift_left(labels, -100);  // position t is scored on labels[t + 1]
   Fields fields;
   fields.targets = shifted.masked_fill(shifted == -100, -1);
+  check_targets_within_sequences(b, fields.targets, "labels", source);
   const auto num_valid = (fields.targets >= 0).sum().item<std::int64_t>();
   if (num_valid == 0) fail("sft: the batch has no valid shifted label (all -100): the loss would be 0/0");
   auto state = std::make_shared<State>();

@@ -23,9 +23,13 @@ except ImportError as e:  # an oracle that cannot run fails: a CI without its or
     sys.exit(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the oracles' shared helpers
-from parity_metrics import finite, normwise_error, stop_if_fault_run, with_fault  # noqa: E402
+from parity_metrics import finite, normwise_error, run_cases, with_fault  # noqa: E402
 
 RTOL = 1e-10
+# The HF config of the variants beside the tiny preset (each adds its model_type and tie_word_embeddings).
+SMALL_CONFIG = {"vocab_size": 256, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+                "rope_theta": 10000.0, "max_position_embeddings": 128}
 
 
 def patch_rms_norms():
@@ -73,29 +77,19 @@ def main():
     binary = sys.argv[1]
     patch_rms_norms()
     torch.manual_seed(0)
-    base = {"vocab_size": 256, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "max_position_embeddings": 128}
+    base = SMALL_CONFIG
     variants = {
         "qwen3-untied": {**base, "model_type": "qwen3", "tie_word_embeddings": False},
         "qwen2-bias": {**base, "model_type": "qwen2", "tie_word_embeddings": True},
         "llama-mha": {**base, "model_type": "llama", "num_key_value_heads": 4, "tie_word_embeddings": False},
     }
-    failures = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         runs = [("tiny", ["--preset", "tiny"])]
         for name, cfg in variants.items():
             (work / f"{name}-config.json").write_text(json.dumps(cfg))
             runs.append((name, ["--config", str(work / f"{name}-config.json")]))
-        for name, source_args in runs:
-            found = check(binary, work, name, source_args)
-            for f in found:
-                print("FAIL:", f)
-            if found:
-                stop_if_fault_run()
-            failures += found
-    return 1 if failures else 0
+        return run_cases(runs, lambda name, source_args: check(binary, work, name, source_args))
 
 
 if __name__ == "__main__":

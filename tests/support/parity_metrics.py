@@ -90,3 +90,17 @@ def stop_if_fault_run():
     has shown what it must at its first failure, so it stops there instead of walking the rest of the matrix."""
     if os.environ.get("STREAMBP_PARITY_FAULT") or os.environ.get("STREAMBP_TRL_FAULT"):
         sys.exit(1)
+
+
+def run_cases(cases, check):
+    """Each case (name, args) through check(name, args), which returns its failures: they are printed and a fault run
+    stops at the first (stop_if_fault_run). Returns the script's exit code, 1 when any case failed."""
+    failures = []
+    for name, args in cases:
+        found = check(name, args)
+        for f in found:
+            print("FAIL:", f)
+        if found:
+            stop_if_fault_run()
+        failures += found
+    return 1 if failures else 0

@@ -64,6 +64,16 @@ StepGradients run_step(Model& model, const std::string& spec, Objective& objecti
 
 ModelConfig tiny_config() { return preset_config("tiny"); }
 
+ModelConfig untied_mha_with_biases() {
+  auto c = tiny_config();
+  c.tie_word_embeddings = false;
+  c.num_key_value_heads = c.num_attention_heads;
+  c.qk_norm = false;
+  c.attention_bias = true;
+  c.o_proj_bias = true;
+  return c;
+}
+
 std::string describe(const ModelConfig& c) {
   std::ostringstream s;
   s << "d=" << c.hidden_size << ",L=" << c.num_hidden_layers << ",heads=" << c.num_attention_heads << "x"

@@ -59,6 +59,8 @@ Batch objective_batch(const Model& model, const Objective& objective, const Rand
 // A Qwen3-family config of test size: 4 heads of 16 with 2 KV heads (GQA), qk_norm on, tied, 2 layers, d = 64,
 // vocabulary 512 (the "tiny" preset). Callers flip the flags they exercise.
 ModelConfig tiny_config();
+// tiny_config() untied, with 4 KV heads (MHA), no qk_norm and every bias (q/k/v and o): the other corner of the flags.
+ModelConfig untied_mha_with_biases();
 
 // "d=64,L=2,heads=4x16,kv=2,V=512,I=128,tied=1,qk_norm=1,bias=0,o_bias=0": the parameters a failing case needs.
 std::string describe(const ModelConfig& config);

@@ -65,12 +65,7 @@ std::vector<ExactShape> standard_vs_checkpoint_shapes() {
   ModelConfig qwen3 = sbp::test::tiny_config();  // GQA 4/2, qk_norm, tied
   shapes.push_back({"qwen3 tiny, ragged B=2", qwen3, {2, 24, 0.3, 0.0, 11}});
 
-  ModelConfig untied_mha = qwen3;
-  untied_mha.tie_word_embeddings = false;
-  untied_mha.num_key_value_heads = 4;
-  untied_mha.qk_norm = false;
-  untied_mha.attention_bias = true;
-  untied_mha.o_proj_bias = true;
+  ModelConfig untied_mha = sbp::test::untied_mha_with_biases();
   shapes.push_back({"untied MHA with q/k/v/o bias, prompt-masked B=3", untied_mha, {3, 17, 0.4, 0.25, 12}});
 
   ModelConfig qwen2 = qwen3;

@@ -54,7 +54,7 @@ class FaultyRing final : public sbp::RingExchange {
   RingFault fault_;
 };
 
-double relative_error(const at::Tensor& a, const at::Tensor& b) {
+double normwise_error(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
 }
 
@@ -82,8 +82,8 @@ double ring_attention_error(int world, const RingShape& shape, RingFault fault =
     const auto ql = take(q).requires_grad_(), kl = take(k).requires_grad_(), vl = take(v).requires_grad_();
     const auto o = ring.attend_shard(ql, kl, vl, scale);
     (o * take(w)).sum().backward();
-    worst[comm.rank()] = std::max({relative_error(o.detach(), take(ref.detach())), relative_error(ql.grad(), take(qr.grad())),
-                                   relative_error(kl.grad(), take(kr.grad())), relative_error(vl.grad(), take(vr.grad()))});
+    worst[comm.rank()] = std::max({normwise_error(o.detach(), take(ref.detach())), normwise_error(ql.grad(), take(qr.grad())),
+                                   normwise_error(kl.grad(), take(kr.grad())), normwise_error(vl.grad(), take(vr.grad()))});
   });
   return *std::max_element(worst.begin(), worst.end());
 }

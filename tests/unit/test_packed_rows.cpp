@@ -129,7 +129,7 @@ TEST_CASE("SFT scores a packed row as its sequences padded, and GRPO and DPO ref
   }
 }
 
-TEST_CASE("--pack's length distributions fill every row exactly", "[packed]") {
+TEST_CASE("the length distributions of --pack fill every row exactly", "[packed]") {
   for (const std::string spec : {"uniform:min=1,max=9", "lognormal:median=6,sigma=1.5", "fixed:length=5"}) {
     const auto d = sbp::LengthDistribution::parse(spec);
     CHECK(sbp::LengthDistribution::parse(d.spec()).spec() == d.spec());

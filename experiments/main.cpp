@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/io/process_exit.h"
 #include "core/io/spec.h"
 #include "experiments/commands.h"
 #include "experiments/exit_status.h"
@@ -108,9 +109,7 @@ std::vector<Command> command_table() {
   };
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   // Before any tensor exists, so that every byte is seen (ARCHITECTURE.md §7).
   sbp::CpuMemoryMeter::install();
   // A file-size limit (ulimit -f) is a write that fails naming its file (the offload tier's, a result's), not a kill.
@@ -157,3 +156,8 @@ int main(int argc, char** argv) {
     return int(sbp::kExitInput);  // require_subcommand(1): not reached
   });
 }
+
+}  // namespace
+
+// Every local of run_main destroyed, the process ends without libtorch's static teardown (core/io/process_exit.h).
+int main(int argc, char** argv) { sbp::exit_without_teardown(run_main(argc, argv)); }

@@ -14,6 +14,10 @@ source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY OMP_NUM_THREADS=1
+# DeepSpeed JIT-builds ops into TORCH_EXTENSIONS_DIR: the adapters skip its inference-only shared-memory op
+# (deepspeed_common.init_distributed_gloo: two CPU-minutes on a fresh machine), so nothing may be built here.
+export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions
+mkdir -p "$TORCH_EXTENSIONS_DIR"
 
 "$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --cases "$SRC/tests/cli/known_bugs_sp_slice.json" \
   --only arctic-sft-zero2 deepspeed-ulysses --out survey --allow-dirty >survey.txt 2>survey.log ||
@@ -28,4 +32,6 @@ bad, good = rows["arctic-sft-zero2"], rows["deepspeed-ulysses"]
 assert bad["verdict"] == "wrong" and bad["worst_tensor"] == "lm_head.weight" and float(bad["worst"]) >= 1, bad
 assert good["verdict"] == "exact", good
 PY
+built=$(find "$TORCH_EXTENSIONS_DIR" -name '*.so' 2>/dev/null)
+[[ -z $built ]] || fail "DeepSpeed JIT-built an op the adapters skip: $built"
 echo "ok: ArcticTraining's SP loss path fails naming lm_head.weight; DeepSpeed's Ulysses path at the same pin is exact"

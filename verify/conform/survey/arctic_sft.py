@@ -83,7 +83,7 @@ def worker(case_dir):
     from deepspeed.utils import safe_get_full_grad
     from transformers.loss.loss_utils import fixed_cross_entropy
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    ds_common.init_distributed_gloo()
     rank, sp = dist.get_rank(), dist.get_world_size()
     try:
         case = protocol.read_case(case_dir)

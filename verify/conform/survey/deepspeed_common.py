@@ -32,6 +32,22 @@ def configure(case):
         MLP_TILE = int(getattr(case, "layer_chunk", 0) or 16)
 
 
+def init_distributed_gloo():
+    """deepspeed.init_distributed(dist_backend="gloo"), without DeepSpeed's shared-memory all-reduce op.
+
+    On the CPU accelerator DeepSpeed's TorchBackend JIT-compiles that op (ShareMemCommBuilder) the first time a process
+    group is made: about two CPU-minutes of a 2-core machine, once per fresh ~/.cache/torch_extensions. Only
+    dist.inference_all_reduce calls it (0.17.x-0.19.x); a training step's all_reduce, reduce_scatter and all_gather
+    are torch.distributed's on Gloo either way. Marking the op incompatible, which is what DeepSpeed itself does where
+    the op cannot build, leaves every collective these adapters run unchanged.
+    """
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
 def not_expressible(msg):
     """Exit 3: the case is reported as not expressible, neither passed nor failed."""
     raise protocol.NotExpressible(msg)

@@ -63,7 +63,7 @@ def worker(case_dir):
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss, TiledMLP, UlyssesSPAttentionHF
     from transformers.loss.loss_utils import fixed_cross_entropy
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    ds_common.init_distributed_gloo()
     rank = dist.get_rank()
     try:
         case = protocol.read_case(case_dir)

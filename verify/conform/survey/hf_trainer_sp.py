@@ -58,7 +58,10 @@ def worker(case_dir):
     import torch
     import torch.nn.functional as F
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    sys.path.insert(0, str(HERE.parent))
+    import deepspeed_common as ds_common
+
+    ds_common.init_distributed_gloo()
     sys.path.insert(0, str(HERE.parents[1]))
     import protocol
     from accelerate.utils import ParallelismConfig

@@ -4,7 +4,8 @@
 // attention over each block by log-sum-exp (merge_key_block). The backward recomputes that merge, then the blocks go
 // round again with their dK/dV sums, to which every rank adds its queries' share (key_block_backward, with each row's
 // merged output and log-sum-exp); after the full circle one more hop brings each block's sums home. dQ stays on the
-// rank. StreamBP's chunk loop runs inside each hop.
+// rank. StreamBP's chunk loop runs inside each hop. On packed rows each query merges only its own sequence's keys, and a
+// part of a block that no query of a chunk's row sees is skipped and counted (ring_blocks.h).
 #pragma once
 
 #include <cstdint>

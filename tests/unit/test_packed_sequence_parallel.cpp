@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,7 +15,9 @@
 #include <ATen/ATen.h>
 
 #include "baselines/methods.h"
+#include "core/io/spec.h"
 #include "core/methods/method.h"
+#include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/model/packed_rows.h"
 #include "core/model/sequence_shard.h"
@@ -35,30 +38,45 @@ using sbp::SequenceScheme;
 
 constexpr std::int64_t kPackedSpT = 48;
 // Two rows of 48. Over 2 ranks (zig-zag parts of 12: rank 0 [0, 12) + [36, 48), rank 1 [12, 24) + [24, 36)): row 0's
-// [8, 28) begins on rank 0 and goes on over both of rank 1's parts, [28, 37) begins on rank 1 and ends on rank 0, whose
-// second part holds its tail beside [37, 48); a sequence of one token at 7; row 1's [0, 30) spans every rank, and
-// [32, 48) begins on rank 1 and ends on rank 0. Over 3 ranks (parts of 8) [8, 28) and [0, 30) cross all three.
+// [8, 28) begins on rank 0 and goes on over both of rank 1's parts, [28, 40) begins on rank 1 and ends on rank 0, whose
+// second part holds its tail beside [40, 48); a sequence of one token at 7; row 1's [0, 30) spans every rank, and
+// [32, 48) begins on rank 1 and ends on rank 0. Over 3 ranks (parts of 8) [8, 28) and [0, 30) cross all three, and
+// row 0's boundary at 40 falls on a part's first position.
 const std::vector<std::vector<std::int64_t>> kPackedSpLengths = {{7, 1, 20, 12, 8}, {30, 2, 16}};
+
+// The models: the tiny preset (GQA, qk_norm, tied), its untied MHA corner with every bias, and the tiny preset under
+// LoRA (the adapters' gradients summed over the group).
+enum class PackedSpModel { tiny, untied_mha_with_biases, tiny_lora };
+
+std::unique_ptr<sbp::Model> packed_sp_model(PackedSpModel kind) {
+  auto model = std::make_unique<sbp::Model>(
+      kind == PackedSpModel::untied_mha_with_biases ? sbp::test::untied_mha_with_biases() : sbp::test::tiny_config(),
+      at::kDouble, 61);
+  if (kind == PackedSpModel::tiny_lora) model->add_lora(sbp::parse_lora_spec("rank=8"), 63);
+  return model;
+}
 
 // The packed SFT batch (masked prompts) and one process's standard BP over it: the oracle.
 struct PackedSpOracle {
-  sbp::ModelConfig config = sbp::test::tiny_config();
-  sbp::Batch batch = sbp::packed_sft_batch(config, kPackedSpLengths, 0.25, 62);
-  sbp::test::StepGradients reference = [this] {
-    sbp::Model model(config, at::kDouble, 61);
+  explicit PackedSpOracle(PackedSpModel kind) : model(packed_sp_model(kind)) {
     sbp::SftObjective sft;
-    return sbp::test::run_step(model, "standard", sft, batch);
-  }();
+    reference = sbp::test::run_step(*model, "standard", sft, batch);
+  }
+  std::unique_ptr<sbp::Model> model;
+  sbp::Batch batch = sbp::packed_sft_batch(model->config(), kPackedSpLengths, 0.25, 62);
+  sbp::test::StepGradients reference;
 };
-const PackedSpOracle& packed_sp_oracle() {
-  static const PackedSpOracle oracle;
-  return oracle;
+const PackedSpOracle& packed_sp_oracle(PackedSpModel kind = PackedSpModel::tiny) {
+  static std::map<PackedSpModel, std::unique_ptr<PackedSpOracle>> oracles;
+  auto& oracle = oracles[kind];
+  if (!oracle) oracle = std::make_unique<PackedSpOracle>(kind);
+  return *oracle;
 }
 
 enum class PackedSpFault {
   none,
-  // Rank 0 ignores the start (28) of row 0's sequence [28, 37), which begins on rank 1: its query at 36 attends the
-  // sequence before it too (LeakyBoundaryRows), RoPE still restarted.
+  // Rank 0 ignores the start (28) of row 0's sequence [28, 40), which begins on rank 1: its queries at 36-39 attend
+  // the sequence before it too (LeakyBoundaryRows), RoPE still restarted.
   leaky_boundary,
   // Rank 1 numbers each sequence from its own first position where the sequence began on another rank's part
   // (LocalRestartRows): row 0's [8, 28) at 12 and row 1's [0, 30) at 12 restart at 0.
@@ -74,12 +92,13 @@ struct PackedSpRun {
 };
 
 PackedSpRun packed_sp_run(int world, SequenceScheme scheme, const std::string& method,
-                          PackedSpFault fault = PackedSpFault::none) {
-  const auto& oracle = packed_sp_oracle();
+                          PackedSpFault fault = PackedSpFault::none, PackedSpModel kind = PackedSpModel::tiny) {
+  const auto& oracle = packed_sp_oracle(kind);
   PackedSpRun out;
   out.counts.resize(std::size_t(world));
   sbp::test::run_gloo_ranks(world, [&](sbp::Communicator& comm) {
-    sbp::Model model(oracle.config, at::kDouble, 61);
+    auto model_of_rank = packed_sp_model(kind);
+    auto& model = *model_of_rank;
     std::unique_ptr<sbp::KVSource> source;
     sbp::RingExchange* ring = nullptr;
     if (scheme == SequenceScheme::ring) {
@@ -160,13 +179,40 @@ std::string packed_sp_text(const RingBlockCounts& c) {
          std::to_string(c.before_sequences) + " skipped before their sequences";
 }
 
-// A method's ring passes per layer and step (a forward merge or a backward each), and its chunk of the rank's rows.
-struct PackedSpRingPasses {
-  std::string method;
-  std::int64_t chunk;  // 0: one chunk per part of the shard (a graph over the whole shard)
-  std::int64_t passes;  // standard: forward, backward; checkpointing: + the re-forward; StreamBP: forward, then the
-                        // backward's merge again and its backward
-};
+// A method's ring passes per layer and step (a forward merge or a backward each): standard BP's forward and backward,
+// checkpointing's re-forward besides, StreamBP's forward, then its backward's merge again and its backward.
+std::int64_t packed_sp_ring_passes(const std::string& method) {
+  return sbp::parse_spec(method).name == "standard" ? 2 : 3;
+}
+// Its query chunks of the rank's rows: StreamBP's layer chunk; 0 for a graph over the whole shard (one per part).
+std::int64_t packed_sp_ring_chunk(const std::string& method) {
+  const auto spec = sbp::parse_spec(method);
+  return spec.name == "streambp" ? spec.get_int("layer_chunk", 0, 1) : 0;
+}
+
+// The ring's counts on every rank of `r` against the brute force: one pass's, times the passes of a step's layers.
+// Returns every rank's one pass, summed, with and without the boundaries.
+std::pair<RingBlockCounts, RingBlockCounts> packed_sp_check_counts(const PackedSpRun& r, int world,
+                                                                   const std::string& method, int layers) {
+  const auto* packed = packed_sp_oracle().batch.packed.get();
+  const auto chunk = packed_sp_ring_chunk(method);
+  RingBlockCounts packed_total, unpacked_total;
+  for (int rank = 0; rank < world; ++rank) {
+    const auto one_pass = packed_sp_brute_force_counts(world, rank, chunk, packed);
+    const auto unpacked = packed_sp_brute_force_counts(world, rank, chunk, nullptr);
+    INFO("rank " << rank << ": " << packed_sp_text(r.counts[std::size_t(rank)]) << "; one pass: "
+                 << packed_sp_text(one_pass) << " (the same rows unpacked: " << packed_sp_text(unpacked) << ")");
+    CHECK(r.counts[std::size_t(rank)] == packed_sp_times(one_pass, packed_sp_ring_passes(method) * layers));
+    // Without boundaries only the causal rule skips; with them, what no query's sequence reaches is skipped too.
+    CHECK(unpacked.before_sequences == 0);
+    CHECK(one_pass.after_queries == unpacked.after_queries);
+    CHECK(one_pass.computed + one_pass.before_sequences == unpacked.computed);
+    packed_total = packed_sp_sum(packed_total, one_pass);
+    unpacked_total = packed_sp_sum(unpacked_total, unpacked);
+  }
+  CHECK(packed_total.before_sequences > 0);
+  return {packed_total, unpacked_total};
+}
 
 }  // namespace
 
@@ -177,7 +223,7 @@ TEST_CASE("packed rows with sequences across ranks: every method that runs on a 
   std::vector<std::string> specs = {"standard"};
   for (const auto& s : sbp::edge_method_specs(kPackedSpT))
     if (sbp::make_method(s)->runs_sequence_shards()) specs.push_back(s);
-  const int layers = int(packed_sp_oracle().config.num_hidden_layers);
+  const int layers = int(packed_sp_oracle().model->config().num_hidden_layers);
   double worst = 0;
   for (const auto scheme : {SequenceScheme::allgather, SequenceScheme::ring})
     for (const int world : {2, 3}) {
@@ -192,39 +238,21 @@ TEST_CASE("packed rows with sequences across ranks: every method that runs on a 
         CHECK(r.gradients.problems.empty());
         CHECK(packed_sp_passes(r));
         worst = std::max({worst, r.loss_error, r.gradients.max_normwise_rel()});
+        if (scheme != SequenceScheme::ring) continue;
+        const auto [packed_total, unpacked_total] = packed_sp_check_counts(r, world, method, layers);
+        WARN("ring, " << world << " ranks, " << method << ", one pass of every rank: " << packed_sp_text(packed_total)
+                        << "; the same rows unpacked: " << packed_sp_text(unpacked_total));
+      }
+      // The other corner of the model's flags, and LoRA.
+      for (const auto kind : {PackedSpModel::untied_mha_with_biases, PackedSpModel::tiny_lora}) {
+        const auto r = packed_sp_run(world, scheme, "streambp:layer_chunk=5,head_chunk=7", PackedSpFault::none, kind);
+        INFO(sbp::sequence_scheme_name(scheme) << ", " << world << " ranks, StreamBP, model " << int(kind) << ": "
+                                                << packed_sp_text(r));
+        CHECK(packed_sp_passes(r));
+        worst = std::max({worst, r.loss_error, r.gradients.max_normwise_rel()});
       }
     }
   WARN("packed rows over 2 and 3 ranks, both schemes: largest relative difference " << worst);
-
-  // The ring's counts: one pass's brute force, times the passes of a step's layers.
-  const auto* packed = packed_sp_oracle().batch.packed.get();
-  for (const int world : {2, 3})
-    for (const auto& [method, chunk, passes] : std::vector<PackedSpRingPasses>{
-             {"standard", 0, 2}, {"checkpoint", 0, 3}, {"streambp:layer_chunk=5,head_chunk=7", 5, 3}}) {
-      const auto r = packed_sp_run(world, SequenceScheme::ring, method);
-      INFO(world << " ranks, " << method << ": " << packed_sp_text(r));
-      CHECK(packed_sp_passes(r));
-      RingBlockCounts packed_total, unpacked_total;
-      for (int rank = 0; rank < world; ++rank) {
-        const auto one_pass = packed_sp_brute_force_counts(world, rank, chunk, packed);
-        const auto unpacked = packed_sp_brute_force_counts(world, rank, chunk, nullptr);
-        INFO("rank " << rank << ": " << packed_sp_text(r.counts[std::size_t(rank)]) << "; one pass: "
-                     << packed_sp_text(one_pass) << " (the same rows unpacked: " << packed_sp_text(unpacked) << ")");
-        CHECK(r.counts[std::size_t(rank)] == packed_sp_times(one_pass, passes * layers));
-        // Without boundaries only the causal rule skips; with them, what no sequence reaches is skipped too.
-        CHECK(unpacked.before_sequences == 0);
-        CHECK(one_pass.after_queries == unpacked.after_queries);
-        CHECK(one_pass.computed + one_pass.before_sequences == unpacked.computed);
-        packed_total = packed_sp_sum(packed_total, one_pass);
-        unpacked_total = packed_sp_sum(unpacked_total, unpacked);
-      }
-      INFO(world << " ranks, " << method << ", one pass of every rank: " << packed_sp_text(packed_total)
-                 << "; unpacked: " << packed_sp_text(unpacked_total));
-      CHECK(packed_total.before_sequences > 0);
-      if (chunk) WARN("ring, " << world << " ranks, layer_chunk " << chunk << ", one pass of every rank: "
-                              << packed_sp_text(packed_total) << "; the same rows unpacked: "
-                              << packed_sp_text(unpacked_total));
-    }
 }
 
 TEST_CASE("negative controls: a rank that attends across the boundary of a sequence begun on another rank, and a rank "
@@ -232,7 +260,7 @@ TEST_CASE("negative controls: a rank that attends across the boundary of a seque
           "schemes, naming a tensor; the leaking rank also computes key blocks the layout lets it skip",
           "[sequence-parallel][distributed][packed][ring][negative-control]") {
   const auto* packed = packed_sp_oracle().batch.packed.get();
-  const int layers = int(packed_sp_oracle().config.num_hidden_layers);
+  const int layers = int(packed_sp_oracle().model->config().num_hidden_layers);
   for (const auto scheme : {SequenceScheme::allgather, SequenceScheme::ring})
     for (const std::string method : {"standard", "streambp:layer_chunk=5,head_chunk=7"}) {
       const auto control = packed_sp_run(2, scheme, method);

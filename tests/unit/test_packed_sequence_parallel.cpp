@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "core/model/sequence_shard.h"
 #include "core/objectives/packed_batch.h"
 #include "core/objectives/sft.h"
+#include "core/training/ring_blocks.h"
 #include "core/training/ring_exchange.h"
 #include "core/training/sequence_parallel.h"
 #include "core/training/sequence_scheme.h"
@@ -288,4 +291,64 @@ TEST_CASE("negative controls: a rank that attends across the boundary of a seque
         CHECK(leaky.counts[0].computed > expected.computed);
       }
     }
+}
+
+namespace {
+
+// The (run, part) pairs of every rank's chunks of at most c rows (0: one per part) where the ring's key ranges, cut by
+// `cut` (query_runs, visible_keys), differ from the keys the rule lets the run's queries see in `truth`: key <= query,
+// in the query's sequence.
+std::int64_t packed_sp_range_mismatches(int world, std::int64_t T, std::int64_t c, const sbp::PackedRows& cut,
+                                        const sbp::PackedRows& truth) {
+  std::int64_t wrong = 0;
+  const auto shards = sbp::zigzag_shards(T, world);
+  for (const auto& mine : shards)
+    for (const auto& block : mine.blocks)
+      for (auto p = block.start; p < block.end; p += c ? c : block.length()) {
+        const sbp::ChunkRows chunk{0, std::min(block.end - p, c ? c : block.length()), p};
+        for (const auto& run : sbp::query_runs(chunk, truth.rows(), &cut))
+          for (const auto& owner : shards)
+            owner.for_each_block([&](const sbp::SequenceShard::Block& part, std::int64_t part_offset) {
+              std::set<std::pair<std::int64_t, std::int64_t>> given, allowed;  // (query, key)
+              for (const auto& r : sbp::visible_keys(part, part_offset, run)) {
+                const auto first = part.start + r.offset - part_offset;
+                for (auto k = first; k < first + r.length; ++k)
+                  for (auto q = run.begin; q < run.end(); ++q)
+                    if (!r.causal || k <= q) given.insert({q, k});
+              }
+              for (auto q = run.begin; q < run.end(); ++q)
+                for (auto k = part.start; k < part.end && k <= q; ++k)
+                  if (truth.sequence_start(run.row, k) == truth.sequence_start(run.row, q)) allowed.insert({q, k});
+              wrong += given != allowed;
+            });
+      }
+  return wrong;
+}
+
+}  // namespace
+
+TEST_CASE("on packed rows the ring's key ranges are exactly the keys each query sees: from its sequence's start to "
+          "itself, on every part of every rank's shard, for N = 1-4, T not divisible, chunks of 1 and 3 and one per "
+          "part; ranges cut across one boundary are not", "[sequence-parallel][packed][ring]") {
+  std::mt19937 draw(67);
+  for (const int world : {1, 2, 3, 4})
+    for (const std::int64_t T : {13, 37, 48}) {
+      // Two rows of random lengths (1 to T / 3 + 1), the last cut to fit.
+      std::vector<std::vector<std::int64_t>> lengths(2);
+      for (auto& row : lengths)
+        for (std::int64_t left = T; left > 0;) {
+          const auto L = std::min<std::int64_t>(left, 1 + std::int64_t(draw() % std::uint32_t(T / 3 + 1)));
+          row.push_back(L);
+          left -= L;
+        }
+      const auto packed = sbp::PackedRows::from_lengths(lengths, T);
+      for (const std::int64_t c : {1, 3, 0}) {
+        INFO(world << " ranks, T " << T << ", chunk " << c);
+        CHECK(packed_sp_range_mismatches(world, T, c, *packed, *packed) == 0);
+      }
+    }
+  // The negative control: the runs of rows that leak across row 0's boundary at 28 see keys the rule hides.
+  const auto packed = sbp::PackedRows::from_lengths(kPackedSpLengths, kPackedSpT);
+  const sbp::test::LeakyBoundaryRows leaky(*packed, 0, 28);
+  CHECK(packed_sp_range_mismatches(2, kPackedSpT, 5, leaky, *packed) > 0);
 }

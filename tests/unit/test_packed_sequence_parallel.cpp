@@ -220,7 +220,7 @@ std::pair<RingBlockCounts, RingBlockCounts> packed_sp_check_counts(const PackedS
 }  // namespace
 
 TEST_CASE("packed rows with sequences across ranks: every method that runs on a shard, under the all-gather and the "
-          "ring, its gradients summed over the group, equals one process in fp64 to 1e-12; the ring computes exactly "
+          "ring, its gradients summed over the group, equals one process in fp64 to 1e-12, and the ring computes exactly "
           "the key blocks some query of a chunk's row sees and skips the rest, per rank as a brute force counts them",
           "[sequence-parallel][distributed][packed][ring]") {
   std::vector<std::string> specs = {"standard"};
@@ -260,7 +260,7 @@ TEST_CASE("packed rows with sequences across ranks: every method that runs on a 
 
 TEST_CASE("negative controls: a rank that attends across the boundary of a sequence begun on another rank, and a rank "
           "that restarts positions at its own first position, fail the packed sequence-parallel gate under both "
-          "schemes, naming a tensor; the leaking rank also computes key blocks the layout lets it skip",
+          "schemes, naming a tensor, and the leaking rank also computes key blocks the layout lets it skip",
           "[sequence-parallel][distributed][packed][ring][negative-control]") {
   const auto* packed = packed_sp_oracle().batch.packed.get();
   const int layers = int(packed_sp_oracle().model->config().num_hidden_layers);
@@ -329,7 +329,7 @@ std::int64_t packed_sp_range_mismatches(int world, std::int64_t T, std::int64_t 
 
 TEST_CASE("on packed rows the ring's key ranges are exactly the keys each query sees: from its sequence's start to "
           "itself, on every part of every rank's shard, for N = 1-4, T not divisible, chunks of 1 and 3 and one per "
-          "part; ranges cut across one boundary are not", "[sequence-parallel][packed][ring]") {
+          "part, and ranges cut across one boundary are not", "[sequence-parallel][packed][ring]") {
   std::mt19937 draw(67);
   for (const int world : {1, 2, 3, 4})
     for (const std::int64_t T : {13, 37, 48}) {

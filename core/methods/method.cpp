@@ -16,12 +16,11 @@ StepResult BackpropMethod::step(Model& model, const Objective& objective, const 
   if (!model.kv_source().is_local() && !runs_sequence_shards())
     throw InputError("method " + spec() + " does not run on a sequence-parallel rank's shard yet (standard "
                                 "BP and checkpointing do)");
-  if (batch.packed && !model.kv_source().is_local())
-    throw InputError("packed rows (position_ids / cu_seqlens) on a sequence-parallel rank: not supported yet (issue "
-                     "#59 item 4); run them on one process per sequence group, or give the sequences as padded rows");
   if (!options.accumulate) model.zero_grad();
   const auto prepared = objective.prepare(batch, model.config(), options.step_totals);
-  // Every piece of the model reads the batch's sequences (RoPE positions, attention within each sequence).
+  // Every piece of the model reads the batch's sequences (RoPE positions, attention within each sequence); on a
+  // sequence-parallel rank too, at the global positions of its shard (the K/V source keeps each query within its
+  // sequence across ranks).
   const Model::PackedRowsInUse packed(model, batch.packed.get());
   PhaseClock clock;
   const auto start = std::chrono::steady_clock::now();

@@ -153,7 +153,7 @@ void StreamBP::stream_layer_backward(const Model& model, int layer, const at::Te
     Phase phase(clock, "layer");
     LayerChunksBackward pieces(*this, model, layer, h_in, g, weights);
     const auto sum_dtype = accumulation_dtype(KV.scalar_type());
-    dKV = model.kv_source().stream_backward(std::exchange(KV, at::Tensor()), c, model.attention_scale(), sum_dtype,
+    dKV = model.kv_source().stream_backward(std::exchange(KV, at::Tensor()), c, model.attention_rule(), sum_dtype,
                                             pieces);
   }
 

@@ -76,7 +76,7 @@ at::Tensor attention_rows(const at::Tensor& o) {
 at::Tensor layer_forward_chunked(const Model& model, int layer, const at::Tensor& h, std::int64_t layer_chunk) {
   at::NoGradGuard no_grad;
   ChunkedLayerForward pieces(model, layer, h);
-  model.kv_source().stream_forward(kv_chunked(model, layer, h, layer_chunk), layer_chunk, model.attention_scale(),
+  model.kv_source().stream_forward(kv_chunked(model, layer, h, layer_chunk), layer_chunk, model.attention_rule(),
                                    pieces);
   return pieces.take();
 }

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/model/chunk_attention.h"
+#include "core/model/packed_attention.h"
 
 namespace sbp {
 
@@ -47,15 +48,17 @@ std::pair<at::Tensor, at::Tensor> KVExchange::gather_with_graph(const at::Tensor
 }
 
 at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SequenceShard& shard,
-                           double scale) {
+                           const AttentionRule& rule) {
   TORCH_CHECK(q.size(2) == shard.length(), "shard_attention: ", q.size(2), " queries for a shard of ", shard.length(),
               " positions");
   TORCH_CHECK(k.size(2) == shard.seq_len && v.size(2) == shard.seq_len, "shard_attention: K/V of ", k.size(2),
               " positions for a sequence of ", shard.seq_len);
   std::vector<at::Tensor> outs;
   shard.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-    outs.push_back(prefix_attention(narrow_or_whole(q, 2, offset, b.length()), narrow_or_whole(k, 2, 0, b.end),
-                                    narrow_or_whole(v, 2, 0, b.end), b.start, scale));
+    const auto qb = narrow_or_whole(q, 2, offset, b.length());
+    const auto kb = narrow_or_whole(k, 2, 0, b.end), vb = narrow_or_whole(v, 2, 0, b.end);
+    outs.push_back(rule.packed ? packed_attention(qb, kb, vb, b.start, rule.scale, nullptr, *rule.packed)
+                               : prefix_attention(qb, kb, vb, b.start, rule.scale));
   });
   return cat_or_one(outs, 2);
 }

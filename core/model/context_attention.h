@@ -41,8 +41,10 @@ at::Tensor gather_sequence(KVExchange& exchange, const at::Tensor& local);
 
 // This rank's queries q [B, n_h, t, hd] (its positions, shard order) over the whole sequence's k, v
 // [B, n_kv, T, hd]: each block [s, e) of the shard attends to keys [0, e) with the causal rule aligned at s
-// (prefix_attention; a local source's one block [0, T) is one process's attention). Differentiable in q, k and v.
+// (prefix_attention; a local source's one block [0, T) is one process's attention); on packed rows each of the block's
+// queries within its own sequence, from that sequence's start (packed_attention: a sequence begun on another rank's
+// block reads its keys there, and nothing before its start). Differentiable in q, k and v.
 at::Tensor shard_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SequenceShard& shard,
-                           double scale);
+                           const AttentionRule& rule);
 
 }  // namespace sbp

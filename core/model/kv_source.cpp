@@ -41,12 +41,13 @@ std::vector<ChunkRows> KVSource::chunks(std::int64_t rows, std::int64_t c) const
   return out;
 }
 
-at::Tensor WholeKV::attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor WholeKV::attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const AttentionRule& rule) {
   const auto kv = gather_with_graph(k, v);  // [B, n_kv, T, hd]: an exchange's one all-gather for K and V
-  return shard_attention(q, kv.first, kv.second, shard_of(q.size(2)), scale);
+  return shard_attention(q, kv.first, kv.second, shard_of(q.size(2)), rule);
 }
 
-void WholeKV::stream_forward(at::Tensor kv, std::int64_t c, double, StreamedForward& layer) {
+void WholeKV::stream_forward(at::Tensor kv, std::int64_t c, const AttentionRule&, StreamedForward& layer) {
   const auto rows = kv.size(3);
   const auto KV = gather(kv);  // [2, B, n_kv, T, hd]: K and V in one exchange
   kv.reset();
@@ -55,7 +56,7 @@ void WholeKV::stream_forward(at::Tensor kv, std::int64_t c, double, StreamedForw
   });
 }
 
-at::Tensor WholeKV::stream_backward(at::Tensor kv, std::int64_t c, double, c10::ScalarType sum_dtype,
+at::Tensor WholeKV::stream_backward(at::Tensor kv, std::int64_t c, const AttentionRule&, c10::ScalarType sum_dtype,
                                     StreamedBackward& layer) {
   const auto rows = kv.size(3);
   auto KV = gather(kv);  // [2, B, n_kv, T, hd]

@@ -22,6 +22,15 @@
 namespace sbp {
 
 struct KVGradSums;  // core/model/chunk_attention.h
+class PackedRows;   // core/model/packed_rows.h
+
+// What decides which keys a query sees: the softmax scale and, for packed rows, the rows' sequences (null: one
+// sequence per row). A source that cuts the attention itself (the ring, shard_attention) keeps every query within its
+// own sequence, wherever that sequence's earlier positions live (ARCHITECTURE.md §16 "Packed rows").
+struct AttentionRule {
+  double scale = 1.0;
+  const PackedRows* packed = nullptr;  // the whole batch's rows, global positions
+};
 
 // A chunk of this process's rows [s, e), `position` the global position of row s.
 struct ChunkRows {
@@ -75,13 +84,14 @@ class KVSource {
   // With a graph: this process's queries q [B, n_h, t, hd] over every key of the sequence, causally, given this
   // process's k, v [B, n_kv, t, hd] (its positions, shard order) -> o [B, n_h, t, hd]; the backward gives each process
   // the group's gradient sums at its own positions.
-  virtual at::Tensor attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) = 0;
+  virtual at::Tensor attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const AttentionRule& rule) = 0;
   // A streamed layer, chunks of at most c of this process's rows: `kv` [2, B, n_kv, t, hd] its K and V (taken: the
   // source frees them when it can). The forward hands each chunk's attention to `layer`; the backward returns the K/V
   // gradients at this process's positions [2, B, n_kv, t, hd] in `sum_dtype`, summed over the group and every chunk.
-  virtual void stream_forward(at::Tensor kv, std::int64_t c, double scale, StreamedForward& layer) = 0;
-  virtual at::Tensor stream_backward(at::Tensor kv, std::int64_t c, double scale, c10::ScalarType sum_dtype,
-                                     StreamedBackward& layer) = 0;
+  virtual void stream_forward(at::Tensor kv, std::int64_t c, const AttentionRule& rule, StreamedForward& layer) = 0;
+  virtual at::Tensor stream_backward(at::Tensor kv, std::int64_t c, const AttentionRule& rule,
+                                     c10::ScalarType sum_dtype, StreamedBackward& layer) = 0;
 
   // f(s, e, position) for chunks of at most c of this process's `rows` rows: rows [s, e), `position` the global
   // position of row s; a chunk never crosses one of the shard's blocks (c >= rows: one chunk per block).
@@ -103,9 +113,11 @@ class WholeKV : public KVSource {
   // The whole sequence's [..., T, hd] made here -> the SUM over the group at this process's positions [..., t, hd].
   virtual at::Tensor scatter_sum(const at::Tensor& whole) = 0;
 
-  at::Tensor attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) override;
-  void stream_forward(at::Tensor kv, std::int64_t c, double scale, StreamedForward& layer) override;
-  at::Tensor stream_backward(at::Tensor kv, std::int64_t c, double scale, c10::ScalarType sum_dtype,
+  at::Tensor attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionRule& rule) override;
+  // The whole K/V at hand: each chunk's attention is the layer's own (Model::attend, which reads the packed rows).
+  void stream_forward(at::Tensor kv, std::int64_t c, const AttentionRule& rule, StreamedForward& layer) override;
+  at::Tensor stream_backward(at::Tensor kv, std::int64_t c, const AttentionRule& rule, c10::ScalarType sum_dtype,
                              StreamedBackward& layer) override;
 };
 

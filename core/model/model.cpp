@@ -354,6 +354,8 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 double Model::attention_scale() const { return 1.0 / std::sqrt(double(config_.head_dim)); }
 
+AttentionRule Model::attention_rule() const { return {attention_scale(), packed_rows_}; }
+
 at::Tensor Model::after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const {
   const auto& w = layers_.at(layer);
   return mlp_block(layer, h + project(w, "o", o, w.o_w, w.o_b));  // [B, c, d]
@@ -382,10 +384,7 @@ at::Tensor Model::attention_block(int layer, const at::Tensor& h) const {
     ks.push_back(kv.first), vs.push_back(kv.second), qs.push_back(q_from_normed(w, hb, position));
   });
   const auto q = cat_or_one(qs, 2), k = cat_or_one(ks, 2), v = cat_or_one(vs, 2);  // [B, n_h or n_kv, T, hd]
-  // Packed rows attend within their sequences, on one process only (BackpropMethod::step refuses them on a shard).
-  TORCH_CHECK(!packed_rows_ || kv_source_->is_local(), "attention_block: packed rows on a sequence-parallel shard");
-  const auto o = packed_rows_ ? packed_attention(q, k, v, 0, attention_scale(), nullptr, *packed_rows_)
-                              : kv_source_->attend_shard(q, k, v, attention_scale());  // [B, n_h, T, hd]
+  const auto o = kv_source_->attend_shard(q, k, v, attention_rule());  // [B, n_h, T, hd]
   return h + project(w, "o", o.transpose(1, 2).reshape({B, T, q.size(1) * q.size(3)}), w.o_w, w.o_b);
 }
 

@@ -127,6 +127,8 @@ class Model {
                     const KVGradSums* sums = nullptr) const;
   // 1 / sqrt(head_dim): attend's, and what a K/V source's attention is given.
   double attention_scale() const;
+  // What a K/V source that cuts the attention itself is given: the scale and the packed rows in use (if any).
+  AttentionRule attention_rule() const;
   at::Tensor after_attention(int layer, const at::Tensor& h, const at::Tensor& o) const;
   // One decoder layer on a chunk whose keys are exactly the chunk (start 0): the pieces composed, as
   // mlp_block(attention_block(h)).

@@ -14,19 +14,25 @@ namespace sbp {
 
 namespace {
 
-// f(offset, length, causal) for the keys of `owner`'s block (local offsets into it) that queries at global positions
-// [p, p + c) see: its parts before p in full; the part holding the queries (the rank's own block only: a chunk never
-// crosses one of its shard's parts) up to p in full, then [p, p + c) under the causal rule; nothing after p + c.
-template <typename F>
-void for_each_visible(const SequenceShard& owner, std::int64_t p, std::int64_t c, F&& f) {
-  owner.for_each_block([&](const SequenceShard::Block& b, std::int64_t offset) {
-    if (b.start >= p + c) return;
-    if (b.end <= p) return f(offset, b.length(), false);
-    TORCH_CHECK(b.start <= p && p + c <= b.end, "ring attention: queries [", p, ", ", p + c, ") cross the key block [",
-                b.start, ", ", b.end, ")");
-    if (p > b.start) f(offset, p - b.start, false);
-    f(offset + p - b.start, c, true);
-  });
+// x [B, heads, c, ...] at run's rows and queries (a view; x itself when that is all of it).
+at::Tensor ring_run_rows(const at::Tensor& x, const QueryRun& run) {
+  return narrow_or_whole(narrow_or_whole(x, 0, run.row, run.rows), 2, run.offset, run.length);
+}
+
+// x [B, heads, n, hd] at run's rows and the keys of `range` (a view).
+at::Tensor ring_range_rows(const at::Tensor& x, const QueryRun& run, const KeyRange& range) {
+  return narrow_or_whole(x, 0, run.row, run.rows).narrow(2, range.offset, range.length);
+}
+
+// A chunk's per-run pieces [rows, heads, length, ...] put back into [B, heads, c, ...]: each row's runs along the
+// queries, then the rows (runs come row after row, query_runs).
+at::Tensor ring_chunk_of_runs(const std::vector<at::Tensor>& pieces, const std::vector<QueryRun>& runs) {
+  std::vector<at::Tensor> rows, row;
+  for (std::size_t j = 0; j < runs.size(); ++j) {
+    row.push_back(pieces[j]);
+    if (j + 1 == runs.size() || runs[j + 1].row != runs[j].row) rows.push_back(cat_or_one(std::exchange(row, {}), 2));
+  }
+  return cat_or_one(rows, 0);
 }
 
 std::vector<at::Tensor> per_chunk(const at::Tensor& x, const std::vector<ChunkRows>& chunks) {
@@ -38,21 +44,24 @@ std::vector<at::Tensor> per_chunk(const at::Tensor& x, const std::vector<ChunkRo
 // Standard BP's and checkpointing's attention over the ring (RingExchange::attend_shard): the rank's blocks as chunks.
 struct RingAttention : public torch::autograd::Function<RingAttention> {
   // The ring travels as an address: AutogradContext keeps IValues only, and the ring outlives the graph.
+  // So does the rule's packed rows, which the step holds until after the backward.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, RingExchange* ring, double scale) {
+                            const at::Tensor& v, RingExchange* ring, double scale, const PackedRows* packed) {
     const auto chunks = ring->chunks(q.size(2), q.size(2));
-    const auto merged =
-        ring->ring_forward(chunks, per_chunk(q, chunks), pad_positions(at::stack({k, v}), ring->padded_length()), scale);
+    const auto merged = ring->ring_forward(chunks, per_chunk(q, chunks),
+                                           pad_positions(at::stack({k, v}), ring->padded_length()), {scale, packed});
     const auto o = cat_or_one(merged.o, 2), lse = cat_or_one(merged.lse, 2);
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["ring"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(ring));
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["packed"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(packed));
     return o.to(q.scalar_type());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* ring = reinterpret_cast<RingExchange*>(static_cast<std::intptr_t>(ctx->saved_data["ring"].toInt()));
-    const auto scale = ctx->saved_data["scale"].toDouble();
+    const AttentionRule rule{ctx->saved_data["scale"].toDouble(),
+                             reinterpret_cast<const PackedRows*>(static_cast<std::intptr_t>(ctx->saved_data["packed"].toInt()))};
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
     const auto chunks = ring->chunks(q.size(2), q.size(2));
@@ -60,11 +69,11 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     auto dq = at::zeros_like(o);
     auto dq_chunks = per_chunk(dq, chunks);
     const auto sums = ring->ring_backward(chunks, per_chunk(q, chunks), per_chunk(grads[0].to(o.scalar_type()), chunks),
-                                          merged, pad_positions(at::stack({k, v}), ring->padded_length()), scale,
+                                          merged, pad_positions(at::stack({k, v}), ring->padded_length()), rule,
                                           o.scalar_type(), dq_chunks);
     const auto t = q.size(2);
     return {dq.to(q.scalar_type()), sums[0].narrow(-2, 0, t).to(k.scalar_type()),
-            sums[1].narrow(-2, 0, t).to(v.scalar_type()), at::Tensor(), at::Tensor()};
+            sums[1].narrow(-2, 0, t).to(v.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -93,45 +102,57 @@ const SequenceShard& RingExchange::owner(int hop) const {
 at::Tensor RingExchange::pass_on(const at::Tensor& block, Cargo, int) { return comm_.ring_shift(block); }
 
 RingExchange::Merged RingExchange::ring_forward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
-                                                const at::Tensor& kv, double scale) {
+                                                const at::Tensor& kv, const AttentionRule& rule) {
   const int N = comm_.world_size();
-  std::vector<SoftmaxState> states(chunks.size());
+  std::vector<std::vector<QueryRun>> runs;  // per chunk: its queries grouped by the keys they see
+  std::vector<std::vector<SoftmaxState>> states;  // per chunk and run
+  for (const auto& r : chunks) {
+    runs.push_back(query_runs(r, kv.size(1), rule.packed));
+    states.emplace_back(runs.back().size());
+  }
   at::Tensor block = kv;  // [2, B, n_kv, padded, hd]: whose, owner(hop)
   for (int hop = 0; hop < N; ++hop) {
     const auto K = block[0], V = block[1];
     for (std::size_t i = 0; i < chunks.size(); ++i)
-      for_each_visible(owner(hop), chunks[i].position, chunks[i].length(),
-                       [&](std::int64_t offset, std::int64_t length, bool causal) {
-                         merge_key_block(states[i], q[i], K.narrow(2, offset, length), V.narrow(2, offset, length),
-                                         causal, scale);
-                       });
+      for_each_visible_range(owner(hop), chunks[i], runs[i], counts_, [&](std::size_t j, const KeyRange& range) {
+        const auto& run = runs[i][j];
+        merge_key_block(states[i][j], ring_run_rows(q[i], run), ring_range_rows(K, run, range), ring_range_rows(V, run, range),
+                        range.causal, rule.scale);
+      });
     if (hop + 1 < N) block = pass_on(block, Cargo::keys, hop);
   }
   Merged out;
-  for (auto& s : states) {
-    out.o.push_back(std::move(s.o));
-    out.lse.push_back(std::move(s.lse));
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    std::vector<at::Tensor> o, lse;
+    for (auto& s : states[i]) {
+      o.push_back(std::move(s.o));
+      lse.push_back(std::move(s.lse));
+    }
+    out.o.push_back(ring_chunk_of_runs(o, runs[i]));
+    out.lse.push_back(ring_chunk_of_runs(lse, runs[i]));
   }
   return out;
 }
 
 at::Tensor RingExchange::ring_backward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
                                        const std::vector<at::Tensor>& grad_o, const Merged& merged,
-                                       const at::Tensor& kv, double scale, c10::ScalarType sum_dtype,
+                                       const at::Tensor& kv, const AttentionRule& rule, c10::ScalarType sum_dtype,
                                        std::vector<at::Tensor>& dq) {
   const int N = comm_.world_size();
+  std::vector<std::vector<QueryRun>> runs;
+  for (const auto& r : chunks) runs.push_back(query_runs(r, kv.size(1), rule.packed));
   at::Tensor block = kv, sums = at::zeros(kv.sizes(), kv.options().dtype(sum_dtype));  // both owner(hop)'s
   for (int hop = 0; hop < N; ++hop) {
     const auto K = block[0], V = block[1], dK = sums[0], dV = sums[1];
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const SoftmaxState state{merged.o[i], merged.lse[i]};
-      for_each_visible(owner(hop), chunks[i].position, chunks[i].length(),
-                       [&](std::int64_t offset, std::int64_t length, bool causal) {
-                         auto dk = dK.narrow(2, offset, length), dv = dV.narrow(2, offset, length);
-                         key_block_backward(grad_o[i], q[i], K.narrow(2, offset, length),
-                                            V.narrow(2, offset, length), state, causal, scale, dq[i], dk, dv);
-                       });
-    }
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      for_each_visible_range(owner(hop), chunks[i], runs[i], counts_, [&](std::size_t j, const KeyRange& range) {
+        const auto& run = runs[i][j];
+        const SoftmaxState state{ring_run_rows(merged.o[i], run), ring_run_rows(merged.lse[i], run)};
+        auto dq_run = ring_run_rows(dq[i], run);  // views: the kernels add into dq, dK and dV in place
+        auto dk = ring_range_rows(dK, run, range), dv = ring_range_rows(dV, run, range);
+        key_block_backward(ring_run_rows(grad_o[i], run), ring_run_rows(q[i], run), ring_range_rows(K, run, range),
+                           ring_range_rows(V, run, range), state, range.causal, rule.scale, dq_run, dk, dv);
+      });
     if (hop + 1 < N) {
       block = pass_on(block, Cargo::keys, hop);
       sums = pass_on(sums, Cargo::key_gradients, hop);
@@ -142,23 +163,24 @@ at::Tensor RingExchange::ring_backward(const std::vector<ChunkRows>& chunks, con
   return sums;
 }
 
-at::Tensor RingExchange::attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  return RingAttention::apply(q, k, v, this, scale);
+at::Tensor RingExchange::attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionRule& rule) {
+  return RingAttention::apply(q, k, v, this, rule.scale, rule.packed);
 }
 
-void RingExchange::stream_forward(at::Tensor kv, std::int64_t c, double scale, StreamedForward& layer) {
+void RingExchange::stream_forward(at::Tensor kv, std::int64_t c, const AttentionRule& rule, StreamedForward& layer) {
   const auto chunks = this->chunks(kv.size(3), c);
   std::vector<at::Tensor> q;  // per chunk [B, n_h, c, hd]
   for (const auto& r : chunks) q.push_back(layer.q(r));
   const auto dtype = q.front().scalar_type();
-  auto merged = ring_forward(chunks, q, pad_positions(std::exchange(kv, at::Tensor()), padded_), scale);
+  auto merged = ring_forward(chunks, q, pad_positions(std::exchange(kv, at::Tensor()), padded_), rule);
   q.clear();
   merged.lse.clear();
   for (std::size_t i = 0; i < chunks.size(); ++i) layer.output(chunks[i], std::exchange(merged.o[i], {}).to(dtype));
 }
 
-at::Tensor RingExchange::stream_backward(at::Tensor kv, std::int64_t c, double scale, c10::ScalarType sum_dtype,
-                                         StreamedBackward& layer) {
+at::Tensor RingExchange::stream_backward(at::Tensor kv, std::int64_t c, const AttentionRule& rule,
+                                         c10::ScalarType sum_dtype, StreamedBackward& layer) {
   const auto rows = kv.size(3);
   const auto chunks = this->chunks(rows, c);
   const auto padded = pad_positions(std::exchange(kv, at::Tensor()), padded_);
@@ -166,13 +188,13 @@ at::Tensor RingExchange::stream_backward(at::Tensor kv, std::int64_t c, double s
   for (const auto& r : chunks) q.push_back(layer.q(r));
   const auto dtype = q.front().scalar_type();
   // The forward's merge again (nothing of it was kept), then each chunk's dO through the rest of the layer.
-  const auto merged = ring_forward(chunks, q, padded, scale);
+  const auto merged = ring_forward(chunks, q, padded, rule);
   std::vector<at::Tensor> grad_o, dq;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     grad_o.push_back(layer.output_backward(chunks[i], merged.o[i].to(dtype)).to(merged.o[i].scalar_type()));
     dq.push_back(at::zeros_like(merged.o[i]));
   }
-  const auto sums = ring_backward(chunks, q, grad_o, merged, padded, scale, sum_dtype, dq);
+  const auto sums = ring_backward(chunks, q, grad_o, merged, padded, rule, sum_dtype, dq);
   for (std::size_t i = 0; i < chunks.size(); ++i) layer.q_backward(chunks[i], dq[i].to(dtype));
   return sums.narrow(-2, 0, rows);
 }

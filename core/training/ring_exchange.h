@@ -4,7 +4,8 @@
 // attention over each block by log-sum-exp (merge_key_block). The backward recomputes that merge, then the blocks go
 // round again with their dK/dV sums, to which every rank adds its queries' share (key_block_backward, with each row's
 // merged output and log-sum-exp); after the full circle one more hop brings each block's sums home. dQ stays on the
-// rank. StreamBP's chunk loop runs inside each hop.
+// rank. StreamBP's chunk loop runs inside each hop. On packed rows each query merges only its own sequence's keys, and a
+// part of a block that no query of a chunk's row sees is skipped and counted (ring_blocks.h).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "core/model/kv_source.h"
 #include "core/model/sequence_shard.h"
 #include "core/training/communicator.h"
+#include "core/training/ring_blocks.h"
 
 namespace sbp {
 
@@ -28,23 +30,28 @@ class RingExchange : public KVSource {
   bool is_local() const override { return false; }
   at::Tensor own_positions(const at::Tensor& whole, std::int64_t dim) const override;
   void sum_over_group(at::Tensor& values) override;
-  at::Tensor attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) override;
-  void stream_forward(at::Tensor kv, std::int64_t c, double scale, StreamedForward& layer) override;
-  at::Tensor stream_backward(at::Tensor kv, std::int64_t c, double scale, c10::ScalarType sum_dtype,
+  at::Tensor attend_shard(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionRule& rule) override;
+  void stream_forward(at::Tensor kv, std::int64_t c, const AttentionRule& rule, StreamedForward& layer) override;
+  at::Tensor stream_backward(at::Tensor kv, std::int64_t c, const AttentionRule& rule, c10::ScalarType sum_dtype,
                              StreamedBackward& layer) override;
 
   // The attention of queries `q` (one per chunk of this rank's rows `chunks`, [B, n_h, c, hd]) over every key, the
-  // blocks `kv` ([2, B, n_kv, padded, hd], this rank's) going round: each chunk's merged output and log-sum-exp.
+  // blocks `kv` ([2, B, n_kv, padded, hd], this rank's) going round: each chunk's merged output and log-sum-exp. On
+  // packed rows (rule.packed) each query merges only the keys of its own sequence; a part of a block that no query of
+  // a chunk's row sees is skipped (block_counts).
   struct Merged {
     std::vector<at::Tensor> o, lse;  // per chunk: [B, n_h, c, hd] (>= fp32), [B, n_h, c]
   };
   Merged ring_forward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q, const at::Tensor& kv,
-                      double scale);
+                      const AttentionRule& rule);
   // Its backward given every chunk's dO: adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
   // sums of this rank's own keys' gradients [2, B, n_kv, padded, hd] in `sum_dtype`, home after the circle.
   at::Tensor ring_backward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
                            const std::vector<at::Tensor>& grad_o, const Merged& merged, const at::Tensor& kv,
-                           double scale, c10::ScalarType sum_dtype, std::vector<at::Tensor>& dq);
+                           const AttentionRule& rule, c10::ScalarType sum_dtype, std::vector<at::Tensor>& dq);
+  // Every pass so far of this rank (each ring_forward and ring_backward): key blocks computed and skipped.
+  const RingBlockCounts& block_counts() const { return counts_; }
 
  protected:
   // What a hop carries.
@@ -61,6 +68,7 @@ class RingExchange : public KVSource {
   Communicator& comm_;
   std::vector<SequenceShard> shards_;
   std::int64_t padded_ = 0;
+  RingBlockCounts counts_;
 };
 
 }  // namespace sbp

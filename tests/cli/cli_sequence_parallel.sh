@@ -8,9 +8,12 @@
 # (b) a rank killed mid-run, under the all-gather and the ring: the launcher exits non-zero within the timeout naming
 #     the rank, no rank left running; the ring's ranks started by hand: the survivor ends alone as a peer failure;
 # (c) bad input exits 2 naming it: --nproc not a multiple of --sp, --sp on one process, a method that does not run on
-#     a shard (MsT), and ranks started by hand with different --sp.
+#     a shard (MsT), and ranks started by hand with different --sp;
+# (d) packed rows (--pack) with sequences across ranks: StreamBP over 2 ranks (all-gather) and checkpointing over 3
+#     (ring) end 3 fp64 SGD steps within 1e-12 of one process (issue #59 item 4; every method, both schemes, the
+#     gradients themselves and the negative controls are test_packed_sequence_parallel's, in process).
 # ctest-timeout: 240
-# ctest-cost: 30
+# ctest-cost: 38
 source "$(dirname "$0")/../support/cli_common.sh"
 
 common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --steps 3 --seed 5
@@ -143,3 +146,23 @@ expect_exit_2 "--sp 2 on one process" "--sp 2 splits each sequence over 2 ranks,
 expect_exit_2 "--sp 2 with MsT" "method mst.* does not run on a sequence-parallel rank's shard" \
   "$STREAMBP" train "${small[@]/standard/mst}" --nproc 2 --sp 2
 expect_ranks_disagree "ranks with different --sp" "disagree on --sp" --sp 1 2 "${small[@]}" --dist-timeout 30
+
+# (d) Packed rows across ranks. --pack fixed:length=13 at T = 41: sequences [0, 13), [13, 26), [26, 39), [39, 41) in
+# each row; over 2 ranks (zig-zag parts [0, 11) + [31, 41) and [11, 21) + [21, 31)) [0, 13) and [26, 39) straddle both,
+# and rank 0's late part holds the tail of [26, 39) beside [39, 41); over 3 every sequence but the last crosses a rank.
+# SGD with momentum and clipping: AdamW's first steps divide each gradient entry by its own size, which turns the
+# summation order's 1e-19 on an entry near zero into ~1e-12 of its weight (one step of these packed rows read 3.5e-12
+# in an o_proj, StreamBP on one process 7e-13) and would judge that amplification instead of the gradients.
+packed=(--preset tiny --dtype fp64 --batch 2 --seq 41 --pack fixed:length=13 --prompt-fraction 0.2 --steps 3 --seed 5
+        --optimizer sgd:lr=0.5,momentum=0.9 --clip-grad-norm 1)
+"$STREAMBP" train "${packed[@]}" --method standard --save-model packed1 2>packed1.log ||
+  fail "packed rows, one process:\n$(cat packed1.log)"
+for layout in "2 allgather streambp:layer_chunk=4,head_chunk=5" "3 ring checkpoint"; do
+  read -r sp scheme method <<<"$layout"
+  name=packed-$sp-$scheme
+  "$STREAMBP" train "${packed[@]}" --method "$method" --nproc "$sp" --sp "$sp" --sp-scheme "$scheme" --save-model "$name" \
+    2>"$name.log" || fail "$name:\n$(cat "$name.log")"
+  "$STREAMBP" compare packed1/model.safetensors "$name/model.safetensors" --rtol 1e-12 >"cmp-$name.txt" ||
+    fail "$name differs from one process:\n$(cat "cmp-$name.txt")"
+  echo "ok: packed rows, --sp $sp --sp-scheme $scheme ($method) equals one process: $(tail -1 "cmp-$name.txt")"
+done

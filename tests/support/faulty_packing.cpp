@@ -1,5 +1,6 @@
 #include "tests/support/faulty_packing.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -25,6 +26,20 @@ std::vector<PackedRows::Run> LeakyBoundaryRows::runs(std::int64_t row, std::int6
 
 at::Tensor UnrestartedPositionRows::positions(std::int64_t s, std::int64_t e) const {
   return at::arange(s, e, at::kLong).expand({rows(), e - s});
+}
+
+at::Tensor LocalRestartRows::positions(std::int64_t s, std::int64_t e) const {
+  auto out = PackedRows::positions(s, e).clone();
+  auto a = out.accessor<std::int64_t, 2>();
+  for (std::int64_t b = 0; b < rows(); ++b)
+    for (std::int64_t t = s; t < e; ++t) {
+      // The latest of the sequence's start and the start of the rank's block holding t counts as 0.
+      std::int64_t from = sequence_start(b, t);
+      for (const auto start : block_starts_)
+        if (start <= t) from = std::max(from, start);
+      a[b][t - s] = t - from;
+    }
+  return out;
 }
 
 Objective::Fields SeparatorKeepingSft::prepare_fields(const Batch& batch, const ModelConfig& config,

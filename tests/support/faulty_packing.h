@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/model/packed_rows.h"
@@ -29,6 +30,19 @@ class UnrestartedPositionRows : public PackedRows {
  public:
   explicit UnrestartedPositionRows(const PackedRows& rows) : PackedRows(rows) {}
   at::Tensor positions(std::int64_t s, std::int64_t e) const override;
+};
+
+// Positions restarted where a rank's shard begins (sequence parallelism): a rank that numbers a sequence begun on an
+// earlier rank's block from its own first position, as one that builds its position_ids from its shard alone would.
+// `block_starts`: the global first positions of the rank's blocks.
+class LocalRestartRows : public PackedRows {
+ public:
+  LocalRestartRows(const PackedRows& rows, std::vector<std::int64_t> block_starts)
+      : PackedRows(rows), block_starts_(std::move(block_starts)) {}
+  at::Tensor positions(std::int64_t s, std::int64_t e) const override;
+
+ private:
+  std::vector<std::int64_t> block_starts_;
 };
 
 // One separator label kept: the last position of row 0's first sequence is scored on the next sequence's first

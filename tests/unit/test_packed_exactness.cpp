@@ -18,9 +18,7 @@
 #include "core/model/packed_rows.h"
 #include "core/objectives/packed_batch.h"
 #include "core/objectives/sft.h"
-#include "core/training/sequence_parallel.h"
 #include "tests/support/faulty_packing.h"
-#include "tests/support/identical_ranks.h"
 #include "tests/support/test_support.h"
 #include "verify/grad_compare.h"
 
@@ -231,18 +229,4 @@ TEST_CASE("StreamBP on packed rows in bf16 stays within the low-precision rule",
     INFO(spec << ": " << verdict.worst_tensor << " at " << verdict.worst_ratio << " of its allowance");
     CHECK(verdict.passed());
   }
-}
-
-TEST_CASE("a sequence-parallel rank refuses packed rows as bad input", "[packed][sequence-parallel]") {
-  // A sequence may straddle ranks: the K/V source would have to carry sequence ids (issue #59 item 4). Until then the
-  // step refuses them before any work, naming why, instead of attending across the shard's boundaries.
-  TinyPacked tiny(49);
-  sbp::test::IdenticalRanks comm(2, 0);
-  sbp::SequenceParallel sp(comm, kT);
-  tiny.model.set_kv_source(&sp);
-  sbp::SftObjective sft;
-  CHECK_THROWS_AS(sbp::make_method("streambp")->step(tiny.model, sft, tiny.batch), sbp::InputError);
-  CHECK_THROWS_WITH(sbp::make_method("standard")->step(tiny.model, sft, tiny.batch),
-                    Catch::Contains("packed rows") && Catch::Contains("sequence-parallel"));
-  tiny.model.set_kv_source(nullptr);
 }

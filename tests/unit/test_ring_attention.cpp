@@ -80,7 +80,7 @@ double ring_attention_error(int world, const RingShape& shape, RingFault fault =
     const auto index = at::tensor(ring.shard().positions(), at::kLong);
     const auto take = [&](const at::Tensor& t) { return t.index_select(2, index); };
     const auto ql = take(q).requires_grad_(), kl = take(k).requires_grad_(), vl = take(v).requires_grad_();
-    const auto o = ring.attend_shard(ql, kl, vl, scale);
+    const auto o = ring.attend_shard(ql, kl, vl, {scale});
     (o * take(w)).sum().backward();
     worst[comm.rank()] = std::max({normwise_error(o.detach(), take(ref.detach())), normwise_error(ql.grad(), take(qr.grad())),
                                    normwise_error(kl.grad(), take(kr.grad())), normwise_error(vl.grad(), take(vr.grad()))});

@@ -94,7 +94,7 @@ double sharded_attention_error(int world, const Shape& shape, bool local_only = 
     const auto take = [&](const at::Tensor& t) { return t.index_select(2, index); };
     const auto ql = take(q).requires_grad_(), kl = take(k).requires_grad_(), vl = take(v).requires_grad_();
     const auto kv = sbp::gather_sequence(exchange, at::stack({kl, vl}));  // K and V in one exchange
-    const auto o = sbp::shard_attention(ql, kv[0], kv[1], shard, scale);
+    const auto o = sbp::shard_attention(ql, kv[0], kv[1], shard, {scale});
     (o * take(w)).sum().backward();
     double e = relative(o.detach(), take(ref.detach()));
     e = std::max(e, relative(ql.grad(), take(qr.grad())));

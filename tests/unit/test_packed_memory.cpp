@@ -24,6 +24,7 @@ struct PackedShape {
   std::int64_t B, T;
   std::string pack;
   std::vector<std::string> specs;  // empty: every metered method
+  bool attention_peak = false;       // the layer moment is attention's: a model blind to the boundaries misses it
 };
 
 struct PackedStep {
@@ -58,12 +59,14 @@ TEST_CASE("the memory models hold on packed rows within 3 percent and a model bl
           "[meter][memory-model][packed]") {
   // Small shapes of both kinds: two rows of short sequences (every method), one long row of lognormal documents
   // (StreamBP's 64-token chunks and MsT: their layer moment is attention's), and bf16's upcast key tiles (StreamBP).
-  // Measured/analytic on this grid (torch 2.14.1, 2 threads, AVX2 EPYC): 0.99 to 1.02. Blind to the boundaries the
-  // models read 0.85-0.90 of the long row's peak: the chunk's key blocks of the row's whole prefix, the T x T kernel.
+  // Measured/analytic on this grid (torch 2.14.1, 2 threads, AVX2 EPYC): 0.99 to 1.01. Blind to the boundaries the
+  // models read 0.75-0.94 of the peaks that attention makes (every chunk's key blocks over the row's whole prefix, the
+  // T x T kernel's scratch), and 1.03-1.05 of two rows' (each layer's o_proj input copy of the runs' outputs missed).
   const std::vector<PackedShape> shapes = {
       {at::kFloat, 2, 512, "uniform:min=16,max=200", {}},
-      {at::kFloat, 1, 2048, "lognormal:median=100,sigma=1", {"streambp:layer_chunk=64,head_chunk=64", "mst:mini_seq=8"}},
-      {at::kBFloat16, 1, 1024, "uniform:min=32,max=300", {"streambp:layer_chunk=64,head_chunk=64"}}};
+      {at::kFloat, 1, 2048, "lognormal:median=100,sigma=1", {"streambp:layer_chunk=64,head_chunk=64", "mst:mini_seq=8"},
+       true},
+      {at::kBFloat16, 1, 1024, "uniform:min=32,max=300", {"streambp:layer_chunk=64,head_chunk=64"}, true}};
   for (const auto& s : shapes)
     for (const auto& spec : s.specs.empty() ? sbp::metered_method_specs() : s.specs) {
       const auto step = packed_step(s, spec);
@@ -78,6 +81,6 @@ TEST_CASE("the memory models hold on packed rows within 3 percent and a model bl
       CHECK(sbp::test::matches_model(measured, step.packed));
       // The negative control, where attention is the peak: the row's whole prefix in every chunk's key blocks, the
       // kernel's scratch of one T x T call.
-      if (s.T == 2048) CHECK_FALSE(sbp::test::matches_model(measured, step.as_one_sequence));
+      if (s.attention_peak) CHECK_FALSE(sbp::test::matches_model(measured, step.as_one_sequence));
     }
 }

@@ -52,6 +52,7 @@ void add_pack_gain_options(CLI::App& app, PackGainArgs& a) {
 int pack_gain_command(const PackGainArgs& a, const std::string& command_line) {
   if (!a.pack.packed()) throw InputError("--pack DIST is required: the lengths of the sequences packed into each row");
   if (a.measure.seq_len() < 2) throw InputError("--seq T is required: the packed rows' length");
+  const auto prov = collect_provenance(command_line);  // the tree as it was when the run started
   Setup setup = a.setup;
   setup.apply_threads();
   const auto objective = build_objective(setup);
@@ -88,7 +89,6 @@ int pack_gain_command(const PackGainArgs& a, const std::string& command_line) {
   ResultsTable table({"objective", "pack", "layout", "batch_size", "seq_len", "sequences", "longest", "tokens",
                       "positions", "bp_seconds", "bp_seconds_spread", "peak_bytes", "model_peak_bytes",
                       "tokens_per_second", "model_flops", "check_dtype", "check_max_normwise"});
-  const auto prov = collect_provenance(command_line);
   const auto longest = padded.seq_len();
   fmt::print("{} on {} sequences ({} tokens; --pack {}), {}:\n", spec, packed.packed->sequences(),
              sequence_tokens(packed), a.pack.spec(), dtype_name(model->dtype()));

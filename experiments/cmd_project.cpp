@@ -234,7 +234,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
              "|---|---|---|---|---|---|---|\n");
   ResultsTable table({"objective", "optimizer", "world_size", "zero", "batch_size", "budget_bytes", "model_max_seq",
                       "model_max_seq_low", "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper",
-                      "peak_moment"});
+                      "peak_moment", "pack"});
   for (const int n : a.world_sizes)
     for (const auto& [label, spec] : methods) {
       auto w = paper_workload(config, false, a.lora_rank, *objective, 1);
@@ -255,7 +255,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
       table.add({"qwen3-8b", method->spec(), "bf16", "projection", 0,
                  {objective->spec(), optimizer_column, std::to_string(n), std::to_string(zero), "1",
                   std::to_string(a.budget_bytes), std::to_string(T), low, high, runs, paper > 0 ? fmt::format("{:.0f}", paper) : "",
-                  paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment}});
+                  paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment, a.pack.packed() ? a.pack.spec() : ""}});
     }
   fmt::print("\n");
   const auto csv = table.write(a.output.out_dir, "project-zero", collect_provenance(command_line));

@@ -74,7 +74,8 @@ std::vector<MemoryTerm> head_gemm_terms(const Workload& w) {
 std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
                                      bool causal, std::int64_t rows) {
   const auto& c = w.config;
-  return w.workspace_bytes(KernelCall::attention_backward(dtype, w.threads, rows > 0 ? rows : w.batch_size, c.num_attention_heads,
+  const auto batch = rows > 0 ? rows : w.batch_size;
+  return w.workspace_bytes(KernelCall::attention_backward(dtype, w.threads, batch, c.num_attention_heads,
                                                           c.num_key_value_heads, queries, keys, c.head_dim, causal));
 }
 
@@ -145,12 +146,13 @@ std::int64_t mlp_backward_bytes(const Workload& w, std::int64_t tokens) {
 // What SDPA's backward over the full sequence adds (checkpointing, MsT) to the attention block's saved activations
 // (the output too: the kernel's backward saved it): the gradients of the attention output, q, k, v and the kernel's
 // scratch.
-// On packed rows each run's output is freed by its own kernel's backward, which makes that run's dQ: at the end, when
-// the last run's backward is done, the outputs are gone and every run's dQ, dK, dV are there with the output's gradient.
+// On packed rows each run's output is freed by its own kernel's backward, which makes that run's dQ: when the last
+// run's backward is done, the outputs are gone and every run's dQ, dK, dV are there with the output's gradient.
 std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
   const Sizes z(w);
   const auto& c = w.config;
-  return {{w.packed ? "attention gradients (packed: the runs' outputs freed as their dQ is made)" : "attention gradients",
+  return {{w.packed ? "attention gradients (packed: the runs' outputs freed as their dQ is made)"
+                    : "attention gradients",
            z.B * z.T * ((w.packed ? 1 : 2) * c.q_width() + 2 * c.kv_width()) * z.s},
           {"attention kernel scratch", whole_sequence_attention_scratch_bytes(w)}};
 }

@@ -91,7 +91,8 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
     const auto full_end = z.T / c_max * c_max;
     if (full_end > 0) chunk = chunk_moment(w, z, c_max, packed_key_blocks_backward_bytes(w, c_max, 0, full_end));
     if (full_end < z.T)
-      chunk = std::max(chunk, chunk_moment(w, z, z.T - full_end, packed_key_blocks_backward_bytes(w, c_max, full_end, z.T)));
+      chunk = std::max(chunk, chunk_moment(w, z, z.T - full_end,
+                                           packed_key_blocks_backward_bytes(w, c_max, full_end, z.T)));
   } else {
     for (const auto& b : shard.blocks) {
       const auto last_start = b.start + (b.length() - 1) / c_max * c_max;

@@ -176,7 +176,7 @@ int profile_command(const ProfileArgs& args, const std::string& command_line);
 // `pack-gain` (cmd_pack_gain.cpp): one method on packed rows against the same sequences padded to the longest.
 struct PackGainArgs {
   Setup setup;  // default model: qwen3-small; CPU only
-  std::string method = "streambp";
+  std::string method;  // --method, required
   MeasureOptions measure{.seq_lens = {4096}, .batch_sizes = {1}, .warmup = 1, .repeats = 3};
   LengthDistribution pack;  // --pack, required
   OutputOptions output{.out_dir = "results/packing"};

@@ -136,9 +136,10 @@ def main():
         # The other commands that take --pack (maxlen, project, pack-gain): what they cannot honour is exit 2 too.
         small = ["--preset", "tiny", "--threads", "1"]
         for what, patterns, args in [
-                ("pack-gain without --pack", ["--pack DIST is required"], ["pack-gain", *small, "--seq", "16"]),
+                ("pack-gain without --pack", ["--pack DIST is required"],
+                 ["pack-gain", *small, "--method", "streambp", "--seq", "16"]),
                 ("pack-gain --pack with dpo", ["--objective: ", "packed rows"],
-                 ["pack-gain", *small, "--seq", "16", "--objective", "dpo", "--pack", "fixed:length=4"]),
+                 ["pack-gain", *small, "--method", "streambp", "--seq", "16", "--objective", "dpo", "--pack", "fixed:length=4"]),
                 ("maxlen --pack with --nproc", ["--pack with --nproc 2"],
                  ["maxlen", *small, "--budget-bytes", "4000000", "--optimizer", "adamw", "--batch", "2", "--nproc", "2",
                   "--pack", "fixed:length=64", "--model-only"]),

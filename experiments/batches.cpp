@@ -114,6 +114,14 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
 Workload make_workload(const Model& model, const PreparedObjective& objective, const Batch& batch) {
   Workload w{model.config(), model.dtype(), batch.batch_size(), batch.seq_len(), objective.buffer_bytes_per_token(),
              objective.needs_statistics()};
+  if (batch.packed) {
+    PackedLengths lengths;
+    for (std::int64_t r = 0; r < batch.packed->rows(); ++r) {
+      auto& row = lengths.rows.emplace_back();
+      for (const auto s : batch.packed->starts(r)) row.push_back(batch.packed->sequence_end(r, s) - s);
+    }
+    w.packed = std::make_shared<const PackedLengths>(std::move(lengths));
+  }
   w.threads = at::get_num_threads();
   w.graph_keeps_weight_views = !(model.device().is_cpu() && gemm_paths(model.dtype()).any_widened());
   w.workspaces = machine_workspaces(model.device());
@@ -177,10 +185,16 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   return pass;
 }
 
+void pack_workload(Workload& w, const LengthDistribution& pack, std::uint64_t seed) {
+  w.packed.reset();
+  if (!pack.packed()) return;
+  w.packed = std::make_shared<const PackedLengths>(PackedLengths{pack.draw(w.batch_size, w.seq_len, seed)});
+}
+
 Batch prepared_random_batch(const Model& model, const Objective& objective, std::int64_t batch_size,
-                            std::int64_t seq_len, std::int64_t group, std::uint64_t seed) {
+                            std::int64_t seq_len, std::int64_t group, std::uint64_t seed, const LengthDistribution& pack) {
   auto batch = objective.random_batch(model.config(),
-                                      {batch_size, seq_len, 0.0, objective.default_prompt_fraction(), seed, group})
+                                      {batch_size, seq_len, 0.0, objective.default_prompt_fraction(), seed, group, pack})
                    .to(model.device());
   complete_batch(model, objective, batch, "random batch", true, "", model.dtype(), seed);
   objective.prepare(batch, model.config(), std::nullopt, "random batch");  // its checks

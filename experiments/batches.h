@@ -28,6 +28,10 @@ void read_packed_boundaries(Batch& batch, const std::map<std::string, at::Tensor
 // The memory models' view of a run: shape, dtype, the objective's buffers and statistics pass as prepared on `batch`,
 // LoRA.
 Workload make_workload(const Model& model, const PreparedObjective& objective, const Batch& batch);
+// The packed lengths of a workload at its seq_len, drawn as a random packed batch of its rows draws them (`pack` with
+// `seed`: the same lengths as random_packed_sft_batch), or none when `pack` packs nothing: a search over T (maxlen,
+// project) gives each T its own rows.
+void pack_workload(Workload& w, const LengthDistribution& pack, std::uint64_t seed);
 
 struct ReferencePass {
   bool ran = false;
@@ -48,7 +52,9 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
 
 // A random B x T batch on the model's device for the drivers' measurements (SFT: the first 10% of each row is prompt; GRPO/DPO draw
 // theirs), its log-probs completed and checked by preparing the objective on it.
+// `pack`: rows packed with sequences of its lengths (SFT).
 Batch prepared_random_batch(const Model& model, const Objective& objective, std::int64_t batch_size,
-                            std::int64_t seq_len, std::int64_t group, std::uint64_t seed);
+                            std::int64_t seq_len, std::int64_t group, std::uint64_t seed,
+                            const LengthDistribution& pack = {});
 
 }  // namespace sbp

@@ -92,6 +92,9 @@ void check_maxlen_flags(const MaxlenArgs& a, bool training) {
                                     " does not run on a sequence-parallel rank's shard");
     }
   check_offload_kinds(a.offload, training, a.ranks.nproc, a.ranks.zero);
+  // Packed probes are one process's: the model's rows are the drawn rows, where ranks would each take a share of them.
+  if (a.pack.packed() && a.ranks.nproc > 1)
+    throw InputError("--pack with --nproc " + std::to_string(a.ranks.nproc) + ": packed probes run in one process");
 }
 
 // One measured run at a length T.
@@ -178,7 +181,7 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
       setup_(a.setup),
       table_({"objective", "lora", "optimizer", "batch_size", "seq_len", "budget_bytes", "role", "peak_bytes",
               "model_peak_bytes", "bp_seconds", "model_max_seq", "measured_max_seq", "model_error", "world_size",
-              "zero", "sequence_parallel", "offload", "host_peak_bytes", "model_host_bytes"}) {
+              "zero", "sequence_parallel", "offload", "host_peak_bytes", "model_host_bytes", "pack"}) {
   // --model-only: one process answers for a rank of the layout the flags ask for (its ZeRO stage and groups are the
   // workload's, not this process's; --zero without --nproc N is still refused), with a rank's one intra-op thread.
   auto flags = a.ranks;
@@ -193,6 +196,8 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
   ranks_ = join_ranks(flags, env, setup_);
   writer_ = ranks_.writer();
   objective_ = build_objective(setup_);
+  if (a.pack.packed())
+    if (const auto why = objective_->packed_rows_refusal(); !why.empty()) throw InputError("--pack: " + why);
   model_ = build_model(setup_);
   model_->to(ranks_.device);
   precision_ = precision_name(model_->dtype(), model_->grad_dtype());
@@ -216,7 +221,7 @@ MaxlenSearch::MaxlenSearch(const MaxlenArgs& a, const std::optional<RankEnv>& en
 // This rank's rows of the global batch of --batch rows (--model-only for --nproc N: one rank's share, in one process).
 Batch MaxlenSearch::batch_at(std::int64_t T) const {
   if (ranks_.world == 1)
-    return prepared_random_batch(*model_, *objective_, rows_ / data_parts_, T, setup_.group, setup_.seed);
+    return prepared_random_batch(*model_, *objective_, rows_ / data_parts_, T, setup_.group, setup_.seed, a_.pack);
   auto global = prepared_random_batch(*model_, *objective_, rows_, T, setup_.group, setup_.seed);
   if (ranks_.data_world() == 1) return global;
   return objective_->split(global, ranks_.data_world(), "random batch").at(std::size_t(ranks_.data_rank()));
@@ -225,6 +230,7 @@ Batch MaxlenSearch::batch_at(std::int64_t T) const {
 Workload MaxlenSearch::workload_at(std::int64_t T) const {
   auto w = base_workload_;
   w.seq_len = T;
+  pack_workload(w, a_.pack, setup_.seed);  // the rows batch_at(T) packs
   return w;
 }
 
@@ -349,7 +355,7 @@ void MaxlenSearch::add_rows(const BackpropMethod& method, const OffloadTier* tie
                  oom ? "" : fmt::format("{:.4f}", p.m.median_seconds()), std::to_string(predicted), measured, error,
                  std::to_string(ranks_.world), std::to_string(ranks_.zero), std::to_string(sp_),
                  a_.offload.describe(), tier && !oom ? std::to_string(p.host_peak_bytes) : "",
-                 tier ? std::to_string(model.host_bytes()) : ""}});
+                 tier ? std::to_string(model.host_bytes()) : "", a_.pack.packed() ? a_.pack.spec() : ""}});
   }
   summary_.push_back(fmt::format("{:<44} model T* = {:>8}   measured T* = {:>8} (T = {} over the budget)   model error {}",
                                  spec, predicted, measured.empty() ? "-" : measured,
@@ -386,6 +392,7 @@ void add_maxlen_options(CLI::App& app, MaxlenArgs& a) {
   add_rank_options(app, a.ranks, "each measuring its --batch / N rows of every probe's global batch under the "
                    "per-rank budget (needs --optimizer)");
   add_sequence_parallel_option(app, a.ranks);
+  add_pack_option(app, a.pack);
 }
 
 int maxlen_command(const MaxlenArgs& a, const std::string& command_line) {

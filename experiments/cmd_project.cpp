@@ -121,9 +121,12 @@ Workload paper_workload(const ModelConfig& c, bool lora, std::int64_t rank, cons
 }
 
 // The largest T in [1, hi] whose modelled peak fits the budget (0 if none).
-std::int64_t model_max_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t hi) {
+// --pack: the rows at each T are packed with sequences drawn from `pack` (seed 0), the model's attention theirs.
+std::int64_t model_max_seq(const BackpropMethod& method, Workload w, std::int64_t budget, std::int64_t hi,
+                           const LengthDistribution& pack) {
   auto fits = [&](std::int64_t T) {
     w.seq_len = T;
+    pack_workload(w, pack, 0);
     return training_memory(method, w).total_bytes() <= budget;
   };
   if (!fits(1)) return 0;
@@ -143,14 +146,15 @@ struct Projected {
   std::string low, high, bar = "-", runs;
 };
 Projected project_max_seq(const BackpropMethod& method, const Workload& w, std::int64_t budget,
-                          const std::map<std::string, ErrorRange>& errors, const std::string& label) {
+                          const std::map<std::string, ErrorRange>& errors, const std::string& label,
+                          const LengthDistribution& pack) {
   const std::int64_t hi = std::int64_t(1) << 24;
   Projected p;
-  p.T = model_max_seq(method, w, budget, hi);
+  p.T = model_max_seq(method, w, budget, hi, pack);
   const auto e = errors.find(label);
   if (e == errors.end()) return p;
-  const auto t_low = model_max_seq(method, w, std::int64_t(double(budget) / e->second.high), hi);
-  const auto t_high = model_max_seq(method, w, std::int64_t(double(budget) / e->second.low), hi);
+  const auto t_low = model_max_seq(method, w, std::int64_t(double(budget) / e->second.high), hi, pack);
+  const auto t_high = model_max_seq(method, w, std::int64_t(double(budget) / e->second.low), hi, pack);
   p.low = std::to_string(t_low);
   p.high = std::to_string(t_high);
   p.runs = std::to_string(e->second.runs);
@@ -197,6 +201,7 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--host-bytes-per-node", a.host_bytes_per_node, "with --sp and --offload: the host memory of a node "
                  "of 8 devices; a T whose offload tier does not fit it is host-bound")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  add_pack_option(app, a.pack);
   add_output_options(app, a.output, "results folder");
 }
 
@@ -229,7 +234,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
              "|---|---|---|---|---|---|---|\n");
   ResultsTable table({"objective", "optimizer", "world_size", "zero", "batch_size", "budget_bytes", "model_max_seq",
                       "model_max_seq_low", "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper",
-                      "peak_moment"});
+                      "peak_moment", "pack"});
   for (const int n : a.world_sizes)
     for (const auto& [label, spec] : methods) {
       auto w = paper_workload(config, false, a.lora_rank, *objective, 1);
@@ -240,8 +245,9 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
         if (zero == 2 && kPaperTable4Gpus[i] == n)
           paper = 1000 * (label == "checkpoint" ? kPaperTable4Checkpoint[i] : kPaperTable4StreamBP[i]);
       auto method = make_method(spec);
-      const auto [T, low, high, bar, runs] = project_max_seq(*method, w, a.budget_bytes, errors, label);
+      const auto [T, low, high, bar, runs] = project_max_seq(*method, w, a.budget_bytes, errors, label, a.pack);
       w.seq_len = std::max<std::int64_t>(T, 1);
+      pack_workload(w, a.pack, 0);
       const auto at_max = training_memory(*method, w);
       fmt::print("| {} | {} | {:.1f}k | {} | {} | {} | {:.1f} GB at {} |\n", n, method->spec(), T / 1000.0, bar,
                  paper > 0 ? fmt::format("{:.1f}k", paper / 1000.0) : "-",
@@ -249,7 +255,7 @@ int project_data_parallel(const ProjectArgs& a, const std::string& command_line,
       table.add({"qwen3-8b", method->spec(), "bf16", "projection", 0,
                  {objective->spec(), optimizer_column, std::to_string(n), std::to_string(zero), "1",
                   std::to_string(a.budget_bytes), std::to_string(T), low, high, runs, paper > 0 ? fmt::format("{:.0f}", paper) : "",
-                  paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment}});
+                  paper > 0 ? fmt::format("{:.4f}", T / paper) : "", at_max.moment, a.pack.packed() ? a.pack.spec() : ""}});
     }
   fmt::print("\n");
   const auto csv = table.write(a.output.out_dir, "project-zero", collect_provenance(command_line));
@@ -283,6 +289,9 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
                                 "run, e.g. --world 3,4,5,6,7,8)");
   if (a.sp == 0 && a.sp_scheme != SequenceScheme::allgather)
     throw InputError("--sp-scheme needs --sp N (the projection of a sequence split over N devices)");
+  if (a.pack.packed() && (a.sp > 0 || !a.offload.kinds.empty()))
+    throw InputError(std::string("--pack with ") + (a.sp > 0 ? "--sp" : "--offload") + ": packed rows are projected "
+                     "for Table 3 and --world only");
   if (a.sp > 0) return project_sequence_parallel(a, command_line);
   if (a.nproc > 0) throw InputError("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);
@@ -290,7 +299,7 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   const auto optimizer = a.optimizer.options();
   const std::string optimizer_column = a.optimizer.describe();
   ResultsTable table({"objective", "lora", "optimizer", "batch_size", "budget_bytes", "model_max_seq", "model_max_seq_low",
-                      "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper"});
+                      "model_max_seq_high", "error_runs", "paper_max_seq", "model_over_paper", "pack"});
   fmt::print("Table 3, projected by the analytic memory models: maximum T under {:.0f} GB, bf16 (LoRA: fp32 adapters)\n"
              "kernel workspaces: {} (a GPU's cuBLAS/flash workspaces are not modelled; this CPU's calibration would not "
              "describe them)\n",
@@ -303,8 +312,12 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   else
     fmt::print("error bar: T* under budget / max(measured/model) .. budget / min(measured/model), over the CPU runs "
                "in {} whose preset starts with '{}'\n\n", fmt::join(error_dirs, ", "), a.error_presets);
+  if (a.pack.packed())
+    fmt::print("packed rows: each T's row filled with sequences of --pack {} (seed 0); SFT only (GRPO and DPO refuse "
+               "packed rows)\n\n", a.pack.spec());
   for (const auto& o : kObjectives) {
     auto objective = make_objective(o.spec);
+    if (a.pack.packed() && !objective->packed_rows_refusal().empty()) continue;
     const std::string name = o.spec;
     fmt::print("### {} (B = {}{})\n\n", name, o.batch, name == "grpo" ? ", a group of 8" : name == "dpo" ? ": one pair" : "");
     if (name == "grpo") fmt::print("paper (columns unlabelled): {}\n\n", kPaperGrpo);
@@ -319,14 +332,15 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
         const double paper = name != "sft" || label == "mst" ? 0
                              : 1000 * (label == "standard" ? s.standard : label == "checkpoint" ? s.checkpoint : s.streambp);
         auto method = make_method(spec);
-        const auto [T, low, high, bar, runs] = project_max_seq(*method, w, a.budget_bytes, errors, label);
+        const auto [T, low, high, bar, runs] = project_max_seq(*method, w, a.budget_bytes, errors, label, a.pack);
         fmt::print("| {} | {} | {:.1f}k | {} | {} | {} |\n", model_name, method->spec(), T / 1000.0, bar,
                    paper > 0 ? fmt::format("{:.1f}k", paper / 1000.0) : "-", paper > 0 ? fmt::format("{:.2f}", T / paper) : "-");
         table.add({s.preset, method->spec(), s.lora ? "bf16-mixed" : "bf16", "projection", 0,
                    {objective->spec(), s.lora ? fmt::format("rank={},targets=all-linear", a.lora_rank) : "",
                     optimizer_column, std::to_string(o.batch), std::to_string(a.budget_bytes), std::to_string(T), low, high,
                     runs,
-                    paper > 0 ? fmt::format("{:.0f}", paper) : "", paper > 0 ? fmt::format("{:.4f}", T / paper) : ""}});
+                    paper > 0 ? fmt::format("{:.0f}", paper) : "", paper > 0 ? fmt::format("{:.4f}", T / paper) : "",
+                    a.pack.packed() ? a.pack.spec() : ""}});
       }
     }
     fmt::print("\n");

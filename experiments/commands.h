@@ -115,6 +115,7 @@ struct MaxlenArgs {
   OffloadOptions offload;  // the budget is the device's; the tier's bytes are reported beside it
   bool model_only = false;
   RankFlags ranks;  // data-parallel probes: each rank takes --batch / N rows, the budget per rank
+  LengthDistribution pack;  // --pack: every probe's rows packed with sequences of these lengths (one process, SFT)
 };
 void add_maxlen_options(CLI::App& app, MaxlenArgs& args);
 int maxlen_command(const MaxlenArgs& args, const std::string& command_line);
@@ -153,6 +154,8 @@ struct ProjectArgs {
   SequenceScheme sp_scheme = SequenceScheme::allgather;
   // The host memory of a node of 8 devices, which the offload tier must fit (ALST's nodes had 1.9 TB per 8 H100s).
   double host_bytes_per_node = 2e12;
+  // --pack: SFT's rows packed with sequences of these lengths, drawn at every T (Table 3 and --world).
+  LengthDistribution pack;
 };
 void add_project_options(CLI::App& app, ProjectArgs& args);
 int project_command(const ProjectArgs& args, const std::string& command_line);
@@ -169,6 +172,18 @@ struct ProfileArgs {
 };
 void add_profile_options(CLI::App& app, ProfileArgs& args);
 int profile_command(const ProfileArgs& args, const std::string& command_line);
+
+// `pack-gain` (cmd_pack_gain.cpp): one method on packed rows against the same sequences padded to the longest.
+struct PackGainArgs {
+  Setup setup;  // default model: qwen3-small; CPU only
+  std::string method;  // --method, required
+  MeasureOptions measure{.seq_lens = {4096}, .batch_sizes = {1}, .warmup = 1, .repeats = 3};
+  LengthDistribution pack;  // --pack, required
+  OutputOptions output{.out_dir = "results/packing"};
+  bool no_check = false;
+};
+void add_pack_gain_options(CLI::App& app, PackGainArgs& args);
+int pack_gain_command(const PackGainArgs& args, const std::string& command_line);
 
 struct ReproduceArgs {
   std::string table;

@@ -102,6 +102,8 @@ std::vector<Command> command_table() {
               "(about 30 min each on 2 cores)", add_reproduce_options, reproduce_command),
       command("profile", "the memory timeline of consecutive steps per method (Fig. 1/8): live bytes by category and "
               "phase, CSV + Chrome trace", add_profile_options, profile_command),
+      command("pack-gain", "one method on packed rows against the same sequences padded to the longest: time, "
+              "peak and tokens per second of each layout", add_pack_gain_options, pack_gain_command),
       command("conform", "check another implementation's gradients against the harness's oracle over a matrix of "
               "cases, through a file protocol (exit 1 on any failure)", add_conform_options, conform_command),
       command("gemm-path", "this machine's bf16 GEMM path per layout, measured once and stored in the cache folder; "

@@ -24,7 +24,10 @@ FlopTerms flop_terms(const Workload& w) {
   // the input-gradient products of layer 0's q/k/v projections and their adapters' A (the methods that keep a
   // layer's input as a leaf compute them).
   f.first_layer_skipped = lora ? 2 * N * d * (q + 2 * kv) + (attention_adapters ? 2 * N * r * d * 3 : 0) : 0;
-  f.attention = 2 * 2 * double(w.batch_size) * double(c.num_attention_heads) * double(c.head_dim) * T * (T + 1) / 2 * L;
+  // Every row's causal triangle, or on packed rows every sequence's: a sequence attends within itself only, and no
+  // method scores (or masks) a pair across a boundary (packed_attention.h).
+  const double pairs = w.packed ? w.packed->causal_pairs() : double(w.batch_size) * T * (T + 1) / 2;
+  f.attention = 2 * 2 * double(c.num_attention_heads) * double(c.head_dim) * pairs * L;
   f.head = 2 * N * d * double(c.vocab_size);
   f.head_backward = lora ? 1 : 2;
   return f;

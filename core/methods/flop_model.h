@@ -14,7 +14,9 @@ namespace sbp {
 struct FlopTerms {
   double layer_base = 0, layer_adapters = 0;  // one forward of every decoder layer's projections; of their adapters
   double kv_base = 0, kv_adapters = 0;        // the K and V projections' share of those (StreamBP repeats them)
-  double attention = 0;   // one causal forward of every layer's attention: QKᵀ and PV over T(T+1)/2 pairs per head
+  // One causal forward of every layer's attention: QKᵀ and PV over T(T+1)/2 pairs per head and row (packed rows:
+  // Σ L(L+1)/2 over their sequences).
+  double attention = 0;
   double head = 0;        // one forward of the LM head: N·d·V multiply-adds
   double base_backward = 2, head_backward = 2;  // backward / forward: 2 when the weights train, 1 when frozen
   double first_layer_skipped = 0;  // what standard BP under LoRA never computes (flop_terms)

@@ -33,13 +33,16 @@ std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * 
 // upcast to fp32, with their fp32 copies of K and V, then the diagonal block. The kernel runs on fp32 copies of bf16
 // blocks: its scratch is the fp32 kernel's (tiny bf16, c = 128: 256 KiB).
 std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t c, std::int64_t prefix) {
+  return key_blocks_backward_bytes(w, w.batch_size, c, prefix);
+}
+std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t rows, std::int64_t c, std::int64_t prefix) {
   const Sizes z(w);
   const auto kw = w.config.kv_width();
   const bool upcast = z.f > z.s;
   const auto key_block = [&](std::int64_t keys, bool after_first, bool diagonal) {
-    return (upcast ? 4 : 2) * z.B * keys * kw * z.f +
-           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal) +
-           (after_first ? z.B * c * w.config.q_width() * z.f : 0);
+    return (upcast ? 4 : 2) * rows * keys * kw * z.f +
+           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal, rows) +
+           (after_first ? rows * c * w.config.q_width() * z.f : 0);
   };
   const auto tile = upcast ? std::min<std::int64_t>(1024, prefix) : prefix;
   return std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));
@@ -69,9 +72,10 @@ std::vector<MemoryTerm> head_gemm_terms(const Workload& w) {
 // in the accumulation dtype (plus a bf16 copy of both for bf16), and whatever the block GEMMs' library takes for
 // them, which differs between CPUs: all of it measured by the calibration.
 std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
-                                     bool causal) {
+                                     bool causal, std::int64_t rows) {
   const auto& c = w.config;
-  return w.workspace_bytes(KernelCall::attention_backward(dtype, w.threads, w.batch_size, c.num_attention_heads,
+  const auto batch = rows > 0 ? rows : w.batch_size;
+  return w.workspace_bytes(KernelCall::attention_backward(dtype, w.threads, batch, c.num_attention_heads,
                                                           c.num_key_value_heads, queries, keys, c.head_dim, causal));
 }
 
@@ -106,8 +110,9 @@ MemoryEstimate largest(std::vector<MemoryEstimate> moments) {
 // full-sequence attention re-forward (tiny at B = 1, T = 4096: four 256 KiB blocks the model had missed, 5% of its
 // peak; at B = 8, T = 1024 four 64 KiB ones). Standard BP (every layer's tables) and checkpointing (the re-forward's)
 // count them too, next to full_sequence_layer_bytes_per_token (measured there: tiny fp32 T = 1024, 64 KiB blocks).
+// Packed rows rotate each row at its own positions (Model::rope): [B, 1, positions, hd] tables, one per row.
 std::int64_t rope_table_bytes(const Workload& w, std::int64_t positions) {
-  return 4 * positions * w.config.head_dim * Sizes(w).s;
+  return 4 * (w.packed ? w.batch_size : 1) * positions * w.config.head_dim * Sizes(w).s;
 }
 
 // RMSNorm's saved statistic rsqrt(mean(x²) + eps): one value per normalised row in the compute dtype, kept by the
@@ -128,7 +133,8 @@ std::int64_t norm_statistics_bytes_per_token(const Workload& w) {
 std::int64_t full_sequence_layer_bytes_per_token(const Workload& w, bool input_kept, bool input_saved) {
   const Sizes z(w);
   const auto input_norm_saved = (input_kept && z.f == z.s ? 0 : z.d * z.f) + z.f;
-  return layer_activation_bytes_per_token(w, input_kept) + norm_statistics_bytes_per_token(w) - (input_saved ? 0 : input_norm_saved);
+  return layer_activation_bytes_per_token(w, input_kept) + norm_statistics_bytes_per_token(w) +
+         packed_output_copy_bytes_per_token(w) - (input_saved ? 0 : input_norm_saved);
 }
 
 // The MLP backward over `tokens` positions holds one [tokens, I] gradient beyond the saved activations at its peak
@@ -140,11 +146,15 @@ std::int64_t mlp_backward_bytes(const Workload& w, std::int64_t tokens) {
 // What SDPA's backward over the full sequence adds (checkpointing, MsT) to the attention block's saved activations
 // (the output too: the kernel's backward saved it): the gradients of the attention output, q, k, v and the kernel's
 // scratch.
+// On packed rows each run's output is freed by its own kernel's backward, which makes that run's dQ: when the last
+// run's backward is done, the outputs are gone and every run's dQ, dK, dV are there with the output's gradient.
 std::vector<MemoryTerm> attention_backward_terms(const Workload& w) {
   const Sizes z(w);
   const auto& c = w.config;
-  return {{"attention gradients", z.B * z.T * (2 * c.q_width() + 2 * c.kv_width()) * z.s},
-          {"attention kernel scratch", attention_scratch_bytes(w, w.dtype, z.T, z.T, true)}};
+  return {{w.packed ? "attention gradients (packed: the runs' outputs freed as their dQ is made)"
+                    : "attention gradients",
+           z.B * z.T * ((w.packed ? 1 : 2) * c.q_width() + 2 * c.kv_width()) * z.s},
+          {"attention kernel scratch", whole_sequence_attention_scratch_bytes(w)}};
 }
 
 // Embedding backward (Model::embed_backward): rows added in place into the gradient, so only an untied embedding's

@@ -199,6 +199,18 @@ std::vector<MemoryTerm> kv_reduce_scatter_terms(const Workload& w, std::int64_t 
 // block: the block's dK/dV (and in bf16 its K/V upcast to fp32), the kernel's scratch, and after the first block the
 // dQ summed so far (StreamBP's chunks; the shard's blocks under sequence parallelism).
 std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t c, std::int64_t prefix);
+// The same for `rows` rows (a packed row's run of queries is its own call, one row: packed_attention.h).
+std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t rows, std::int64_t c, std::int64_t prefix);
+// Packed rows (packed_memory.cpp). A StreamBP layer's chunks of c rows starting at [from, to) (multiples of c): the
+// largest key_blocks_backward_bytes of any one run of their queries (a run is one row's queries of one sequence; its
+// prefix the keys of that sequence before it).
+std::int64_t packed_key_blocks_backward_bytes(const Workload& w, std::int64_t c, std::int64_t from, std::int64_t to);
+// The whole-sequence methods' attention backward scratch: one call over [B, T] causal, or on packed rows one call per
+// sequence and row, the longest's.
+std::int64_t whole_sequence_attention_scratch_bytes(const Workload& w);
+// Per token, what a whole-sequence layer's graph keeps beyond one process's unpacked rows until o_proj's backward:
+// the copy of the runs' outputs that o_proj saves (0 unless packed).
+std::int64_t packed_output_copy_bytes_per_token(const Workload& w);
 // The shard's loss at its worst moment: each block's log-softmax over its own rows, back-propagated one block after
 // another into the [B, t, V] logits' gradient (BackpropMethod::rank_loss); one process's is loss_peak_bytes(T).
 std::int64_t shard_loss_peak_bytes(const Workload& w);
@@ -213,7 +225,7 @@ std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z);
 std::vector<MemoryTerm> head_gemm_terms(const Workload& w);
 // Kernel workspaces, from the workload's calibration: the attention backward's scratch, a GEMM's.
 std::int64_t attention_scratch_bytes(const Workload& w, c10::ScalarType dtype, std::int64_t queries, std::int64_t keys,
-                                     bool causal);
+                                     bool causal, std::int64_t rows = 0);  // rows 0: the workload's batch
 std::int64_t gemm_workspace_bytes(const Workload& w, std::int64_t m, std::int64_t n, std::int64_t k, bool a_transposed,
                                   bool b_transposed = false);
 // The objective's per-position buffers.

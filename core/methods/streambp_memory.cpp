@@ -12,9 +12,10 @@ using namespace memory;
 
 namespace {
 
-// The worst moment of a chunk of c rows after `prefix` keys in a layer's step 2 (the chunk loop): its MLP backward or
-// its attention backward at its largest key block (the most keys with the most rows is a layer's worst chunk).
-std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std::int64_t prefix) {
+// The worst moment of a chunk of c rows in a layer's step 2 (the chunk loop): its MLP backward or its attention
+// backward at its largest key block, `block_gradients` (key_blocks_backward_bytes: the most keys with the most rows
+// is a layer's worst chunk; on packed rows the largest run's, packed_key_blocks_backward_bytes).
+std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std::int64_t block_gradients) {
   const auto& cfg = w.config;
   const auto qw = cfg.q_width(), kw = cfg.kv_width(), I = cfg.intermediate_size;
   // The chunk's saved Q path, per token. Step 2 builds no K/V path (K and V were made without a graph), so
@@ -42,7 +43,10 @@ std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std
   // MLP backward at its elementwise product's backward: the MLP's saved activations but the product (freed by
   // down_proj's backward), and three [c, I] gradients (of the product and of its two factors). Measured on tiny
   // fp32 at T = 64: 3 saved + 3 gradients [c, I] and down_proj's [d, I] weight gradient alive at the peak.
-  const auto mlp_moment = z.B * c * (q_path + mlp_activation_bytes_per_token(w)) + q_rope + out +
+  // Packed rows in fp32/fp64: the runs' outputs (each saved by its run's attention) are concatenated and transposed for
+  // o_proj, a copy o_proj keeps until its backward (bf16 keeps its bf16 cast either way).
+  const auto packed_output_copy = w.packed && z.f == z.s ? qw * z.s : 0;
+  const auto mlp_moment = z.B * c * (q_path + packed_output_copy + mlp_activation_bytes_per_token(w)) + q_rope + out +
                           2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
   // Attention backward of the last chunk, at its largest key block (fp32/fp64: the whole prefix at once, then the
   // diagonal block of c keys; bf16: tiles of at most kPrefixTile keys upcast to fp32, with their fp32 copies of K
@@ -55,7 +59,6 @@ std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std
   // fp32 copies (112 KiB each).
   const auto q_rows = z.B * c * qw;
   const auto dq_path = q_rows * (3 * z.f + z.s + (z.f > z.s ? z.f : 0));
-  const auto block_gradients = key_blocks_backward_bytes(w, c, prefix);
   const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
                                 block_gradients + dq_path;
   return std::max(mlp_moment, attention_moment);
@@ -82,11 +85,22 @@ MemoryEstimate StreamBP::memory_model(const Workload& w) const {
   const bool one_chunk = chunks == 1;
   // Candidates: each block's last chunk (its most keys) and, when that one is short, the full one before it.
   std::int64_t chunk = 0;
-  for (const auto& b : shard.blocks) {
-    const auto last_start = b.start + (b.length() - 1) / c_max * c_max;
-    chunk = std::max(chunk, chunk_moment(w, z, b.end - last_start, last_start));
-    if (b.end - last_start < c_max && last_start - c_max >= b.start)
-      chunk = std::max(chunk, chunk_moment(w, z, c_max, last_start - c_max));
+  if (w.packed) {
+    // Packed rows (one process: one block [0, T)): a run's keys are its own sequence's, so the worst chunk is the one
+    // whose run has the most (queries, keys), anywhere in the row: every full chunk, then the short last one.
+    const auto full_end = z.T / c_max * c_max;
+    if (full_end > 0) chunk = chunk_moment(w, z, c_max, packed_key_blocks_backward_bytes(w, c_max, 0, full_end));
+    if (full_end < z.T)
+      chunk = std::max(chunk, chunk_moment(w, z, z.T - full_end,
+                                           packed_key_blocks_backward_bytes(w, c_max, full_end, z.T)));
+  } else {
+    for (const auto& b : shard.blocks) {
+      const auto last_start = b.start + (b.length() - 1) / c_max * c_max;
+      const auto last = b.end - last_start;
+      chunk = std::max(chunk, chunk_moment(w, z, last, key_blocks_backward_bytes(w, last, last_start)));
+      if (last < c_max && last_start - c_max >= b.start)
+        chunk = std::max(chunk, chunk_moment(w, z, c_max, key_blocks_backward_bytes(w, c_max, last_start - c_max)));
+    }
   }
   // The layer's weight gradients while its chunks run: none yet for a single chunk; else the sums of every chunk so
   // far (the fp32 sums in bf16), without k_proj/v_proj (and k_norm), which only step 3 (kv_path) makes.

@@ -83,6 +83,15 @@ struct SequenceParallelism {
 };
 using WorkloadFeature = std::variant<Offload, DataParallelism, SequenceParallelism>;
 
+// Packed rows (ARCHITECTURE.md §3 "Packed rows"): each row's sequence lengths, in order, summing to the row's length.
+// What they change in the models is attention's: its work is the sum of the sequences' causal triangles, and every
+// attention call is one sequence of one row (packed_memory.cpp).
+struct PackedLengths {
+  std::vector<std::vector<std::int64_t>> rows;
+  std::int64_t longest() const;
+  double causal_pairs() const;  // sum over every sequence of L (L + 1) / 2: query-key pairs per head
+};
+
 struct Workload {
   ModelConfig config;
   c10::ScalarType dtype = c10::kFloat;  // compute dtype (Model::dtype)
@@ -91,6 +100,9 @@ struct Workload {
   // buffers (targets, masks, GRPO's old/ref log-probs), and whether a streamed head runs the statistics pass.
   std::int64_t objective_bytes_per_token = 16;
   bool statistics_pass = false;
+  // The rows' sequences when they are packed (none: each row one sequence of seq_len). Shared, so that a search over T
+  // copies it for free; whoever changes seq_len gives the lengths at that T.
+  std::shared_ptr<const PackedLengths> packed;
   // LoRA (lora_rank > 0): adapters on the named targets of every layer, lora_parameters elements in all; the base
   // is frozen, so only the adapters have gradients.
   std::int64_t lora_rank = 0, lora_parameters = 0;

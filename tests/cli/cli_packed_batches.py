@@ -5,11 +5,13 @@
 - every malformed boundary exits 2 naming the row and the position, and writes no output file: positions that do not
   count 0, 1, 2, ..., an empty sequence, a sequence past the batch or across a row's end, a label across a boundary,
   two spellings that disagree;
-- GRPO and DPO refuse packed rows saying why; --pack refuses what it cannot honour.
+- GRPO and DPO refuse packed rows saying why; --pack refuses what it cannot honour, in run, maxlen, project and
+  pack-gain.
 
 Usage: python tests/cli/cli_packed_batches.py BUILD/streambp   (needs torch + safetensors: the venv's python)
 """
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -131,6 +133,28 @@ def main():
                         [*TINY, "--pack", "fixed:length=4", "--pad-fraction", "0.2", "--seq", "8"])
         expect_rejected(binary, work, "an unknown length distribution", ["unknown length distribution 'zipf'"],
                         [*TINY, "--pack", "zipf:s=1", "--seq", "8"])
+        # The other commands that take --pack (maxlen, project, pack-gain): what they cannot honour is exit 2 too.
+        small = ["--preset", "tiny", "--threads", "1"]
+        for what, patterns, args in [
+                ("pack-gain without --pack", ["--pack DIST is required"],
+                 ["pack-gain", *small, "--method", "streambp", "--seq", "16"]),
+                ("pack-gain --pack with dpo", ["--objective: ", "packed rows"],
+                 ["pack-gain", *small, "--method", "streambp", "--seq", "16", "--objective", "dpo", "--pack", "fixed:length=4"]),
+                ("maxlen --pack with --nproc", ["--pack with --nproc 2"],
+                 ["maxlen", *small, "--budget-bytes", "4000000", "--optimizer", "adamw", "--batch", "2", "--nproc", "2",
+                  "--pack", "fixed:length=64", "--model-only"]),
+                ("maxlen --pack with grpo", ["--pack: ", "packed rows"],
+                 ["maxlen", *small, "--budget-bytes", "4000000", "--objective", "grpo", "--pack", "fixed:length=64",
+                  "--model-only"]),
+                ("project --pack with --sp", ["--pack with --sp"], ["project", "--sp", "8", "--pack", "fixed:length=64"])]:
+            p = subprocess.run([binary, *args], capture_output=True, text=True)
+            text = p.stdout + p.stderr
+            problems = [f"exit {p.returncode}, expected 2"] if p.returncode != 2 else []
+            problems += [f"no '{s}' in the message" for s in patterns if s not in text]
+            if problems:
+                FAILURES.append(f"{what}: {'; '.join(problems)}\n{text}")
+            else:
+                print(f"ok: {what}: {text.strip().splitlines()[-1]}")
     return report()
 
 

@@ -26,6 +26,7 @@
 #include "core/model/chunk_attention_kernels.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
+#include "core/objectives/packed_batch.h"
 #include "core/objectives/sft.h"
 #include "experiments/batches.h"
 #include "tests/support/test_support.h"
@@ -166,5 +167,39 @@ TEST_CASE("the FLOP model is the matrix products and attention pairs each method
       CHECK(relative_gap(attention_forward + attention_backward,
                      chunk_square * (2 + sbp::FlopTerms::kAttentionBackward)) > 1e-3);
     }
+  }
+}
+
+TEST_CASE("the FLOP model counts each packed sequence causal triangle and not the whole row", "[flops][packed]") {
+  // Two rows of 48 packed as test_packed_exactness.cpp packs them (a sequence of one token, sequences across chunk
+  // boundaries): every method's counted attention pairs are Σ L(L+1)/2 over the sequences, and the whole step's FLOPs
+  // the model's. Negative control: the same workload blind to its boundaries (B·T(T+1)/2 pairs) misses the count.
+  const sbp::ModelConfig config = sbp::test::tiny_config();
+  const std::vector<std::vector<std::int64_t>> lengths = {{5, 1, 6, 12, 9, 3, 12}, {30, 2, 16}};
+  constexpr std::int64_t T = 48;
+  for (const auto& spec : sbp::typical_method_specs(T)) {
+    sbp::Model model(config, at::kFloat, 3);
+    const auto batch = sbp::packed_sft_batch(config, lengths, 0.0, 5);
+    sbp::SftObjective objective;
+    auto method = sbp::make_method(spec);
+    auto workload = sbp::make_workload(model, objective.prepare(batch, config), batch);
+    REQUIRE(workload.packed);
+    double matmul = 0, attention = 0;
+    {
+      WorkCounter counter;
+      method->step(model, objective, batch);
+      matmul = counter.matmul_flops();
+      attention = counter.attention_forward_flops() + counter.attention_backward_flops();
+    }
+    const auto f = sbp::flop_terms(workload);
+    const double pairs = (15 + 1 + 21 + 78 + 45 + 6 + 78) + (465 + 3 + 136);  // Σ L(L+1)/2 of each row
+    REQUIRE(workload.packed->causal_pairs() == pairs);
+    const double counted = matmul + attention;
+    INFO(spec << ": counted " << counted << ", model " << method->flops(workload) << "; attention counted " << attention
+              << ", one causal pass " << f.attention);
+    CHECK(relative_gap(counted, method->flops(workload)) < 1e-9);
+    auto blind = workload;
+    blind.packed.reset();
+    CHECK(relative_gap(counted, method->flops(blind)) > 1e-3);
   }
 }

@@ -54,7 +54,6 @@ def launch(case_dir):
 def worker(case_dir):
     import tempfile
 
-    import deepspeed
     import torch
     import torch.nn.functional as F
 

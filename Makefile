@@ -37,7 +37,7 @@ DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
 VENV_STAMP := $(VENV)/.streambp-venv-4.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
-.PHONY: demo test check bench build configure sanitize-build fuzz deps venv plots survey clean
+.PHONY: demo test check bench build configure sanitize-build fuzz setup deps venv plots survey clean
 
 # Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
 DEMO_ARGS ?=
@@ -45,14 +45,14 @@ DEMO_LOG ?= $(CACHE)/make-demo.log
 # The demo's own output first: the setup's and the build's go to a log, shown only when they fail.
 demo:
 	@echo "make demo: installing what is missing and building (the first time ~15 min; log: $(DEMO_LOG))"
-	@mkdir -p $(dir $(DEMO_LOG)) && $(MAKE) --no-print-directory build >$(DEMO_LOG) 2>&1 || \
+	@mkdir -p $(dir $(DEMO_LOG)) && $(MAKE) --no-print-directory setup build >$(DEMO_LOG) 2>&1 || \
 	  { tail -n 40 $(DEMO_LOG); echo "make demo: the build failed; the whole log: $(DEMO_LOG)"; exit 1; }
 	@$(BUILD)/streambp demo $(DEMO_ARGS)
 
 # The main tree's suite, then the sanitized tree's (unit tests under ASan + UBSan, a bounded run of every fuzz target).
 # Both trees always run: a failure in one (its build or its tests) never hides the other's; make fails after both,
 # and the last lines summarise both trees (each tree's ctest output is kept in <tree>/ctest.log).
-test: deps venv
+test: setup
 	@bash tests/support/run_suite.sh "$(MAKE) --no-print-directory" $(JOBS) $(BUILD) $(SANITIZE_BUILD)
 
 # The edit-compile-test loop: build/ alone and its unit tests that take seconds (the label `check`,
@@ -96,6 +96,11 @@ fuzz: sanitize-build
 	$(SANITIZE_BUILD)/fuzz_seeds $(SANITIZE_BUILD)/fuzz/seeds
 	printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(JOBS) -I{} bash tests/fuzz/run_fuzz.sh $(SANITIZE_BUILD) {} $(FUZZ_SECONDS)
 
+# What a new machine lacks, the Debian packages and the venv at once: apt and pip wait on the network and the disk, not
+# on each other (a fresh machine, one after the other: apt 65 s, then the venv 136 s). Each line is printed whole.
+setup:
+	@$(MAKE) --no-print-directory -s -j 2 --output-sync=line deps venv
+
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP):
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -109,6 +114,7 @@ $(DEPS_STAMP):
 venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (the torch $(TORCH_VERSION) wheel here is for CPython 3.11)"; exit 1; }
+	@echo "making the venv $(VENV): torch $(TORCH_VERSION) and the oracles' packages (a few minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2 trl==1.16.0
 	@touch $@
@@ -123,7 +129,7 @@ plots: $(VENV_STAMP)
 # STREAMBP_OFFICIAL_SRC (Ledzy/StreamBP) and MST_SRC (wdlctc/mini-s), else their rows say so. SURVEY_ARGS: e.g.
 # --only deepspeed-tiled mst.
 SURVEY_ARGS ?=
-survey: deps venv
+survey: setup
 	@$(MAKE) --no-print-directory build
 	STREAMBP_PYTHON=$(VENV)/bin/python STREAMBP_CACHE=$(CACHE) $(VENV)/bin/python experiments/survey/survey.py \
 	  --streambp $(BUILD)/streambp $(SURVEY_ARGS)

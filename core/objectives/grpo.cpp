@@ -46,20 +46,33 @@ at::Tensor sum_per_sequence(const at::Tensor& per_position, const at::Tensor& in
   return at::zeros({n}, per_position.options()).index_add_(0, index.reshape({-1}), per_position.reshape({-1}));
 }
 
-// Group-normalised N(0, 1) rewards of `count` completions in groups of `group`: (r - mean) / (std + 1e-4), TRL's
-// scale_rewards=group.
+// Group-normalised N(0, 1) rewards of `count` completions in groups of `group` consecutive ones: (r - mean) /
+// (std + 1e-4), TRL's scale_rewards=group. Packed rows' random lengths rarely give a multiple of the group: the last
+// group then takes the remainder, or joins the one before when the remainder is a single completion (a group of one
+// has no spread); a batch of one packed sequence keeps its raw reward.
 at::Tensor group_advantages(std::int64_t count, std::int64_t group, std::uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const auto rewards = at::normal(0.0, 1.0, {count / group, group}, gen, at::TensorOptions().dtype(at::kDouble));
-  const auto mean = rewards.mean(1, /*keepdim=*/true), std = rewards.std(1, /*unbiased=*/true, /*keepdim=*/true);
-  return ((rewards - mean) / (std + 1e-4)).reshape({count});
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const auto normalised = [](const at::Tensor& r) {  // [groups, size]
+    const auto mean = r.mean(1, /*keepdim=*/true), std = r.std(1, /*unbiased=*/true, /*keepdim=*/true);
+    return (r - mean) / (std + 1e-4);
+  };
+  if (count % group == 0) return normalised(at::normal(0.0, 1.0, {count / group, group}, gen, f64)).reshape({count});
+  const auto rewards = at::normal(0.0, 1.0, {count}, gen, f64);
+  if (count == 1) return rewards;  // one packed sequence in all (maxlen's small T): nothing to normalise within
+  auto full = count / group, rest = count % group;
+  if (rest == 1 && full > 0) --full, rest += group;  // the single last completion joins the group before it
+  std::vector<at::Tensor> parts;
+  if (full > 0) parts.push_back(normalised(rewards.slice(0, 0, full * group).view({full, group})).reshape({-1}));
+  parts.push_back(normalised(rewards.slice(0, full * group).unsqueeze(0)).reshape({-1}));
+  return at::cat(parts);
 }
 
-void check_group(std::int64_t group, std::int64_t count, const char* what) {
+void check_group(std::int64_t group, std::int64_t count, const char* what, bool ragged) {
   if (group < 2)
     throw InputError("grpo: --group must be >= 2 (advantages are normalised within a group; a group of one "
                      "has advantage 0), got " + std::to_string(group));
-  if (count % group != 0)
+  if (!ragged && count % group != 0)
     throw InputError(fmt::format("grpo: {} {} is not a multiple of --group {}", what, count, group));
 }
 
@@ -94,7 +107,7 @@ Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOp
     return packed_grpo_batch(config, o.pack.draw(o.batch_size, o.seq_len, o.seed), o.group, o.seed);
   }
   const auto B = o.batch_size, G = o.group > 0 ? o.group : o.batch_size;
-  check_group(G, B, "--batch");
+  check_group(G, B, "--batch", /*ragged=*/false);
   std::vector<std::int64_t> prompt_of_row(B);
   for (std::int64_t r = 0; r < B; ++r) prompt_of_row[r] = r / G;
   Batch batch = random_completion_batch(config, o, prompt_of_row);
@@ -107,8 +120,8 @@ Batch packed_grpo_batch(const ModelConfig& config, const std::vector<std::vector
   std::int64_t T = 0, n = 0;
   for (const auto L : lengths.at(0)) T += L;
   for (const auto& row : lengths) n += std::int64_t(row.size());
-  const auto G = group > 0 ? group : n;
-  check_group(G, n, "the packed sequences' count");
+  const auto G = group > 0 ? group : std::max<std::int64_t>(n, 2);
+  check_group(G, n, "the packed sequences' count", /*ragged=*/true);
   const auto B = std::int64_t(lengths.size());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   Batch b;

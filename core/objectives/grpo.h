@@ -79,7 +79,8 @@ class GrpoObjective : public Objective {
 // Packed GRPO rows of the given lengths per row (each row's summing to T), seeded: random tokens, each sequence one
 // completion whose prompt is its first round(U·L/2) tokens (at least 1; a sequence of one token has no completion),
 // one advantage per sequence in cu_seqlens order, group-normalised over `group` consecutive sequences (0: all of
-// them; Throws InputError naming --group when it does not divide the sequences' count).
+// them; the last group takes the remainder, a remainder of one joining the group before it; a lone sequence keeps its
+// raw N(0, 1) reward).
 Batch packed_grpo_batch(const ModelConfig& config, const std::vector<std::vector<std::int64_t>>& lengths,
                         std::int64_t group, std::uint64_t seed);
 

@@ -248,10 +248,16 @@ TEST_CASE("packed GRPO input errors name the tensor the row and the position", "
   sbp::RandomBatchOptions o;
   o.batch_size = 2, o.seq_len = 48, o.seed = 3, o.group = 7;
   o.pack = sbp::LengthDistribution::parse("fixed:length=12");  // 8 sequences
-  CHECK_THROWS_WITH(objective.random_batch(config, o),
-                    Catch::Contains("the packed sequences' count 8 is not a multiple of --group 7"));
-  o.group = 4;
-  CHECK(objective.random_batch(config, o).field("advantages").size(0) == 8);
+  // Groups of 7 consecutive sequences: the single eighth joins the first (a group of one has no spread).
+  const auto ragged = objective.random_batch(config, o).field("advantages");
+  REQUIRE(ragged.size(0) == 8);
+  CHECK(std::abs(ragged.sum().item<double>()) < 1e-12);
+  o.group = 3;  // 3 + 3 + 2
+  const auto groups = objective.random_batch(config, o).field("advantages");
+  for (const auto& [s, e] : {std::pair{0, 3}, {3, 6}, {6, 8}})
+    CHECK(std::abs(groups.slice(0, s, e).sum().item<double>()) < 1e-12);
+  o.group = 1;
+  CHECK_THROWS_WITH(objective.random_batch(config, o), Catch::Contains("--group must be >= 2"));
 
   sbp::DpoObjective dpo(sbp::parse_spec("dpo", "objective"));
   auto dpo_batch = batch;

@@ -104,7 +104,7 @@ Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOp
     if (o.batch_size < 1 || o.seq_len < 2) throw InputError("random batch needs B >= 1 and T >= 2");
     if (o.pad_fraction != 0)
       throw InputError("--pad-fraction with --pack: a packed row is filled with sequences, its last one cut to fit");
-    return packed_grpo_batch(config, o.pack.draw(o.batch_size, o.seq_len, o.seed), o.group, o.seed);
+    return packed_grpo_batch(config, o.pack.draw(o.batch_size, o.seq_len, o.seed), o.group, o.seed, o.prompt_fraction);
   }
   const auto B = o.batch_size, G = o.group > 0 ? o.group : o.batch_size;
   check_group(G, B, "--batch", /*ragged=*/false);
@@ -116,7 +116,8 @@ Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOp
 }
 
 Batch packed_grpo_batch(const ModelConfig& config, const std::vector<std::vector<std::int64_t>>& lengths,
-                        std::int64_t group, std::uint64_t seed) {
+                        std::int64_t group, std::uint64_t seed, double prompt_fraction) {
+  if (prompt_fraction < 0 || prompt_fraction >= 1) throw InputError("prompt fraction must be in [0, 1)");
   std::int64_t T = 0, n = 0;
   for (const auto L : lengths.at(0)) T += L;
   for (const auto& row : lengths) n += std::int64_t(row.size());
@@ -134,7 +135,9 @@ Batch packed_grpo_batch(const ModelConfig& config, const std::vector<std::vector
   for (std::int64_t r = 0; r < B; ++r) {
     std::int64_t start = 0;
     for (const auto L : lengths[std::size_t(r)]) {
-      const auto prompt = std::clamp<std::int64_t>(std::llround(u[i++].item<double>() * double(L) / 2), 1, L);
+      const auto share = prompt_fraction > 0 ? prompt_fraction : u[i].item<double>() / 2;
+      ++i;
+      const auto prompt = std::clamp<std::int64_t>(std::llround(share * double(L)), 1, L);
       completion[r].slice(0, start + prompt, start + L).fill_(1);
       start += L;
     }

@@ -77,11 +77,12 @@ class GrpoObjective : public Objective {
 };
 
 // Packed GRPO rows of the given lengths per row (each row's summing to T), seeded: random tokens, each sequence one
-// completion whose prompt is its first round(U·L/2) tokens (at least 1; a sequence of one token has no completion),
+// completion whose prompt is its first round(F·L) tokens, F = prompt_fraction or (0) drawn in [0, 1/2) per sequence
+// (at least 1 token; a sequence of one token has no completion),
 // one advantage per sequence in cu_seqlens order, group-normalised over `group` consecutive sequences (0: all of
 // them; the last group takes the remainder, a remainder of one joining the group before it; a lone sequence keeps its
 // raw N(0, 1) reward).
 Batch packed_grpo_batch(const ModelConfig& config, const std::vector<std::vector<std::int64_t>>& lengths,
-                        std::int64_t group, std::uint64_t seed);
+                        std::int64_t group, std::uint64_t seed, double prompt_fraction = 0.0);
 
 }  // namespace sbp

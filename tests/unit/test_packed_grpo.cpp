@@ -16,6 +16,7 @@
 #include "core/objectives/grpo.h"
 #include "core/objectives/packed_batch.h"
 #include "core/io/spec.h"
+#include "core/model/context_attention.h"
 #include "core/training/ring_exchange.h"
 #include "core/training/sequence_parallel.h"
 #include "core/training/sequence_scheme.h"
@@ -68,6 +69,23 @@ Gate against_padded(sbp::Model& model, const std::string& spec, sbp::Objective& 
 }
 
 std::string worst_name(const Gate& gate) { return gate.gradients.worst() ? gate.gradients.worst()->name : ""; }
+
+// The negative control of the cross-rank reduction: the all-gather's exchange, but each rank keeps the per-sequence
+// statistics of its own positions (no sum over the group), so a sequence across ranks gets a ratio per rank.
+class RankStatisticsExchange final : public sbp::KVExchange {
+ public:
+  explicit RankStatisticsExchange(sbp::SequenceParallel& inner) : inner_(inner) {}
+  const sbp::SequenceShard& shard() const override { return inner_.shard(); }
+  at::Tensor gather(const at::Tensor& local) override { return inner_.gather(local); }
+  at::Tensor scatter_sum(const at::Tensor& whole) override { return inner_.scatter_sum(whole); }
+  void sum_over_group(at::Tensor& values) override {
+    auto copy = values.clone();  // the collective still runs on every rank; its sum is dropped
+    inner_.sum_over_group(copy);
+  }
+
+ private:
+  sbp::SequenceParallel& inner_;
+};
 
 TEST_CASE("every method on packed GRPO rows equals the same completions as padded rows in fp64",
           "[packed][grpo][exactness]") {
@@ -182,8 +200,9 @@ TEST_CASE("the packed GRPO gate fails on a per-row advantage a whole-row ratio a
   }
 }
 
-TEST_CASE("packed GRPO with completions across ranks equals one process in fp64 under both schemes",
-          "[packed][grpo][sequence-parallel][distributed]") {
+TEST_CASE("packed GRPO with completions across ranks equals one process in fp64 under both schemes and fails "
+          "without the group's sum of its sequence statistics",
+          "[packed][grpo][sequence-parallel][distributed][negative-control]") {
   // test_packed_sequence_parallel.cpp's rows: over 2 ranks (zig-zag parts of 12) row 0's [8, 28) begins on rank 0 and
   // goes on over rank 1's parts, [28, 40) begins on rank 1 and ends on rank 0; over 3 ranks [8, 28) and row 1's
   // [0, 30) cross all three. A sequence's ratio sums its log-ratio over every rank holding it: each rank's [n]
@@ -224,6 +243,26 @@ TEST_CASE("packed GRPO with completions across ranks equals one process in fp64 
         }
   }
   WARN("packed GRPO over 2 and 3 ranks, both schemes: largest relative difference " << worst);
+
+  // Without the group's sum each rank's sequence ratio is its own positions' (row 0's [8, 28) and [28, 40) straddle
+  // both ranks): far from one process, through the whole-sequence head and StreamBP's streamed one alike.
+  auto objective = grpo("grpo:loss_type=grpo,importance=sequence");
+  auto batch = sbp::packed_grpo_batch(reference_model.config(), lengths, 2, 60);
+  objective.add_synthetic_logps(batch, sbp::sequence_logps(reference_model, batch, 1.0), 60, false);
+  const auto reference = run_step(reference_model, "standard", objective, batch);
+  for (const std::string method : {"standard", "streambp:layer_chunk=5,head_chunk=7"}) {
+    std::vector<double> errors(2, 0.0);
+    sbp::test::run_gloo_ranks(2, [&](sbp::Communicator& comm) {
+      sbp::Model model(sbp::test::tiny_config(), at::kDouble, 58);
+      sbp::SequenceParallel sp(comm, T);
+      RankStatisticsExchange faulty(sp);
+      model.set_kv_source(&faulty);
+      auto gr = grpo("grpo:loss_type=grpo,importance=sequence");
+      errors[std::size_t(comm.rank())] = sbp::test::group_sum_error(comm, run_step(model, method, gr, batch), reference);
+    });
+    INFO(method << ": statistics of each rank's own positions, largest relative difference " << errors[0]);
+    CHECK(errors[0] > 1e-6);
+  }
 }
 
 TEST_CASE("packed GRPO input errors name the tensor the row and the position", "[packed][grpo][input]") {

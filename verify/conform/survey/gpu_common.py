@@ -85,17 +85,18 @@ def split_flags(argv, known):
     return [a for a in argv if a in known], [a for a in argv if a not in known]
 
 
-def main(argv, usage, flags, device_fn, prepare, loss_fn, load=None):
+def main(argv, usage, flags, device_fn, prepare, loss_fn, load=None, packs=False):
     """[--gradient-checkpointing] [FLAGS] CASE_DIR. device_fn() -> device (or CaseError, before anything loads);
     prepare(case, model, flags) -> model after protocol.load_model (library patches); loss_fn(model, case, flags)
-    -> scalar. A library with a loader of its own passes load(case, flags) -> (model, trainable) instead."""
+    -> scalar. A library with a loader of its own passes load(case, flags) -> (model, trainable) instead. `packs`:
+    loss_fn keeps packed sequences apart (losses.forward_logits does); otherwise packed cases are N/A."""
     given, args = split_flags(argv, set(flags) | {"--gradient-checkpointing"})
     if len(args) != 1 or args[0].startswith("-"):
         print(usage, file=sys.stderr)
         return 2
     try:
         device = device_fn()
-        case = protocol.read_case(args[0])
+        case = protocol.read_case(args[0], packs=packs)
         if getattr(case, "ranks", 1) != 1:
             raise NotExpressible(f"{case.ranks} ranks: this adapter runs one process")
         if case.objective["name"] != "sft":

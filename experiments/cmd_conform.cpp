@@ -472,7 +472,15 @@ void ConformRun::record_verdict(const ConformCase& c, const Objective& objective
                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl_,
                judged_against, run.provenance.python, run.provenance.torch_version, base_run.provenance.python,
                base_run.provenance.torch_version}});
-  const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
+  // A packed case's usual mistakes (docs/packing.md), each shown by tests/support/conform_packing_faults.py.
+  const auto packed_words = compared && !c.pack_lengths.empty()
+                                ? std::string("; a packed case: usually attention across a sequence boundary (a mask "
+                                              "from attention_mask alone, position_ids ignored), positions not "
+                                              "restarted per sequence (about 1e-7 in fp64: RoPE's larger angles "
+                                              "rounded), or a sequence's first label kept")
+                                : std::string();
+  const auto words =
+      pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words + packed_words;
   const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                 pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
                                 compared ? verdict.worst_tensor : "-", run.wall_seconds,

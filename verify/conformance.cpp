@@ -122,8 +122,8 @@ std::vector<ConformCase> quick_cases() {
 // A pull request's matrix (issue #47): quick's cases a CI cannot skip, ~1 minute for HF on 2 cores. T = 37 runs
 // several tiles of the suggested chunks (3 layer, 5 head, the last short) over a ragged batch; fp64 at 1e-10 for each
 // objective, both model families and tied/untied heads; LoRA; one low-precision case (bf16: the rule runs the
-// baseline too); one micro-batch step. Left to quick/full: T = 2, fp32, the sequence-parallel cases, the other GRPO
-// loss types and importance levels, temperature, the architecture grid, LoRA per objective.
+// baseline too); one micro-batch step; one packed case. Left to quick/full: T = 2, fp32, the sequence-parallel
+// cases, the other GRPO loss types and importance levels, temperature, the architecture grid, LoRA per objective.
 std::vector<ConformCase> ci_cases() {
   std::vector<ConformCase> out;
   for (auto& c : quick_cases())

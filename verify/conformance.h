@@ -63,7 +63,7 @@ std::vector<Batch> micro_batch_split(const ConformCase& c, const Batch& batch);
 // when they agree, else what is wrong (missing, not an integer, another count).
 std::string result_micro_batches_problem(const std::string& text, std::size_t expected);
 
-// "ci" (7 of quick's cases: a pull request's minute for HF), "quick" (a few seconds of harness work, every kind of
+// "ci" (8 of quick's cases: a pull request's minute for HF), "quick" (a few seconds of harness work, every kind of
 // case once), "full" (the whole matrix), "survey" (sequences
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
 // ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import protocol  # noqa: E402
+import packed_rows  # noqa: E402
 import trainer_step  # noqa: E402
 from protocol import CaseError, NotExpressible  # noqa: E402
 
@@ -55,28 +56,6 @@ def apply_liger(model):
     apply(model=model, rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
 
 
-def flattened_sequences(case):
-    """The case's sequences as DataCollatorWithFlattening's features, row after row, each cut out at its boundaries
-    (cu_seqlens over the flattened rows), and the micro-batches as lists of their indices (a micro-batch: the
-    sequences of its rows, in order). A ragged row's padding, the segment after its sequences, is left out."""
-    bounds = set(case.cu_seqlens.tolist())
-    T = case.batch["input_ids"].size(1)
-    ids, labels = case.batch["input_ids"].reshape(-1), case.batch["labels"].reshape(-1)
-    features, of_row = [], []
-    for row, lengths in enumerate(case.sequences):
-        start, mine = row * T, []
-        for length in lengths:
-            if start not in bounds or start + length not in bounds:
-                raise CaseError(f"row {row}: case.json's sequences do not match cu_seqlens at token {start}")
-            mine.append(len(features))
-            features.append({"input_ids": ids[start:start + length].tolist(),
-                             "labels": labels[start:start + length].tolist()})
-            start += length
-        of_row.append(mine)
-    micro = case.micro_batches or [list(range(len(case.sequences)))]
-    return features, [[i for r in rows for i in of_row[r]] for rows in micro]
-
-
 def run(case, liger, flatten):
     import torch
     import transformers
@@ -89,7 +68,7 @@ def run(case, liger, flatten):
     if liger:
         apply_liger(model)
     if flatten:
-        rows, micro = flattened_sequences(case)
+        rows, micro = packed_rows.sequences(case)  # each row's sequences, its padding left out
         collate = transformers.DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
     else:
         rows = [{k: v[r] for k, v in case.batch.items() if k in ("input_ids", "attention_mask", "labels")}

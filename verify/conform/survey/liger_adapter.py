@@ -113,6 +113,8 @@ def load_rope_only(case, flags):
         raise CaseError(f"{' and '.join(FLAGS)} exclude each other")
     if "--gradient-checkpointing" in flags:
         raise CaseError("--rope-only runs without checkpointing")
+    if case.lora:
+        raise NotExpressible("--rope-only runs full fine-tuning (the RoPE kernel alone on HF's model)")
     model = trainer_step.load_pinned_model(case)
     if case.dtype == torch.float64:
         fp64_exact(model)
@@ -129,7 +131,7 @@ def rope_only_loss(model, case):
 
     b = case.batch
     step = case.union if case.union is not None else b
-    if getattr(case, "packed", False):
+    if case.packed:
         inputs = {"position_ids": b["position_ids"], "attention_mask": packed_rows.block_mask(case, case.dtype)}
     else:
         inputs = {"attention_mask": b["attention_mask"]}

@@ -3,25 +3,20 @@ gives TRL the sequences and lets its own collator pack them), or kept packed wit
 transformers that predates packing detection from position_ids (liger_adapter.py --rope-only).
 
 A packed row (docs/packing.md): sequences back to back, position_ids restarting at 0 at each one's first token,
-attention_mask 1 on every sequence's tokens and 0 on the padding after the row's last one (a ragged last pack)."""
+attention_mask 1 on every sequence's tokens and 0 on the padding after the row's last one (a ragged last pack); the
+package's Case gives each row's sequence lengths (Case.sequences) and the boundaries in both forms."""
 from protocol import CaseError
 
 
 def spans(case):
-    """Per row, the [start, end) of each of its sequences, from position_ids' restarts inside attention_mask."""
-    b = case.batch
-    if "position_ids" not in b:
-        raise CaseError("a packed case without position_ids in batch.safetensors")
+    """Per row, the [start, end) of each of its sequences (Case.sequences: the package checks them against
+    position_ids and cu_seqlens; a ragged row's padding is in none)."""
+    if not getattr(case, "packed", False):
+        raise CaseError("not a packed case (case.json has no packed: true)")
     out = []
-    for r in range(b["input_ids"].size(0)):
-        n = int(b["attention_mask"][r].sum())
-        if not b["attention_mask"][r][:n].all():
-            raise CaseError(f"row {r}: padding between packed sequences (attention_mask 0 before position {n})")
-        positions = b["position_ids"][r][:n].tolist()
-        starts = [t for t in range(n) if positions[t] == 0]
-        if n and starts[:1] != [0]:
-            raise CaseError(f"row {r}: position_ids[0] is {positions[0]}, a packed row starts a sequence at 0")
-        out.append(list(zip(starts, starts[1:] + [n])))
+    for lengths in case.sequences:
+        ends = [sum(lengths[:i + 1]) for i in range(len(lengths))]
+        out.append(list(zip([0] + ends[:-1], ends)))
     return out
 
 
@@ -33,11 +28,12 @@ def is_language_modeling(case, row_spans):
                for r, row in enumerate(row_spans) for s, e in row)
 
 
-def sequences(case):
-    """The case's sequences one per dataset row ({"input_ids"} in the language-modeling form, else with "labels"),
-    and each packed row's sequence indices (a micro-batch of packs is the micro-batch of their sequences)."""
+def sequences(case, language_modeling_form=False):
+    """The case's sequences one per dataset row, row after row ({"input_ids", "labels"}; with
+    `language_modeling_form`, input_ids alone where is_language_modeling holds), and the case's micro-batches as lists
+    of their indices (a micro-batch of packs is the micro-batch of their sequences, in order)."""
     row_spans = spans(case)
-    lm = is_language_modeling(case, row_spans)
+    lm = language_modeling_form and is_language_modeling(case, row_spans)
     ids, labels = case.batch["input_ids"], case.batch["labels"]
     rows, of_pack = [], []
     for r, row in enumerate(row_spans):
@@ -46,7 +42,8 @@ def sequences(case):
             of_pack[-1].append(len(rows))
             rows.append({"input_ids": ids[r][s:e].tolist()} if lm else
                         {"input_ids": ids[r][s:e].tolist(), "labels": labels[r][s:e].tolist()})
-    return rows, of_pack
+    micro = case.micro_batches or [list(range(len(row_spans)))]
+    return rows, [[i for r in m for i in of_pack[r]] for m in micro]
 
 
 def block_mask(case, dtype):

@@ -40,18 +40,16 @@ USAGE = "Usage: trl_sft.py [--padding-free] CASE_DIR"
 
 def dataset_rows(case):
     """The dataset's rows and the micro-batches of indices into them (one per micro-batch of the case)."""
+    if case.packed:
+        return packed_rows.sequences(case, language_modeling_form=True)
     b = case.batch
-    micro = case.micro_batches or [list(range(b["input_ids"].size(0)))]
-    if getattr(case, "packed", False):
-        rows, of_pack = packed_rows.sequences(case)
-        return rows, [[i for r in m for i in of_pack[r]] for m in micro]
     rows = []
     for r in range(b["input_ids"].size(0)):
         n = int(b["attention_mask"][r].sum())
         if not b["attention_mask"][r][:n].all():
             raise CaseError(f"sft: row {r} is not right-padded")
         rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
-    return rows, micro
+    return rows, case.micro_batches or [list(range(len(rows)))]
 
 
 def run(case, padding_free):

@@ -1,0 +1,291 @@
+"""Whole GRPO steps: TRL's own GRPOTrainer.train() (the pinned trl, 1.16.0) against our RL step oracle
+(`streambp rl-step`, verify/rl_step_oracle.h, docs/rl-steps.md), in fp64, on hand-made tiny cases.
+
+TRL runs its own code from the generation batch to the optimizer: left-padding, masking after the first EOS, the
+rewards' weights, the advantages (scale_rewards), the micro-batches (steps_per_generation, gradient accumulation,
+num_iterations, its shuffle), old log-probs, the clipped objective, the KL term and each loss_type's normaliser. Only
+these are replaced, and nothing else:
+  - generation: the model's `generate` returns the case's raw completions (tokens after the EOS included, so that
+    TRL's own mask must drop them), appended to TRL's left-padded prompts;
+  - the reward models: one function per reward column, returning the case's value for (prompt, completion);
+  - the fused LM head (fp32 tiles inside, trl_oracle.py) by TRL's own unfused selective_log_softmax_and_entropy on
+    the fp64 logits, behind the same call contract, so that the comparison can be exact;
+  - the positions: HF's Qwen3 makes its RoPE table in fp32, so a left-padded row whose positions start at its pads
+    (TRL passes no position_ids) differs from the unpadded sequence by rounding alone (5e-8 normwise on these cases,
+    measured); the head passes each row the positions of its unpadded sequence (cumsum(attention_mask) - 1), which
+    RoPE's invariance to a shift makes the same function in exact arithmetic;
+  - the optimizer: plain SGD at a constant learning rate, no clipping (max_grad_norm 0);
+  - torch's default dtype is fp64 while TRL runs: TRL builds its reward table with it (fp32 by default), and the
+    cases' rewards and weights are exact in fp32, so nothing is rounded.
+TRL shuffles the generation batch before cutting it into micro-batches: the script records TRL's permutation and
+hands it to our oracle as the case's micro_batches. The gradient TRL's optimizer receives at every optimizer step
+must equal ours (normwise <= 1e-10 per tensor), and TRL's advantages and completion mask ours.
+
+Negative control (CTest rl_step_parity_fault): STREAMBP_RL_FAULT scales the gradient TRL handed the optimizer at its
+last step, and the script must fail naming that step and a tensor.
+
+Usage: python tests/oracle/rl_step_parity.py BUILD/streambp
+"""
+# ctest-fault: rl_step_parity_fault STREAMBP_RL_FAULT=1e-6 FAIL: .*step [0-9]+ gradient .*normwise
+# ctest-cost: 40
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+try:
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from trl import GRPOConfig, GRPOTrainer
+    import trl.trainer.grpo_trainer as grpo_module
+    from trl.trainer.utils import FusedCausalLMOutput, selective_log_softmax_and_entropy
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+except ImportError as e:  # an oracle that cannot run fails: a CI without its oracles is not green
+    print(f"FAIL: missing oracle dependency: {e} (make installs transformers and trl into the venv)")
+    sys.exit(1)
+
+from hf_parity import patch_rms_norms  # noqa: E402
+from parity_metrics import normwise_error  # noqa: E402
+
+GRAD_RTOL, ADV_RTOL = 1e-10, 1e-12
+EOS, PAD, UNK = 1, 0, 2
+FAILURES = []
+
+# Two prompts of uneven lengths, two completions each (TRL's row order: a prompt's completions are consecutive):
+# one stops at an EOS and generates on (TRL must mask the tail), one is truncated at max_completion_length, one is a
+# lone EOS. Rewards of two functions, exact in fp32.
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12]]
+COMPLETIONS = [[7, 9, EOS, 4, 4], [11, 12, 13, 14, 15], [EOS, 30, 31], [21, EOS]]
+REWARDS = [[1.0, 0.5], [0.0, 1.0], [0.25, 0.0], [2.0, 0.5]]
+MAX_COMPLETION = 5
+
+# The settings of each case, in GRPOConfig's names (reward_weights, learning_rate: SGD's). Each reaches a different
+# part of the step: accumulation of two micro-batches in one optimizer step; two optimizer steps of one generation
+# batch (old log-probs from generation time); two iterations over it; masked truncated completions.
+CASES = [
+    dict(loss_type="dapo", scale_rewards="group", beta=0.04, temperature=0.9, per_device_train_batch_size=2,
+         gradient_accumulation_steps=2, reward_weights=[1.0, 0.5]),
+    dict(loss_type="grpo", scale_rewards="batch", beta=0.0, per_device_train_batch_size=2,
+         gradient_accumulation_steps=1, steps_per_generation=2, learning_rate=0.02, reward_weights=[1.0, 0.5]),
+    dict(loss_type="bnpo", scale_rewards="none", beta=0.04, importance_sampling_level="sequence", epsilon_high=0.28,
+         per_device_train_batch_size=4, gradient_accumulation_steps=1, num_iterations=2, learning_rate=0.02,
+         reward_weights=[0.5, 2.0]),
+    dict(loss_type="dr_grpo", scale_rewards=True, beta=0.0, mask_truncated_completions=True,
+         per_device_train_batch_size=2, gradient_accumulation_steps=2, reward_weights=[1.0, 1.0]),
+]
+
+
+def fail(msg):
+    FAILURES.append(msg)
+    print("FAIL:", msg)
+
+
+def tokenizer(vocab_size):
+    """A word-level tokenizer whose token i is the word "w{i}" (the special ones have names that are no prefix of a
+    word: TRL's tokenizer matches special tokens inside words): prompts are written as text and read back exactly."""
+    vocab = {word(i): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=word(UNK)))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=word(PAD), eos_token=word(EOS),
+                                                unk_token=word(UNK))
+
+
+def word(i):
+    return {PAD: "<pad>", EOS: "<eos>", UNK: "<unk>"}.get(i, f"w{i}")
+
+
+def text(ids):
+    return " ".join(word(i) for i in ids)
+
+
+class Record:
+    """What TRL did, in its own order: the case row of each generation row, its permutation of the generation batch,
+    the advantages and completion mask it computed, and the gradient its optimizer received at each step."""
+
+    def __init__(self):
+        self.rows, self.permutation, self.advantages, self.mask, self.gradients = [], None, None, None, []
+
+
+def generate_stand_in(record, G):
+    """The model's `generate`: TRL's left-padded prompts followed by the case's raw completions, padded with PAD."""
+    def generate(input_ids, attention_mask, **kwargs):
+        seen = {}
+        outputs = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            prompt = [t for t, m in zip(ids, mask) if m]
+            p = PROMPTS.index(prompt)
+            row = p * G + seen.get(p, 0)
+            seen[p] = seen.get(p, 0) + 1
+            record.rows.append(row)
+            outputs.append(COMPLETIONS[row])
+        width = max(len(c) for c in outputs)
+        tail = torch.tensor([c + [PAD] * (width - len(c)) for c in outputs], dtype=input_ids.dtype)
+        return torch.cat([input_ids, tail], dim=1)
+    return generate
+
+
+def reward_functions(G, columns):
+    kept = {}
+    for r, raw in enumerate(COMPLETIONS):
+        n = raw.index(EOS) + 1 if EOS in raw else len(raw)
+        kept[(text(PROMPTS[r // G]), tuple(raw[:n]))] = REWARDS[r]
+
+    def column(f):
+        def reward(prompts, completions, completion_ids, **kwargs):
+            return [kept[(p, tuple(ids))][f] for p, ids in zip(prompts, completion_ids)]
+        reward.__name__ = f"reward_{f}"
+        return reward
+    return [column(f) for f in range(columns)]
+
+
+def fp64_head(model, temperature):
+    """TRL's fused-head call contract with TRL's unfused fp64 log-softmax (see the module docstring)."""
+    forward = type(model).forward
+
+    def head(*args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        if not fused_lm_head:
+            return forward(model, *args, **({"labels": labels} if labels is not None else {}), **kwargs)
+        kwargs.pop("use_cache", None)
+        if kwargs.get("position_ids") is None and kwargs.get("attention_mask") is not None:  # see the docstring
+            kwargs["position_ids"] = (kwargs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        logits = forward(model, *args, use_cache=False, **kwargs).logits[:, :-1]
+        shifted = labels[:, 1:]
+        mask = shifted != -100
+        log_probs, entropy = selective_log_softmax_and_entropy(
+            logits, shifted.clamp(min=0), entropy_requires_grad=False, temperature=temperature, row_mask=mask)
+        head.calls += 1
+        return FusedCausalLMOutput(log_probs=log_probs, entropy=entropy, label_mask=mask)
+    head.calls = 0
+    return head
+
+
+class Capture(transformers.TrainerCallback):
+    def __init__(self, model, record):
+        self.model, self.record = model, record
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.record.gradients.append({n: p.grad.detach().clone() for n, p in self.model.named_parameters()})
+
+
+def run_trl(model_dir, settings, work):
+    G = 2
+    record = Record()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, PAD
+    model.generate = generate_stand_in(record, G)
+    spg = settings.get("steps_per_generation") or settings["gradient_accumulation_steps"]
+    steps = spg * settings.get("num_iterations", 1) // settings["gradient_accumulation_steps"]
+    lr = settings.get("learning_rate", 0.0)
+    config = GRPOConfig(
+        output_dir=str(work / "trl"), report_to=[], use_cpu=True, save_strategy="no", logging_steps=1000,
+        num_generations=G, max_completion_length=MAX_COMPLETION, use_bias_correction_kl=False, max_steps=steps, max_grad_norm=0.0, seed=3,
+        **{k: v for k, v in settings.items() if k != "learning_rate"})
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    dataset = Dataset.from_dict({"prompt": [text(p) for p in PROMPTS]})
+    trainer = GRPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer(model.config.vocab_size),
+                          reward_funcs=reward_functions(G, len(REWARDS[0])), optimizers=(optimizer, schedule),
+                          callbacks=[Capture(model, record)])
+    model.forward = fp64_head(model, config.temperature)  # after TRL installed its fused head
+    if trainer.ref_model is not None:
+        trainer.ref_model.to(torch.float64)
+        trainer.ref_model.forward = fp64_head(trainer.ref_model, config.temperature)
+
+    shuffle, score = grpo_module.shuffle_sequence_dict, trainer._generate_and_score_completions
+
+    def recording_shuffle(d):  # TRL's own shuffle, its permutation read back from the indices it moved
+        d = dict(d, _row=torch.arange(len(record.rows)))
+        out = shuffle(d)
+        record.permutation = out.pop("_row").tolist()
+        return out
+
+    def recording_score(inputs):
+        out = score(inputs)
+        record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
+        return out
+    grpo_module.shuffle_sequence_dict, trainer._generate_and_score_completions = recording_shuffle, recording_score
+    torch.set_default_dtype(torch.float64)
+    try:
+        trainer.train()
+    finally:
+        torch.set_default_dtype(torch.float32)
+        grpo_module.shuffle_sequence_dict = shuffle
+    return record, steps, spg
+
+
+def oracle_case(settings, record, spg):
+    """The case file for our oracle, with TRL's micro-batches translated to case rows."""
+    s = dict(settings, use_bias_correction_kl=False, num_generations=2, max_completion_length=MAX_COMPLETION, eos_token_id=EOS, pad_token_id=PAD)
+    B = settings["per_device_train_batch_size"]
+    order = [record.rows[i] for i in record.permutation]
+    micro = [order[k * B:(k + 1) * B] for k in range(spg)]
+    return {"prompts": PROMPTS, "completions": COMPLETIONS, "rewards": REWARDS, "micro_batches": micro, "settings": s}
+
+
+def compare(i, settings, record, steps, ours):
+    what = f"case {i} ({settings['loss_type']}, scale_rewards={settings['scale_rewards']})"
+    failures_before = len(FAILURES)
+    trl_rows = torch.tensor(record.rows)
+    adv_ours = ours["advantages"][trl_rows]
+    err = ((record.advantages - adv_ours).abs().max() / adv_ours.abs().max()).item()
+    if not err <= ADV_RTOL:
+        fail(f"{what}: advantages differ from TRL's by {err:.3e}")
+    mask_ours = ours["completion_mask"][trl_rows][:, :record.mask.shape[1]]
+    if not torch.equal(record.mask.to(mask_ours.dtype), mask_ours):
+        fail(f"{what}: completion_mask differs from TRL's")
+    if len(record.gradients) != steps:
+        fail(f"{what}: TRL took {len(record.gradients)} optimizer steps, the case has {steps}")
+    eps = os.environ.get("STREAMBP_RL_FAULT")
+    if eps and record.gradients:  # the negative control: one step's gradients off by 1 + eps
+        record.gradients[-1] = {n: g * (1 + float(eps)) for n, g in record.gradients[-1].items()}
+    worst, worst_at = 0.0, "-"
+    for k, grads in enumerate(record.gradients, start=1):
+        for name, g in grads.items():
+            key = f"step{k}/{name}"
+            e = normwise_error(g, ours[key]) if key in ours else float("inf")
+            if not e <= GRAD_RTOL:
+                fail(f"{what}: step {k} gradient {name}: normwise {e:.3e} against the oracle")
+            if not e <= worst:
+                worst, worst_at = e, f"step {k} {name}"
+    print(f"{'ok' if len(FAILURES) == failures_before else 'FAIL'}: {what}: {steps} optimizer step(s), advantages rel {err:.1e}, largest "
+          f"gradient error {worst:.2e} ({worst_at})")
+
+
+def main():
+    binary = sys.argv[1]
+    patch_rms_norms()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    print(f"transformers {transformers.__version__}, trl {trl.__version__}, torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_dir = work / "model"
+        p = subprocess.run([binary, "run", "--preset", "tiny", "--method", "standard", "--seq", "8", "--seed", "5",
+                            "--dtype", "fp64", "--save-model", model_dir], capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"FAIL: streambp run: exit {p.returncode}\n{p.stdout}{p.stderr}")
+            return 1
+        for i, settings in enumerate(CASES):
+            record, steps, spg = run_trl(model_dir, settings, work / f"case{i}")
+            case_file, out = work / f"case{i}.json", work / f"case{i}.safetensors"
+            case_file.write_text(json.dumps(oracle_case(settings, record, spg)))
+            p = subprocess.run([binary, "rl-step", "--load", model_dir, "--case", case_file, "--out", out],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                fail(f"case {i}: streambp rl-step: exit {p.returncode}\n{p.stdout}{p.stderr}")
+                continue
+            compare(i, settings, record, steps, load_file(str(out)))
+    print(f"{'FAILED' if FAILURES else 'passed'}: {len(FAILURES)} failure(s)")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """Whole GRPO steps: TRL's own GRPOTrainer.train() (the pinned trl, 1.16.0) against our RL step oracle
 (`streambp rl-step`, verify/rl_step_oracle.h, docs/rl-steps.md), in fp64, on hand-made tiny cases.
 
-TRL runs its own code from the generation batch to the optimizer: left-padding, masking after the first EOS, the
+The adapter's side is the package's (verify/conform/streambp_conform/rl.py); this script is its complete example on
+TRL. TRL runs its own code from the generation batch to the optimizer: left-padding, masking after the first EOS, the
 rewards' weights, the advantages (scale_rewards), the micro-batches (steps_per_generation, gradient accumulation,
 num_iterations, its shuffle), old log-probs, the clipped objective, the KL term and each loss_type's normaliser. Only
 these are replaced, and nothing else:
@@ -45,8 +46,9 @@ try:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from trl import GRPOConfig, GRPOTrainer
     import trl.trainer.grpo_trainer as grpo_module
-    from trl.trainer.utils import FusedCausalLMOutput, selective_log_softmax_and_entropy
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verify" / "conform"))
+    from streambp_conform import rl
 except ImportError as e:  # an oracle that cannot run fails: a CI without its oracles is not green
     print(f"FAIL: missing oracle dependency: {e} (make installs transformers and trl into the venv)")
     sys.exit(1)
@@ -105,128 +107,51 @@ def text(ids):
     return " ".join(word(i) for i in ids)
 
 
-class Record:
-    """What TRL did, in its own order: the case row of each generation row, its permutation of the generation batch,
-    the advantages and completion mask it computed, and the gradient its optimizer received at each step."""
-
-    def __init__(self):
-        self.rows, self.permutation, self.advantages, self.mask, self.gradients = [], None, None, None, []
-
-
-def generate_stand_in(record, G):
-    """The model's `generate`: TRL's left-padded prompts followed by the case's raw completions, padded with PAD."""
-    def generate(input_ids, attention_mask, **kwargs):
-        seen = {}
-        outputs = []
-        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
-            prompt = [t for t, m in zip(ids, mask) if m]
-            p = PROMPTS.index(prompt)
-            row = p * G + seen.get(p, 0)
-            seen[p] = seen.get(p, 0) + 1
-            record.rows.append(row)
-            outputs.append(COMPLETIONS[row])
-        width = max(len(c) for c in outputs)
-        tail = torch.tensor([c + [PAD] * (width - len(c)) for c in outputs], dtype=input_ids.dtype)
-        return torch.cat([input_ids, tail], dim=1)
-    return generate
+def base_case(settings):
+    """The case file's content before TRL runs: its settings in GRPOConfig's names, plus what the oracle needs."""
+    s = dict(settings, use_bias_correction_kl=False, num_generations=2, max_completion_length=MAX_COMPLETION,
+             eos_token_id=EOS, pad_token_id=PAD)
+    return rl.RlCase(PROMPTS, COMPLETIONS, REWARDS, s)
 
 
-def reward_functions(G, columns):
-    kept = {}
-    for r, raw in enumerate(COMPLETIONS):
-        n = raw.index(EOS) + 1 if EOS in raw else len(raw)
-        kept[(text(PROMPTS[r // G]), tuple(raw[:n]))] = REWARDS[r]
-
-    def column(f):
-        def reward(prompts, completions, completion_ids, **kwargs):
-            return [kept[(p, tuple(ids))][f] for p, ids in zip(prompts, completion_ids)]
-        reward.__name__ = f"reward_{f}"
-        return reward
-    return [column(f) for f in range(columns)]
-
-
-def fp64_head(model, temperature):
-    """TRL's fused-head call contract with TRL's unfused fp64 log-softmax (see the module docstring)."""
-    forward = type(model).forward
-
-    def head(*args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if not fused_lm_head:
-            return forward(model, *args, **({"labels": labels} if labels is not None else {}), **kwargs)
-        kwargs.pop("use_cache", None)
-        if kwargs.get("position_ids") is None and kwargs.get("attention_mask") is not None:  # see the docstring
-            kwargs["position_ids"] = (kwargs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-        logits = forward(model, *args, use_cache=False, **kwargs).logits[:, :-1]
-        shifted = labels[:, 1:]
-        mask = shifted != -100
-        log_probs, entropy = selective_log_softmax_and_entropy(
-            logits, shifted.clamp(min=0), entropy_requires_grad=False, temperature=temperature, row_mask=mask)
-        head.calls += 1
-        return FusedCausalLMOutput(log_probs=log_probs, entropy=entropy, label_mask=mask)
-    head.calls = 0
-    return head
-
-
-class Capture(transformers.TrainerCallback):
-    def __init__(self, model, record):
-        self.model, self.record = model, record
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.record.gradients.append({n: p.grad.detach().clone() for n, p in self.model.named_parameters()})
-
-
-def run_trl(model_dir, settings, work):
-    G = 2
-    record = Record()
+def run_trl(model_dir, case, work):
+    """TRL's GRPOTrainer.train() on the case, through streambp_conform.rl (the adapter's side of docs/rl-steps.md)."""
+    s = case.settings
+    record = rl.Record()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, PAD
-    model.generate = generate_stand_in(record, G)
-    spg = settings.get("steps_per_generation") or settings["gradient_accumulation_steps"]
-    steps = spg * settings.get("num_iterations", 1) // settings["gradient_accumulation_steps"]
-    lr = settings.get("learning_rate", 0.0)
-    config = GRPOConfig(
-        output_dir=str(work / "trl"), report_to=[], use_cpu=True, save_strategy="no", logging_steps=1000,
-        num_generations=G, max_completion_length=MAX_COMPLETION, use_bias_correction_kl=False, max_steps=steps, max_grad_norm=0.0, seed=3,
-        **{k: v for k, v in settings.items() if k != "learning_rate"})
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model.generate = rl.generate_stand_in(case, record)
+    spg = s.get("steps_per_generation") or s["gradient_accumulation_steps"]
+    steps = spg * s.get("num_iterations", 1) // s["gradient_accumulation_steps"]
+    oracle_only = ("learning_rate", "eos_token_id", "pad_token_id")
+    config = GRPOConfig(output_dir=str(work / "trl"), report_to=[], use_cpu=True, save_strategy="no",
+                        logging_steps=1000, max_steps=steps, max_grad_norm=0.0, seed=3,
+                        **{k: v for k, v in s.items() if k not in oracle_only})
+    optimizer = torch.optim.SGD(model.parameters(), lr=s.get("learning_rate", 0.0))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     dataset = Dataset.from_dict({"prompt": [text(p) for p in PROMPTS]})
-    trainer = GRPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer(model.config.vocab_size),
-                          reward_funcs=reward_functions(G, len(REWARDS[0])), optimizers=(optimizer, schedule),
-                          callbacks=[Capture(model, record)])
-    model.forward = fp64_head(model, config.temperature)  # after TRL installed its fused head
+    trainer = GRPOTrainer(model=model, args=config, train_dataset=dataset,
+                          processing_class=tokenizer(model.config.vocab_size),
+                          reward_funcs=rl.reward_functions(case, text), optimizers=(optimizer, schedule),
+                          callbacks=[rl.optimizer_gradients(model, record)])
+    model.forward = rl.trl_fp64_head(model, config.temperature)  # after TRL installed its fused head
     if trainer.ref_model is not None:
-        trainer.ref_model.to(torch.float64)
-        trainer.ref_model.forward = fp64_head(trainer.ref_model, config.temperature)
+        trainer.ref_model.forward = rl.trl_fp64_head(trainer.ref_model, config.temperature)
 
-    shuffle, score = grpo_module.shuffle_sequence_dict, trainer._generate_and_score_completions
+    score = trainer._generate_and_score_completions
 
-    def recording_shuffle(d):  # TRL's own shuffle, its permutation read back from the indices it moved
-        d = dict(d, _row=torch.arange(len(record.rows)))
-        out = shuffle(d)
-        record.permutation = out.pop("_row").tolist()
-        return out
-
-    def recording_score(inputs):
+    def recording_score(inputs):  # TRL's advantages and completion mask, for the comparison of those stages
         out = score(inputs)
         record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
         return out
-    grpo_module.shuffle_sequence_dict, trainer._generate_and_score_completions = recording_shuffle, recording_score
+    trainer._generate_and_score_completions = recording_score
     torch.set_default_dtype(torch.float64)
     try:
-        trainer.train()
+        with rl.recorded_shuffle(grpo_module, record):
+            trainer.train()
     finally:
         torch.set_default_dtype(torch.float32)
-        grpo_module.shuffle_sequence_dict = shuffle
-    return record, steps, spg
-
-
-def oracle_case(settings, record, spg):
-    """The case file for our oracle, with TRL's micro-batches translated to case rows."""
-    s = dict(settings, use_bias_correction_kl=False, num_generations=2, max_completion_length=MAX_COMPLETION, eos_token_id=EOS, pad_token_id=PAD)
-    B = settings["per_device_train_batch_size"]
-    order = [record.rows[i] for i in record.permutation]
-    micro = [order[k * B:(k + 1) * B] for k in range(spg)]
-    return {"prompts": PROMPTS, "completions": COMPLETIONS, "rewards": REWARDS, "micro_batches": micro, "settings": s}
+    return record, steps
 
 
 def compare(i, settings, record, steps, ours):
@@ -274,9 +199,10 @@ def main():
             print(f"FAIL: streambp run: exit {p.returncode}\n{p.stdout}{p.stderr}")
             return 1
         for i, settings in enumerate(CASES):
-            record, steps, spg = run_trl(model_dir, settings, work / f"case{i}")
+            case = base_case(settings)
+            record, steps = run_trl(model_dir, case, work / f"case{i}")
             case_file, out = work / f"case{i}.json", work / f"case{i}.safetensors"
-            case_file.write_text(json.dumps(oracle_case(settings, record, spg)))
+            case_file.write_text(json.dumps(rl.with_micro_batches(case, record).to_json()))
             p = subprocess.run([binary, "rl-step", "--load", model_dir, "--case", case_file, "--out", out],
                                capture_output=True, text=True)
             if p.returncode != 0:

@@ -218,3 +218,19 @@ TEST_CASE("rl step: each planted bug fails naming a tensor", "[rl-step]") {
   CHECK_THAT(first_problem(expected_twice, run(twice, old_logps_from_current_pass_stages())),
              Catch::StartsWith("step 2 gradient"));
 }
+
+TEST_CASE("rl step: StreamBP gives the oracle's step", "[rl-step]") {
+  // The whole step through StreamBP (head and layers in chunks that cut the rows, sequence importance's statistics
+  // pass included) equals standard BP's at the fp64 gate, over two optimizer steps and an SGD update.
+  auto c = small_case("grpo");
+  c.settings.importance_sampling_level = "sequence";
+  c.settings.gradient_accumulation_steps = 1;
+  c.settings.steps_per_generation = 2;
+  c.settings.learning_rate = 0.02;
+  const auto standard = run(c);
+  auto model = tiny_model();
+  const auto streamed = sbp::run_rl_step(model, c, sbp::rl_step_stages(), "streambp:layer_chunk=3,head_chunk=2");
+  const auto problems = sbp::rl_step_differences(standard, streamed, sbp::test::kFp64Rtol);
+  INFO((problems.empty() ? "" : problems.front()));
+  CHECK(problems.empty());
+}

@@ -121,9 +121,9 @@ void check_rl_step_case(const RlStepCase& c, const ModelConfig& config, const st
   if (!member(levels, o.importance_sampling_level)) bad("settings.importance_sampling_level must be token or sequence");
   if (!(o.beta >= 0) || !(o.epsilon >= 0 && o.epsilon <= 1) || !(o.temperature > 0) || !std::isfinite(o.learning_rate))
     bad("settings: beta >= 0, 0 <= epsilon <= 1, temperature > 0 and a finite learning_rate are required");
-  if (o.beta > 0 && o.use_bias_correction_kl)
-    bad("settings.use_bias_correction_kl is true (TRL 1.16.0's default) with beta > 0: the KL term times the "
-        "importance ratio is not modelled by this oracle yet; set it false (docs/rl-steps.md)");
+  if (o.beta > 0 && o.use_bias_correction_kl && o.importance_sampling_level == "sequence")
+    bad("settings.use_bias_correction_kl is true (TRL 1.16.0's default) with beta > 0 and sequence importance: the "
+        "KL term times the row's ratio is not modelled by this oracle yet; set it false (docs/rl-steps.md)");
   const auto G = o.num_generations, P = std::int64_t(c.prompts.size()), N = c.rows();
   if (P == 0) bad("'prompts' is empty");
   if (N != P * G) bad(fmt::format("{} completions for {} prompts x num_generations {}", N, P, G));
@@ -263,10 +263,12 @@ std::vector<RlMicroStep> rl_micro_steps(const RlStepCase& c, const Batch& rows) 
 }
 
 std::string rl_objective_spec(const RlStepSettings& s) {
+  const bool ratio_kl = s.beta > 0 && s.use_bias_correction_kl;
   return fmt::format("grpo:beta={},epsilon_low={},epsilon_high={},loss_type={},temperature={},importance={},"
                      "max_completion_length={}",
                      s.beta, s.epsilon, s.epsilon_upper(), s.loss_type, s.temperature, s.importance_sampling_level,
-                     s.max_completion_length);
+                     s.max_completion_length) +
+         (ratio_kl ? ",kl=k3_ratio" : "");
 }
 
 }  // namespace sbp

@@ -37,8 +37,8 @@ struct RlStepSettings {
   std::string importance_sampling_level = "token";  // token | sequence
   double beta = 0.0, epsilon = 0.2, epsilon_high = -1.0 /* < 0: epsilon */, temperature = 1.0;
   bool mask_truncated_completions = false;
-  // TRL 1.16.0's default: the KL term times the importance ratio (DeepSeek-V3.2's unbiased estimator). Not modelled
-  // by the GRPO objective yet: a case with beta > 0 must set it false (check_rl_step_case refuses it otherwise).
+  // TRL 1.16.0's default: the KL term times the importance ratio (DeepSeek-V3.2's unbiased estimator): the GRPO
+  // objective's kl=k3_ratio. Token importance only: with sequence importance and beta > 0 a case must set it false.
   bool use_bias_correction_kl = true;
   std::vector<double> reward_weights;  // one per reward function (empty: 1 each)
   std::int64_t eos_token_id = 1, pad_token_id = 0;

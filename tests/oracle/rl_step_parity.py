@@ -81,6 +81,9 @@ CASES = [
          reward_weights=[0.5, 2.0]),
     dict(loss_type="dr_grpo", scale_rewards=True, beta=0.0, mask_truncated_completions=True,
          per_device_train_batch_size=2, gradient_accumulation_steps=2, reward_weights=[1.0, 1.0]),
+    # TRL's default KL: times the importance ratio (use_bias_correction_kl), over two optimizer steps
+    dict(loss_type="dapo", scale_rewards="group", beta=0.04, use_bias_correction_kl=True, per_device_train_batch_size=2,
+         gradient_accumulation_steps=1, steps_per_generation=2, learning_rate=0.02, reward_weights=[1.0, 0.5]),
 ]
 
 
@@ -109,7 +112,7 @@ def text(ids):
 
 def base_case(settings):
     """The case file's content before TRL runs: its settings in GRPOConfig's names, plus what the oracle needs."""
-    s = dict(settings, use_bias_correction_kl=False, num_generations=2, max_completion_length=MAX_COMPLETION,
+    s = dict({"use_bias_correction_kl": False}, **settings, num_generations=2, max_completion_length=MAX_COMPLETION,
              eos_token_id=EOS, pad_token_id=PAD)
     return rl.RlCase(PROMPTS, COMPLETIONS, REWARDS, s)
 

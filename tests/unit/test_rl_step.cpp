@@ -11,6 +11,7 @@
 
 #include "core/methods/streaming.h"
 #include "core/model/model.h"
+#include "core/objectives/objective.h"
 #include "core/objectives/rl_step.h"
 #include "tests/support/faulty_rl_step.h"
 #include "tests/support/test_support.h"
@@ -141,6 +142,7 @@ TEST_CASE("rl step: a bad case is refused naming what is wrong", "[rl-step]") {
   CHECK_THROWS_WITH(sbp::check_rl_step_case(c, config, "case.json"), Catch::Contains("settings.loss_type"));
   c = small_case("dapo");
   c.settings.use_bias_correction_kl = true;
+  c.settings.importance_sampling_level = "sequence";
   CHECK_THROWS_WITH(sbp::check_rl_step_case(c, config, "case.json"), Catch::Contains("use_bias_correction_kl is true"));
   c = small_case("dapo");
   c.micro_batches = {{0, 1}, {1, 2}};
@@ -233,4 +235,24 @@ TEST_CASE("rl step: StreamBP gives the oracle's step", "[rl-step]") {
   const auto problems = sbp::rl_step_differences(standard, streamed, sbp::test::kFp64Rtol);
   INFO((problems.empty() ? "" : problems.front()));
   CHECK(problems.empty());
+}
+
+TEST_CASE("rl step: TRL's bias-corrected KL changes the step only after an update", "[rl-step]") {
+  // use_bias_correction_kl (TRL 1.16.0's default) multiplies the k3 KL by the importance ratio. Before any update the
+  // policy is the reference (KL = 0 and dKL = 0), so the first optimizer step is the same with it or without; after
+  // one SGD step it is not.
+  auto c = small_case("dapo");
+  c.settings.gradient_accumulation_steps = 1;
+  c.settings.steps_per_generation = 2;
+  c.settings.learning_rate = 0.02;
+  const auto plain = run(c);
+  c.settings.use_bias_correction_kl = true;
+  CHECK(sbp::rl_objective_spec(c.settings).find(",kl=k3_ratio") != std::string::npos);
+  const auto corrected = run(c);
+  CHECK(sbp::compare_gradients(plain.gradients[0], corrected.gradients[0]).passed(kRtol));
+  CHECK_FALSE(sbp::compare_gradients(plain.gradients[1], corrected.gradients[1]).passed(1e-8));
+  CHECK_THROWS_WITH(sbp::make_objective("grpo:beta=0.1,kl=k3_ratio,importance=sequence"),
+                    Catch::Contains("kl=k3_ratio is defined here for importance=token only"));
+  const auto grpo = sbp::make_objective("grpo:beta=0.1,kl=k3_ratio");
+  CHECK(sbp::make_objective(grpo->spec())->spec() == grpo->spec());
 }

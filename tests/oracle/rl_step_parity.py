@@ -22,12 +22,17 @@ TRL shuffles the generation batch before cutting it into micro-batches: the scri
 hands it to our oracle as the case's micro_batches. The gradient TRL's optimizer receives at every optimizer step
 must equal ours (normwise <= 1e-10 per tensor), and TRL's advantages and completion mask ours.
 
-Negative control (CTest rl_step_parity_fault): STREAMBP_RL_FAULT scales the gradient TRL handed the optimizer at its
-last step, and the script must fail naming that step and a tensor.
+Negative controls (CTest): STREAMBP_RL_FAULT scales the gradient TRL handed the optimizer at its last step, and the
+script must fail naming that step and a tensor (rl_step_parity_fault). STREAMBP_RL_TRL_BUG plants a bug in the trainer,
+in what TRL's _generate_and_score_completions hands its loss: `eos` drops each row's EOS from the completion mask
+(rl_step_parity_eos_fault), `advantages` normalises the advantages over the whole batch instead of the group
+(rl_step_parity_advantages_fault); each must fail naming that tensor. A fault run stops at its first failure.
 
 Usage: python tests/oracle/rl_step_parity.py BUILD/streambp
 """
 # ctest-fault: rl_step_parity_fault STREAMBP_RL_FAULT=1e-6 FAIL: .*step [0-9]+ gradient .*normwise
+# ctest-fault: rl_step_parity_eos_fault STREAMBP_RL_TRL_BUG=eos FAIL: .*completion_mask differs
+# ctest-fault: rl_step_parity_advantages_fault STREAMBP_RL_TRL_BUG=advantages FAIL: .*advantages differ
 # ctest-cost: 40
 import json
 import os
@@ -90,6 +95,25 @@ CASES = [
 def fail(msg):
     FAILURES.append(msg)
     print("FAIL:", msg)
+    if os.environ.get("STREAMBP_RL_FAULT") or os.environ.get("STREAMBP_RL_TRL_BUG"):
+        sys.exit(1)  # a negative control has shown what it must
+
+
+def planted_bug(out):
+    """STREAMBP_RL_TRL_BUG: a known trainer bug planted in TRL's generation batch (see the module docstring)."""
+    bug = os.environ.get("STREAMBP_RL_TRL_BUG")
+    if bug == "eos":
+        mask = out["completion_mask"]
+        last = mask.sum(1) - 1  # the kept completion's last token: its EOS, unless truncated
+        ends_with_eos = out["completion_ids"].gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1) == EOS
+        rows = (ends_with_eos & (last >= 0)).nonzero().flatten()
+        mask[rows, last[rows]] = 0
+    elif bug == "advantages":
+        a = out["advantages"]  # TRL's group-normalised advantages, normalised again over the whole batch
+        out["advantages"] = (a - a.mean()) / (a.std() + 1e-4)
+    elif bug:
+        raise SystemExit(f"unknown STREAMBP_RL_TRL_BUG={bug!r} (eos, advantages)")
+    return out
 
 
 def tokenizer(vocab_size):
@@ -144,7 +168,7 @@ def run_trl(model_dir, case, work):
     score = trainer._generate_and_score_completions
 
     def recording_score(inputs):  # TRL's advantages and completion mask, for the comparison of those stages
-        out = score(inputs)
+        out = planted_bug(score(inputs))
         record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
         return out
     trainer._generate_and_score_completions = recording_score

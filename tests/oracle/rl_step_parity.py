@@ -20,19 +20,22 @@ these are replaced, and nothing else:
     cases' rewards and weights are exact in fp32, so nothing is rounded.
 TRL shuffles the generation batch before cutting it into micro-batches: the script records TRL's permutation and
 hands it to our oracle as the case's micro_batches. The gradient TRL's optimizer receives at every optimizer step
-must equal ours (normwise <= 1e-10 per tensor), and TRL's advantages and completion mask ours.
+must equal ours (normwise <= 1e-10 per tensor), and TRL's advantages, completion mask and per-token log-probs (of its
+first micro-batch, before any update) ours.
 
 Negative controls (CTest): STREAMBP_RL_FAULT scales the gradient TRL handed the optimizer at its last step, and the
 script must fail naming that step and a tensor (rl_step_parity_fault). STREAMBP_RL_TRL_BUG plants a bug in the trainer,
 in what TRL's _generate_and_score_completions hands its loss: `eos` drops each row's EOS from the completion mask
 (rl_step_parity_eos_fault), `advantages` normalises the advantages over the whole batch instead of the group
-(rl_step_parity_advantages_fault); each must fail naming that tensor. A fault run stops at its first failure.
+(rl_step_parity_advantages_fault), `pads` attends the prompts' left pads (rl_step_parity_pads_fault); each must fail
+naming that tensor. A fault run stops at its first failure.
 
 Usage: python tests/oracle/rl_step_parity.py BUILD/streambp
 """
 # ctest-fault: rl_step_parity_fault STREAMBP_RL_FAULT=1e-6 FAIL: .*step [0-9]+ gradient .*normwise
 # ctest-fault: rl_step_parity_eos_fault STREAMBP_RL_TRL_BUG=eos FAIL: .*completion_mask differs
 # ctest-fault: rl_step_parity_advantages_fault STREAMBP_RL_TRL_BUG=advantages FAIL: .*advantages differ
+# ctest-fault: rl_step_parity_pads_fault STREAMBP_RL_TRL_BUG=pads FAIL: .*token_logps differ
 # ctest-cost: 40
 import json
 import os
@@ -111,8 +114,10 @@ def planted_bug(out):
     elif bug == "advantages":
         a = out["advantages"]  # TRL's group-normalised advantages, normalised again over the whole batch
         out["advantages"] = (a - a.mean()) / (a.std() + 1e-4)
+    elif bug == "pads":
+        out["prompt_mask"] = torch.ones_like(out["prompt_mask"])  # the left pads attended
     elif bug:
-        raise SystemExit(f"unknown STREAMBP_RL_TRL_BUG={bug!r} (eos, advantages)")
+        raise SystemExit(f"unknown STREAMBP_RL_TRL_BUG={bug!r} (eos, advantages, pads)")
     return out
 
 
@@ -172,6 +177,15 @@ def run_trl(model_dir, case, work):
         record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
         return out
     trainer._generate_and_score_completions = recording_score
+    logps = trainer._get_per_token_logps_and_entropies
+    record.first_logps = None
+
+    def recording_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        out = logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        if kwargs.get("compute_entropy") and record.first_logps is None:  # the loss's pass of the first micro-step
+            record.first_logps = (out[0].detach().clone(), attention_mask[:, -logits_to_keep:].clone())
+        return out
+    trainer._get_per_token_logps_and_entropies = recording_logps
     torch.set_default_dtype(torch.float64)
     try:
         with rl.recorded_shuffle(grpo_module, record):
@@ -192,6 +206,13 @@ def compare(i, settings, record, steps, ours):
     mask_ours = ours["completion_mask"][trl_rows][:, :record.mask.shape[1]]
     if not torch.equal(record.mask.to(mask_ours.dtype), mask_ours):
         fail(f"{what}: completion_mask differs from TRL's")
+    lp, scored = record.first_logps  # TRL's per-token log-probs of its first micro-batch, before any update
+    first_rows = torch.tensor([record.rows[j] for j in record.permutation[:lp.shape[0]]])
+    lp_ours = ours["token_logps"][first_rows][:, :lp.shape[1]]
+    where = scored.bool()
+    lp_err = ((lp - lp_ours)[where].abs().max() / lp_ours[where].abs().max()).item()
+    if not lp_err <= ADV_RTOL:
+        fail(f"{what}: token_logps differ from TRL's by {lp_err:.3e} (its first micro-batch)")
     if len(record.gradients) != steps:
         fail(f"{what}: TRL took {len(record.gradients)} optimizer steps, the case has {steps}")
     eps = os.environ.get("STREAMBP_RL_FAULT")
@@ -206,7 +227,8 @@ def compare(i, settings, record, steps, ours):
                 fail(f"{what}: step {k} gradient {name}: normwise {e:.3e} against the oracle")
             if not e <= worst:
                 worst, worst_at = e, f"step {k} {name}"
-    print(f"{'ok' if len(FAILURES) == failures_before else 'FAIL'}: {what}: {steps} optimizer step(s), advantages rel {err:.1e}, largest "
+    print(f"{'ok' if len(FAILURES) == failures_before else 'FAIL'}: {what}: {steps} optimizer step(s), advantages rel "
+          f"{err:.1e}, token log-probs rel {lp_err:.1e}, largest "
           f"gradient error {worst:.2e} ({worst_at})")
 
 

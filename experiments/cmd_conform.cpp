@@ -32,6 +32,7 @@
 #include "experiments/interrupt.h"
 #include "experiments/junit.h"
 #include "experiments/results_table.h"
+#include "verify/conform_packed.h"
 #include "verify/conformance.h"
 #include "core/io/input_error.h"
 
@@ -162,7 +163,7 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
   app.add_option("--only", a.only, "only these cases of the set, by name, comma-separated (a pytest item runs one)")
       ->delimiter(',');
   app.add_flag("--list-cases", a.list_cases, "print the selected cases as JSON (name, id, description, objective, dtype, "
-               "lora, batch, seq, ranks, parallel, micro_batches, tied, chunks) and run nothing");
+               "lora, batch, seq, ranks, parallel, micro_batches, pack_lengths, tied, chunks) and run nothing");
   app.add_option("--accumulation", a.accumulation, "what a step of several micro-batches is judged against: union "
                  "(the loss over their union, normalised by the step's target count) or micro-means (the mean of each "
                  "micro-batch's own loss, for a library that documents it)")
@@ -245,7 +246,8 @@ void print_case_list(const std::vector<ConformCase>& cases) {
     list.push_back({{"name", c.name}, {"id", conform_case_id(c)}, {"description", c.description}, {"objective", c.objective},
                     {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
                     {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
-                    {"micro_batches", c.micro_batches}, {"tied", c.config.tie_word_embeddings},
+                    {"micro_batches", c.micro_batches}, {"pack_lengths", c.pack_lengths},
+                    {"tied", c.config.tie_word_embeddings},
                     {"chunks", {{"layer", c.layer_chunk}, {"head", c.head_chunk}}}});
   fmt::print("{}\n", list.dump(2));
 }
@@ -355,7 +357,7 @@ bool ConformRun::run_case(const ConformCase& c) {
     fs::remove_all(dir);
     Model model(c.config, c.dtype, c.batch.seed);
     if (!c.lora.empty()) model.add_lora(parse_lora_spec(c.lora), c.batch.seed + 1);
-    batch = objective->random_batch(c.config, c.batch);
+    batch = conform_batch(c, *objective);  // packed rows when the case has pack_lengths
     complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
     write_case(c, dir, model, *objective, batch);
   }
@@ -470,7 +472,15 @@ void ConformRun::record_verdict(const ConformCase& c, const Objective& objective
                c.dtype == c10::kDouble ? "" : std::to_string(base_run.peak_rss_bytes), verdict.problem, impl_,
                judged_against, run.provenance.python, run.provenance.torch_version, base_run.provenance.python,
                base_run.provenance.torch_version}});
-  const auto words = pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words;
+  // A packed case's usual mistakes (docs/packing.md), each shown by tests/support/conform_packing_faults.py.
+  const auto packed_words = compared && !c.pack_lengths.empty()
+                                ? std::string("; a packed case: usually attention across a sequence boundary (a mask "
+                                              "from attention_mask alone, position_ids ignored), positions not "
+                                              "restarted per sequence (about 1e-7 in fp64: RoPE's larger angles "
+                                              "rounded), or a sequence's first label kept")
+                                : std::string();
+  const auto words =
+      pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words + packed_words;
   const auto line = fmt::format("{:<28} {:<5} {:<4} {:>10} {:<44} {:>6.1f} s {:>8}  {}", c.name, dtype_name(c.dtype),
                                 pass ? "PASS" : "FAIL", compared ? fmt::format("{:.2e}", verdict.worst) : "-",
                                 compared ? verdict.worst_tensor : "-", run.wall_seconds,

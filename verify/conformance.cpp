@@ -1,5 +1,6 @@
 #include "verify/conformance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "core/io/dtype.h"
 #include "core/io/spec.h"
 #include "core/objectives/objective.h"
+#include "verify/conform_packed.h"
 #include "verify/grad_compare.h"
 #include "core/io/input_error.h"
 
@@ -101,19 +103,32 @@ std::vector<ConformCase> quick_cases() {
       micro(make_case("dpo-micro2", "DPO over 2 micro-batches of 2 pairs and 1 pair, untied lm_head",
                       variant(false, true, false, false), c10::kDouble, "dpo:beta=0.1", ragged(6, 31, 12)),
             {{0, 1, 3, 4}, {2, 5}}),
+      // Packed rows (issue #59): the 20-token sequence at [5, 25) crosses the layer tile at 16 and the head tiles at 8,
+      // 16 and 24; sequences of one token; the last row 26 tokens, then 11 pads (a ragged last pack).
+      packed_case(make_case("sft-packed", "packed rows (several sequences a row, each attending within itself, "
+                            "position_ids restarting): a sequence across tile boundaries, sequences of one token, a "
+                            "ragged last pack", tiny, c10::kDouble, "sft", ragged(3, 37, 13)),
+                  {{5, 20, 12}, {1, 17, 19}, {10, 1, 15}}),
+      // Two packs whose boundaries differ in one micro-batch (a RoPE that reads one row's positions for all fails),
+      // then one pack; Qwen2-style so that the packed path is not Qwen3's alone.
+      micro(packed_case(make_case("sft-packed-micro2", "a step of 2 micro-batches of packed rows (2 packs with "
+                                  "different boundaries, then 1), MHA, bias, untied lm_head",
+                                  variant(true, false, true, false), c10::kDouble, "sft", ragged(3, 37, 14)),
+                        {{9, 28}, {1, 1, 35}, {20, 6}}),
+            {{0, 2}, {1}}),
   };
 }
 
 // A pull request's matrix (issue #47): quick's cases a CI cannot skip, ~1 minute for HF on 2 cores. T = 37 runs
 // several tiles of the suggested chunks (3 layer, 5 head, the last short) over a ragged batch; fp64 at 1e-10 for each
 // objective, both model families and tied/untied heads; LoRA; one low-precision case (bf16: the rule runs the
-// baseline too); one micro-batch step. Left to quick/full: T = 2, fp32, the sequence-parallel cases, the other GRPO
-// loss types and importance levels, temperature, the architecture grid, LoRA per objective.
+// baseline too); one micro-batch step; one packed case. Left to quick/full: T = 2, fp32, the sequence-parallel
+// cases, the other GRPO loss types and importance levels, temperature, the architecture grid, LoRA per objective.
 std::vector<ConformCase> ci_cases() {
   std::vector<ConformCase> out;
   for (auto& c : quick_cases())
     for (const auto* name : {"sft-gqa-qknorm-tied", "sft-mha-bias-untied", "grpo-beta0.04-grpo-token",
-                             "dpo-3pairs-ls0.1", "sft-lora", "sft-bf16", "sft-micro3"})
+                             "dpo-3pairs-ls0.1", "sft-lora", "sft-bf16", "sft-micro3", "sft-packed"})
       if (c.name == name) out.push_back(c);
   return out;
 }
@@ -163,6 +178,12 @@ std::vector<ConformCase> full_cases() {
                         {{0, 1}, {2, 3}}));
   cases.push_back(micro(make_case("sft-lora-micro2", "LoRA over 2 micro-batches", tiny, c10::kDouble, "sft",
                                   ragged(3, 23, seed++), kLora), {{0}, {1, 2}}));
+  // Packed rows under LoRA and in bf16 (quick has them in fp64, one pass and micro-batches).
+  const std::vector<std::vector<std::int64_t>> packs = {{4, 21, 12}, {1, 30, 6}, {16, 1, 1, 9}};
+  cases.push_back(packed_case(make_case("sft-packed-lora", "LoRA on packed rows (the last one ragged)", tiny,
+                                        c10::kDouble, "sft", ragged(3, 37, seed++), kLora), packs));
+  cases.push_back(packed_case(make_case("sft-packed-bf16", "packed rows in bf16 (the last one ragged)", tiny,
+                                        c10::kBFloat16, "sft", ragged(3, 37, seed++)), packs));
   return cases;
 }
 
@@ -200,6 +221,19 @@ std::vector<ConformCase> survey_cases() {
       tiled(make_case("sft-qwen3-T300-fp32", "fp32, T = 300", qwen3, c10::kFloat, "sft", ragged(3, 300, 27))),
       tiled(make_case("sft-qwen3-T300-bf16", "bf16, T = 300", qwen3, c10::kBFloat16, "sft", ragged(3, 300, 28))),
   };
+  // Packed rows as DataCollatorWithFlattening writes them (prompt_fraction 0: every token but each sequence's first
+  // is a target, where TRL PR #4170's kept separator labels show), Llama-shaped in fp32 (transformers releases before
+  // Qwen3 load it, and HF's loss is not below the bar in fp64), and a micro-batch of two packs whose boundaries differ
+  // (Liger PR #477's RoPE reading row 0's positions for every row shows only with B >= 2). The 135-token sequence at
+  // [165, 300) crosses the tiles at 192 and 256, the 200-token one at [0, 200) three of them; sequences of one token.
+  auto packed = tiled(micro(packed_case(make_case("sft-llama-T300-packed-micro2-fp32", "Llama-shaped, fp32, packed "
+                                                  "rows as DataCollatorWithFlattening writes them (every token but "
+                                                  "each sequence's first a target), a step of 2 micro-batches: 2 "
+                                                  "packs with different boundaries, then 1; T = 300", llama,
+                                                  c10::kFloat, "sft", {3, 300, 0.0, 0.0, 33, 0}),
+                                        {{1, 64, 100, 135}, {200, 1, 99}, {30, 30, 240}}),
+                            {{0, 2}, {1}}));
+  cases.push_back(packed);
   auto ranks = tiled(make_case("sft-qwen3-T300-2ranks", "2 ranks (the implementation's own processes), their "
                                "gradients together the whole batch's", qwen3, c10::kDouble, "sft", ragged(4, 300, 29)));
   ranks.ranks = 2;
@@ -226,7 +260,7 @@ std::vector<ConformCase> file_cases(const std::string& file) {
   const std::set<std::string> known = {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
                                        "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", "qk_norm",
                                        "attention_bias", "tie_word_embeddings", "num_key_value_heads", "description",
-                                       "ranks", "parallel", "micro_batches"};
+                                       "ranks", "parallel", "micro_batches", "pack_lengths"};
   std::vector<ConformCase> out;
   for (std::size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
@@ -254,6 +288,24 @@ std::vector<ConformCase> file_cases(const std::string& file) {
       c.head_chunk = e.value("head_chunk", c.head_chunk);
       c.ranks = e.value("ranks", 1);
       c.micro_batches = e.value("micro_batches", c.micro_batches);
+      if (e.contains("pack_lengths")) {
+        const auto lengths = e.at("pack_lengths").get<std::vector<std::vector<std::int64_t>>>();
+        if (lengths.empty()) throw InputError("pack_lengths: at least one row");
+        if (e.contains("pad_fraction"))
+          throw InputError("pad_fraction with pack_lengths: a packed row's padding is what its lengths leave of seq");
+        if (e.contains("batch") && c.batch.batch_size != std::int64_t(lengths.size()))
+          throw InputError(fmt::format("pack_lengths has {} rows, batch says {}", lengths.size(), c.batch.batch_size));
+        if (!e.contains("seq")) {  // the longest row
+          c.batch.seq_len = 0;
+          for (const auto& row : lengths) {
+            std::int64_t sum = 0;
+            for (const auto L : row) sum += L;
+            c.batch.seq_len = std::max(c.batch.seq_len, sum);
+          }
+        }
+        c = packed_case(std::move(c), lengths);
+        if (const auto problem = pack_lengths_problem(c); !problem.empty()) throw InputError(problem);
+      }
       if (c.batch.batch_size < 1 || c.batch.seq_len < 2 || c.layer_chunk < 1 || c.head_chunk < 1 || c.ranks < 1)
         throw InputError("batch >= 1, seq >= 2, chunks >= 1 and ranks >= 1 are required");
       const auto parallel = e.value("parallel", std::string("data"));
@@ -443,6 +495,7 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
                             "lm_head only as model.embed_tokens.weight), in the model dtype; result.json: {\"loss\": ...}"
                           : "grads.safetensors: the gradient of every adapter tensor under its PEFT name (as in "
                             "adapter/adapter_model.safetensors), in the model dtype; result.json: {\"loss\": ...}"}};
+  add_packed_case_json(c, out);  // only in a packed case
   if (!c.micro_batches.empty()) {
     // Only in a micro-batch case: an adapter written before them sees the case.json it knows.
     out["micro_batches"] = c.micro_batches;

@@ -194,8 +194,10 @@ def ratio(mine, theirs):
 
 
 def path_words(case):
-    """The training path of a listed case (conform --list-cases) as a row's setting: its micro-batches and its head."""
-    words = [f"{len(case['micro_batches'])} micro-batches"] if case.get("micro_batches") else []
+    """The training path of a listed case (conform --list-cases) as a row's setting: packed rows, its micro-batches
+    and its head."""
+    words = ["packed rows"] if case.get("pack_lengths") else []
+    words += [f"{len(case['micro_batches'])} micro-batches"] if case.get("micro_batches") else []
     return words + ["tied head" if case.get("tied", True) else "untied head"]
 
 

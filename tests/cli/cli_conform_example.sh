@@ -14,7 +14,7 @@ warm_adapters "$PY"  # the adapters' imports once, not once per case (cli_confor
 "$STREAMBP" conform --impl "$PY $SRC/verify/conform/example_adapter.py" --cases quick \
   --baseline "python3 $SRC/verify/conform/streambp_adapter.py --streambp $STREAMBP --method standard" \
   --out ok >ok.txt 2>ok.log || fail "the example adapter does not pass the quick matrix:\n$(cat ok.txt ok.log)"
-grep -q "6 of 6 case(s) passed (8 more not expressible by the implementation)" ok.txt ||
+grep -q "7 of 7 case(s) passed (9 more not expressible by the implementation)" ok.txt ||
   fail "quick matrix:\n$(cat ok.txt)"
 [[ $(grep -cE "^(grpo|dpo)-.* N/A .*objective (grpo|dpo): this adapter implements SFT only" ok.txt) -eq 5 ]] ||
   fail "the GRPO and DPO cases are not N/A with their reason:\n$(cat ok.txt)"
@@ -24,6 +24,8 @@ grep -qE "^sft-micro3 .* N/A .*3 micro-batches: this adapter runs one batch per 
   fail "the micro-batch case is not N/A with its reason:\n$(cat ok.txt)"
 grep -qE "^sft-mha-bias-untied .* PASS" ok.txt && grep -qE "^sft-lora .* PASS" ok.txt ||
   fail "the Qwen2-shaped or the LoRA case:\n$(cat ok.txt)"
+# packed rows: model_inputs hands HF position_ids and no mask (HF's own packed path), declared by run(packs=True)
+grep -qE "^sft-packed .* PASS" ok.txt || fail "the packed case:\n$(cat ok.txt)"
 echo "ok: the example adapter passes $(grep -c ' PASS ' ok.txt) SFT cases, $(grep -c ' N/A ' ok.txt) N/A"
 find "$TMPDIR" -maxdepth 1 -name 'streambp-conform-*' | grep -q . && fail "left in \$TMPDIR: $(ls -A "$TMPDIR")"
 echo "ok: no case directory left in \$TMPDIR"

@@ -6,11 +6,14 @@
 #     (--accumulation micro-means); dropping the tied head's use of the embedding fails exactly the tied cases, naming
 #     model.embed_tokens.weight; a skipped last micro-batch fails naming a tensor; a result.json without
 #     "micro_batches" is named;
-# (c) malformed micro_batches in a --cases file exit 2 naming the case and the rows.
+# (c) malformed micro_batches in a --cases file exit 2 naming the case and the rows;
+# (d) packed rows (issue #59; tests/support/conform_packing_faults.py), on the ci set's packed case (HF passes it in
+#     cli_conform_hf.sh): attention across the boundaries (attention_mask only), positions not restarted (the
+#     block-diagonal mask kept), one separator label kept: each fails naming a tensor, at least 5x beyond the bar.
 # Usage: cli_conform_paths.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 900
-# ctest-cost: 25
+# ctest-cost: 30
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -91,3 +94,12 @@ bad '[{"name": "a", "batch": 3, "micro_batches": [[0, 1, 2], []]}]' "case 0: mic
 bad '[{"name": "a", "objective": "dpo", "batch": 4, "micro_batches": [[0, 1], [2, 3]]}]' \
   "case 0: micro_batches\[0\]: dpo's micro-batch is its chosen rows, then their rejected rows"
 bad '[{"name": "a", "batch": 3, "micro_batches": [[0, "x"]]}]' "case 0: .*type must be number"
+
+# (d)
+for fault in cross-boundary positions separator; do
+  run "packed-$fault" "$PY $SRC/tests/support/conform_packing_faults.py $fault" ci --only sft-packed
+  [[ $(cat "packed-$fault.status") -eq 1 ]] || fail "packing fault $fault: exit $(cat "packed-$fault.status")"
+  verdicts "packed-$fault" sft-packed ""
+  grep -q "a packed case: usually attention across a sequence boundary" "packed-$fault.txt" ||
+    fail "packing fault $fault: no packed hint:\n$(cat "packed-$fault.txt")"
+done

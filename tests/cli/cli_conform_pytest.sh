@@ -75,10 +75,10 @@ sed -n '/^### GitHub Actions/,/^### GitLab/p' "$page" | grep -E '^ +(- run: )?\.
   fail "$page: no '.venv/bin/pip install' and '.venv/bin/pytest' lines in the GitHub job:\n$(cat project/commands.sh)"
 start=$SECONDS
 (cd project && bash -e commands.sh) >page.txt 2>&1 || fail "the page's commands on the right loss:\n$(cat page.txt)"
-grep -qE "3 passed, 2 skipped" page.txt || fail "the page's commands:\n$(cat page.txt)"
-grep -q "streambp-conform: 3 case(s) judged (3 passed, 0 failed), 2 N/A" page.txt || fail "the summary:\n$(cat page.txt)"
-# --streambp-warm: the 5 adapter runs in workers; the bf16 case's hf baseline, another python, cold
-grep -q "streambp-conform: 5 adapter run(s) in warm workers" page.txt || fail "warm workers:\n$(cat page.txt)"
+grep -qE "3 passed, 3 skipped" page.txt || fail "the page's commands:\n$(cat page.txt)"
+grep -q "streambp-conform: 3 case(s) judged (3 passed, 0 failed), 3 N/A" page.txt || fail "the summary:\n$(cat page.txt)"
+# --streambp-warm: the 6 adapter runs in workers; the bf16 case's hf baseline, another python, cold
+grep -q "streambp-conform: 6 adapter run(s) in warm workers" page.txt || fail "warm workers:\n$(cat page.txt)"
 python3 - project/conform.xml <<'PY' || fail "conform.xml:\n$(cat project/conform.xml)"
 import sys, xml.etree.ElementTree as ET
 cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
@@ -86,12 +86,15 @@ verdicts = {c.get("name"): "skipped" if c.find("skipped") is not None else "fail
             else "passed" for c in cases}
 expected = {f"test_my_loss[{c}]": "passed" for c in ("sft-gqa-qknorm-tied-fp64", "sft-mha-bias-untied-fp64",
                                                      "sft-bf16-bf16")}
-expected.update({"test_my_loss[sft-lora-fp64]": "skipped", "test_my_loss[sft-micro3-fp64]": "skipped"})
+expected.update({"test_my_loss[sft-lora-fp64]": "skipped", "test_my_loss[sft-micro3-fp64]": "skipped",
+                 "test_my_loss[sft-packed-fp64]": "skipped"})
 assert verdicts == expected, verdicts
 assert {c.get("classname") for c in cases} == {"streambp.conform.sft"}, [c.attrib for c in cases]
 reasons = {c.get("name"): c.find("skipped").get("message") for c in cases if c.find("skipped") is not None}
 assert "LoRA: full fine-tuning only" in reasons["test_my_loss[sft-lora-fp64]"], reasons
 assert "3 micro-batches: this adapter runs one batch per optimizer step" in reasons["test_my_loss[sft-micro3-fp64]"], reasons
+# a sample that never declared packing (run()'s packs=False) does not attend across packed sequences unawares
+assert "does not declare packed rows: run(..., packs=True)" in reasons["test_my_loss[sft-packed-fp64]"], reasons
 PY
 echo "ok: the page's job on the right loss ($((SECONDS - start)) s): $(grep -E "passed|failed" page.txt | tail -1)"
 
@@ -100,7 +103,7 @@ start=$SECONDS
 (cd project && SAMPLE_LOSS=chunk-shift STREAMBP=streambp/ci-build/streambp .venv/bin/pytest tests/conform -k tied -x \
   --junitxml wrong.xml) >wrong.txt 2>&1 || status=$?
 [[ $status -eq 1 ]] || fail "the chunk-shift loss: pytest exit $status, expected 1:\n$(cat wrong.txt)"
-grep -qE "^=+ 1 failed, 3 deselected in " wrong.txt || fail "-x did not stop at the first case:\n$(cat wrong.txt)"
+grep -qE "^=+ 1 failed, 4 deselected in " wrong.txt || fail "-x did not stop at the first case:\n$(cat wrong.txt)"
 verdict="worst tensor '(model\.|lm_head)[a-z_.0-9]+': [0-9.e+-]+;.* > the fp64 bar 1e-10"
 grep -qE "$verdict" wrong.txt || fail "the tensor is not named in pytest's output:\n$(cat wrong.txt)"
 # the harness's hint for a target lost between tiles, in pytest's output and the JUnit file

@@ -321,3 +321,47 @@ def test_fp64_exact_keeps_fp64_and_changes_nothing_else(monkeypatch):
         for dtype in (torch.float32, torch.bfloat16):  # as HF ships them
             low = norm.to(dtype)
             assert torch.equal(low(x.to(dtype)), shipped[cls](low, x.to(dtype)))
+
+
+def test_packed_cases_are_declined_unless_declared_and_give_both_boundary_forms(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from streambp_conform import hf
+
+    # two rows of 6: [2, 3] then a pad; [1, 5]. position_ids restart per segment, the pad a segment of its own
+    position_ids = torch.tensor([[0, 1, 0, 1, 2, 0], [0, 0, 1, 2, 3, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1] * 6])
+    folder = write_case(tmp_path / "packed")
+    meta = json.loads((folder / "case.json").read_text())
+    meta.update(packed=True, sequences=[[2, 3], [1, 5]], max_length=5, micro_batches=[[1], [0]])
+    (folder / "case.json").write_text(json.dumps(meta))
+    cu = protocol.cu_seqlens_from_position_ids(position_ids)
+    assert cu.tolist() == [0, 2, 5, 6, 7, 12] and cu.dtype == torch.int32
+    assert torch.equal(protocol.position_ids_from_cu_seqlens(cu, 2, 6), position_ids)
+    batch = {"input_ids": torch.arange(12).reshape(2, 6), "attention_mask": mask, "labels": torch.zeros(2, 6).long()}
+    save_file({**batch, "position_ids": position_ids, "cu_seqlens": cu}, str(folder / "batch.safetensors"))
+
+    def step(_):
+        raise AssertionError("declined before the step")
+
+    assert protocol.run(step, [str(folder)], accumulates=True) == protocol.NOT_EXPRESSIBLE
+    assert "4 sequences in 2 rows): this adapter does not declare packed rows: run(..., packs=True)" in \
+        capsys.readouterr().err
+    case = protocol.read_case(folder, accumulates=True)  # read_case: packs=True
+    assert case.packed and case.sequences == [[2, 3], [1, 5]] and case.max_length == 5
+    assert torch.equal(case.cu_seqlens, cu) and torch.equal(case.position_ids, position_ids)
+    assert "cu_seqlens" not in case.batch  # not per row: micro_case could not cut it
+    part = protocol.micro_case(case, [1])
+    assert part.cu_seqlens.tolist() == [0, 1, 6] and part.sequences == [[1, 5]] and part.max_length == 5
+    inputs = hf.model_inputs(case, [0])
+    assert set(inputs) == {"input_ids", "position_ids", "use_cache"} and torch.equal(inputs["position_ids"],
+                                                                                    position_ids[:1])
+    # the file's two forms must agree; one form alone is enough
+    save_file({**batch, "position_ids": position_ids, "cu_seqlens": torch.tensor([0, 3, 5, 6, 7, 12]).int()},
+              str(folder / "batch.safetensors"))
+    with pytest.raises(protocol.CaseError, match="cu_seqlens and position_ids describe different sequences"):
+        protocol.read_case(folder, accumulates=True)
+    save_file({**batch, "cu_seqlens": cu}, str(folder / "batch.safetensors"))
+    assert torch.equal(protocol.read_case(folder, accumulates=True).position_ids, position_ids)
+    assert set(hf.model_inputs(protocol.read_case(tmp_path / "packed", accumulates=True))) >= {"position_ids"}

@@ -11,7 +11,9 @@
 #include <ATen/ATen.h>
 
 #include "core/objectives/objective.h"
+#include "verify/conform_packed.h"
 #include "verify/conformance.h"
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -39,7 +41,7 @@ TEST_CASE("every micro-batch case of the case sets splits its rows once into mic
       INFO(set << ": " << c.name);
       REQUIRE(c.micro_batches.size() >= 2);
       CHECK(sbp::micro_batches_problem(c, c.batch.batch_size).empty());
-      const auto batch = sbp::make_objective(c.objective)->random_batch(c.config, c.batch);
+      const auto batch = sbp::conform_batch(c, *sbp::make_objective(c.objective));
       std::set<std::int64_t> counts;
       for (const auto& micro : sbp::micro_batch_split(c, batch)) counts.insert(target_count(c, micro));
       CHECK(counts.size() > 1);
@@ -130,6 +132,7 @@ TEST_CASE("every case set names each case once, and a name is one case in every 
       CHECK((first.batch.seed == c.batch.seed && first.batch.seq_len == c.batch.seq_len &&
              first.batch.batch_size == c.batch.batch_size));
       CHECK(first.micro_batches == c.micro_batches);
+      CHECK(first.pack_lengths == c.pack_lengths);
     }
   }
   CHECK(by_name.count("sft-gqa-qknorm-tied"));
@@ -141,5 +144,89 @@ TEST_CASE("a case file that names two cases alike is bad input naming both", "[c
   std::ofstream(file) << R"([{"name": "a"}, {"name": "b"}, {"name": "a", "seq": 9}])";
   CHECK_THROWS_WITH(sbp::conform_cases(file.string()),
                     Catch::Contains("case 2: name 'a' is case 0's too: every case needs its own name"));
+  std::filesystem::remove(file);
+}
+
+// The packed cases (issue #59): in every set, each with what the issue asks of packed rows, and the batch they write is
+// what DataCollatorWithFlattening would have made of their sequences (plus a ragged tail's padding).
+TEST_CASE("every case set has packed cases whose rows are what their pack_lengths say", "[conform][packed]") {
+  bool straddles = false, single = false, ragged = false, micro_packs = false;
+  for (const auto& set : sbp::conform_case_sets()) {
+    int packed = 0;
+    for (const auto& c : sbp::conform_cases(set)) {
+      if (c.pack_lengths.empty()) continue;
+      ++packed;
+      INFO(set << ": " << c.name);
+      REQUIRE(sbp::pack_lengths_problem(c).empty());
+      const auto objective = sbp::make_objective(c.objective);
+      const auto b = sbp::conform_batch(c, *objective);
+      REQUIRE(b.packed);
+      sbp::validate_tokens(b, c.config, c.name);
+      objective->prepare(b, c.config);  // the separators -100 (it throws naming a kept one)
+      const auto T = c.batch.seq_len;
+      const auto labels = b.field("labels");
+      for (std::size_t r = 0; r < c.pack_lengths.size(); ++r) {
+        const auto row = std::int64_t(r);
+        std::int64_t start = 0;
+        for (const auto L : c.pack_lengths[r]) {
+          CHECK(b.packed->sequence_start(row, start) == start);
+          CHECK(b.packed->sequence_end(row, start) == start + L);
+          CHECK(labels[row][start].item<std::int64_t>() == -100);
+          for (const auto chunk : {c.layer_chunk, c.head_chunk})
+            if ((start + L - 1) / chunk > start / chunk) straddles = true;
+          single = single || L == 1;
+          start += L;
+        }
+        CHECK(b.attention_mask[row].sum().item<std::int64_t>() == start);  // the padding after the last sequence only
+        if (start < T) {
+          ragged = true;
+          CHECK(labels[row].slice(0, start).eq(-100).all().item<bool>());
+          CHECK(b.packed->sequence_start(row, start) == start);  // the padding a segment of its own
+        }
+      }
+      if (!c.micro_batches.empty())
+        for (const auto& rows : c.micro_batches)
+          if (rows.size() >= 2 && c.pack_lengths[std::size_t(rows[0])] != c.pack_lengths[std::size_t(rows[1])])
+            micro_packs = true;
+      const auto j = sbp::case_json(c, *objective);
+      CHECK(j.at("packed") == true);
+      CHECK(j.at("sequences").get<std::vector<std::vector<std::int64_t>>>() == c.pack_lengths);
+      const auto cu = b.packed->cu_seqlens().to(at::kLong);
+      CHECK(j.at("max_length").get<std::int64_t>() == (cu.slice(0, 1) - cu.slice(0, 0, -1)).max().item<std::int64_t>());
+    }
+    INFO(set);
+    CHECK(packed >= 1);
+    if (set == "ci") CHECK(packed == 1);
+  }
+  CHECK((straddles && single && ragged && micro_packs));
+  // The survey's packed case suits the two recalled bugs: every target but each sequence's first (TRL PR #4170) and
+  // a micro-batch of two packs with different boundaries (Liger PR #477), fp32.
+  const auto survey = sbp::conform_cases("survey");
+  const auto it = std::find_if(survey.begin(), survey.end(), [](const auto& c) { return !c.pack_lengths.empty(); });
+  REQUIRE(it != survey.end());
+  CHECK(it->dtype == c10::kFloat);
+  CHECK(it->batch.prompt_fraction == 0);
+  const auto b = sbp::conform_batch(*it, *sbp::make_objective(it->objective));
+  CHECK(b.field("labels").ne(-100).sum().item<std::int64_t>() == b.batch_size() * b.seq_len() - b.packed->sequences());
+}
+
+TEST_CASE("a case file's pack_lengths are checked and named", "[conform][packed]") {
+  const auto file = std::filesystem::temp_directory_path() / "streambp-test-packed-cases.json";
+  const auto cases = [&](const std::string& text) {
+    std::ofstream(file) << text;
+    return sbp::conform_cases(file.string());
+  };
+  const auto ok = cases(R"([{"name": "p", "pack_lengths": [[3, 5], [2, 1]]}])");
+  REQUIRE(ok.size() == 1);
+  CHECK(ok[0].batch.batch_size == 2);
+  CHECK(ok[0].batch.seq_len == 8);
+  CHECK_THROWS_WITH(cases(R"([{"name": "p", "seq": 6, "pack_lengths": [[3, 5]]}])"),
+                    Catch::Contains("pack_lengths[0]: 8 tokens do not fit T = 6"));
+  CHECK_THROWS_WITH(cases(R"([{"name": "p", "pack_lengths": [[3, 0]]}])"),
+                    Catch::Contains("pack_lengths[0][1]: length 0"));
+  CHECK_THROWS_WITH(cases(R"([{"name": "p", "objective": "dpo", "pack_lengths": [[3], [3]]}])"),
+                    Catch::Contains("packed rows are SFT only"));
+  CHECK_THROWS_WITH(cases(R"([{"name": "p", "batch": 3, "pack_lengths": [[3], [3]]}])"),
+                    Catch::Contains("pack_lengths has 2 rows, batch says 3"));
   std::filesystem::remove(file);
 }

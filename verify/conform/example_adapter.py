@@ -15,7 +15,7 @@ try:
 except ImportError:  # not installed: the checkout's copy beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from streambp_conform import Case, run
-from streambp_conform.hf import fp64_exact
+from streambp_conform.hf import fp64_exact, model_inputs
 
 
 def gradients(case: Case):
@@ -29,8 +29,9 @@ def gradients(case: Case):
     if case.lora:  # without autocast_adapter_dtype=False PEFT holds bf16 adapters in fp32
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, case.adapter_dir, is_trainable=True, autocast_adapter_dtype=False)
-    b = case.batch  # input_ids, attention_mask, labels: [B, T] int64
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # [B, T, V]
+    b = case.batch  # input_ids, attention_mask, labels: [B, T] int64 (packed rows: position_ids too)
+    # input_ids with attention_mask; packed rows (case.packed): position_ids and no mask, HF's own packed path
+    logits = model(**model_inputs(case)).logits  # [B, T, V]
     targets = F.pad(b["labels"], (0, 1), value=-100)[:, 1:]  # position t predicts token t + 1; -100: not a target
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)  # mean over the batch's targets
     loss.backward()
@@ -43,4 +44,5 @@ if __name__ == "__main__":
     from streambp_conform.warm import delegate
 
     delegate()  # optional: run in a warm worker, imports done, when STREAMBP_CONFORM_WARM names one (docs/conformance.md)
-    sys.exit(run(gradients, objectives={"sft"}))  # GRPO and DPO declined before torch loads
+    # GRPO and DPO declined before torch loads; packed rows run (model_inputs keeps each sequence to itself)
+    sys.exit(run(gradients, objectives={"sft"}, packs=True))

@@ -7,6 +7,8 @@ Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR   (protocol: streambp_c
 fp64 cases stay fp64 end to end (RMSNorm patched, SFT loss without HF's fp32 cast of the logits), so they are
 judged at 1e-10 against the harness's fp64 standard BP; fp32 and bf16 cases run HF as shipped. A micro-batch case
 runs as HF's Trainer accumulates: a forward + backward per micro-batch, each loss over the step's target count.
+Packed rows take HF's own packed path: position_ids restarting per sequence and no attention_mask, from which
+transformers builds the block-diagonal causal mask (streambp_conform.hf.model_inputs).
 """
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ import losses  # noqa: E402
 import protocol  # noqa: E402
 
 if __name__ == "__main__":
-    # accumulates: a micro-batch case runs its micro-batches, each normalised by the step's totals (losses.step_batch)
+    # accumulates: a micro-batch case runs its micro-batches, each normalised by the step's totals (losses.step_batch);
+    # packs: packed rows go to HF's own packed path (position_ids, no attention_mask: losses.forward_logits)
     sys.exit(protocol.main(sys.argv[1:], losses.loss, "Usage: hf_adapter.py [--gradient-checkpointing] CASE_DIR",
-                           accumulates=True))
+                           accumulates=True, packs=True))

@@ -80,7 +80,8 @@ def main(argv):
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
     try:
-        case = protocol.read_case(args[0])
+        # packs=False: its ranks hand HF an attention_mask, which would attend across packed sequences
+        case = protocol.read_case(args[0], packs=False)
         if case.parallel != "data":
             raise protocol.NotExpressible(f"parallel {case.parallel}: this adapter splits the rows (hf_sp_adapter.py "
                                           "splits the sequence)")

@@ -165,6 +165,9 @@ def main(argv, split=None):
                  "the sequence over ranks"
     elif (meta.get("objective") or {}).get("name") != "sft":
         reason = f"objective {(meta.get('objective') or {}).get('name')}: this adapter splits SFT's loss only"
+    elif meta.get("packed"):  # its ranks recompute a causal prefix by attention_mask: a sequence's start is not kept
+        reason = "packed rows: this adapter's ranks recompute each shard's causal prefix of the whole row, with no " \
+                 "sequence boundaries (streambp train --sp runs packed rows across ranks)"
     if reason:
         print(f"{case_dir.name}: {reason}", file=sys.stderr)
         return 3  # protocol.NOT_EXPRESSIBLE

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from protocol import CaseError
+from streambp_conform.hf import batch_inputs, model_inputs  # noqa: F401  (model_inputs: the adapters' helper)
 
 
 def step_batch(case):
@@ -29,8 +30,9 @@ def step_batch(case):
 
 
 def forward_logits(model, b):
-    """[B, T, V] in the loss dtype: the model's, raised to at least fp32 (HF's loss upcast, without narrowing fp64)."""
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+    """[B, T, V] in the loss dtype: the model's, raised to at least fp32 (HF's loss upcast, without narrowing fp64).
+    `b`: a batch dict (with position_ids: packed rows, each sequence attending within itself)."""
+    logits = model(**batch_inputs(b)).logits  # packed rows: position_ids and no mask (streambp_conform.hf)
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
@@ -46,8 +48,7 @@ def sft_loss(model, case):
     # A micro-batch: HF Trainer's num_items_in_batch, the step's target count (None: this batch's own mean).
     items = (step_batch(case)["labels"][:, 1:] != -100).sum() if case.union is not None else None
     if case.dtype != torch.float64:
-        return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
-                     num_items_in_batch=items).loss
+        return model(**batch_inputs(b), labels=b["labels"], num_items_in_batch=items).loss
     from transformers.loss.loss_utils import fixed_cross_entropy
 
     logits = forward_logits(model, b)

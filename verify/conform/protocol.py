@@ -92,10 +92,11 @@ def run_step(case, model, trainable, loss_fn):
     return loss.item(), grads, seconds
 
 
-def main(argv, loss_fn, usage, accumulates=False):
+def main(argv, loss_fn, usage, accumulates=False, packs=False):
     """The HF adapters' command line, [--gradient-checkpointing] CASE_DIR, on streambp_conform.run (exit 0 with the
     outputs written, 2 a case this adapter cannot run, 3 NotExpressible). `accumulates`: loss_fn normalises a
-    micro-batch by the step's totals (Case.union), so micro-batch cases run (run_step)."""
+    micro-batch by the step's totals (Case.union), so micro-batch cases run (run_step); `packs`: loss_fn hands the
+    model packed rows' boundaries (losses.forward_logits does), so packed cases run."""
     args = [a for a in argv if a != "--gradient-checkpointing"]
 
     def step(case):
@@ -103,4 +104,4 @@ def main(argv, loss_fn, usage, accumulates=False):
         loss, grads, seconds = run_step(case, model, trainable, loss_fn)
         return Result(loss, grads, seconds)
 
-    return run(step, args, accumulates=accumulates, usage=usage)
+    return run(step, args, accumulates=accumulates, usage=usage, packs=packs)

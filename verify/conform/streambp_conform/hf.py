@@ -10,6 +10,9 @@ the oracle, far beyond the fp64 bar of 1e-10 (the first tensor named is a `...la
 
 The patched norm computes in at least fp32: fp64 stays fp64, and fp32 and bf16 compute exactly as HF ships them.
 transformers is imported on the first call, not with the package.
+
+    from streambp_conform.hf import model_inputs
+    logits = model(**model_inputs(case)).logits   # packed rows: position_ids, no attention_mask; else the mask
 """
 FAMILIES = (("qwen3", "Qwen3RMSNorm"), ("qwen2", "Qwen2RMSNorm"), ("llama", "LlamaRMSNorm"))
 
@@ -50,3 +53,28 @@ def fp64_exact(model=None):
         if isinstance(module, classes):
             module.forward = types.MethodType(rms_norm_forward, module)
     return model
+
+
+def batch_inputs(batch):
+    """model_inputs for a batch dict (Case.batch, or some of its rows): with position_ids (a packed case) input_ids and
+    position_ids, no attention_mask and use_cache=False; otherwise input_ids and attention_mask."""
+    if "position_ids" in batch:
+        # transformers (>= 4.54) builds the block-diagonal causal mask from position_ids for SDPA and eager only when
+        # no attention_mask is given and no cache is used; a 2-D mask of ones would let every sequence see the ones
+        # before it. A ragged row's padding is a segment of its own after its last sequence: seen by nothing.
+        return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def model_inputs(case, rows=None):
+    """What to hand an HF causal LM for the case's rows (all, or `rows`: a list of row indices or a slice), as
+    keyword arguments: model(**model_inputs(case), labels=...). A packed case (case.packed) gets input_ids and
+    position_ids restarting at 0 per sequence, as DataCollatorWithFlattening writes them, and no attention_mask;
+    any other case input_ids and attention_mask."""
+    import torch
+
+    b = case.batch
+    if rows is not None:
+        index = rows if isinstance(rows, slice) else torch.as_tensor(rows, dtype=torch.long)
+        b = {k: (v[index] if isinstance(index, slice) else v.index_select(0, index)) for k, v in b.items()}
+    return batch_inputs(b)

@@ -69,6 +69,16 @@ class Case:
     parallel: str = "data"  # how the ranks split the work: "data" (rows) or "sequence" (positions)
     micro_batches: list = None  # the optimizer step's micro-batches, each a list of batch rows; None: one pass
     union: dict = None    # on one micro-batch's Case (micro_case): the whole step's batch, whose totals normalise
+    # Packed rows (case.json "packed"): several sequences a row, each attending causally within itself only. The
+    # boundaries in both forms: position_ids [B, T] (also batch["position_ids"]: 0 at each sequence's first token,
+    # as DataCollatorWithFlattening writes them) and cu_seqlens [n + 1] int32 (flash-attention's varlen form: the
+    # cumulative segment lengths over the B*T tokens flattened row after row; a ragged row's padding is a segment of
+    # its own). sequences: each row's sequence lengths, the padding not among them; max_length: the longest segment.
+    packed: bool = False
+    position_ids: "torch.Tensor" = None  # noqa: F821
+    cu_seqlens: "torch.Tensor" = None  # noqa: F821
+    sequences: list = None
+    max_length: int = None
 
     @property
     def model_dir(self):
@@ -136,13 +146,67 @@ def objective_names(objectives):
     return names
 
 
-def read_case(case_dir, accumulates=False, distributed=True, objectives=None):
+def cu_seqlens_from_position_ids(position_ids):
+    """[n + 1] int32: where each segment starts (a position 0) over the B*T tokens flattened row after row, then B*T."""
+    import torch
+
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0).flatten()
+    return torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
+
+
+def position_ids_from_cu_seqlens(cu_seqlens, rows, seq_len):
+    """[rows, seq_len] int64: each token's place in its segment (cu_seqlens over the flattened rows)."""
+    import torch
+
+    cu = cu_seqlens.to(torch.long)
+    index = torch.arange(rows * seq_len)
+    start = cu[torch.searchsorted(cu, index, right=True) - 1]
+    return (index - start).reshape(rows, seq_len)
+
+
+def _sequences_of(position_ids, attention_mask):
+    """Each row's sequence lengths (segments of position_ids), the padding segment (attention_mask 0) left out."""
+    out = []
+    for pos, mask in zip(position_ids.tolist(), attention_mask.tolist()):
+        starts = [t for t, p in enumerate(pos) if p == 0] + [len(pos)]
+        out.append([e - s for s, e in zip(starts, starts[1:]) if mask[s]])
+    return out
+
+
+def _packed_fields(batch, meta, case_dir):
+    """The packed keys of a Case from batch.safetensors and case.json: both boundary forms (the one derived from the
+    other when the file has one), checked to agree; cu_seqlens is taken out of the batch (it is not per row)."""
+    import torch
+
+    B, T = batch["input_ids"].shape
+    pos, cu = batch.get("position_ids"), batch.pop("cu_seqlens", None)
+    if pos is None and cu is None:
+        raise CaseError("batch.safetensors: a packed case (case.json packed) has neither position_ids nor cu_seqlens")
+    if pos is None:
+        pos = position_ids_from_cu_seqlens(cu, B, T)
+        batch["position_ids"] = pos
+    derived = cu_seqlens_from_position_ids(pos)
+    if cu is not None and not torch.equal(cu.to(torch.long), derived.to(torch.long)):
+        raise CaseError("batch.safetensors: cu_seqlens and position_ids describe different sequences")
+    sequences = meta.get("sequences") or _sequences_of(pos, batch["attention_mask"])
+    lengths = derived[1:] - derived[:-1]
+    return dict(packed=True, position_ids=pos, cu_seqlens=derived, sequences=sequences,
+                max_length=int(meta.get("max_length") or lengths.max()))
+
+
+def read_case(case_dir, accumulates=False, distributed=True, objectives=None, packs=True):
     """The case. Declined (NotExpressible) before torch loads: a micro-batch case unless the caller `accumulates` (runs
     the step's micro-batches into one gradient normalised by the step's totals), a case of several ranks unless it is
-    `distributed`, an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one)."""
+    `distributed`, a packed case unless it `packs` (attends within each sequence: Case.position_ids, cu_seqlens),
+    an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one)."""
     objectives = objective_names(objectives)
     case_dir = Path(case_dir)
     meta = _meta(case_dir)
+    if meta.get("packed") and not packs:
+        rows = meta.get("sequences") or []
+        raise NotExpressible(f"packed rows ({sum(len(r) for r in rows)} sequences in {len(rows)} rows): this adapter "
+                             "does not declare packed rows: run(..., packs=True)")
     if objectives is not None and meta["objective"]["name"] not in objectives:
         raise NotExpressible(f"objective {meta['objective']['name']}: this adapter implements "
                              f"{' and '.join(sorted(o.upper() for o in objectives))} only")
@@ -161,18 +225,26 @@ def read_case(case_dir, accumulates=False, distributed=True, objectives=None):
     chunks = meta.get("chunks") or {}
     T = batch["input_ids"].size(1)
     objective = dict(meta["objective"])
+    packed = _packed_fields(batch, meta, case_dir) if meta.get("packed") else {}
     return Case(case_dir, meta.get("case", case_dir.name), _dtypes()[meta["dtype"]],
                 Objective(objective.pop("name"), objective), bool(meta.get("lora")), int(chunks.get("head") or T),
                 batch, int(chunks.get("layer") or T), ranks, parallel=meta.get("parallel", "data"),
-                micro_batches=micro)
+                micro_batches=micro, **packed)
 
 
 def micro_case(case, rows):
-    """The Case of one micro-batch: its rows of every batch tensor, and the whole step's batch as `union`."""
+    """The Case of one micro-batch: its rows of every batch tensor, and the whole step's batch as `union`; a packed
+    case's boundaries those of its rows."""
     import torch
 
     index = torch.tensor(rows, dtype=torch.long)
-    return replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items()}, union=case.batch)
+    part = replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items()}, union=case.batch)
+    if case.packed:
+        part.position_ids = part.batch["position_ids"]
+        part.cu_seqlens = cu_seqlens_from_position_ids(part.position_ids)
+        part.sequences = [case.sequences[r] for r in rows]
+        part.max_length = int((part.cu_seqlens[1:] - part.cu_seqlens[:-1]).max())
+    return part
 
 
 def saved_peft_name(name):
@@ -233,11 +305,13 @@ def write_outputs(case, loss, grads, seconds=None, micro_batches=None):
     _replace_atomically(case.dir / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result) + "\n"))
 
 
-def run(step, argv=None, accumulates=False, distributed=False, objectives=None, usage=None):
+def run(step, argv=None, accumulates=False, distributed=False, objectives=None, usage=None, packs=False):
     """The adapter's command line, CASE_DIR: read the case, call step(case) -> (loss, {name: gradient}) or a Result,
     write the outputs; returns the exit status (0 written; 2 a bad case or usage; 3 NotExpressible; 1 any other
     exception, its traceback and then one line naming the case). `accumulates`: step runs a micro-batch case's
-    micro-batches (micro_case) as its trainer does; `distributed`: step runs case.ranks processes itself. Otherwise
+    micro-batches (micro_case) as its trainer does; `distributed`: step runs case.ranks processes itself; `packs`:
+    step keeps each packed sequence to itself (position_ids or cu_seqlens; streambp_conform.hf.model_inputs), where
+    an adapter that never heard of packing would attend across them. Otherwise
     such cases are declined before torch loads, as are objectives not in `objectives` (sft, grpo, dpo in any case;
     None: any; an unknown name exits 2 on every case). Gradients may carry PEFT's in-memory names; they are saved as
     PEFT's files name them, in the case dtype."""
@@ -252,7 +326,7 @@ def run(step, argv=None, accumulates=False, distributed=False, objectives=None, 
         return BAD_CASE
     name = Path(argv[0]).name
     try:
-        case = read_case(argv[0], accumulates, distributed, objectives)
+        case = read_case(argv[0], accumulates, distributed, objectives, packs)
         name = case.name
         start = time.perf_counter()
         out = step(case)

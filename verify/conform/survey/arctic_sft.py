@@ -86,7 +86,7 @@ def worker(case_dir):
     ds_common.init_distributed_gloo()
     rank, sp = dist.get_rank(), dist.get_world_size()
     try:
-        case = protocol.read_case(case_dir)
+        case = protocol.read_case(case_dir, packs=False)  # packed rows: not declared
         B, T = case.batch["input_ids"].shape
         if ACCUM > B:
             raise protocol.CaseError(f"--accum={ACCUM} micro-batches for {B} rows")

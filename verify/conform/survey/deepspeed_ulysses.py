@@ -66,7 +66,7 @@ def worker(case_dir):
     ds_common.init_distributed_gloo()
     rank = dist.get_rank()
     try:
-        case = protocol.read_case(case_dir)
+        case = protocol.read_case(case_dir, packs=False)  # packed rows: not declared
         ds_common.configure(case)
         if case.objective["name"] != "sft":
             ds_common.not_expressible(f"{case.objective['name']}: this Ulysses adapter runs SFT only")

@@ -57,14 +57,19 @@ def to_device(case, model, device):
 
 
 def run_step(case, model, trainable, loss_fn, device):
-    """protocol.run_step on a device: forward + backward timed (synchronised), gradients back on CPU in the case dtype."""
+    """protocol.run_step on a device: forward + backward timed (synchronised), gradients back on CPU in the case dtype.
+    A micro-batch case (an adapter that accumulates): one forward + backward per micro-batch, loss_fn getting
+    protocol.micro_case's Case, whose `union` holds the step's totals."""
     for p in trainable.values():
         p.grad = None
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    loss = loss_fn(model, case)
-    loss.backward()
+    loss = 0.0
+    for part in [protocol.micro_case(case, rows) for rows in case.micro_batches] if case.micro_batches else [case]:
+        part_loss = loss_fn(model, part)
+        part_loss.backward()
+        loss = loss + part_loss.detach()
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -85,17 +90,20 @@ def split_flags(argv, known):
     return [a for a in argv if a in known], [a for a in argv if a not in known]
 
 
-def main(argv, usage, flags, device_fn, prepare, loss_fn, load=None):
+def main(argv, usage, flags, device_fn, prepare, loss_fn, load=None, declares=None):
     """[--gradient-checkpointing] [FLAGS] CASE_DIR. device_fn() -> device (or CaseError, before anything loads);
     prepare(case, model, flags) -> model after protocol.load_model (library patches); loss_fn(model, case, flags)
-    -> scalar. A library with a loader of its own passes load(case, flags) -> (model, trainable) instead."""
+    -> scalar. A library with a loader of its own passes load(case, flags) -> (model, trainable) instead.
+    declares(flags) -> protocol.read_case's declarations for this setting ({"accumulates": True, "packs": True}: the
+    loss normalises a micro-batch by Case.union's totals, it runs packed rows); None: neither."""
     given, args = split_flags(argv, set(flags) | {"--gradient-checkpointing"})
     if len(args) != 1 or args[0].startswith("-"):
         print(usage, file=sys.stderr)
         return 2
     try:
         device = device_fn()
-        case = protocol.read_case(args[0])
+        declared = {"accumulates": False, "packs": False, **(declares(given) if declares else {})}
+        case = protocol.read_case(args[0], **declared)
         if getattr(case, "ranks", 1) != 1:
             raise NotExpressible(f"{case.ranks} ranks: this adapter runs one process")
         if case.objective["name"] != "sft":
@@ -115,5 +123,6 @@ def main(argv, usage, flags, device_fn, prepare, loss_fn, load=None):
     except CaseError as e:
         print(f"{Path(args[0]).name}: {e}", file=sys.stderr)
         return 2
-    protocol.write_outputs(case, loss, grads, seconds)
+    # a micro-batch case: how many run_step ran, which the harness checks against the case's
+    protocol.write_outputs(case, loss, grads, seconds, len(case.micro_batches) if case.micro_batches else None)
     return 0

@@ -2,7 +2,7 @@
 """HF transformers' own Trainer (any release that has Trainer + TrainingArguments) under streambp-conform/1: SFT, full
 fine-tuning, micro-batch cases (a one-batch case is a step of one micro-batch).
 
-Usage: hf_trainer.py [--liger] CASE_DIR
+Usage: hf_trainer.py [--liger] [--flatten] CASE_DIR
 
 The step runs as a Trainer user's does: Trainer(model, TrainingArguments(gradient_accumulation_steps=K, max_steps=1,
 max_grad_norm=0), train_dataset=the case's rows).train(), so the Trainer's accumulation loop and its loss
@@ -12,6 +12,12 @@ case's micro-batches and a no-op optimizer that keeps the gradient it is handed.
 --liger: apply_liger_kernel_to_<family>(model=..., rope/rms_norm/swiglu off) first: Liger's HF integration, its
 patched forward and fused linear cross-entropy (where its loss normalisation lives), its other kernels off; Triton's
 CPU interpreter when TRITON_INTERPRET=1 (gpu_common.py).
+--flatten: padding-free packed rows (issue #59), a packed case only: the case's sequences, cut out of each packed row
+by its boundaries (Case.cu_seqlens; a ragged row's padding left out), are the Trainer's features ({"input_ids",
+"labels"}), and transformers' own DataCollatorWithFlattening (return_position_ids) makes each micro-batch's sequences
+one row with position_ids restarting per sequence, each sequence's first label -100 and no attention_mask, from which
+SDPA gets the block-diagonal mask (transformers >= 4.54). One Trainer batch per micro-batch of the case: the
+sequences of its rows.
 The loss reported is the Trainer's training_loss (its accumulated tr_loss over the one step).
 HF's causal-LM loss casts the logits to fp32 (`logits.float()`), so the survey runs this on fp32 cases only.
 """
@@ -20,10 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import protocol  # noqa: E402
+import packed_rows  # noqa: E402
 import trainer_step  # noqa: E402
 from protocol import CaseError, NotExpressible  # noqa: E402
 
-USAGE = "Usage: hf_trainer.py [--liger] CASE_DIR"
+USAGE = "Usage: hf_trainer.py [--liger] [--flatten] CASE_DIR"
 
 
 def load(case):
@@ -49,31 +56,38 @@ def apply_liger(model):
     apply(model=model, rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
 
 
-def run(case, liger):
+def run(case, liger, flatten):
     import torch
     import transformers
 
     if case.objective["name"] != "sft" or case.lora or case.ranks != 1:
         raise NotExpressible("this entry runs the Trainer's SFT step, full fine-tuning, one process")
+    if flatten and not case.packed:
+        raise NotExpressible("--flatten runs packed cases only (DataCollatorWithFlattening's padding-free rows)")
     model = load(case)
     if liger:
         apply_liger(model)
-    rows = [{k: v[r] for k, v in case.batch.items() if k in ("input_ids", "attention_mask", "labels")}
-            for r in range(case.batch["input_ids"].size(0))]
-    micro = case.micro_batches or [list(range(len(rows)))]
+    if flatten:
+        rows, micro = packed_rows.sequences(case)  # each row's sequences, its padding left out
+        collate = transformers.DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
+    else:
+        rows = [{k: v[r] for k, v in case.batch.items() if k in ("input_ids", "attention_mask", "labels")}
+                for r in range(case.batch["input_ids"].size(0))]
+        micro = case.micro_batches or [list(range(len(rows)))]
+        collate = lambda b: {k: torch.stack([r[k] for r in b]) for k in b[0]}  # noqa: E731
     loss, grads, seconds = trainer_step.trainer_step(
         transformers.Trainer,
         lambda out: transformers.TrainingArguments(**trainer_step.step_arguments(out, len(micro)),
                                                    remove_unused_columns=False),
-        model, dict(model.named_parameters()), micro, loader_rows=rows,
-        collate=lambda b: {k: torch.stack([r[k] for r in b]) for k in b[0]}, train_dataset=rows)
+        model, dict(model.named_parameters()), micro, loader_rows=rows, collate=collate, train_dataset=rows)
     return loss, {n: g.to(case.dtype).contiguous() for n, g in grads.items()}, seconds
 
 
 def main(argv):
-    liger = "--liger" in argv
-    return protocol.run(lambda case: run(case, liger), [a for a in argv if a != "--liger"], accumulates=True,
-                        usage=USAGE)
+    liger, flatten = "--liger" in argv, "--flatten" in argv
+    # packs: only --flatten keeps packed sequences apart; the stacked rows would attend across them
+    return protocol.run(lambda case: run(case, liger, flatten), [a for a in argv if a not in ("--liger", "--flatten")],
+                        accumulates=True, usage=USAGE, packs=flatten)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def worker(case_dir):
     from transformers import Trainer, TrainingArguments
 
     rank, sp = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    case = protocol.read_case(case_dir, distributed=True)
+    case = protocol.read_case(case_dir, distributed=True, packs=False)
     model, trainable = protocol.load_model(case)
     b = case.batch
     B, T = b["input_ids"].shape

@@ -2,7 +2,7 @@
 """Liger-Kernel (PyPI liger-kernel) under the conformance protocol streambp-conform/1, SFT, full fine-tuning or LoRA.
 
 Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none |
-                         --tiled-swiglu] CASE_DIR
+                         --tiled-swiglu | --rope-only] CASE_DIR
 
 default           Liger's documented HF integration: apply_liger_kernel_to_<qwen3|qwen2|llama>(model=...) on the
                   loaded model (its defaults: RoPE, RMSNorm, SwiGLU kernels and the fused linear cross-entropy head),
@@ -25,6 +25,15 @@ default           Liger's documented HF integration: apply_liger_kernel_to_<qwen
                   (ceil(T / hidden_size)) and the layer's own projections (PEFT's LoRA-wrapped ones included); the
                   rest of the model and the loss are HF's. Its backward recomputes each shard's MLP (DeepSpeed's
                   TiledMLP, flattened rows) and its SiLU-times-up is Liger's Triton kernel.
+--rope-only       Liger's RoPE kernel alone, on packed cases too: liger_rotary_pos_emb installed as the model module's
+                  apply_rotary_pos_emb (what apply_liger_kernel_to_<family>(rope=True) does; 0.5.x has no such
+                  function for qwen3), nothing else patched. The inputs are a packed case's position_ids [B, T] and
+                  a 4-D block-diagonal causal mask built from its boundaries (packed_rows.py), which is how a
+                  transformers before 4.54 (no packing detection from position_ids) takes packed rows on SDPA. The
+                  loss is the token cross-entropy sum in the logits' dtype raised to >= fp32 (fp64 kept) over the
+                  step's target count, micro-batches accumulated: the bar is the case's, fp64 included. This is the
+                  setting of linkedin/Liger-Kernel PR #477 (0.5.3): before it the kernel rotated every row with row
+                  0's cos/sin, so it shows on >= 2 packed rows whose boundaries differ.
 
 Runs on CUDA. Without a GPU it exits 2 with "needs a GPU: ...", unless TRITON_INTERPRET=1: then Liger's Triton
 kernels run on CPU in Triton's interpreter (gpu_common.py). Gradients are written on CPU in the model dtype.
@@ -36,12 +45,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_common  # noqa: E402
+import packed_rows  # noqa: E402
 from gpu_common import CaseError, NotExpressible  # noqa: E402
 
-FLAGS = ("--flce-only", "--reduction-none", "--ce-reduction-none", "--tiled-swiglu")
+FLAGS = ("--flce-only", "--reduction-none", "--ce-reduction-none", "--tiled-swiglu", "--rope-only")
 HAND_LOSSES = ("--reduction-none", "--ce-reduction-none")  # the plain HF model, only the loss is Liger's
 USAGE = ("Usage: liger_adapter.py [--gradient-checkpointing] [--flce-only | --reduction-none | --ce-reduction-none | "
-         "--tiled-swiglu] CASE_DIR")
+         "--tiled-swiglu | --rope-only] CASE_DIR")
 
 
 def device():
@@ -89,10 +99,55 @@ def prepare(case, model, flags):
     return model
 
 
+def load_rope_only(case, flags):
+    """--rope-only: the case's model under the pinned transformers (fp64 norms kept fp64), Liger's RoPE function in
+    its module; (model, every parameter by HF's name)."""
+    import importlib
+
+    import torch
+    import trainer_step
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    from streambp_conform.hf import fp64_exact
+
+    if len([f for f in flags if f in FLAGS]) > 1:
+        raise CaseError(f"{' and '.join(FLAGS)} exclude each other")
+    if "--gradient-checkpointing" in flags:
+        raise CaseError("--rope-only runs without checkpointing")
+    if case.lora:
+        raise NotExpressible("--rope-only runs full fine-tuning (the RoPE kernel alone on HF's model)")
+    model = trainer_step.load_pinned_model(case)
+    if case.dtype == torch.float64:
+        fp64_exact(model)
+    family = model.config.model_type
+    importlib.import_module(f"transformers.models.{family}.modeling_{family}").apply_rotary_pos_emb = \
+        liger_rotary_pos_emb
+    return model, dict(model.named_parameters())
+
+
+def rope_only_loss(model, case):
+    """--rope-only's loss: the step's token cross-entropy sum over its target count (Case.union on a micro-batch)."""
+    import torch
+    import torch.nn.functional as F
+
+    b = case.batch
+    step = case.union if case.union is not None else b
+    if case.packed:
+        inputs = {"position_ids": b["position_ids"], "attention_mask": packed_rows.block_mask(case, case.dtype)}
+    else:
+        inputs = {"attention_mask": b["attention_mask"]}
+    logits = model(input_ids=b["input_ids"], **inputs).logits
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    targets = gpu_common.shifted_targets(b["labels"]).flatten()
+    total = (gpu_common.shifted_targets(step["labels"]) != -100).sum().clamp(min=1)
+    return F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=-100, reduction="sum") / total
+
+
 def loss(model, case, flags):
     import torch
 
     b = case.batch
+    if "--rope-only" in flags:
+        return rope_only_loss(model, case)
     if "--tiled-swiglu" in flags:
         return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
     if not any(f in flags for f in HAND_LOSSES):
@@ -115,5 +170,17 @@ def loss(model, case, flags):
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
+def load(case, flags):
+    if "--rope-only" in flags:
+        return load_rope_only(case, flags)
+    model, trainable = gpu_common.protocol.load_model(case, gradient_checkpointing="--gradient-checkpointing" in flags)
+    return prepare(case, model, flags) or model, trainable
+
+
+def declares(flags):
+    """--rope-only normalises micro-batches by the step's totals and takes packed rows; the other settings neither."""
+    return {"accumulates": True, "packs": True} if "--rope-only" in flags else {}
+
+
 if __name__ == "__main__":
-    sys.exit(gpu_common.main(sys.argv[1:], USAGE, FLAGS, device, prepare, loss))
+    sys.exit(gpu_common.main(sys.argv[1:], USAGE, FLAGS, device, prepare, loss, load=load, declares=declares))

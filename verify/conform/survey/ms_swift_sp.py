@@ -56,7 +56,7 @@ def worker(case_dir, flags):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        case = protocol.read_case(case_dir, accumulates=True, distributed=True)
+        case = protocol.read_case(case_dir, accumulates=True, distributed=True, packs=False)
         if case.objective["name"] != "sft":
             raise protocol.NotExpressible(f"{case.objective['name']}: this adapter runs ms-swift's SFT loss only")
         model, trainable = protocol.load_model(case)

@@ -213,7 +213,7 @@ def main(argv):
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     try:
-        case = protocol.read_case(args[0])
+        case = protocol.read_case(args[0], packs=False)  # packed rows: not declared
         if case.ranks != 1:
             raise protocol.NotExpressible(f"{case.ranks} ranks: this adapter runs one process")
         model, trainable = load(case, fixes, fork)

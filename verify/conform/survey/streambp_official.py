@@ -229,7 +229,7 @@ def run(argv):
         print("Usage: official_streambp.py CASE_DIR", file=sys.stderr)
         return 2
     try:
-        case = protocol.read_case(argv[0])
+        case = protocol.read_case(argv[0], packs=False)  # packed rows: not declared
         meta = json.loads((case.dir / "case.json").read_text())
         name = case.objective["name"]
         if case.ranks != 1:

@@ -77,11 +77,12 @@ def trainer_step(trainer_class, make_args, model, params, micro, loader_rows=Non
     return float(output.training_loss), seen, seconds
 
 
-def main(argv, run, usage):
+def main(argv, run, usage, packs=False):
     """A trainer adapter's command line on the package's protocol.run: run(case) -> (loss, {name: gradient}, seconds,
-    the micro-batches the Trainer stepped over), checked by the harness against the case's."""
+    the micro-batches the Trainer stepped over), checked by the harness against the case's. `packs`: the adapter
+    runs packed cases (protocol.run's declaration; others report them N/A)."""
     def step(case):
         loss, grads, seconds, steps = run(case)
         return protocol.Result(loss, grads, seconds, steps if case.micro_batches else None)
 
-    return protocol.run(step, argv, accumulates=True, usage=usage)
+    return protocol.run(step, argv, accumulates=True, usage=usage, packs=packs)

@@ -2,7 +2,7 @@
 """TRL's SFTTrainer with its default loss under streambp-conform/1: SFT, full fine-tuning, one process, a step of the
 case's micro-batches (a one-batch case is a step of one micro-batch).
 
-Usage: trl_sft.py CASE_DIR
+Usage: trl_sft.py [--padding-free] CASE_DIR
 
 The step runs as a TRL user's does: SFTTrainer(model, args=SFTConfig(gradient_accumulation_steps=K, max_steps=1,
 max_grad_norm=0, bf16=False), train_dataset=the case's rows tokenized ("input_ids", "labels": TRL's processed-dataset
@@ -15,6 +15,14 @@ data_collator and prepared by its accelerator; the optimizer is a no-op whose st
 SFTConfig's default bf16=True (autocast) is turned off: the case's dtype is the one judged. fp32 cases only: TRL's
 fused LM head computes its log-probs in fp32, as HF's loss rounds the logits to fp32.
 The loss reported is the Trainer's training_loss over the one step.
+
+Packed cases (docs/packing.md): the case's sequences, cut out of its packed rows (packed_rows.py), are the dataset's
+rows, and a micro-batch of packs is the micro-batch of their sequences: TRL's own collator pads them
+(the default) or packs them again into one padding-free row with position_ids restarting per sequence
+(--padding-free: SFTConfig(padding_free=True), the path huggingface/trl PR #4170 fixed). Where every token of every
+sequence but its first is a target, the rows carry input_ids only: the language-modeling form, whose labels TRL's
+collator makes itself (passing the case's labels, whose first label of each sequence is already -100, would hide a
+collator that keeps it).
 """
 import sys
 from pathlib import Path
@@ -22,14 +30,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import protocol  # noqa: E402
+import packed_rows  # noqa: E402
 import trainer_step  # noqa: E402
 from protocol import CaseError, NotExpressible  # noqa: E402
 from trl_dpo import tokenizer  # noqa: E402
 
-USAGE = "Usage: trl_sft.py CASE_DIR"
+USAGE = "Usage: trl_sft.py [--padding-free] CASE_DIR"
 
 
-def run(case):
+def dataset_rows(case):
+    """The dataset's rows and the micro-batches of indices into them (one per micro-batch of the case)."""
+    if case.packed:
+        return packed_rows.sequences(case, language_modeling_form=True)
+    b = case.batch
+    rows = []
+    for r in range(b["input_ids"].size(0)):
+        n = int(b["attention_mask"][r].sum())
+        if not b["attention_mask"][r][:n].all():
+            raise CaseError(f"sft: row {r} is not right-padded")
+        rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
+    return rows, case.micro_batches or [list(range(len(rows)))]
+
+
+def run(case, padding_free):
     import datasets
     import torch
     import trl
@@ -39,27 +62,24 @@ def run(case):
     if case.dtype == torch.float64:
         raise NotExpressible("fp64: TRL's default loss (its fused LM head, trl/kernels/chunked_logprob.py) computes "
                              "the log-probs in fp32")
-    b = case.batch
-    rows = []
-    for r in range(b["input_ids"].size(0)):
-        n = int(b["attention_mask"][r].sum())
-        if not b["attention_mask"][r][:n].all():
-            raise CaseError(f"sft: row {r} is not right-padded")
-        rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
-    micro = case.micro_batches or [list(range(len(rows)))]
-    model, trainable = protocol.load_model(case)
+    rows, micro = dataset_rows(case)
+    model = trainer_step.load_pinned_model(case)  # the pinned transformers' own dtype keyword
     model.train()
+    extra = {"padding_free": True} if padding_free else {}
     loss, grads, seconds = trainer_step.trainer_step(
         trl.SFTTrainer,
         # SFTConfig's default bf16=True autocasts: the case's dtype is judged
-        lambda out: trl.SFTConfig(**trainer_step.step_arguments(out, len(micro)), max_length=None, bf16=False),
-        model, trainable, micro, train_dataset=datasets.Dataset.from_list(rows),
+        lambda out: trl.SFTConfig(**trainer_step.step_arguments(out, len(micro)), max_length=None, bf16=False,
+                                  **extra),
+        model, dict(model.named_parameters()), micro, train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer(model.config.vocab_size))
     return loss, {n: g.contiguous() for n, g in grads.items()}, seconds, len(micro)
 
 
 def main(argv):
-    return trainer_step.main(argv, run, USAGE)
+    padding_free = "--padding-free" in argv
+    return trainer_step.main([a for a in argv if a != "--padding-free"], lambda case: run(case, padding_free), USAGE,
+                             packs=True)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def worker(case_dir):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        case = protocol.read_case(case_dir, accumulates=True, distributed=True)
+        case = protocol.read_case(case_dir, accumulates=True, distributed=True, packs=False)
         if case.objective["name"] != "sft":
             raise protocol.NotExpressible(f"{case.objective['name']}: this adapter runs verl's SFT loss only")
         b = case.batch

@@ -144,7 +144,7 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
     throw InputError(source + " carries ref_logps and --ref " + ref_dir + " is given: use one of them");
   const bool lora = model.lora().enabled();
   if (random && objective.wants_policy_logps())
-    objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), seed,
+    objective.add_synthetic_logps(batch, sequence_logps(model, batch, objective.temperature()), seed,
                                   /*reference_given=*/!ref_dir.empty() || lora);
   ReferencePass pass;
   if (!objective.needs_reference(batch)) {
@@ -163,7 +163,7 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
   const auto start = std::chrono::steady_clock::now();
   if (ref_dir.empty()) {  // LoRA: the base model is the reference, on its own hidden states
     const Model::AdaptersDisabled base(model);
-    batch = objective.with_reference(batch, sequence_logps(model, batch.input_ids, objective.temperature(),
+    batch = objective.with_reference(batch, sequence_logps(model, batch, objective.temperature(),
                                                            kReferenceLayerChunk, kReferenceHeadChunk));
   } else {
     const auto reference = load_model_dir(ref_dir, dtype);
@@ -171,7 +171,7 @@ ReferencePass complete_batch(const Model& model, const Objective& objective, Bat
     if (const auto diff = architecture_difference(model.config(), reference->config()); !diff.empty())
       throw InputError(ref_dir + "/config.json: the reference model must have the policy's architecture and "
                                   "vocabulary; it has " + diff);
-    batch = objective.with_reference(batch, sequence_logps(*reference, batch.input_ids, objective.temperature(),
+    batch = objective.with_reference(batch, sequence_logps(*reference, batch, objective.temperature(),
                                                            kReferenceLayerChunk, kReferenceHeadChunk));
   }
   pass.ran = true;

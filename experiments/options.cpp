@@ -131,8 +131,9 @@ void add_method_option(CLI::App& app, std::string& spec) {
 void add_pack_option(CLI::App& app, LengthDistribution& pack) {
   app.add_option_function<std::string>(
       "--pack", [&pack](const std::string& text) { pack = LengthDistribution::parse(text); },
-      "pack each random row with several sequences (SFT), as DataCollatorWithFlattening does: position_ids restart at "
-      "0 and each sequence's first label is -100; lengths drawn with --seed from DIST = uniform:min=A,max=B | "
+      "pack each random row with several sequences, as DataCollatorWithFlattening does: position_ids restart at "
+      "0 and each sequence's first label is -100 (SFT), or each sequence is one completion with its own advantage "
+      "(GRPO, --group counting sequences); lengths drawn with --seed from DIST = uniform:min=A,max=B | "
       "lognormal:median=M,sigma=S | fixed:length=L, the last sequence of a row cut to fit (docs/packing.md)")
       ->type_name("DIST");
 }

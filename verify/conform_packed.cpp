@@ -29,7 +29,8 @@ ConformCase packed_case(ConformCase c, std::vector<std::vector<std::int64_t>> le
 std::string pack_lengths_problem(const ConformCase& c) {
   if (c.pack_lengths.empty()) return "";
   if (c.objective.rfind("sft", 0) != 0)
-    return "pack_lengths: packed rows are SFT only (GRPO's and DPO's per-sequence terms are not defined on them yet)";
+    return "pack_lengths: packed rows are SFT only in conform's cases (the harness packs GRPO completions, "
+           "docs/packing.md, but conform's packed GRPO cases are not defined yet; DPO refuses packed rows)";
   if (std::int64_t(c.pack_lengths.size()) != c.batch.batch_size)
     return fmt::format("pack_lengths: {} rows for a batch of {}", c.pack_lengths.size(), c.batch.batch_size);
   for (std::size_t r = 0; r < c.pack_lengths.size(); ++r) {

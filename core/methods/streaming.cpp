@@ -155,4 +155,10 @@ at::Tensor sequence_logps(const Model& model, const at::Tensor& input_ids, doubl
   return out;
 }
 
+at::Tensor sequence_logps(const Model& model, const Batch& batch, double temperature, std::int64_t layer_chunk,
+                          std::int64_t head_chunk) {
+  const Model::PackedRowsInUse packed(model, batch.packed.get());
+  return sequence_logps(model, batch.input_ids, temperature, layer_chunk, head_chunk);
+}
+
 }  // namespace sbp

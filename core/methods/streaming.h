@@ -18,6 +18,7 @@ namespace sbp {
 class Model;
 class PhaseClock;
 class PreparedObjective;
+struct Batch;
 
 // Chunk boundaries [s, e) covering [0, T); the last chunk is the remainder when c does not divide T.
 template <typename F>
@@ -65,5 +66,9 @@ HeadResult streamed_head(const Model& model, const PreparedObjective& objective,
 // A chunked no-grad pass of `model` on its own hidden states; never holds more than [B, head_chunk, V] logits.
 at::Tensor sequence_logps(const Model& model, const at::Tensor& input_ids, double temperature,
                           std::int64_t layer_chunk = 512, std::int64_t head_chunk = 1024);
+// The same of a batch's tokens, read as its rows say (packed rows: each sequence within itself, from position 0). A
+// packed sequence's first column is its predecessor's last position's prediction: meaningless, and never scored.
+at::Tensor sequence_logps(const Model& model, const Batch& batch, double temperature, std::int64_t layer_chunk = 512,
+                          std::int64_t head_chunk = 1024);
 
 }  // namespace sbp

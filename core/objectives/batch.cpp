@@ -29,11 +29,22 @@ Batch Batch::to(c10::Device device) const {
 Batch Batch::select_rows(const at::Tensor& index) const {
   const auto i = index.to(input_ids.device());
   Batch out{input_ids.index_select(0, i), attention_mask.index_select(0, i), {}, nullptr};
-  for (const auto& [name, t] : fields) out.fields[name] = t.index_select(0, i.to(t.device()));
+  at::Tensor sequences;  // packed rows: the sequences (cu_seqlens order) of the rows `index`, in that order
   if (packed) {
     const auto rows = index.to(at::kCPU, at::kLong).contiguous();
-    out.packed = packed->select_rows(std::vector<std::int64_t>(rows.data_ptr<std::int64_t>(),
-                                                               rows.data_ptr<std::int64_t>() + rows.numel()));
+    const std::vector<std::int64_t> picked(rows.data_ptr<std::int64_t>(), rows.data_ptr<std::int64_t>() + rows.numel());
+    out.packed = packed->select_rows(picked);
+    std::vector<std::int64_t> first(std::size_t(packed->rows()) + 1, 0), chosen;
+    for (std::int64_t r = 0; r < packed->rows(); ++r)
+      first[std::size_t(r) + 1] = first[std::size_t(r)] + std::int64_t(packed->starts(r).size());
+    for (const auto r : picked)
+      for (auto s = first.at(std::size_t(r)); s < first[std::size_t(r) + 1]; ++s) chosen.push_back(s);
+    sequences = at::tensor(chosen, at::TensorOptions().dtype(at::kLong));
+  }
+  for (const auto& [name, t] : fields) {
+    // A packed batch's one-dimensional fields hold one value per sequence (GRPO's advantages), not per row.
+    const auto& which = packed && t.dim() == 1 ? sequences : i;
+    out.fields[name] = t.index_select(0, which.to(t.device()));
   }
   return out;
 }

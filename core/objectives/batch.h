@@ -22,6 +22,7 @@ struct Batch {
   at::Tensor attention_mask;  // [B, T] int64, 1 = token, 0 = right padding
   // The objective's tensors, by their batch-file names: SFT "labels"; GRPO "completion_mask", "advantages",
   // "old_logps", "ref_logps"; DPO "completion_mask", "ref_logps". Each objective validates its own (objective.h).
+  // Packed rows: a [n] field holds one value per sequence in cu_seqlens order (GRPO's advantages).
   std::map<std::string, at::Tensor> fields;
   // Null: one sequence per row. Otherwise the sequences of each row (HF's position_ids, flash-attention's cu_seqlens;
   // set_sequence_boundaries), each attending within itself only (ARCHITECTURE.md §3 "Packed rows").
@@ -32,7 +33,8 @@ struct Batch {
   bool has(const std::string& name) const { return fields.count(name) != 0; }
   const at::Tensor& field(const std::string& name) const;  // Throws InputError naming it
   Batch to(c10::Device device) const;  // every tensor moved
-  // Rows `index` (int64 [n]) of every tensor (each has the rows first): a micro-batch or a rank's share.
+  // Rows `index` (int64 [n]) of every tensor (each has the rows first): a micro-batch or a rank's share. Of packed rows,
+  // a one-dimensional field has one value per sequence (GRPO's advantages, cu_seqlens order): the rows' sequences'.
   Batch select_rows(const at::Tensor& index) const;
 };
 

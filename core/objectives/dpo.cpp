@@ -28,8 +28,8 @@ std::string DpoObjective::spec() const {
 
 std::string DpoObjective::packed_rows_refusal() const {
   return "dpo: packed rows (position_ids / cu_seqlens) are not defined for it: a pair's chosen and rejected sequences "
-         "would have to be matched across packs; give each its own right-padded row (the chosen rows, then the "
-         "rejected ones)";
+         "would have to be matched across packs (its loss couples row p with row P + p, and no packed layout says which "
+         "sequence pairs with which); give each its own right-padded row (the chosen rows, then the rejected ones)";
 }
 
 Batch DpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {

@@ -103,18 +103,19 @@ PreparedObjective::PreparedObjective(const Objective& objective, const Batch& ba
       temperature_(objective.temperature()),
       seq_len_(batch.seq_len()),
       buffer_bytes_per_token_(Objective::kTargetBytesPerToken + state_bytes_per_token),
-      state_(std::move(state)) {
+      state_(std::move(state)),
+      sequences_(batch.packed ? batch.packed->sequences() : batch.batch_size()) {
   TORCH_CHECK(targets_.defined() && targets_.sizes() == batch.input_ids.sizes(), "objective set no [B, T] targets");
   scored_ = (targets_ >= 0).to(at::kDouble);
   // Known without a pass (GRPO's sequence ratio without old_logps): S is 0 in value.
   if (objective.has_row_term() && statistics_known)
-    statistics_ = at::zeros({batch.batch_size()}, batch.input_ids.options().dtype(at::kDouble));
+    statistics_ = at::zeros({sequences_}, batch.input_ids.options().dtype(at::kDouble));
 }
 
 bool PreparedObjective::needs_statistics() const { return objective_->has_row_term() && !statistics_.defined(); }
 
 StepTotals PreparedObjective::batch_totals() const {
-  return {scored_.size(0), static_cast<std::int64_t>(scored_.sum().item<double>())};
+  return {sequences_, static_cast<std::int64_t>(scored_.sum().item<double>())};
 }
 
 std::vector<Batch> Objective::split(const Batch& batch, std::int64_t parts, const std::string& source) const {
@@ -204,7 +205,7 @@ at::Tensor Objective::statistics_rest(const at::Tensor& total, const at::Tensor&
 
 StatisticsPass::StatisticsPass(const PreparedObjective& objective)
     : objective_(objective),
-      sums_(at::zeros({objective.targets_.size(0)}, objective.targets_.options().dtype(at::kDouble))) {}
+      sums_(at::zeros({objective.sequences_}, objective.targets_.options().dtype(at::kDouble))) {}
 
 void StatisticsPass::add(at::Tensor& logits, std::int64_t start) {
   at::NoGradGuard no_grad;

@@ -2,7 +2,8 @@
 // per-token log-probabilities logp[b, t] = log_softmax(logits[b, t] / temperature)[target[b, t]] of the tokens it
 // scores (position t predicts token t + 1), in two parts:
 //   L = sum over tokens of token terms (SFT's NLL, GRPO's clipped surrogate and KL)
-//     + R(S), S[b] = a sum over the tokens of row b (DPO's log-prob sums, GRPO's sequence-level log-ratio).
+//     + R(S), S[b] = a sum over the tokens of row b (DPO's log-prob sums, GRPO's sequence-level log-ratio); of packed
+//       rows, S[s] sums over sequence s instead (cu_seqlens order), as GRPO defines it (docs/packing.md).
 // An Objective is the formula and its options, fixed at construction. prepare() checks a batch and returns a
 // PreparedObjective holding everything that couples positions (targets, counts, normalisers), which never changes.
 // A method feeds the prepared objective the logits of chunks of positions; the chunk terms sum to L and their
@@ -49,7 +50,8 @@ class PreparedObjective {
  public:
   const Objective& objective() const { return *objective_; }
   double temperature() const { return temperature_; }
-  // The batch's own totals (rows, scored tokens), whatever normalisers it was prepared with.
+  // The batch's own totals (rows, scored tokens), whatever normalisers it was prepared with. Of packed rows, "rows"
+  // counts the sequences: what GRPO's grpo and dr_grpo normalise by (one completion per packed sequence).
   StepTotals batch_totals() const;
   // Bytes per position of what it keeps (the memory models' "objective buffers").
   std::int64_t buffer_bytes_per_token() const { return buffer_bytes_per_token_; }
@@ -98,7 +100,8 @@ class PreparedObjective {
   std::int64_t seq_len_ = 0;
   std::int64_t buffer_bytes_per_token_ = 0;
   std::shared_ptr<const ObjectiveState> state_;
-  at::Tensor statistics_;  // [B] fp64: S over the whole sequence; undefined while unknown
+  std::int64_t sequences_ = 0;  // the row statistics' count: rows, or packed rows' sequences
+  at::Tensor statistics_;  // [sequences_] fp64: S over the whole sequence; undefined while unknown
 };
 
 // Pass 1 of ARCHITECTURE.md §5, for a prepared objective that needs_statistics(): S summed over head chunks that
@@ -114,7 +117,7 @@ class StatisticsPass {
 
  private:
   const PreparedObjective& objective_;
-  at::Tensor sums_;  // [B] fp64
+  at::Tensor sums_;  // [B] fp64 (packed rows: [sequences])
 };
 
 class Objective {
@@ -134,7 +137,7 @@ class Objective {
                             const std::optional<StepTotals>& step_totals = std::nullopt,
                             const std::string& source = "batch") const;
   // Why this objective cannot take packed rows (Batch::packed), or "" when it can: prepare() refuses them with it.
-  // A packed layout must say what each per-row statistic means per sequence, which is defined for SFT only so far.
+  // A packed layout must say what each per-row statistic means per sequence: defined for SFT and GRPO, not DPO.
   virtual std::string packed_rows_refusal() const;
   // Whether the loss has a row term R(S): a streamed head then runs the statistics pass, unless the batch gives S
   // without one (PreparedObjective::needs_statistics). What a workload without a batch (a projection) assumes.
@@ -181,7 +184,7 @@ class Objective {
                                 const std::optional<StepTotals>& step_totals, const std::string& source) const = 0;
   // The token part of the loss on a chunk: logp [B, c] (0 where unscored) of positions [start, start + c).
   virtual at::Tensor token_loss(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const = 0;
-  // The row part: S_chunk [B] from a chunk's log-probs, and R(S) (0-dim; the chunk term passes S in fp64). Only with
+  // The row part: S_chunk [B] (packed rows: [sequences]) from a chunk's log-probs, and R(S) (0-dim; the chunk term passes S in fp64). Only with
   // has_row_term().
   virtual at::Tensor row_statistics(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const;
   virtual at::Tensor row_loss(const PreparedObjective& prepared, const at::Tensor& S) const;

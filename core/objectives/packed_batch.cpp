@@ -65,7 +65,8 @@ Batch padded_sequences(const Batch& packed) {
   out.input_ids = padded(packed.input_ids, 0);
   // Pads of a packed row (a right-padded tail) stay pads; the rest of each sequence is its tokens.
   out.attention_mask = padded(packed.attention_mask, 0);
-  for (const auto& [name, t] : packed.fields) out.fields[name] = padded(t, name == "labels" ? -100 : 0);
+  for (const auto& [name, t] : packed.fields)  // one value per sequence (GRPO's advantages): sequence i is row i
+    out.fields[name] = t.dim() == 1 && t.size(0) == n ? t : padded(t, name == "labels" ? -100 : 0);
   return out;
 }
 

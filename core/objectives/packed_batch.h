@@ -17,8 +17,8 @@ Batch packed_sft_batch(const ModelConfig& config, const std::vector<std::vector<
 
 // The sequences of a packed batch as right-padded rows, one sequence a row in order (row-major over the packed rows),
 // each padded to the longest: input_ids 0, attention_mask 0 and labels -100 on pads; every other per-position field
-// ([B, T]) 0 on pads. A batch that is not packed comes back as it is. Per-row fields (GRPO's advantages) have no
-// meaning per sequence: std::logic_error.
+// ([B, T]) 0 on pads; a per-sequence field ([n], GRPO's advantages) as it is, sequence i being row i. A batch that is
+// not packed comes back as it is. Any other field: std::logic_error.
 Batch padded_sequences(const Batch& packed);
 
 }  // namespace sbp

@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
           // B = 2: two SFT rows (20% prompt), one GRPO group of two completions, one DPO pair.
           sbp::Batch batch = objective->random_batch(m.config, {2, m.seq_len, 0.0, 0.2, std::uint64_t(3000 + seed), group});
           if (objective->wants_policy_logps())
-            objective->add_synthetic_logps(batch, sbp::sequence_logps(oracle_model, batch.input_ids, objective->temperature()),
+            objective->add_synthetic_logps(batch, sbp::sequence_logps(oracle_model, batch, objective->temperature()),
                                            std::uint64_t(3000 + seed), false);
           const auto oracle = step(oracle_model, "standard", *objective, batch);
           for (const auto& precision : sbp::split_list(precisions, ',')) {

@@ -5,8 +5,10 @@
 - every malformed boundary exits 2 naming the row and the position, and writes no output file: positions that do not
   count 0, 1, 2, ..., an empty sequence, a sequence past the batch or across a row's end, a label across a boundary,
   two spellings that disagree;
-- GRPO and DPO refuse packed rows saying why; --pack refuses what it cannot honour, in run, maxlen, project and
-  pack-gain.
+- GRPO on packed rows (one completion per sequence, one advantage per sequence): `run --pack` and its --save-batch
+  file through another method give the same step; advantages per row, and a completion token on a sequence's first
+  position, exit 2 naming the tensor, the row and the position;
+- DPO refuses packed rows saying why; --pack refuses what it cannot honour, in run, maxlen, project and pack-gain.
 
 Usage: python tests/cli/cli_packed_batches.py BUILD/streambp   (needs torch + safetensors: the venv's python)
 """
@@ -37,10 +39,11 @@ def variant(work, source, name, change):
     return path
 
 
-def loss_of(binary, work, *args):
+def loss_of(binary, work, *args, method="standard"):
     record = work / "loss.json"
     record.unlink(missing_ok=True)
-    p = run(binary, *TINY, *args, "--json", record)
+    common = [a if a != "standard" else method for a in TINY]  # TINY's --method standard, or `method`
+    p = run(binary, *common, *args, "--json", record)
     if p.returncode != 0:
         FAILURES.append(f"run {' '.join(map(str, args))}: exit {p.returncode}\n{p.stdout}{p.stderr}")
         return None
@@ -124,9 +127,43 @@ def main():
         for what, change, patterns in bad:
             expect_rejected(binary, work, what, ["bad.safetensors", *patterns],
                             [*TINY, "--batch-file", variant(work, packed, "bad.safetensors", change)])
-        for objective in ("grpo", "dpo"):
-            expect_rejected(binary, work, f"--pack with {objective}", [f"{objective}: packed rows", "not defined for it"],
-                            [*TINY, "--objective", objective, "--pack", "fixed:length=4", "--batch", "4", "--seq", "8"])
+        expect_rejected(binary, work, "--pack with dpo", ["dpo: packed rows", "not defined for it", "across packs"],
+                        [*TINY, "--objective", "dpo", "--pack", "fixed:length=4", "--batch", "4", "--seq", "8"])
+        # GRPO: a random packed batch, read back through StreamBP, the same step; its bad per-sequence inputs.
+        grpo = ["--objective", "grpo:loss_type=grpo,importance=sequence,beta=0.04"]
+        grpo_packed = work / "grpo.safetensors"
+        p = run(binary, *TINY, *grpo, "--pack", "uniform:min=1,max=9", "--group", "2", "--batch", "2", "--seq", "24",
+                "--save-batch", grpo_packed)
+        if p.returncode != 0:
+            FAILURES.append(f"run --pack with grpo: exit {p.returncode}\n{p.stdout}{p.stderr}")
+        else:
+            g = load_file(str(grpo_packed))
+            n = len(g["cu_seqlens"]) - 1
+            if g["advantages"].shape != (n,):
+                FAILURES.append(f"grpo --save-batch: advantages {tuple(g['advantages'].shape)}, expected ({n},)")
+            base = loss_of(binary, work, *grpo, "--batch-file", grpo_packed)
+            streamed = loss_of(binary, work, *grpo, "--batch-file", grpo_packed,
+                               method="streambp:layer_chunk=5,head_chunk=7")
+            if base is None or streamed is None or abs(base - streamed) > 1e-12 * abs(base):
+                FAILURES.append(f"grpo packed batch file: standard loss {base}, streambp {streamed}")
+            else:
+                print(f"ok: grpo on a packed batch file: standard and streambp agree (loss {base})")
+
+            def per_row_advantages(t):
+                t["advantages"] = t["advantages"][:2].clone()
+
+            g_starts = (g["position_ids"][1] == 0).nonzero().flatten().tolist()
+
+            def completion_on_first_token(t):
+                t["completion_mask"][1, g_starts[1]] = 1
+
+            for what, change, patterns in [
+                    ("grpo advantages per row", per_row_advantages,
+                     ["advantages has shape [2]", f"one advantage per packed sequence, in the order of cu_seqlens ([{n}]"]),
+                    ("grpo completion on a sequence's first token", completion_on_first_token,
+                     [f"row 1, position {g_starts[1]}: completion_mask is 1 on a packed sequence's first token"])]:
+                expect_rejected(binary, work, what, ["bad.safetensors", *patterns],
+                                [*TINY, *grpo, "--batch-file", variant(work, grpo_packed, "bad.safetensors", change)])
         expect_rejected(binary, work, "--pack with --batch-file", ["--pack makes a random batch"],
                         [*TINY, "--pack", "fixed:length=4", "--batch-file", packed])
         expect_rejected(binary, work, "--pack with --pad-fraction", ["--pad-fraction with --pack"],
@@ -143,8 +180,8 @@ def main():
                 ("maxlen --pack with --nproc", ["--pack with --nproc 2"],
                  ["maxlen", *small, "--budget-bytes", "4000000", "--optimizer", "adamw", "--batch", "2", "--nproc", "2",
                   "--pack", "fixed:length=64", "--model-only"]),
-                ("maxlen --pack with grpo", ["--pack: ", "packed rows"],
-                 ["maxlen", *small, "--budget-bytes", "4000000", "--objective", "grpo", "--pack", "fixed:length=64",
+                ("maxlen --pack with dpo", ["--pack: ", "packed rows"],
+                 ["maxlen", *small, "--budget-bytes", "4000000", "--objective", "dpo", "--pack", "fixed:length=64",
                   "--model-only"]),
                 ("project --pack with --sp", ["--pack with --sp"], ["project", "--sp", "8", "--pack", "fixed:length=64"])]:
             p = subprocess.run([binary, *args], capture_output=True, text=True)

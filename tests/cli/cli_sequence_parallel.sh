@@ -11,9 +11,11 @@
 #     a shard (MsT), and ranks started by hand with different --sp;
 # (d) packed rows (--pack) with sequences across ranks: StreamBP over 2 ranks (all-gather) and checkpointing over 3
 #     (ring) end 3 fp64 SGD steps within 1e-12 of one process (issue #59 item 4; every method, both schemes, the
-#     gradients themselves and the negative controls are test_packed_sequence_parallel's, in process).
+#     gradients themselves and the negative controls are test_packed_sequence_parallel's, in process); and GRPO on
+#     packed rows (sequence-level ratio: each sequence's log-ratio summed over the ranks holding it) over 3 ranks
+#     (ring), 2 data-parallel ranks and 2 accumulated micro-batches, each within 1e-12 of one process.
 # ctest-timeout: 240
-# ctest-cost: 38
+# ctest-cost: 44
 source "$(dirname "$0")/../support/cli_common.sh"
 
 common=(--preset tiny --dtype fp64 --batch 4 --seq 37 --pad-fraction 0.4 --prompt-fraction 0.2 --steps 3 --seed 5
@@ -165,4 +167,18 @@ for layout in "2 allgather streambp:layer_chunk=4,head_chunk=5" "3 ring checkpoi
   "$STREAMBP" compare packed1/model.safetensors "$name/model.safetensors" --rtol 1e-12 >"cmp-$name.txt" ||
     fail "$name differs from one process:\n$(cat "cmp-$name.txt")"
   echo "ok: packed rows, --sp $sp --sp-scheme $scheme ($method) equals one process: $(tail -1 "cmp-$name.txt")"
+done
+# GRPO on the same packed rows: one completion per sequence, its advantage drawn per sequence. grpo's normaliser counts
+# the step's sequences, across data-parallel ranks and micro-batches alike.
+grpo=("${packed[@]}" --objective grpo:loss_type=grpo,importance=sequence,beta=0.04)
+"$STREAMBP" train "${grpo[@]}" --method standard --save-model grpo1 2>grpo1.log ||
+  fail "packed GRPO, one process:\n$(cat grpo1.log)"
+for layout in "--nproc 3 --sp 3 --sp-scheme ring --method checkpoint" "--nproc 2 --method standard" \
+              "--grad-accum 2 --method streambp:layer_chunk=5,head_chunk=7"; do
+  name=grpo-$(echo "$layout" | tr -c 'a-z0-9' '-')
+  # shellcheck disable=SC2086  # the layout's flags, split on purpose
+  "$STREAMBP" train "${grpo[@]}" $layout --save-model "$name" 2>"$name.log" || fail "packed GRPO, $layout:\n$(cat "$name.log")"
+  "$STREAMBP" compare grpo1/model.safetensors "$name/model.safetensors" --rtol 1e-12 >"cmp-$name.txt" ||
+    fail "packed GRPO, $layout differs from one process:\n$(cat "cmp-$name.txt")"
+  echo "ok: packed GRPO, $layout equals one process: $(tail -1 "cmp-$name.txt")"
 done

@@ -9,6 +9,11 @@ own loss and gradients must equal the formulas' at the same bounds. TRL's releas
 too and must agree to fp32 rounding (FUSED_RTOL). With --ref, the reference log-probs our binary computed from a
 reference checkpoint are checked against HF's forward of that checkpoint.
 
+GRPO on packed rows (run --pack; docs/packing.md "GRPO on packed rows"): TRL has no packed GRPO loss, so its oracle
+is what a packed batch means, the same completions one per right-padded row: the formulas and TRL run on those rows,
+and our gradients on the packed batch must equal theirs at the same bounds (with --ref too: our reference pass on
+packed rows against HF's forward of each completion alone).
+
 Negative controls (CTest): STREAMBP_PARITY_FAULT scales one of our gradients (objective_parity_fault);
 STREAMBP_TRL_FAULT scales TRL's loss (objective_parity_trl_fault): each must make the script fail.
 
@@ -16,7 +21,7 @@ Usage: python tests/oracle/objective_parity.py BUILD/streambp
 """
 # ctest-fault: objective_parity_fault STREAMBP_PARITY_FAULT=1e-6 FAIL: .*(normwise relative error|gradient error|of the allowance)
 # ctest-fault: objective_parity_trl_fault STREAMBP_TRL_FAULT=1e-6 FAIL: .*TRL \(fp64 head\) differs from the formulas
-# ctest-cost: 30
+# ctest-cost: 36
 import json
 import math
 import subprocess
@@ -138,6 +143,22 @@ def compare(what, record, grads_file, formula, trl):
         fail(f"{what}: against TRL: loss error {trl_loss_err:.3e}, gradient error {trl_worst:.3e} in {trl_worst_name}")
 
 
+def padded_completions(b):
+    """A packed GRPO batch's sequences (cu_seqlens over the flattened rows) as right-padded rows, one each, padded to
+    the longest: tokens 0, attention_mask, completion_mask and log-probs 0 on pads; advantages (one per sequence) as
+    they are."""
+    cu = b["cu_seqlens"].tolist()
+    flat = {k: b[k].reshape(-1) for k in ("input_ids", "attention_mask", "completion_mask", "old_logps", "ref_logps")
+            if k in b}
+    longest = max(e - s for s, e in zip(cu, cu[1:]))
+    out = {}
+    for k, t in flat.items():
+        rows = [torch.nn.functional.pad(t[s:e], (0, longest - (e - s))) for s, e in zip(cu, cu[1:])]
+        out[k] = torch.stack(rows)
+    out["advantages"] = b["advantages"]
+    return out
+
+
 def case(binary, work, i, objective, batch_args, ref_dir=None, drop_old=False):
     d = work / f"case{i}"
     d.mkdir()
@@ -152,12 +173,14 @@ def case(binary, work, i, objective, batch_args, ref_dir=None, drop_old=False):
         batch.pop("old_logps")
         batch_file = d / "batch-no-old.safetensors"
         save_file(batch, str(batch_file))
-    formula, trl = oracle(d / "model", batch, objective, ref_dir)
+    packed = "cu_seqlens" in batch
+    formula, trl = oracle(d / "model", padded_completions(batch) if packed else batch, objective, ref_dir)
     for method in ("standard", STREAMBP):
         tag = method.split(":")[0]
         if run(binary, ["--load", d / "model", "--batch-file", batch_file, "--method", method, *common,
                         "--save-grads", d / f"{tag}.safetensors", "--json", d / f"{tag}.json"]):
-            what = f"{objective}{' (no old_logps)' if drop_old else ''}{' (--ref)' if ref_dir else ''} {method}"
+            what = (f"{objective}{' (no old_logps)' if drop_old else ''}{' (--ref)' if ref_dir else ''}"
+                    f"{' (packed rows)' if packed else ''} {method}")
             compare(what, d / f"{tag}.json", d / f"{tag}.safetensors", formula, trl)
 
 
@@ -175,6 +198,8 @@ def main():
                             "--save-model", ref]):
             return 1
         grpo = ["--batch", "4", "--group", "2", "--seq", "26", "--pad-fraction", "0.3"]
+        # Two rows of 26 packed with completions of 1..12 tokens (a ragged last one, some of one token: no completion).
+        grpo_packed = ["--batch", "2", "--group", "2", "--seq", "26", "--pack", "uniform:min=1,max=12"]
         dpo1 = ["--batch", "2", "--seq", "24", "--pad-fraction", "0.3"]
         dpo2 = ["--batch", "4", "--seq", "21", "--pad-fraction", "0.3"]
         cases = [
@@ -186,6 +211,8 @@ def main():
             ("grpo:loss_type=bnpo,beta=0.04", grpo, {"drop_old": True}),
             ("grpo:loss_type=grpo,beta=0.04,importance=sequence", grpo, {"drop_old": True}),
             ("grpo:loss_type=dapo,beta=0.04,temperature=1.3", grpo, {"ref_dir": ref}),
+            ("grpo:loss_type=grpo,beta=0.04,importance=sequence", grpo_packed, {}),
+            ("grpo:loss_type=dr_grpo,beta=0.1,temperature=0.9,max_completion_length=40", grpo_packed, {"ref_dir": ref}),
             ("dpo", dpo1, {}),
             ("dpo:beta=0.5,label_smoothing=0.1", dpo2, {}),
             ("dpo:beta=0.2", dpo2, {"ref_dir": ref}),

@@ -38,7 +38,38 @@ class PerChunkNormalisedGrpo : public GrpoObjective {
   using GrpoObjective::GrpoObjective;
 
  protected:
-  at::Tensor token_weights(const PreparedObjective& prepared, const at::Tensor& mask) const override;
+  at::Tensor token_weights(const PreparedObjective& prepared, const at::Tensor& mask, std::int64_t start) const override;
+};
+
+// Packed rows (docs/packing.md "GRPO on packed rows"): the three ways of keeping a per-row term per row when a row holds
+// several completions. Each gives the padded layout's gradients on unpacked rows, and wrong ones on packed rows.
+
+// Every sequence of a packed row takes the advantage of the row's first sequence (an advantage indexed by row).
+class PerRowAdvantageGrpo : public GrpoObjective {
+ public:
+  using GrpoObjective::GrpoObjective;
+
+ protected:
+  at::Tensor sequence_advantages(const PreparedObjective& prepared) const override;
+};
+
+// The sequence-level importance ratio over the whole row: each sequence's ratio is exp of its row's mean log-ratio.
+class RowRatioGrpo : public GrpoObjective {
+ public:
+  using GrpoObjective::GrpoObjective;
+
+ protected:
+  at::Tensor row_statistics(const PreparedObjective& prepared, const at::Tensor& logp, std::int64_t start) const override;
+};
+
+// A normaliser per pack: the mean over rows of each row's token mean (grpo, bnpo, dapo) or B rows of
+// max_completion_length (dr_grpo), instead of per sequence or per token of the batch.
+class PerPackNormalisedGrpo : public GrpoObjective {
+ public:
+  using GrpoObjective::GrpoObjective;
+
+ protected:
+  at::Tensor sequence_weights(const PreparedObjective& prepared) const override;
 };
 
 }  // namespace sbp::test

@@ -49,7 +49,7 @@ StepGradients run_step(Model& model, const std::string& spec, const Batch& batch
 Batch objective_batch(const Model& model, const Objective& objective, const RandomBatchOptions& options) {
   Batch batch = objective.random_batch(model.config(), options);
   if (objective.wants_policy_logps())
-    objective.add_synthetic_logps(batch, sequence_logps(model, batch.input_ids, objective.temperature()), options.seed,
+    objective.add_synthetic_logps(batch, sequence_logps(model, batch, objective.temperature()), options.seed,
                                   /*reference_given=*/false);
   return batch;
 }

@@ -12,7 +12,7 @@
 #include "baselines/methods.h"
 #include "core/model/model.h"
 #include "core/objectives/length_distribution.h"
-#include "core/objectives/sft.h"
+#include "core/objectives/objective.h"
 #include "experiments/batches.h"
 #include "experiments/measure.h"
 #include "tests/support/test_support.h"
@@ -32,13 +32,15 @@ struct PackedStep {
   sbp::MemoryEstimate packed, as_one_sequence;  // the model, and the model blind to the boundaries
 };
 
-PackedStep packed_step(const PackedShape& s, const std::string& spec) {
+PackedStep packed_step(const PackedShape& s, const std::string& spec, const std::string& objective_spec = "sft") {
   const auto config = sbp::test::tiny_config();
   sbp::Model model(config, s.dtype, 61);
   sbp::RandomBatchOptions options{s.B, s.T, 0.0, 0.0, 62};
   options.pack = sbp::LengthDistribution::parse(s.pack);
-  sbp::SftObjective objective;
-  const auto batch = objective.random_batch(config, options);
+  const auto made = sbp::make_objective(objective_spec);
+  auto& objective = *made;
+  // GRPO's old_logps and ref_logps drawn around the policy's own (its per-token state, the statistics pass).
+  const auto batch = sbp::test::objective_batch(model, objective, options);
   REQUIRE(batch.packed);
   auto method = sbp::make_method(spec);
   PackedStep out;
@@ -83,4 +85,18 @@ TEST_CASE("the memory models hold on packed rows within 3 percent and a model bl
       // kernel's scratch of one T x T call.
       if (s.attention_peak) CHECK_FALSE(sbp::test::matches_model(measured, step.as_one_sequence));
     }
+}
+
+TEST_CASE("the memory models hold on packed GRPO rows within 3 percent", "[meter][memory-model][packed][grpo]") {
+  // One completion per packed sequence: the objective's per-token state (old and ref log-probs, each position's
+  // sequence index) and, under the sequence ratio, the statistics pass over the head, for every metered method.
+  const PackedShape shape{at::kFloat, 2, 512, "uniform:min=16,max=200", {}};
+  for (const auto& spec : sbp::metered_method_specs()) {
+    const auto step = packed_step(shape, spec, "grpo:loss_type=grpo,importance=sequence,beta=0.04");
+    REQUIRE(step.measurement.status == sbp::StepStatus::finished);
+    const auto measured = step.measurement.peak_bytes;
+    INFO(spec << ": measured " << measured << ", analytic " << step.packed.total_bytes() << " at " << step.packed.moment
+              << ", ratio " << double(measured) / double(step.packed.total_bytes()));
+    CHECK(sbp::test::matches_model(measured, step.packed));
+  }
 }

@@ -106,7 +106,7 @@ TEST_CASE("malformed boundaries are bad input naming the row and the position", 
                     Catch::Contains("packed.safetensors: row 1, position 3: labels there is a target across a sequence boundary"));
 }
 
-TEST_CASE("SFT scores a packed row as its sequences padded, and GRPO and DPO refuse packed rows saying why", "[packed]") {
+TEST_CASE("SFT scores a packed row as its sequences padded, and DPO refuses packed rows saying why", "[packed]") {
   const auto config = sbp::test::tiny_config();
   const auto batch = small_packed_batch();
   const auto padded = sbp::padded_sequences(batch);
@@ -117,16 +117,15 @@ TEST_CASE("SFT scores a packed row as its sequences padded, and GRPO and DPO ref
   CHECK(sft.prepare(batch, config).batch_totals().tokens == sft.prepare(padded, config).batch_totals().tokens);
   CHECK(sft.prepare(batch, config).batch_totals().tokens == 2 * 12 - 5);  // a sequence of L tokens has L - 1 targets
 
-  for (const std::string spec : {"grpo", "dpo"}) {
-    const auto objective = sbp::make_objective(spec);
-    auto made = objective->random_batch(config, {4, 12, 0.0, 0.0, 5, 2});
-    made.packed = PackedRows::from_lengths({{6, 6}, {6, 6}, {6, 6}, {6, 6}}, 12);
-    CHECK_THROWS_WITH(objective->prepare(made, config), Catch::Contains(spec + ": packed rows") &&
-                                                            Catch::Contains("not defined for it"));
-    sbp::RandomBatchOptions packed_random{4, 12, 0.0, 0.0, 5, 2};
-    packed_random.pack = sbp::LengthDistribution::parse("fixed:length=6");
-    CHECK_THROWS_AS(objective->random_batch(config, packed_random), InputError);
-  }
+  // DPO's pairs would have to be matched across packs (GRPO takes packed rows: test_packed_grpo.cpp).
+  const auto dpo = sbp::make_objective("dpo");
+  auto made = dpo->random_batch(config, {4, 12, 0.0, 0.0, 5, 2});
+  made.packed = PackedRows::from_lengths({{6, 6}, {6, 6}, {6, 6}, {6, 6}}, 12);
+  CHECK_THROWS_WITH(dpo->prepare(made, config),
+                    Catch::Contains("dpo: packed rows") && Catch::Contains("matched across packs"));
+  sbp::RandomBatchOptions packed_random{4, 12, 0.0, 0.0, 5, 2};
+  packed_random.pack = sbp::LengthDistribution::parse("fixed:length=6");
+  CHECK_THROWS_AS(dpo->random_batch(config, packed_random), InputError);
 }
 
 TEST_CASE("the length distributions of --pack fill every row exactly", "[packed]") {

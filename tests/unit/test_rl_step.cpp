@@ -15,6 +15,7 @@
 #include "core/objectives/rl_step.h"
 #include "tests/support/faulty_rl_step.h"
 #include "tests/support/test_support.h"
+#include "verify/grad_compare.h"
 #include "verify/rl_step_oracle.h"
 
 using sbp::RlStepCase;

@@ -70,6 +70,13 @@ struct CompareArgs {
 void add_compare_options(CLI::App& app, CompareArgs& args);
 int compare_command(const CompareArgs& args, const std::string& command_line);
 
+struct RlStepArgs {
+  std::string load, case_file, out, method = "standard";
+  bool force = false;
+};
+void add_rl_step_options(CLI::App& app, RlStepArgs& args);
+int rl_step_command(const RlStepArgs& args, const std::string& command_line);
+
 struct DemoArgs {
   Setup setup;  // default model: qwen3-small
   std::vector<std::string> methods = {"standard", "checkpoint", "streambp"};

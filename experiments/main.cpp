@@ -106,6 +106,8 @@ std::vector<Command> command_table() {
               "peak and tokens per second of each layout", add_pack_gain_options, pack_gain_command),
       command("conform", "check another implementation's gradients against the harness's oracle over a matrix of "
               "cases, through a file protocol (exit 1 on any failure)", add_conform_options, conform_command),
+      command("rl-step", "the whole-RL-step oracle: a GRPO trainer's step from a case's generations and rewards to the "
+              "gradient at each optimizer step, fp64 (docs/rl-steps.md)", add_rl_step_options, rl_step_command),
       command("gemm-path", "this machine's bf16 GEMM path per layout, measured once and stored in the cache folder; "
               "--remeasure measures again", add_gemm_path_options, gemm_path_command),
   };

@@ -79,7 +79,8 @@ void check_group(std::int64_t group, std::int64_t count, const char* what, bool 
 }  // namespace
 
 GrpoObjective::GrpoObjective(const Spec& spec) {
-  spec.check_keys({"beta", "epsilon_low", "epsilon_high", "loss_type", "temperature", "importance", "max_completion_length"});
+  spec.check_keys({"beta", "epsilon_low", "epsilon_high", "loss_type", "temperature", "importance", "max_completion_length",
+                   "kl"});
   Options o;
   o.beta = spec.get_double("beta", o.beta, 0.0, 1e6);
   o.epsilon_low = spec.get_double("epsilon_low", o.epsilon_low, 0.0, 1.0);
@@ -88,6 +89,10 @@ GrpoObjective::GrpoObjective(const Spec& spec) {
   o.loss_type = spec.get_choice("loss_type", o.loss_type, {"grpo", "bnpo", "dr_grpo", "dapo"});
   o.importance = spec.get_choice("importance", o.importance, {"token", "sequence"});
   o.max_completion_length = spec.get_int("max_completion_length", o.max_completion_length, 1);
+  o.kl = spec.get_choice("kl", o.kl, {"k3", "k3_ratio"});
+  if (o.kl == "k3_ratio" && o.importance != "token")
+    throw InputError("grpo: kl=k3_ratio is defined here for importance=token only (with sequence importance TRL "
+                     "broadcasts the row's ratio onto every token's KL, a row term this objective does not have yet)");
   options_ = o;
 }
 
@@ -96,7 +101,8 @@ std::string GrpoObjective::spec() const {
   return fmt::format("grpo:beta={},epsilon_low={},epsilon_high={},loss_type={},temperature={},importance={},"
                      "max_completion_length={}",
                      o.beta, o.epsilon_low, o.epsilon_high, o.loss_type, o.temperature, o.importance,
-                     o.max_completion_length);
+                     o.max_completion_length) +
+         (o.kl == "k3" ? "" : ",kl=" + o.kl);  // named when not the default, so that older specs stay canonical
 }
 
 Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
@@ -300,13 +306,16 @@ at::Tensor GrpoObjective::token_loss(const PreparedObjective& prepared, const at
   const auto mask = chunk_of(prepared.scored(), start, logp);  // [B, c]
   const auto weights = token_weights(prepared, mask, start);   // [B, c] or [B, 1]
   auto per_token = at::zeros_like(logp);
+  at::Tensor w;
   if (options_.importance == "token") {
-    const auto w = at::exp(logp - state.old_chunk(logp, start));
+    w = at::exp(logp - state.old_chunk(logp, start));
     per_token = clipped_surrogate(w, per_position(prepared, sequence_advantages(prepared), start, logp));
   }
   if (options_.beta > 0) {
     const auto delta = chunk_of(state.ref, start, logp) - logp;
-    per_token = per_token + options_.beta * (at::exp(delta) - delta - 1.0);
+    auto kl = at::exp(delta) - delta - 1.0;
+    if (options_.kl == "k3_ratio") kl = kl * w;  // TRL's bias correction: the ratio's gradient included
+    per_token = per_token + options_.beta * kl;
   }
   return (per_token * mask * weights).sum();
 }

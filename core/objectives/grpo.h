@@ -1,6 +1,7 @@
 // GRPO (TRL's formulas). Per completion token t of row b:
 //   w = exp(logp - old_logp)                 (token importance; sequence: exp of the row's mean log-ratio)
 //   l = -min(w·A_b, clamp(w, 1 - epsilon_low, 1 + epsilon_high)·A_b) + beta·(exp(ref - logp) - (ref - logp) - 1)
+// (with kl=k3_ratio the KL term is times w, with its gradient: TRL 1.16.0's use_bias_correction_kl, token importance)
 // normalised by loss_type: grpo = mean over rows of (sum_t l / n_b); bnpo and dapo = sum l / all completion tokens
 // (dapo's normaliser is the whole generation batch's token count: on one process that is this batch);
 // dr_grpo = sum l / (B · max_completion_length). Without old_logps the old policy is the current one, detached
@@ -23,6 +24,7 @@ class GrpoObjective : public Objective {
   struct Options {
     double beta = 0.0, epsilon_low = 0.2, epsilon_high = 0.2, temperature = 1.0;
     std::string loss_type = "dapo", importance = "token";
+    std::string kl = "k3";  // or k3_ratio: the k3 KL times the token's importance ratio (TRL's use_bias_correction_kl)
     std::int64_t max_completion_length = 256;
   };
 

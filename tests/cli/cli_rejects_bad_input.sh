@@ -91,4 +91,13 @@ expect_exit_2 "two outputs of run on one path" "--save-grads x and --save-batch 
   "$STREAMBP" run --preset tiny --method standard --seq 8 --save-grads x --save-batch sub/../x
 expect_exit_2 "--timeline on --op-profile" "--timeline t.csv and --op-profile t.csv are one path" \
   "$STREAMBP" run --preset tiny --method standard --seq 8 --timeline t --op-profile t.csv
-[[ ! -e run.csv && ! -e run.json && ! -e c && ! -e x ]] || fail "a refused command wrote: $(ls)"
+# rl-step (docs/rl-steps.md): a bad case is refused naming the file and the key or the row, before anything is written.
+"$STREAMBP" run --preset tiny --method standard --seq 8 --save-model "$WORK/R" >/dev/null
+echo '{"prompts": [[5]], "completions": [[1], [6, 1]], "rewards": [[1], [0]], "settings": {"lr": 0.1}}' >"$WORK/bad_key.json"
+expect_exit_2 "an unknown RL step setting" "bad_key.json: unknown setting 'lr'" \
+  "$STREAMBP" rl-step --load "$WORK/R" --case "$WORK/bad_key.json" --out r.safetensors
+echo '{"prompts": [[5]], "completions": [[1], [6, 7]], "rewards": [[1], [0]],
+       "settings": {"max_completion_length": 3, "per_device_train_batch_size": 2}}' >"$WORK/bad_row.json"
+expect_exit_2 "a completion without EOS shorter than max_completion_length" "completions\\[1\\] has no EOS" \
+  "$STREAMBP" rl-step --load "$WORK/R" --case "$WORK/bad_row.json" --out r.safetensors
+[[ ! -e run.csv && ! -e run.json && ! -e c && ! -e x && ! -e r.safetensors ]] || fail "a refused command wrote: $(ls)"

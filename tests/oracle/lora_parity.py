@@ -121,6 +121,8 @@ def grpo_loss(logits, b, o):
     if beta != 0.0:
         ref = b["ref_logps"][:, 1:]
         per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1
+        if o.get("kl", "k3") == "k3_ratio":  # TRL's use_bias_correction_kl: times the importance ratio
+            per_token_kl = per_token_kl * coef_1
         per_token = per_token + beta * per_token_kl
     loss_type = o.get("loss_type", "dapo")
     if loss_type == "grpo":

@@ -3,7 +3,8 @@ fp64, with the losses (1) written from TRL's formulas (tests/oracle/lora_parity.
 sigmoid loss) and (2) computed by TRL itself, the pinned release (tests/support/trl_oracle.py: TRL's trainer methods on the
 same model and batch). Our loss must equal both (1e-12 relative) and every parameter gradient must equal both
 (normwise <= 1e-10), through standard BP and StreamBP, for every GRPO loss_type, beta = 0 and beta > 0, token and
-sequence importance, temperature != 1, with and without old_logps, and DPO with and without label smoothing; TRL's
+sequence importance, temperature != 1, with and without old_logps, the KL times the ratio (kl=k3_ratio, TRL's
+use_bias_correction_kl), and DPO with and without label smoothing; TRL's
 own loss and gradients must equal the formulas' at the same bounds. TRL's released fused LM head (fp32 inside) is run
 too and must agree to fp32 rounding (FUSED_RTOL). With --ref, the reference log-probs our binary computed from a
 reference checkpoint are checked against HF's forward of that checkpoint.
@@ -206,6 +207,7 @@ def main():
             ("grpo:loss_type=bnpo,beta=0.04,temperature=0.9", grpo, {}),
             ("grpo:loss_type=dr_grpo,beta=0.1,importance=sequence,temperature=0.7,max_completion_length=40", grpo, {}),
             ("grpo:loss_type=dapo,importance=sequence,epsilon_high=0.28", grpo, {}),
+            ("grpo:loss_type=bnpo,beta=0.04,kl=k3_ratio,temperature=0.9", grpo, {}),
             ("grpo:loss_type=bnpo,beta=0.04", grpo, {"drop_old": True}),
             ("grpo:loss_type=grpo,beta=0.04,importance=sequence", grpo, {"drop_old": True}),
             ("grpo:loss_type=dapo,beta=0.04,temperature=1.3", grpo, {"ref_dir": ref}),

@@ -88,8 +88,8 @@ def grpo_loss(model, b, o, head="fp64"):
                    epsilon=o.get("epsilon_low", 0.2), epsilon_high=o.get("epsilon_high"),
                    max_completion_length=o.get("max_completion_length", 256),
                    # The pinned TRL multiplies the k3 KL by the importance ratio by default (DeepSeek-V3.2's bias
-                   # correction); our objective is the plain k3 KL: TRL's own switch for that.
-                   use_bias_correction_kl=False)
+                   # correction): our objective's kl=k3_ratio; its default is the plain k3 KL, TRL's switch off.
+                   use_bias_correction_kl=o.get("kl", "k3") == "k3_ratio")
     t = object.__new__(GRPOTrainer)
     # What GRPOTrainer.__init__ sets from `args` and _compute_loss / _get_per_token_logps_and_entropies read:
     t.args, t.accelerator, t.model = args, Accelerator(cpu=True), model

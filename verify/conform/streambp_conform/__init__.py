@@ -15,7 +15,8 @@ The package reads the case directory, writes grads.safetensors (HF names, the ca
 atomically, and turns the outcome into the exit status `streambp conform` reads (0, 2 bad case, 3 not
 expressible). The pytest plugin (streambp_conform.pytest_plugin) runs the harness from pytest;
 streambp_conform.hf.fp64_exact() keeps HF's RMSNorms in fp64 for the fp64 cases; streambp_conform.warm starts
-adapters warm.
+adapters warm; streambp_conform.rl replaces a GRPO trainer's generation and reward models by an RL step case's values
+and reads the gradient at the optimizer step (docs/rl-steps.md).
 """
 from streambp_conform.protocol import (NOT_EXPRESSIBLE, PROTOCOL, Case, CaseError, Chunks, NotExpressible, Objective,
                                        Result, micro_case, read_case, run, saved_peft_name, write_outputs)

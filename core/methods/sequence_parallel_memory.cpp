@@ -121,17 +121,20 @@ std::vector<MemoryTerm> ring_backward_terms(const Workload& w, const Sizes& z) {
   const auto c = shard.blocks.back().length();  // a part of the zig-zag shard: its queries, a block's most keys
   // o_proj's input gradient ([B, t, n_h*hd]) takes the place of o_proj's input, the merged output's transposed copy
   // that o_proj's backward frees (the activations count it).
-  return {// dQ [B, n_h, t, hd] zeroed, and dO cast to it when the model dtype is narrower (else dO is o_proj's gradient)
-          {"dQ, and dO when cast (merge dtype)", z.B * z.T * qw * z.f * (z.f > z.s ? 2 : 1)},
+  const bool upcast = z.f > z.s;
+  return {// dQ [B, n_h, t, hd] zeroed; dO is o_proj's input gradient as it comes (the model dtype: no copy of it)
+          {"dQ (merge dtype)", z.B * z.T * qw * z.f},
           // ring_backward's argument, at::stack of the saved k and v, and its copy padded to the longest shard when this
           // one is shorter (N = 3, T = 1024: 341 and 342 rows): both live until the call returns
           {"this rank's K, V (stacked, and padded)", block * (shard.length() < z.T ? 2 : 1)},
           {"the block in flight (received)", block},
           {"its dK/dV sums (merge dtype)", sums},
-          // the kernel's dQ, dK, dV of one part, its scratch and a contiguous copy of the part's dO; or at a hop the
-          // next sums received and, N > 2, the next block (the one sent is not yet freed)
+          // the kernel's dQ, dK, dV of one part, its scratch and a contiguous copy of the part's dO (in bf16 beside
+          // the part's dO widened to fp32, key_block_backward's); or at a hop the next sums received and, N > 2, the
+          // next block (the one sent is not yet freed)
           {"a part's key-block backward, or a hop's next block and sums",
-           std::max(key_blocks_backward_bytes(w, c, c) + z.B * c * qw * z.f, (z.sp > 2 ? block : 0) + sums)}};
+           std::max(key_blocks_backward_bytes(w, c, c) + (upcast ? 2 : 1) * z.B * c * qw * z.f,
+                    (z.sp > 2 ? block : 0) + sums)}};
 }
 
 // The ring's dK/dV sums travel inside its attention backward: nothing after it.
@@ -209,16 +212,17 @@ std::vector<MemoryEstimate> ring_streamed(const Workload& w, const Sizes& z, con
   const auto fresh_mlp = z.lora ? 0 : z.d * I * z.g;
   const auto output_chunk = z.B * c * (mlp_activation_bytes_per_token(w) - I * z.s) + out +
                             2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
-  const auto dO_dQ = 2 * rows * qw * z.f;
+  // Every chunk's dQ in the merge dtype, its dO in the model dtype (ring_exchange.cpp: bf16 dO holds bf16 values).
+  const auto dO_dQ = rows * qw * (z.f + z.s);
   // A chunk's key-block backward (key_block_backward) at its largest tile: a whole part of another rank's shard (the
   // zig-zag's 2N parts; bf16 tiles of at most 1024 keys, upcast to fp32) or its own causal block of c keys. Beyond
-  // its inputs: the tile's dK/dV (and in bf16 its fp32 K/V and q), the block's dQ before it is added, the kernel's
-  // scratch.
+  // its inputs: the tile's dK/dV (and in bf16 its fp32 K/V, q and dO), the block's dQ before it is added, the
+  // kernel's scratch.
   const bool upcast = z.f > z.s;
   const auto part = (z.Tg + 2 * N - 1) / (2 * N);
   const auto tile_keys = upcast ? std::min<std::int64_t>(1024, part) : part;
   const auto tile = [&](std::int64_t keys, bool causal) {
-    return (upcast ? 4 : 2) * z.B * keys * kw * z.f + (upcast ? 2 : 1) * z.B * c * qw * z.f +
+    return (upcast ? 4 : 2) * z.B * keys * kw * z.f + (upcast ? 3 : 1) * z.B * c * qw * z.f +
            attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, causal);
   };
   const auto key_block = std::max(tile(tile_keys, false), tile(c, true));
@@ -239,7 +243,7 @@ std::vector<MemoryEstimate> ring_streamed(const Workload& w, const Sizes& z, con
       with("ring merge (recomputed)", {{"the block in flight (received)", (N > 2 ? 2 : 1) * block}}),
       with("ring merge of a chunk", {{"the block received", N > 1 ? block : 0}, {"a chunk's merge step", merge_step}}),
       with("ring output backward", {{"layer gradient sums (none for one chunk)", layer_sums},
-                                    {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.f},
+                                    {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.s},
                                     {"a chunk's output backward", output_chunk + out_gemm}}),
       with("ring key-block backward", {{"layer gradient sums (none for one chunk)", layer_sums},
                                        {"dO, dQ of every chunk", dO_dQ},

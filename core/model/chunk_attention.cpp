@@ -271,9 +271,11 @@ void key_block_backward(const at::Tensor& grad_o, const at::Tensor& q_in, const 
                         at::Tensor& dv) {
   const auto& kernel = block_kernel(q_in);
   const auto q = upcast(q_in);
+  // A bf16 dO (the ring holds it so) widened here: the same values a widened copy held by the caller would have.
+  const auto dO = grad_o.scalar_type() == q.scalar_type() ? grad_o : grad_o.to(q.scalar_type());
   const auto o = merged.o.to(q.scalar_type());
   for (const auto& b : block_tiles(kernel, k, k.size(2), causal)) {
-    const auto [dq_b, dk_e, dv_e] = kernel.backward(grad_o, q, kv_block(kernel, k, b, q.size(1)),
+    const auto [dq_b, dk_e, dv_e] = kernel.backward(dO, q, kv_block(kernel, k, b, q.size(1)),
                                                     kv_block(kernel, v, b, q.size(1)), o, merged.lse, b.causal, scale);
     dq.add_(dq_b);
     dk.narrow(2, b.start, b.length).add_(kv_block_grad(dk_e, k.size(1)));

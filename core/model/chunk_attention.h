@@ -52,6 +52,7 @@ void merge_key_block(SoftmaxState& state, const at::Tensor& q, const at::Tensor&
                      double scale);
 // One block's share of the backward, given `merged`, the state over every key the queries see (so that the softmax
 // and rowsum(dO * O) are the whole one's): adds into dq [B, n_h, c, hd] (>= fp32) and into dk, dv [B, n_kv, n, hd].
+// grad_o may be narrower than q's compute dtype (a bf16 dO): it is widened once per call.
 void key_block_backward(const at::Tensor& grad_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const SoftmaxState& merged, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
                         at::Tensor& dv);

@@ -68,8 +68,9 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     RingExchange::Merged merged{per_chunk(o, chunks), per_chunk(lse, chunks)};
     auto dq = at::zeros_like(o);
     auto dq_chunks = per_chunk(dq, chunks);
-    const auto sums = ring->ring_backward(chunks, per_chunk(q, chunks), per_chunk(grads[0].to(o.scalar_type()), chunks),
-                                          merged, pad_positions(at::stack({k, v}), ring->padded_length()), rule,
+    // dO stays in the model dtype (bf16 values are bf16 already): key_block_backward widens it part by part.
+    const auto sums = ring->ring_backward(chunks, per_chunk(q, chunks),
+                                          per_chunk(ring->held_grad_output(grads[0]), chunks), merged, pad_positions(at::stack({k, v}), ring->padded_length()), rule,
                                           o.scalar_type(), dq_chunks);
     const auto t = q.size(2);
     return {dq.to(q.scalar_type()), sums[0].narrow(-2, 0, t).to(k.scalar_type()),
@@ -189,9 +190,12 @@ at::Tensor RingExchange::stream_backward(at::Tensor kv, std::int64_t c, const At
   const auto dtype = q.front().scalar_type();
   // The forward's merge again (nothing of it was kept), then each chunk's dO through the rest of the layer.
   const auto merged = ring_forward(chunks, q, padded, rule);
+  // Each chunk's dO is held in the model dtype for the whole ring backward: it is the gradient of o_proj's input, a
+  // tensor of that dtype, so in bf16 its values are bf16 already and key_block_backward's widening of each part gives
+  // the kernel the bits a widened copy held here would (half the bytes; fp32 and fp64 hold it as they always did).
   std::vector<at::Tensor> grad_o, dq;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
-    grad_o.push_back(layer.output_backward(chunks[i], merged.o[i].to(dtype)).to(merged.o[i].scalar_type()));
+    grad_o.push_back(held_grad_output(layer.output_backward(chunks[i], merged.o[i].to(dtype))));
     dq.push_back(at::zeros_like(merged.o[i]));
   }
   const auto sums = ring_backward(chunks, q, grad_o, merged, padded, rule, sum_dtype, dq);

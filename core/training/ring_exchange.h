@@ -45,11 +45,16 @@ class RingExchange : public KVSource {
   };
   Merged ring_forward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q, const at::Tensor& kv,
                       const AttentionRule& rule);
-  // Its backward given every chunk's dO: adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
+  // Its backward given every chunk's dO (in the model dtype or wider; widened part by part where narrower, which
+  // loses nothing): adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
   // sums of this rank's own keys' gradients [2, B, n_kv, padded, hd] in `sum_dtype`, home after the circle.
   at::Tensor ring_backward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
                            const std::vector<at::Tensor>& grad_o, const Merged& merged, const at::Tensor& kv,
                            const AttentionRule& rule, c10::ScalarType sum_dtype, std::vector<at::Tensor>& dq);
+  // What the backward holds of a chunk's dO [B, n_h, c, hd] for the whole ring pass: the gradient as it comes, in the
+  // model dtype (in bf16 its values are bf16, so widening it part by part loses nothing). Tests widen it to the merge
+  // dtype, the buffers held before, to show both give the same bits.
+  virtual at::Tensor held_grad_output(at::Tensor grad_o) const { return grad_o; }
   // Every pass so far of this rank (each ring_forward and ring_backward): key blocks computed and skipped.
   const RingBlockCounts& block_counts() const { return counts_; }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/model/chunk_attention.h"
 #include "core/model/kv_source.h"
 #include "core/model/sequence_shard.h"
 #include "core/training/communicator.h"
@@ -46,10 +47,11 @@ class RingExchange : public KVSource {
   Merged ring_forward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q, const at::Tensor& kv,
                       const AttentionRule& rule);
   // Its backward given every chunk's dO (in the model dtype or wider; widened part by part where narrower, which
-  // loses nothing): adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
+  // loses nothing) and its rows' log-sum-exps and rowsum(dO * O) (output_rowsum: the merged outputs need not be kept):
+  // adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
   // sums of this rank's own keys' gradients [2, B, n_kv, padded, hd] in `sum_dtype`, home after the circle.
   at::Tensor ring_backward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
-                           const std::vector<at::Tensor>& grad_o, const Merged& merged, const at::Tensor& kv,
+                           const std::vector<at::Tensor>& grad_o, const std::vector<BackwardRows>& rows, const at::Tensor& kv,
                            const AttentionRule& rule, c10::ScalarType sum_dtype, std::vector<at::Tensor>& dq);
   // What the backward holds of a chunk's dO [B, n_h, c, hd] for the whole ring pass: the gradient as it comes, in the
   // model dtype (in bf16 its values are bf16, so widening it part by part loses nothing). Tests widen it to the merge

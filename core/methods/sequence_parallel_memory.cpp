@@ -200,7 +200,7 @@ std::vector<MemoryEstimate> allgather_streamed(const Workload& w, const Sizes& z
 
 // A layer's backward over the ring (RingExchange::stream_backward, ARCHITECTURE.md §16), on rank 0 (the longest shard, t
 // = z.T, to which every block is padded): the rank's queries (no graph) and their merged outputs and log-sum-exps
-// for every chunk at once, its own K/V; the merge recomputed block by block, a block and the one received at a hop
+// for every chunk at once (the outputs until each chunk's dO exists, then rowsum(dO * O) instead), its own K/V; the merge recomputed block by block, a block and the one received at a hop
 // (from the second hop on, N > 2, the block sent is not yet freed: a hop holds two beside the rank's own);
 // each chunk's output backward (o_proj and the MLP, dO out); the blocks round again with their dK/dV sums, at a hop a
 // block, its sums and the next ones received, at a block the key-block backward of a chunk; the queries' backward.

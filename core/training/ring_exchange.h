@@ -3,7 +3,7 @@
 // the ring (Communicator::ring_shift), one in flight per rank, and every one of the rank's query chunks merges its
 // attention over each block by log-sum-exp (merge_key_block). The backward recomputes that merge, then the blocks go
 // round again with their dK/dV sums, to which every rank adds its queries' share (key_block_backward, with each row's
-// merged output and log-sum-exp); after the full circle one more hop brings each block's sums home. dQ stays on the
+// log-sum-exp and rowsum(dO * O), the merged outputs released); after the full circle one more hop brings each block's sums home. dQ stays on the
 // rank. StreamBP's chunk loop runs inside each hop. On packed rows each query merges only its own sequence's keys, and a
 // part of a block that no query of a chunk's row sees is skipped and counted (ring_blocks.h).
 #pragma once

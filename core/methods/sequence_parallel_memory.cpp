@@ -111,6 +111,26 @@ ShardAttention ring_attention(const Workload& w, const Sizes& z) {
   return {0, z.B * z.T * (c.q_width() * z.f + c.num_attention_heads * (z.f - 4))};
 }
 
+// key_block_backward's arithmetic on a part of `keys` keys for c queries (core/model/chunk_attention.cpp): tiles of
+// 32 rows of a KV head's queries by 512 keys, P and dS of one tile ([B, n_kv, 32, 512] each, the compute dtype) and a
+// product of a tile ([B, n_kv, 512, hd]); the queries' dQ before it is added; in bf16 the tile's fp32 K and V and
+// the queries' and dO's fp32 copies.
+std::int64_t ring_tile_backward_bytes(const Workload& w, const Sizes& z, std::int64_t c, std::int64_t keys, bool) {
+  const auto& cfg = w.config;
+  const bool upcast = z.f > z.s;
+  const auto kv = cfg.num_key_value_heads, rows = std::min<std::int64_t>(32, cfg.num_attention_heads / kv * c),
+             len = std::min<std::int64_t>(512, keys);
+  return 2 * z.B * kv * rows * len * z.f + z.B * len * cfg.kv_width() * z.f + z.B * c * cfg.q_width() * z.f +
+         (upcast ? 2 * z.B * len * cfg.kv_width() * z.f + 2 * z.B * c * cfg.q_width() * z.f : 0);
+}
+
+// Its largest over the parts a chunk of c queries meets: a whole part of another rank's shard or its own causal block
+// of c keys.
+std::int64_t ring_key_block_backward_bytes(const Workload& w, const Sizes& z, std::int64_t c) {
+  const auto part = (z.Tg + 2 * z.sp - 1) / (2 * z.sp);
+  return std::max(ring_tile_backward_bytes(w, z, c, part, false), ring_tile_backward_bytes(w, z, c, c, true));
+}
+
 // RingAttention's backward (ring_backward), rank 0 after the first hop: at a part's key-block backward, or at a hop.
 // Measured with the meter's timeline (tiny-mha fp64, T = 1024, N = 2 and 3, checkpoint; blocks by size and order).
 std::vector<MemoryTerm> ring_backward_terms(const Workload& w, const Sizes& z) {
@@ -121,17 +141,18 @@ std::vector<MemoryTerm> ring_backward_terms(const Workload& w, const Sizes& z) {
   const auto c = shard.blocks.back().length();  // a part of the zig-zag shard: its queries, a block's most keys
   // o_proj's input gradient ([B, t, n_h*hd]) takes the place of o_proj's input, the merged output's transposed copy
   // that o_proj's backward frees (the activations count it).
-  return {// dQ [B, n_h, t, hd] zeroed, and dO cast to it when the model dtype is narrower (else dO is o_proj's gradient)
-          {"dQ, and dO when cast (merge dtype)", z.B * z.T * qw * z.f * (z.f > z.s ? 2 : 1)},
+  return {// dQ [B, n_h, t, hd] zeroed; dO is o_proj's input gradient as it comes (the model dtype: no copy of it);
+          // rowsum(dO * O) of every row
+          {"dQ (merge dtype), and rowsum(dO * O)", z.B * z.T * (qw + w.config.num_attention_heads) * z.f},
           // ring_backward's argument, at::stack of the saved k and v, and its copy padded to the longest shard when this
           // one is shorter (N = 3, T = 1024: 341 and 342 rows): both live until the call returns
           {"this rank's K, V (stacked, and padded)", block * (shard.length() < z.T ? 2 : 1)},
           {"the block in flight (received)", block},
           {"its dK/dV sums (merge dtype)", sums},
-          // the kernel's dQ, dK, dV of one part, its scratch and a contiguous copy of the part's dO; or at a hop the
-          // next sums received and, N > 2, the next block (the one sent is not yet freed)
+          // a part's key_block_backward (ring_tile_backward_bytes); or at a hop the next sums received and, N > 2,
+          // the next block (the one sent is not yet freed)
           {"a part's key-block backward, or a hop's next block and sums",
-           std::max(key_blocks_backward_bytes(w, c, c) + z.B * c * qw * z.f, (z.sp > 2 ? block : 0) + sums)}};
+           std::max(ring_key_block_backward_bytes(w, z, c), (z.sp > 2 ? block : 0) + sums)}};
 }
 
 // The ring's dK/dV sums travel inside its attention backward: nothing after it.
@@ -179,7 +200,7 @@ std::vector<MemoryEstimate> allgather_streamed(const Workload& w, const Sizes& z
 
 // A layer's backward over the ring (RingExchange::stream_backward, ARCHITECTURE.md §16), on rank 0 (the longest shard, t
 // = z.T, to which every block is padded): the rank's queries (no graph) and their merged outputs and log-sum-exps
-// for every chunk at once, its own K/V; the merge recomputed block by block, a block and the one received at a hop
+// for every chunk at once (the outputs until each chunk's dO exists, then rowsum(dO * O) instead), its own K/V; the merge recomputed block by block, a block and the one received at a hop
 // (from the second hop on, N > 2, the block sent is not yet freed: a hop holds two beside the rank's own);
 // each chunk's output backward (o_proj and the MLP, dO out); the blocks round again with their dK/dV sums, at a hop a
 // block, its sums and the next ones received, at a block the key-block backward of a chunk; the queries' backward.
@@ -193,12 +214,18 @@ std::vector<MemoryEstimate> ring_streamed(const Workload& w, const Sizes& z, con
   const auto block = 2 * rows * kw * z.s;  // [2, B, n_kv, t, hd]: K and V of one shard
   const auto sums = 2 * rows * kw * z.f;   // their dK/dV sums (fp32 in bf16)
   const auto N = z.sp;
+  // Until a chunk's dO exists its merged output is held; then only rowsum(dO * O) beside the log-sum-exp.
+  const auto row_terms = rows * 2 * cfg.num_attention_heads * z.f;
   const std::vector<MemoryTerm> merged = {{"this rank's queries (no graph)", rows * qw * z.s},
                                           {"their merged outputs and log-sum-exps", rows * (qw + cfg.num_attention_heads) * z.f},
                                           {"this rank's K, V", block}};
+  const std::vector<MemoryTerm> reduced = {{"this rank's queries (no graph)", rows * qw * z.s},
+                                           {"their log-sum-exps and rowsum(dO * O)", row_terms},
+                                           {"this rank's K, V", block}};
   const auto with = [&](std::string moment, std::vector<MemoryTerm> extra) {
     MemoryEstimate e{l.layer + " " + moment, held};
-    e.terms.insert(e.terms.end(), merged.begin(), merged.end());
+    const bool merging = moment.find("merge") != std::string::npos;
+    e.terms.insert(e.terms.end(), merging ? merged.begin() : reduced.begin(), merging ? merged.end() : reduced.end());
     e.terms.insert(e.terms.end(), extra.begin(), extra.end());
     return e;
   };
@@ -209,19 +236,11 @@ std::vector<MemoryEstimate> ring_streamed(const Workload& w, const Sizes& z, con
   const auto fresh_mlp = z.lora ? 0 : z.d * I * z.g;
   const auto output_chunk = z.B * c * (mlp_activation_bytes_per_token(w) - I * z.s) + out +
                             2 * mlp_backward_bytes(w, z.B * c) + fresh_mlp;
-  const auto dO_dQ = 2 * rows * qw * z.f;
-  // A chunk's key-block backward (key_block_backward) at its largest tile: a whole part of another rank's shard (the
-  // zig-zag's 2N parts; bf16 tiles of at most 1024 keys, upcast to fp32) or its own causal block of c keys. Beyond
-  // its inputs: the tile's dK/dV (and in bf16 its fp32 K/V and q), the block's dQ before it is added, the kernel's
-  // scratch.
+  // Every chunk's dQ in the merge dtype, its dO in the model dtype (ring_exchange.cpp: bf16 dO holds bf16 values).
+  const auto dO_dQ = rows * qw * (z.f + z.s);
+  // A chunk's key-block backward (key_block_backward) at its largest tile (ring_key_block_backward_bytes).
   const bool upcast = z.f > z.s;
-  const auto part = (z.Tg + 2 * N - 1) / (2 * N);
-  const auto tile_keys = upcast ? std::min<std::int64_t>(1024, part) : part;
-  const auto tile = [&](std::int64_t keys, bool causal) {
-    return (upcast ? 4 : 2) * z.B * keys * kw * z.f + (upcast ? 2 : 1) * z.B * c * qw * z.f +
-           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, causal);
-  };
-  const auto key_block = std::max(tile(tile_keys, false), tile(c, true));
+  const auto key_block = ring_key_block_backward_bytes(w, z, c);
   // A chunk's merge of one tile (merge_key_block), in the merge dtype: the tile's output and the two rescaled outputs
   // beside the old and the new merged one (in bf16 also q's fp32 copy), and six [c, n_h] log-sum-exp steps.
   const auto merge_step = z.B * c * (qw * (upcast ? 5 : 4) + 6 * cfg.num_attention_heads) * z.f;
@@ -239,7 +258,8 @@ std::vector<MemoryEstimate> ring_streamed(const Workload& w, const Sizes& z, con
       with("ring merge (recomputed)", {{"the block in flight (received)", (N > 2 ? 2 : 1) * block}}),
       with("ring merge of a chunk", {{"the block received", N > 1 ? block : 0}, {"a chunk's merge step", merge_step}}),
       with("ring output backward", {{"layer gradient sums (none for one chunk)", layer_sums},
-                                    {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.f},
+                                    {"dO, dQ of every chunk (but the last dO)", dO_dQ - z.B * c * qw * z.s},
+                                    {"the last chunk's merged output", z.B * c * qw * z.f},
                                     {"a chunk's output backward", output_chunk + out_gemm}}),
       with("ring key-block backward", {{"layer gradient sums (none for one chunk)", layer_sums},
                                        {"dO, dQ of every chunk", dO_dQ},

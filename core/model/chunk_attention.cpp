@@ -2,6 +2,7 @@
 #include "core/model/chunk_attention_kernels.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -266,19 +267,52 @@ void merge_key_block(SoftmaxState& state, const at::Tensor& q_in, const at::Tens
   }
 }
 
+at::Tensor output_rowsum(const at::Tensor& grad_o, const at::Tensor& o) {
+  return (grad_o.to(o.scalar_type()) * o).sum(-1);
+}
+
+// key_block_backward's tiles: kBackwardRows rows of a KV head's queries (its query heads' rows side by side) by
+// kBackwardKeys keys, the block kernel's own tile on the CPU (32 queries by 512 keys), so that the scores it
+// materialises stay as small as that kernel's scratch.
+constexpr std::int64_t kBackwardRows = 32, kBackwardKeys = 512;
+
 void key_block_backward(const at::Tensor& grad_o, const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
-                        const SoftmaxState& merged, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
+                        const BackwardRows& rows, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
                         at::Tensor& dv) {
-  const auto& kernel = block_kernel(q_in);
-  const auto q = upcast(q_in);
-  const auto o = merged.o.to(q.scalar_type());
-  for (const auto& b : block_tiles(kernel, k, k.size(2), causal)) {
-    const auto [dq_b, dk_e, dv_e] = kernel.backward(grad_o, q, kv_block(kernel, k, b, q.size(1)),
-                                                    kv_block(kernel, v, b, q.size(1)), o, merged.lse, b.causal, scale);
-    dq.add_(dq_b);
-    dk.narrow(2, b.start, b.length).add_(kv_block_grad(dk_e, k.size(1)));
-    dv.narrow(2, b.start, b.length).add_(kv_block_grad(dv_e, v.size(1)));
+  TORCH_CHECK(!causal || k.size(2) == q_in.size(2), "key_block_backward: a causal block of ", k.size(2), " keys for ",
+              q_in.size(2), " queries");
+  const auto B = q_in.size(0), heads = q_in.size(1), c = q_in.size(2), kv_heads = k.size(1), n = k.size(2);
+  const auto m = heads / kv_heads * c;  // rows per KV head
+  const auto dtype = upcast(q_in).scalar_type();
+  // A KV head's query heads as rows of one matrix, [B, n_kv, g c, hd]: GQA needs no copy of K or V per group, and the
+  // products over the rows sum a KV head's gradients over its query heads.
+  const auto by_kv_head = [&](const at::Tensor& x) { return x.to(dtype).reshape({B, kv_heads, m, x.size(-1)}); };
+  const auto q = by_kv_head(q_in), dO = by_kv_head(grad_o);
+  const auto lse = by_kv_head(rows.lse.unsqueeze(-1)), D = by_kv_head(rows.rowsum.unsqueeze(-1));
+  auto dq_rows = at::zeros_like(q);
+  const auto query_of_row = at::arange(m, at::TensorOptions().dtype(at::kLong).device(q.device())).remainder_(c);
+  for (std::int64_t s = 0; s < n; s += kBackwardKeys) {
+    const auto len = std::min(kBackwardKeys, n - s);
+    const auto kt = k.narrow(2, s, len).to(dtype), vt = v.narrow(2, s, len).to(dtype);
+    auto dk_t = dk.narrow(2, s, len), dv_t = dv.narrow(2, s, len);
+    for (std::int64_t r = 0; r < m; r += kBackwardRows) {
+      const auto rt = std::min(kBackwardRows, m - r);
+      const auto qr = q.narrow(2, r, rt), dOr = dO.narrow(2, r, rt);
+      auto p = at::matmul(qr, kt.transpose(-1, -2)).mul_(scale);  // scores [B, n_kv, rt, len]
+      if (causal) {  // key s + j after the row's query: masked
+        const auto keys = at::arange(s, s + len, query_of_row.options());
+        p.masked_fill_(keys.unsqueeze(0) > query_of_row.narrow(0, r, rt).unsqueeze(1),
+                       -std::numeric_limits<double>::infinity());
+      }
+      p.sub_(lse.narrow(2, r, rt)).exp_();  // P, the whole softmax's
+      dv_t.add_(at::matmul(p.transpose(-1, -2), dOr));
+      auto ds = at::matmul(dOr, vt.transpose(-1, -2)).sub_(D.narrow(2, r, rt)).mul_(p);  // dS = P (dP - D)
+      p = at::Tensor();
+      dq_rows.narrow(2, r, rt).add_(at::matmul(ds, kt).mul_(scale));
+      dk_t.add_(at::matmul(ds.transpose(-1, -2), qr).mul_(scale));
+    }
   }
+  dq.add_(dq_rows.view({B, heads, c, q_in.size(3)}));
 }
 
 at::Tensor chunk_attention_with(const AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k,

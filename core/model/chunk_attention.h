@@ -50,10 +50,20 @@ struct SoftmaxState {
 // is visible, or `causal`: a square block [p, p + c) of the queries' own positions under the causal rule.
 void merge_key_block(SoftmaxState& state, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                      double scale);
-// One block's share of the backward, given `merged`, the state over every key the queries see (so that the softmax
-// and rowsum(dO * O) are the whole one's): adds into dq [B, n_h, c, hd] (>= fp32) and into dk, dv [B, n_kv, n, hd].
+// What the backward of a chunk's queries needs of the merge over every key they see, per row and head ([B, n_h, c],
+// the merge dtype): the log-sum-exp, and D = rowsum(dO * O), flash attention's row term, so that the merged output O
+// itself need not be kept (issue #61).
+struct BackwardRows {
+  at::Tensor lse, rowsum;
+};
+// D of dO [B, n_h, c, hd] (any dtype, widened) and the merged output O (>= fp32), in O's dtype.
+at::Tensor output_rowsum(const at::Tensor& grad_o, const at::Tensor& o);
+// One block's share of the backward, given `rows` over every key the queries see (so that the softmax and D are the
+// whole one's): adds into dq [B, n_h, c, hd] (>= fp32) and into dk, dv [B, n_kv, n, hd]. Every key is visible, or
+// `causal` (a square block). Its own arithmetic in the compute dtype (fp32 for bf16), kPrefixTile keys at a time: the
+// block kernels take O, not D. grad_o may be narrower than that dtype (a bf16 dO): it is widened once per call.
 void key_block_backward(const at::Tensor& grad_o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        const SoftmaxState& merged, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
+                        const BackwardRows& rows, bool causal, double scale, at::Tensor& dq, at::Tensor& dk,
                         at::Tensor& dv);
 
 }  // namespace sbp

@@ -65,11 +65,14 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
     const auto chunks = ring->chunks(q.size(2), q.size(2));
-    RingExchange::Merged merged{per_chunk(o, chunks), per_chunk(lse, chunks)};
+    // dO stays in the model dtype (bf16 values are bf16 already): key_block_backward widens it part by part.
+    const auto grad_o = per_chunk(ring->held_grad_output(grads[0]), chunks), o_chunks = per_chunk(o, chunks),
+               lse_chunks = per_chunk(lse, chunks);
+    std::vector<BackwardRows> rows;
+    for (std::size_t i = 0; i < chunks.size(); ++i) rows.push_back({lse_chunks[i], output_rowsum(grad_o[i], o_chunks[i])});
     auto dq = at::zeros_like(o);
     auto dq_chunks = per_chunk(dq, chunks);
-    const auto sums = ring->ring_backward(chunks, per_chunk(q, chunks), per_chunk(grads[0].to(o.scalar_type()), chunks),
-                                          merged, pad_positions(at::stack({k, v}), ring->padded_length()), rule,
+    const auto sums = ring->ring_backward(chunks, per_chunk(q, chunks), grad_o, rows, pad_positions(at::stack({k, v}), ring->padded_length()), rule,
                                           o.scalar_type(), dq_chunks);
     const auto t = q.size(2);
     return {dq.to(q.scalar_type()), sums[0].narrow(-2, 0, t).to(k.scalar_type()),
@@ -135,7 +138,7 @@ RingExchange::Merged RingExchange::ring_forward(const std::vector<ChunkRows>& ch
 }
 
 at::Tensor RingExchange::ring_backward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
-                                       const std::vector<at::Tensor>& grad_o, const Merged& merged,
+                                       const std::vector<at::Tensor>& grad_o, const std::vector<BackwardRows>& rows,
                                        const at::Tensor& kv, const AttentionRule& rule, c10::ScalarType sum_dtype,
                                        std::vector<at::Tensor>& dq) {
   const int N = comm_.world_size();
@@ -147,7 +150,7 @@ at::Tensor RingExchange::ring_backward(const std::vector<ChunkRows>& chunks, con
     for (std::size_t i = 0; i < chunks.size(); ++i)
       for_each_visible_range(owner(hop), chunks[i], runs[i], counts_, [&](std::size_t j, const KeyRange& range) {
         const auto& run = runs[i][j];
-        const SoftmaxState state{ring_run_rows(merged.o[i], run), ring_run_rows(merged.lse[i], run)};
+        const BackwardRows state{ring_run_rows(rows[i].lse, run), ring_run_rows(rows[i].rowsum, run)};
         auto dq_run = ring_run_rows(dq[i], run);  // views: the kernels add into dq, dK and dV in place
         auto dk = ring_range_rows(dK, run, range), dv = ring_range_rows(dV, run, range);
         key_block_backward(ring_run_rows(grad_o[i], run), ring_run_rows(q[i], run), ring_range_rows(K, run, range),
@@ -188,13 +191,19 @@ at::Tensor RingExchange::stream_backward(at::Tensor kv, std::int64_t c, const At
   for (const auto& r : chunks) q.push_back(layer.q(r));
   const auto dtype = q.front().scalar_type();
   // The forward's merge again (nothing of it was kept), then each chunk's dO through the rest of the layer.
-  const auto merged = ring_forward(chunks, q, padded, rule);
+  auto merged = ring_forward(chunks, q, padded, rule);
+  // Each chunk's dO is held in the model dtype for the whole ring backward: it is the gradient of o_proj's input, a
+  // tensor of that dtype, so in bf16 its values are bf16 already and key_block_backward's widening of each part gives
+  // the values a widened copy held here would (half the bytes; fp32 and fp64 hold it as they always did). Of the
+  // merged output only rowsum(dO * O) is kept: the chunk's O goes once its dO exists.
   std::vector<at::Tensor> grad_o, dq;
+  std::vector<BackwardRows> row_terms;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
-    grad_o.push_back(layer.output_backward(chunks[i], merged.o[i].to(dtype)).to(merged.o[i].scalar_type()));
-    dq.push_back(at::zeros_like(merged.o[i]));
+    grad_o.push_back(held_grad_output(layer.output_backward(chunks[i], merged.o[i].to(dtype))));
+    row_terms.push_back({std::exchange(merged.lse[i], {}), output_rowsum(grad_o[i], merged.o[i])});
+    dq.push_back(at::zeros_like(std::exchange(merged.o[i], {})));
   }
-  const auto sums = ring_backward(chunks, q, grad_o, merged, padded, rule, sum_dtype, dq);
+  const auto sums = ring_backward(chunks, q, grad_o, row_terms, padded, rule, sum_dtype, dq);
   for (std::size_t i = 0; i < chunks.size(); ++i) layer.q_backward(chunks[i], dq[i].to(dtype));
   return sums.narrow(-2, 0, rows);
 }

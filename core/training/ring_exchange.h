@@ -3,7 +3,7 @@
 // the ring (Communicator::ring_shift), one in flight per rank, and every one of the rank's query chunks merges its
 // attention over each block by log-sum-exp (merge_key_block). The backward recomputes that merge, then the blocks go
 // round again with their dK/dV sums, to which every rank adds its queries' share (key_block_backward, with each row's
-// merged output and log-sum-exp); after the full circle one more hop brings each block's sums home. dQ stays on the
+// log-sum-exp and rowsum(dO * O), the merged outputs released); after the full circle one more hop brings each block's sums home. dQ stays on the
 // rank. StreamBP's chunk loop runs inside each hop. On packed rows each query merges only its own sequence's keys, and a
 // part of a block that no query of a chunk's row sees is skipped and counted (ring_blocks.h).
 #pragma once
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/model/chunk_attention.h"
 #include "core/model/kv_source.h"
 #include "core/model/sequence_shard.h"
 #include "core/training/communicator.h"
@@ -45,11 +46,17 @@ class RingExchange : public KVSource {
   };
   Merged ring_forward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q, const at::Tensor& kv,
                       const AttentionRule& rule);
-  // Its backward given every chunk's dO: adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
+  // Its backward given every chunk's dO (in the model dtype or wider; widened part by part where narrower, which
+  // loses nothing) and its rows' log-sum-exps and rowsum(dO * O) (output_rowsum: the merged outputs need not be kept):
+  // adds each chunk's dq into `dq` (>= fp32, as Merged::o) and returns the
   // sums of this rank's own keys' gradients [2, B, n_kv, padded, hd] in `sum_dtype`, home after the circle.
   at::Tensor ring_backward(const std::vector<ChunkRows>& chunks, const std::vector<at::Tensor>& q,
-                           const std::vector<at::Tensor>& grad_o, const Merged& merged, const at::Tensor& kv,
+                           const std::vector<at::Tensor>& grad_o, const std::vector<BackwardRows>& rows, const at::Tensor& kv,
                            const AttentionRule& rule, c10::ScalarType sum_dtype, std::vector<at::Tensor>& dq);
+  // What the backward holds of a chunk's dO [B, n_h, c, hd] for the whole ring pass: the gradient as it comes, in the
+  // model dtype (in bf16 its values are bf16, so widening it part by part loses nothing). Tests widen it to the merge
+  // dtype, the buffers held before, to show both give the same bits.
+  virtual at::Tensor held_grad_output(at::Tensor grad_o) const { return grad_o; }
   // Every pass so far of this rank (each ring_forward and ring_backward): key blocks computed and skipped.
   const RingBlockCounts& block_counts() const { return counts_; }
 

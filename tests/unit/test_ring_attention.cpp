@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -123,7 +124,77 @@ double ring_step_error(int world, const RingModelCase& c, RingFault fault = Ring
   return *std::max_element(errors.begin(), errors.end());
 }
 
+// What the ring's backward holds of each chunk's dO: as it comes (the model dtype), the fp32 copy the ring held before
+// (widened up front), or a negative control that changes the held fp32 values below bf16's precision.
+enum class HeldGradOutput { as_given, widened, perturbed };
+
+class HeldGradOutputRing final : public sbp::RingExchange {
+ public:
+  HeldGradOutputRing(sbp::Communicator& comm, std::int64_t T, HeldGradOutput held) : RingExchange(comm, T), held_(held) {}
+  at::Tensor held_grad_output(at::Tensor grad_o) const override {
+    held_bf16_ = held_bf16_ || grad_o.scalar_type() == at::kBFloat16;
+    if (held_ == HeldGradOutput::as_given) return grad_o;
+    const auto wide = grad_o.to(at::kFloat);
+    return held_ == HeldGradOutput::widened ? wide : wide * (1.0 + 1.0 / 65536.0);
+  }
+  // Whether a dO came in bf16 (else the comparison would hold trivially).
+  bool held_bf16() const { return held_bf16_; }
+
+ private:
+  HeldGradOutput held_;
+  mutable bool held_bf16_ = false;
+};
+
+// Every rank's loss and gradients of one bf16 step of `method` over a ring of `world` ranks (no reduction: each rank's
+// own, to be compared bit by bit).
+std::vector<sbp::test::StepGradients> bf16_ring_step(int world, const RingModelCase& c, HeldGradOutput held) {
+  const auto config = sbp::test::tiny_config();
+  const auto batch = sbp::random_sft_batch(config, {2, c.T, 0.2, 0.25, 92});
+  std::vector<sbp::test::StepGradients> out(world);
+  sbp::test::run_gloo_ranks(world, [&](sbp::Communicator& comm) {
+    sbp::Model model(config, at::kBFloat16, 91);
+    if (!c.lora.empty()) model.add_lora(sbp::parse_lora_spec(c.lora), 93);
+    HeldGradOutputRing ring(comm, c.T, held);
+    model.set_kv_source(&ring);
+    out[comm.rank()] = sbp::test::run_step(model, c.method, batch);
+    if (!ring.held_bf16()) throw std::runtime_error("rank " + std::to_string(comm.rank()) + ": no dO in bf16");
+  });
+  return out;
+}
+
+// The first tensor (by name) whose bits differ between a and b, or "" when none does.
+std::string first_bitwise_difference(const std::vector<sbp::test::StepGradients>& a,
+                                     const std::vector<sbp::test::StepGradients>& b) {
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    if (a[r].loss != b[r].loss) return "rank " + std::to_string(r) + " loss";
+    REQUIRE(a[r].gradients.size() == b[r].gradients.size());
+    for (std::size_t i = 0; i < a[r].gradients.size(); ++i)
+      if (!at::equal(a[r].gradients[i].tensor, b[r].gradients[i].tensor))
+        return "rank " + std::to_string(r) + " " + a[r].gradients[i].name;
+  }
+  return "";
+}
+
 }  // namespace
+
+// bf16: dO is the gradient of o_proj's bf16 input, so holding it in bf16 and widening each part in key_block_backward
+// hands the kernel the values the fp32 copy held before did. The whole step's gradients are the same bits.
+TEST_CASE("the ring's backward holding dO in bf16 gives bitwise the gradients of holding its fp32 copy: StreamBP "
+          "standard BP and LoRA at N = 2 and 3 and a negative control that moves the held dO below bf16's precision",
+          "[sequence-parallel][ring][distributed]") {
+  const std::string streambp = "streambp:layer_chunk=3,head_chunk=4";
+  for (const int world : {2, 3})
+    for (const auto& c : {RingModelCase{37, 2, streambp}, RingModelCase{37, 2, "standard"},
+                          RingModelCase{41, 2, streambp, "rank=8"}}) {
+      const auto held = bf16_ring_step(world, c, HeldGradOutput::as_given);
+      const auto before = bf16_ring_step(world, c, HeldGradOutput::widened);
+      const auto control = first_bitwise_difference(bf16_ring_step(world, c, HeldGradOutput::perturbed), before);
+      INFO(c.method << " lora '" << c.lora << "' on " << world << " ranks: first difference '"
+                    << first_bitwise_difference(held, before) << "', the control's '" << control << "'");
+      CHECK(first_bitwise_difference(held, before).empty());
+      CHECK_FALSE(control.empty());
+    }
+}
 
 // K and V blocks go round the ring, merged by log-sum-exp; their gradients travel with them and come home.
 TEST_CASE("ring attention equals the whole sequence's causal attention in fp64: N = 2, 3, 4, GQA with fewer KV heads "

@@ -127,6 +127,10 @@ def main():
     p.add_argument("--no-baseline", action="store_true", help="skip the load-only baseline processes")
     p.add_argument("--python", default=sys.executable, help="interpreter of the HF side (torch + transformers)")
     p.add_argument("--out", required=True)
+    # The goals of the issue that asked for this comparison (#63: ahead of HF by 1.5x at <= 0.3x its peak); an
+    # earlier one asked for 1.3x and 0.35x. They only label the result: what is measured is written either way.
+    p.add_argument("--goal-time", type=float, default=1.5, help="goal for HF-ckpt / StreamBP step time (>=)")
+    p.add_argument("--goal-rss", type=float, default=0.3, help="goal for StreamBP / HF peak RSS (<=)")
     a = p.parse_args()
     dtypes = a.dtypes.split(",")
     if any(d not in DTYPES for d in dtypes):
@@ -227,8 +231,9 @@ def main():
             cmp["peak_rss_above_baseline_ratio_streambp_over_hf"] = ds / dh if dh > 0 else None
         cmp["loss_check"] = ("ok" if cmp["first_loss_relative_difference"] <= (1e-5 if dtype == "fp32" else 2e-2)
                              else "MISMATCH")  # fp32: the same loss to rounding; bf16: loose
-        cmp["goal_time_ratio_ge_1.3"] = cmp["time_ratio_hf_over_streambp"] >= 1.3
-        cmp["goal_rss_ratio_le_0.35"] = cmp["peak_rss_ratio_streambp_over_hf"] <= 0.35
+        cmp["goal_time_ratio"], cmp["goal_rss_ratio"] = a.goal_time, a.goal_rss
+        cmp["time_goal_met"] = cmp["time_ratio_hf_over_streambp"] >= a.goal_time
+        cmp["rss_goal_met"] = cmp["peak_rss_ratio_streambp_over_hf"] <= a.goal_rss
         summary["comparison"][dtype] = cmp
     summary["provenance"]["load_average_at_end"] = os.getloadavg()
     with open(os.path.join(a.out, "summary.json"), "w") as f:
@@ -245,10 +250,10 @@ def main():
               f"{mib(c['peak_rss_bytes'])} {mib(c['baseline_peak_rss_bytes'])}  {c['first_loss']:.8g}")
     for dtype, cmp in summary["comparison"].items():
         extra = cmp.get("peak_rss_above_baseline_ratio_streambp_over_hf")
-        print(f"{dtype}: time HF-ckpt/StreamBP {cmp['time_ratio_hf_over_streambp']:.3f} (goal >= 1.3: "
-              f"{'met' if cmp['goal_time_ratio_ge_1.3'] else 'not met'}), peak RSS StreamBP/HF "
-              f"{cmp['peak_rss_ratio_streambp_over_hf']:.3f} (goal <= 0.35: "
-              f"{'met' if cmp['goal_rss_ratio_le_0.35'] else 'not met'})"
+        print(f"{dtype}: time HF-ckpt/StreamBP {cmp['time_ratio_hf_over_streambp']:.3f} (goal >= "
+              f"{cmp['goal_time_ratio']:g}: {'met' if cmp['time_goal_met'] else 'not met'}), peak RSS StreamBP/HF "
+              f"{cmp['peak_rss_ratio_streambp_over_hf']:.3f} (goal <= {cmp['goal_rss_ratio']:g}: "
+              f"{'met' if cmp['rss_goal_met'] else 'not met'})"
               + (f", above baseline {extra:.3f}" if extra is not None else "")
               + f"; first-step loss relative difference {cmp['first_loss_relative_difference']:.1e} ({cmp['loss_check']})")
 

@@ -11,6 +11,7 @@ shard, gather_outputs_and_unpad (the gather whose backward scales by W), sft_los
 ranks, as FSDP's reduction over verl's mesh of dp x sp ranks does (the adapter re-states that mean: FSDP is not run).
 The one stand-in: the CUDA flash-attention varlen kernel under verl's Ulysses wrapper is replaced by exact causal
 attention per packed sequence (sequences start where position_ids is 0), which the CPU can run in fp64.
+A packed case's sequences are verl's samples (cut out of the packed rows), each packed again by verl's own path.
 A row's first token is never a target (HF's shift drops it; verl's datasets mask it: its loss_mask is rolled by one,
 so a first-token target would be predicted from the previous row's last token). Labels must be the input ids.
 The case's ranks (rows or positions split, as deepspeed_ulysses.py) are the SP degree, one SP group (dp = 1);
@@ -66,12 +67,14 @@ def worker(case_dir):
     import torch.distributed as dist
 
     sys.path.insert(0, str(HERE.parents[1]))
+    sys.path.insert(0, str(HERE.parent))
+    import packed_rows
     import protocol
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        case = protocol.read_case(case_dir, accumulates=True, distributed=True, packs=False)
+        case = protocol.read_case(case_dir, accumulates=True, distributed=True, packs=True)
         if case.objective["name"] != "sft":
             raise protocol.NotExpressible(f"{case.objective['name']}: this adapter runs verl's SFT loss only")
         b = case.batch
@@ -115,12 +118,19 @@ def worker(case_dir):
     scaler = not os.environ.get("VERL_GRAD_SCALER_OFF")
 
     loss_mask = targets & valid
-    loss_mask[:, 0] = False  # a row's first token is never a target (the docstring)
-    batch_num_tokens = int(loss_mask.sum())  # forward_backward_batch: the step's (mini-batch's) targets, over dp
+    if getattr(case, "packed", False):  # verl's samples are the packed sequences: its remove-padding path packs them again itself
+        rows, micro = packed_rows.sequences(case)
+        samples = [(torch.tensor(r["input_ids"]), torch.tensor(r["labels"]) != -100) for r in rows]
+    else:
+        micro = case.micro_batches or [list(range(b["input_ids"].shape[0]))]
+        samples = [(b["input_ids"][r][valid[r]], loss_mask[r][valid[r]]) for r in range(b["input_ids"].shape[0])]
+    for _, mask in samples:
+        mask[0] = False  # a sample's first token is never a target (the docstring)
+    batch_num_tokens = sum(int(mask.sum()) for _, mask in samples)  # forward_backward_batch: the step's targets
 
     def micro_loss(rows):
-        ids = [b["input_ids"][r][valid[r]] for r in rows]
-        masks = [loss_mask[r][valid[r]].long() for r in rows]
+        ids = [samples[r][0] for r in rows]
+        masks = [samples[r][1].long() for r in rows]
         offsets = torch.tensor([0] + [len(x) for x in ids]).cumsum(0)
         ids_rmpad = torch.cat(ids).unsqueeze(0)
         pos_rmpad = torch.cat([torch.arange(len(x)) for x in ids]).unsqueeze(0)
@@ -140,7 +150,7 @@ def worker(case_dir):
     for p in trainable.values():
         p.grad = None
     loss = 0.0
-    for rows in case.micro_batches or [list(range(b["input_ids"].shape[0]))]:
+    for rows in micro:
         part = micro_loss(rows)
         part.backward()
         loss += part.item()

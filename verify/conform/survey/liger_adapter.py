@@ -10,7 +10,8 @@ default           Liger's documented HF integration: apply_liger_kernel_to_<qwen
                   LigerFusedLinearCrossEntropyFunction with reduction="mean" over the shifted labels. (skip_logits is
                   passed because Liger only takes the fused path by itself in train mode, and the protocol loads the
                   model in eval mode unless checkpointing.)
---flce-only       the same with rope=False, rms_norm=False, swiglu=False: only the fused linear CE is Liger's.
+--flce-only       the same with rope=False, rms_norm=False, swiglu=False: only the fused linear CE is Liger's. Takes
+                  packed cases (position_ids, no mask) and micro-batches (num_items_in_batch: the step's targets).
 --reduction-none  issue #968's setting: the (unpatched HF) decoder's hidden states, LigerFusedLinearCrossEntropyLoss(reduction="none")
                   per token, then (per_token * mask).sum() / mask.sum() by hand (mask = target != -100). Equal to the
                   mean in exact arithmetic; before liger-kernel 0.8.2 (PR #1298) the backward scaled every gradient by
@@ -142,6 +143,18 @@ def rope_only_loss(model, case):
     return F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=-100, reduction="sum") / total
 
 
+def flce_only_loss(model, case):
+    """--flce-only's loss: Liger's patched forward and fused linear CE. A packed case gives position_ids and no mask
+    (transformers >= 4.54 finds the sequences from them, as the hf baseline takes packed rows); a micro-batch passes
+    the step's target count as num_items_in_batch, as transformers' Trainer does, so the fused CE sums and divides by
+    it instead of taking the micro-batch's mean."""
+    b = case.batch
+    inputs = {"position_ids": b["position_ids"]} if case.packed else {"attention_mask": b["attention_mask"]}
+    if case.union is not None:
+        inputs["num_items_in_batch"] = (gpu_common.shifted_targets(case.union["labels"]) != -100).sum()
+    return model(input_ids=b["input_ids"], labels=b["labels"], skip_logits=True, **inputs).loss
+
+
 def loss(model, case, flags):
     import torch
 
@@ -150,6 +163,8 @@ def loss(model, case, flags):
         return rope_only_loss(model, case)
     if "--tiled-swiglu" in flags:
         return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
+    if "--flce-only" in flags:
+        return flce_only_loss(model, case)
     if not any(f in flags for f in HAND_LOSSES):
         return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
                      skip_logits=True).loss
@@ -178,8 +193,9 @@ def load(case, flags):
 
 
 def declares(flags):
-    """--rope-only normalises micro-batches by the step's totals and takes packed rows; the other settings neither."""
-    return {"accumulates": True, "packs": True} if "--rope-only" in flags else {}
+    """--rope-only and --flce-only normalise micro-batches by the step's totals and take packed rows; the other
+    settings neither."""
+    return {"accumulates": True, "packs": True} if "--rope-only" in flags or "--flce-only" in flags else {}
 
 
 if __name__ == "__main__":

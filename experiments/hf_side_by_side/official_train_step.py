@@ -25,12 +25,8 @@ The process ends with os._exit(0) once the JSON is written (the interpreter's te
 
     python official_train_step.py --model M --batch B.safetensors --steps 2 --threads 2 --out official.json
 """
-import argparse
-import json
 import math
 import os
-import platform
-import resource
 import subprocess
 import sys
 import time
@@ -39,21 +35,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from hf_train_step import DTYPES, base_record, finish, run_steps, step_arguments
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "verify" / "conform" / "survey"))
 import streambp_official  # noqa: E402  (build(): the documented StreamModel usage, shared with the survey)
 from streambp_conform.protocol import Case, Objective  # noqa: E402  (streambp_official put verify/conform on the path)
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def peak_rss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-def current_rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def loss_normaliser(labels, head_chunk):
@@ -88,22 +75,10 @@ def source_commit(package_file):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="HF checkpoint folder (config.json + safetensors)")
-    p.add_argument("--batch", required=True, help="batch file (safetensors: input_ids, attention_mask, labels)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    p.add_argument("--steps", type=int, default=2)
+    p = step_arguments(__doc__)
     p.add_argument("--head-chunk", type=int, default=100, help="logits_chunk_size (the README's suggestion: 100)")
     p.add_argument("--layer-chunk", type=int, default=0,
                    help="checkpoint_chunk_size (0: ceil(T/3), the README's suggestion)")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.999)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--weight-decay", type=float, default=0.0, help="default 0 as ours (torch.optim.AdamW's is 0.01)")
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    p.add_argument("--load-only", action="store_true", help="load the model and batch, report the RSS, run no step")
-    p.add_argument("--out", help="also write the JSON here")
     a = p.parse_args()
     if a.steps < 1 or a.head_chunk < 1 or a.layer_chunk < 0:
         print("error: --steps and --head-chunk must be >= 1, --layer-chunk >= 0", file=sys.stderr)
@@ -146,17 +121,11 @@ def main():
 
     import peft
     import streambp
-    import transformers
     commit, checkout = source_commit(streambp.__file__)
-    record = {
-        "model": a.model,
-        "batch": a.batch,
+    record = base_record(a, params, batch, load_seconds)
+    record["versions"]["peft"] = peft.__version__
+    record.update({
         "model_class": type(model).__name__ + "(" + type(model.model).__name__ + ")",
-        "dtype": a.dtype,
-        "parameters": sum(q.numel() for q in params),
-        "batch_size": ids.shape[0],
-        "seq_len": T,
-        "target_tokens": int((labels[:, 1:] != -100).sum()),
         "attn_implementation": model.model.config._attn_implementation,
         "official": {"repo": "Ledzy/StreamBP", "commit": commit, "checkout": checkout,
                      "logits_chunk_size": a.head_chunk, "checkpoint_chunk_size": layer_chunk,
@@ -164,46 +133,16 @@ def main():
                      "gradient_checkpointing": any(getattr(m, "gradient_checkpointing", False)
                                                    for m in model.modules())},
         "loss_normaliser": loss_normaliser(labels, a.head_chunk),
-        "optimizer": {"name": "torch.optim.AdamW", "lr": a.lr, "betas": [a.beta1, a.beta2], "eps": a.eps,
-                      "weight_decay": a.weight_decay, "foreach": None},
-        "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(),
-        "load_seconds": load_seconds,
-        "baseline_peak_rss_bytes": peak_rss_bytes(),  # model and batch loaded, no step yet
-        "baseline_rss_bytes": current_rss_bytes(),
-        "steps": [],
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "peft": peft.__version__},
-        "torch_config": torch.__config__.parallel_info(),
-    }
+    })
     if not a.load_only:
-        opt = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
-        for s in range(1, a.steps + 1):
-            t0 = time.perf_counter()
+        def bp():
             out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False, return_dict=True)
             if out.loss.requires_grad:  # as the survey's adapter: the backward already ran inside forward
                 out.loss.backward()
-            t1 = time.perf_counter()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t2 = time.perf_counter()
-            record["steps"].append({"step": s, "loss": out.loss.item(), "bp_seconds": t1 - t0,
-                                    "optimizer_seconds": t2 - t1, "peak_rss_bytes": peak_rss_bytes()})
-            del out
-            print(f"step {s}/{a.steps}  loss {record['steps'][-1]['loss']:.6g}  bp {t1 - t0:.3f} s  "
-                  f"optimizer {t2 - t1:.3f} s", file=sys.stderr, flush=True)
-        states = {str(v.dtype) for st in opt.state.values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")}
-        record["optimizer_state_dtypes"] = sorted(states)
-    record["peak_rss_bytes"] = peak_rss_bytes()
-    text = json.dumps(record, indent=2)
-    if a.out:  # a temp file, then rename: a killed run leaves no half-written JSON
-        with open(a.out + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(a.out + ".tmp", a.out)
-    print(text)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown (hf_train_step.py: it raised ru_maxrss by ~125 MB after the work)
+            return out.loss.item()
+
+        run_steps(a, params, bp, record)
+    finish(record, a.out)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,9 @@ DTYPES = ("fp32", "bf16")
 # written either way (an earlier issue asked for 1.3x and 0.35x against HF).
 PEERS = {
     "hf": {"script": os.path.join(HERE, "hf_train_step.py"), "dtypes": "fp32,bf16", "label": "HF-ckpt",
-           "goal_time": 1.5, "goal_rss": 0.3},
+           "rss_label": "HF", "goal_time": 1.5, "goal_rss": 0.3},
     "official": {"script": os.path.join(HERE, "official_train_step.py"), "dtypes": "fp32", "label": "official",
-                 "goal_time": 2.0, "goal_rss": 0.5, "survey_entry": "streambp-official"},
+                 "rss_label": "official", "goal_time": 2.0, "goal_rss": 0.5, "survey_entry": "streambp-official"},
 }
 
 
@@ -166,7 +166,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("binary")
     p.add_argument("--peer", choices=sorted(PEERS), default="hf",
-                   help="hf: HF Transformers + checkpointing; official: the paper's StreamModel (STREAMBP_OFFICIAL_SRC)")
+                   help="hf: HF Transformers + checkpointing; official: the paper's StreamModel "
+                        "(STREAMBP_OFFICIAL_SRC)")
     p.add_argument("--preset", default="qwen3-small")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=1)
@@ -184,7 +185,8 @@ def main():
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--no-baseline", action="store_true", help="skip the load-only baseline processes")
-    p.add_argument("--python", help="interpreter of the peer (default: this one for hf, the survey's venv for official)")
+    p.add_argument("--python",
+                   help="interpreter of the peer (default: this one for hf, the survey's venv for official)")
     p.add_argument("--out", required=True)
     p.add_argument("--goal-time", type=float, help="goal for peer / StreamBP step time (>=; default: the peer's, #63)")
     p.add_argument("--goal-rss", type=float, help="goal for StreamBP / peer peak RSS (<=; default: the peer's, #63)")
@@ -332,8 +334,9 @@ def main():
         extra = cmp.get(f"peak_rss_above_baseline_ratio_streambp_over_{a.peer}")
         diff = cmp["first_loss_relative_difference"]
         print(f"{dtype}: time {label}/StreamBP {cmp[f'time_ratio_{a.peer}_over_streambp']:.3f} (goal >= "
-              f"{cmp['goal_time_ratio']:g}: {'met' if cmp['time_goal_met'] else 'not met'}), peak RSS StreamBP/{label} "
-              f"{cmp[f'peak_rss_ratio_streambp_over_{a.peer}']:.3f} (goal <= {cmp['goal_rss_ratio']:g}: "
+              f"{cmp['goal_time_ratio']:g}: {'met' if cmp['time_goal_met'] else 'not met'}), peak RSS "
+              f"StreamBP/{peer['rss_label']} {cmp[f'peak_rss_ratio_streambp_over_{a.peer}']:.3f} "
+              f"(goal <= {cmp['goal_rss_ratio']:g}: "
               f"{'met' if cmp['rss_goal_met'] else 'not met'})"
               + (f", above baseline {extra:.3f}" if extra is not None else "")
               + (f"; first-step loss relative difference {diff:.1e}" if diff is not None else "; first-step loss")

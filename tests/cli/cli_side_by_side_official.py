@@ -41,7 +41,8 @@ def normaliser_facts():
     prompt = torch.arange(10).view(1, 10)
     prompt[0, :3] = -100  # chunk [0, 5): labels 3, 4 count 2 - B = 1, its targets (positions 1..4) are 2
     got = official_train_step.loss_normaliser(prompt, 4)
-    if got["loss_over_target_mean"] is not None or got["mismatched_chunks"] != [{"start": 0, "weight": 1, "targets": 2}]:
+    wanted = [{"start": 0, "weight": 1, "targets": 2}]
+    if got["loss_over_target_mean"] is not None or got["mismatched_chunks"] != wanted:
         failures.append(f"negative control: a chunk starting on a masked prompt is not named: {got}")
     return failures
 

@@ -88,6 +88,9 @@ def main():
         print(f"error: --model {a.model}: no config.json (an HF checkpoint folder, as `streambp run --save-model` "
               "writes it)", file=sys.stderr)
         sys.exit(2)
+    if not Path(a.batch).is_file():
+        print(f"error: --batch {a.batch}: no such file", file=sys.stderr)
+        sys.exit(2)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
 

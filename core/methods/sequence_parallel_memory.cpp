@@ -125,9 +125,11 @@ std::int64_t ring_tile_backward_bytes(const Workload& w, const Sizes& z, std::in
 }
 
 // Its largest over the parts a chunk of c queries meets: a whole part of another rank's shard or its own causal block
-// of c keys.
+// of c keys. On packed rows the ring skips a part's keys of sequences that ended before the chunk's earliest query,
+// so no part it computes holds more keys than the longest sequence.
 std::int64_t ring_key_block_backward_bytes(const Workload& w, const Sizes& z, std::int64_t c) {
-  const auto part = (z.Tg + 2 * z.sp - 1) / (2 * z.sp);
+  auto part = (z.Tg + 2 * z.sp - 1) / (2 * z.sp);
+  if (w.packed) part = std::min(part, w.packed->longest());
   return std::max(ring_tile_backward_bytes(w, z, c, part, false), ring_tile_backward_bytes(w, z, c, c, true));
 }
 

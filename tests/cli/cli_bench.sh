@@ -1,5 +1,6 @@
 # The micro-benchmarks in CI mode (--short): every family runs (the file tier's copies too), the JSON Google Benchmark
-# writes parses and carries each family and its provenance, no row is an error; a device that is not there is a usage error (exit 2).
+# writes parses and carries each family and its provenance, no row is an error; a device that is not there is a usage
+# error (exit 2).
 # ctest-binary: streambp_bench
 # ctest-timeout: 60
 source "$(dirname "$0")/../support/cli_common.sh"

@@ -187,7 +187,7 @@ TEST_CASE("the memory models' host term is what the tier holds at its peak, for 
 }
 
 TEST_CASE("the file tier's bytes on disk are the models' disk term, to each file's last block, for every method "
-          "that keeps checkpoints", "[offload][memory-model][disk]") {
+          "that keeps checkpoints", "[offload][disk]") {
   // On the CPU the file tier is the disk tier (issue #61): its model puts every offloaded checkpoint there
   // (Offload::host_layers = 0). Measured: the blocks the tier's files take on the file system at their peak
   // (tests/support/disk_meter.h), against the disk term; each file (one layer's [B, T, d]) rounded up to the file

@@ -58,13 +58,31 @@ at::Tensor DiskMeteredTier::store(const at::Tensor& device) {
   auto host = real_->store(device);
   if (leak_second_ && ++stores_ == 2) leaked_ = real_->store(device);
   measure();
-  return host;
+  return counted(std::move(host));
 }
 
 at::Tensor DiskMeteredTier::zeros(at::IntArrayRef sizes, c10::ScalarType dtype) {
   auto t = real_->zeros(sizes, dtype);
   measure();
-  return t;
+  return counted(std::move(t));
+}
+
+// The real tier's tensor under a view that counts its bytes in this tier too (held_bytes, peak_bytes): the deleter
+// holds the real tensor until the view dies.
+at::Tensor DiskMeteredTier::counted(at::Tensor t) {
+  const auto bytes = std::int64_t(t.nbytes());
+  if (bytes == 0) return t;
+  bytes_->add(bytes);
+  void* data = t.data_ptr();
+  const auto sizes = t.sizes().vec();
+  const auto options = t.options();
+  return at::from_blob(
+      data, sizes,
+      [held = std::move(t), counter = bytes_, bytes](void*) mutable {
+        held.reset();
+        counter->add(-bytes);
+      },
+      options);
 }
 
 void DiskMeteredTier::measure() {

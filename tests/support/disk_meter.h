@@ -17,7 +17,7 @@ namespace sbp::test {
 std::int64_t mapped_disk_bytes(const std::filesystem::path& dir);
 
 // A tier that measures the disk after every store and every zeros() (where its files appear), keeping the largest
-// value: the files' peak on disk over the run. With `leak_second`, the fault of a tier that leaks: the second store
+// value: the files' peak on disk over the run. It counts its tensors' bytes as the real tier does (held_bytes). With `leak_second`, the fault of a tier that leaks: the second store
 // is copied twice and the extra file kept for the tier's life (a negative control, never a production tier).
 class DiskMeteredTier final : public OffloadTier {
  public:
@@ -31,6 +31,7 @@ class DiskMeteredTier final : public OffloadTier {
 
  private:
   void measure();
+  at::Tensor counted(at::Tensor t);
   std::unique_ptr<OffloadTier> real_;
   std::filesystem::path dir_;
   bool leak_second_;

@@ -21,11 +21,13 @@
 #include "core/objectives/catalogue.h"
 #include "core/methods/layer_checkpoints.h"
 #include "core/methods/memory_terms.h"
+#include "core/methods/streambp.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/objectives/sft.h"
 #include "core/offload/offload_tier.h"
+#include "core/offload/split_tier.h"
 #include "core/training/data_parallel.h"
 #include "core/training/trainer.h"
 #include "experiments/batches.h"
@@ -264,6 +266,56 @@ TEST_CASE("a file tier that leaks a checkpoint's file fails the disk check", "[o
   INFO(spec << ": measured " << tier.peak_disk_bytes() << ", model " << disk);
   CHECK(tier.peak_disk_bytes() != L * per_file);
   CHECK(std::abs(double(tier.peak_disk_bytes()) / double(disk) - 1) > 0.03);
+}
+
+TEST_CASE("a split tier keeps H[0..k) on the host and H[k..L-1] on disk, as the models place them, on the same bits",
+          "[offload][disk]") {
+  // The run-time third tier (core/offload/split_tier.h) with a host budget of k checkpoints: both of its tiers are file
+  // tiers here, in two folders, each measured on disk; the model with Offload::host_layers = k says what each holds.
+  // Negative control: the budget given in elements instead of bytes (a unit bug) moves layers the model keeps on the
+  // host to the disk, and the disk check fails.
+  const sbp::test::TempDir host_dir("sbp_host_"), disk_dir("sbp_disk_");
+  struct stat folder{};
+  REQUIRE(::stat(disk_dir.path().c_str(), &folder) == 0);
+  const std::int64_t block = folder.st_blksize;
+  constexpr std::int64_t B = 2, T = 96;
+  sbp::Model model(sbp::test::tiny_config(), at::kFloat, 11);
+  auto objective = sbp::make_objective("sft");
+  const auto batch = sbp::test::objective_batch(model, *objective, {B, T, 0.0, 0.1, 12, 0});
+  const auto L = model.config().num_hidden_layers;
+  const std::int64_t checkpoint = B * T * model.config().hidden_size * 4;
+  const auto per_file = (checkpoint + block - 1) / block * block;
+  // StreamBP and checkpointing (the tier does not know the method; every method's file bytes are the case above).
+  for (const auto& spec : {sbp::streambp_entry().tests.typical(T), std::string("checkpoint")}) {
+    const auto on_device = step_with(model, spec, *objective, batch, nullptr);
+    // k = 0 and L are the file tier alone and the host alone (the cases above); the bug at k = 1.
+    for (const auto& [k, unit_bug] : std::vector<std::pair<std::int64_t, bool>>{{1, false}, {L - 1, false}, {1, true}}) {
+      INFO(spec << " k=" << k << (unit_bug ? " (budget in elements)" : ""));
+      auto host = std::make_unique<sbp::test::DiskMeteredTier>(sbp::make_file_tier(host_dir.path().string()),
+                                                               host_dir.path());
+      auto disk = std::make_unique<sbp::test::DiskMeteredTier>(sbp::make_file_tier(disk_dir.path().string()),
+                                                               disk_dir.path());
+      const auto *host_meter = host.get(), *disk_meter = disk.get();
+      const auto tier = sbp::make_split_tier(std::move(host), std::move(disk), k * checkpoint / (unit_bug ? 4 : 1));
+      check_same_bits(on_device, step_with(model, spec, *objective, batch, tier.get()));
+      CHECK(tier->held_bytes() == 0);
+      CHECK(tier->peak_bytes() == L * checkpoint);
+      auto workload = sbp::make_workload(model, objective->prepare(batch, model.config()), batch);
+      workload.add(sbp::Offload{sbp::OffloadKind::checkpoints, k});
+      const auto disk_term = sbp::memory::offload_disk_bytes(workload);
+      const auto host_term = sbp::make_method(spec)->memory_model(workload).host_bytes();
+      INFO("host: measured " << host_meter->peak_disk_bytes() << ", model " << host_term << "; disk: measured "
+                             << disk_meter->peak_disk_bytes() << ", model " << disk_term);
+      if (unit_bug) {
+        CHECK(disk_meter->peak_disk_bytes() != disk_term / checkpoint * per_file);
+        continue;
+      }
+      CHECK(host_term == k * checkpoint);
+      CHECK(disk_term == (L - k) * checkpoint);
+      CHECK(host_meter->peak_disk_bytes() == host_term / checkpoint * per_file);
+      CHECK(disk_meter->peak_disk_bytes() == disk_term / checkpoint * per_file);
+    }
+  }
 }
 
 TEST_CASE("a tier that reorders or loses a checkpoint fails the bitwise check", "[offload][negative-control]") {

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -305,11 +306,13 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
     throw InputError(std::string("--pack with ") + (a.sp > 0 ? "--sp" : "--offload") + ": packed rows are projected "
                      "for Table 3 and --world only");
   // CLI11's range checks let NaN and Inf through: a byte count or a rate must be a finite number.
-  for (const auto& [flag, x] : {std::pair{"--disk-bytes-per-node", a.disk_bytes_per_node},
-                                {"--disk-read-bandwidth", a.disk_read_bandwidth}, {"--device-flops", a.device_flops}})
-    if (!std::isfinite(x) || x < 0 || (x == 0 && flag == std::string("--device-flops")))
-      throw InputError(fmt::format("{} {}: not a finite {} number", flag, x,
-                                   flag == std::string("--device-flops") ? "positive" : "non-negative"));
+  // (--host-bytes-per-node nan made every row host-bound at T = 0 and ended in an internal error.)
+  for (const auto& [flag, x, positive] :
+       {std::tuple{"--disk-bytes-per-node", a.disk_bytes_per_node, false},
+        {"--disk-read-bandwidth", a.disk_read_bandwidth, false}, {"--device-flops", a.device_flops, true},
+        {"--host-bytes-per-node", a.host_bytes_per_node, true}})
+    if (!std::isfinite(x) || x < 0 || (x == 0 && positive))
+      throw InputError(fmt::format("{} {}: not a finite {} number", flag, x, positive ? "positive" : "non-negative"));
   if (a.disk_bytes_per_node > 0 && (a.sp == 0 || !a.offload.checkpoints()))
     throw InputError("--disk-bytes-per-node needs --sp N and --offload with checkpoints (the disk tier holds the "
                      "offloaded checkpoints the host cannot)");

@@ -1,7 +1,8 @@
 # `streambp project --sp N --disk-bytes-per-node B --disk-read-bandwidth R` (issue #61): a third tier for the
 # offloaded checkpoints the host cannot hold, node-local disk, whole layers.
 # (a) bad input exits 2 naming the flag: a disk without --sp or without checkpoints offloaded, without a read rate, a
-#     rate without a disk, NaN, negative values, a device rate of 0;
+#     rate without a disk, NaN (a host of NaN bytes too: it ended in an internal error), negative values, a device
+#     rate of 0;
 # (b) without the disk tier nothing changes: the same rows and no disk columns;
 # (c) a host of 0.5 TB per node: the host-bound rows (checkpoints in the tier) are lifted by the disk, every placement
 #     within both budgets, the stall factor the read time over the compute time, a layer's read the disk's bytes over
@@ -22,6 +23,8 @@ expect_exit_2 "a disk of NaN bytes" "--disk-bytes-per-node nan: not a finite non
   "$STREAMBP" "${p[@]}" --offload checkpoints --disk-bytes-per-node nan --disk-read-bandwidth 1e9
 expect_exit_2 "a negative read rate" "--disk-read-bandwidth -1: not a finite non-negative number" \
   "$STREAMBP" "${p[@]}" --offload checkpoints --disk-bytes-per-node 1e12 --disk-read-bandwidth -1
+expect_exit_2 "a host of NaN bytes" "--host-bytes-per-node nan: not a finite positive number" \
+  "$STREAMBP" "${p[@]}" --offload checkpoints --host-bytes-per-node nan
 expect_exit_2 "a device of 0 FLOP/s" "--device-flops 0: not a finite positive number" \
   "$STREAMBP" "${p[@]}" --offload checkpoints --disk-bytes-per-node 1e12 --disk-read-bandwidth 1e9 --device-flops 0
 

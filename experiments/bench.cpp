@@ -8,12 +8,20 @@
 //   kv_chunk/c            the K/V path of c tokens: input norm, k/v projections, k-norm, RoPE (step 3)
 //   step/<method>/T       one whole SFT step (forward + backward) of every method of the catalogue at its typical
 //                         setting for T (several chunks, the last one short): what the pieces above add up to
+//   file_tier/<op>/MiB    the CPU's offload tier (core/offload/file_tier.cpp) on a tensor of MiB: store (a new
+//                         reserved file, mapped, the copy into its pages), fetch (the copy back), and the same
+//                         through the disk itself: store_synced (+ msync: the pages written to the device) and
+//                         fetch_cold (the pages first dropped, MADV_PAGEOUT: read back from the device). Folder:
+//                         --offload-dir (default the system's temporary folder); bytes_per_second counts the tensor.
 // Our flags (--device, --preset, --dtype, --short) are taken out of argv; everything else goes to Google Benchmark
 // (--benchmark_filter, --benchmark_out=FILE --benchmark_out_format=json, ...).
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -26,6 +34,7 @@
 #include <benchmark/benchmark.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "baselines/methods.h"
@@ -36,6 +45,7 @@
 #include "core/io/dtype.h"
 #include "core/methods/flop_model.h"
 #include "core/model/model.h"
+#include "core/offload/offload_tier.h"
 #include "core/methods/phase.h"
 #include "core/objectives/sft.h"
 #include "core/methods/streaming.h"
@@ -51,7 +61,7 @@ constexpr int kLayer = 0;           // every decoder layer has the same shapes
 constexpr std::uint64_t kSeed = 0;
 
 struct Flags {
-  std::string device = "cpu", preset = "tiny", dtype = "fp32";
+  std::string device = "cpu", preset = "tiny", dtype = "fp32", offload_dir;
   bool short_mode = false;  // CI: one tiny size per benchmark, 0.01 s minimum time each
 };
 
@@ -61,7 +71,8 @@ void print_help() {
       "  --device   where the model and inputs live (default cpu)\n"
       "  --preset   model preset (default tiny; see streambp run --help)\n"
       "  --dtype    model dtype (default fp32)\n"
-      "  --short    tiny sizes and --benchmark_min_time=0.01 (CI)\n\n");
+      "  --short    tiny sizes and --benchmark_min_time=0.01 (CI)\n"
+      "  --offload-dir  the folder of the file_tier benchmarks' files (default the system's temporary folder)\n\n");
   benchmark::PrintDefaultHelp();
 }
 
@@ -70,7 +81,8 @@ Flags take_our_flags(int& argc, char** argv) {
   Flags flags;
   int kept = 1;
   const std::pair<std::string, std::string*> valued[] = {
-      {"--device", &flags.device}, {"--preset", &flags.preset}, {"--dtype", &flags.dtype}};
+      {"--device", &flags.device}, {"--preset", &flags.preset}, {"--dtype", &flags.dtype},
+      {"--offload-dir", &flags.offload_dir}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     bool ours = arg == "--short";
@@ -94,6 +106,7 @@ Flags take_our_flags(int& argc, char** argv) {
 struct Bench {
   sbp::Model& model;  // a step writes its gradients
   c10::Device device;
+  std::string offload_dir;  // the file tier's folder
   bool failed = false;  // a benchmark ended in an error: the exit code says so
   at::TensorOptions options() const { return at::TensorOptions().dtype(model.dtype()).device(device); }
 };
@@ -247,6 +260,45 @@ void method_step(benchmark::State& state, Bench& bench, const std::function<std:
   bench.model.zero_grad();
 }
 
+// The file tier (core/offload/file_tier.cpp) on a CPU tensor of range(0) MiB: what a checkpoint's store and fetch
+// cost, and the same with the disk in the path (op: store, fetch, store_synced, fetch_cold). The tier's files are
+// the page cache's until the kernel writes them: store and fetch time memory, store_synced adds msync (the pages
+// written to the device), fetch_cold drops the stored pages first (MADV_PAGEOUT, outside the timing) so that the
+// fetch reads them from it. A page the kernel cannot drop (MADV_PAGEOUT unsupported) is an error row.
+enum class TierOp { store, fetch, store_synced, fetch_cold };
+void file_tier_op(benchmark::State& state, Bench& bench, TierOp op) {
+  const auto bytes = state.range(0) << 20;
+  const auto tier = sbp::make_file_tier(bench.offload_dir);
+  const auto source = at::rand({bytes / 4}, at::kFloat);  // touched: no first-fault in the timed copy's source
+  const auto sync = [](const at::Tensor& t, int flags) {
+    if (::msync(t.data_ptr(), std::size_t(t.nbytes()), flags) != 0)
+      throw std::runtime_error(std::string("msync: ") + std::strerror(errno));
+  };
+  at::Tensor stored;
+  if (op == TierOp::fetch || op == TierOp::fetch_cold) {
+    stored = tier->store(source);
+    sync(stored, MS_SYNC);
+  }
+  for (auto _ : state) {
+    if (op == TierOp::fetch_cold) {
+      state.PauseTiming();
+      if (::madvise(stored.data_ptr(), std::size_t(stored.nbytes()), MADV_PAGEOUT) != 0)
+        throw std::runtime_error(std::string("madvise(MADV_PAGEOUT): ") + std::strerror(errno));
+      state.ResumeTiming();
+    }
+    if (op == TierOp::store || op == TierOp::store_synced) {
+      auto host = tier->store(source);
+      if (op == TierOp::store_synced) sync(host, MS_SYNC);
+      benchmark::DoNotOptimize(host.data_ptr());
+    } else {
+      auto back = tier->fetch(stored, bench.device);
+      benchmark::DoNotOptimize(back.data_ptr());
+    }
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * bytes);
+  state.counters["tensor_bytes"] = double(bytes);
+}
+
 // Registers `body` under `name`. An exception (out of memory, a size the preset cannot take) becomes that
 // benchmark's error row and a non-zero exit, not a terminated process.
 benchmark::internal::Benchmark* add(const std::string& name, std::function<void(benchmark::State&, Bench&)> body,
@@ -281,6 +333,14 @@ void register_benchmarks(Bench& bench, bool short_mode) {
   with_sizes(add("layer_chunk", layer_chunk, bench)->ArgNames({"T", "c"}), chunks);
   with_sizes(add("attention_chunk", attention_chunk, bench)->ArgNames({"T", "c"}), chunks);
   with_sizes(add("kv_chunk", kv_chunk, bench)->ArgNames({"c"}), tokens);
+  if (bench.device.is_cpu()) {
+    const Sizes mebibytes = short_mode ? Sizes{{1}} : Sizes{{64}, {256}};
+    for (const auto& [name, op] : {std::pair{"store", TierOp::store}, {"fetch", TierOp::fetch},
+                                   {"store_synced", TierOp::store_synced}, {"fetch_cold", TierOp::fetch_cold}}) {
+      const auto body = [op](benchmark::State& state, Bench& b) { file_tier_op(state, b, op); };
+      with_sizes(add(std::string("file_tier/") + name, body, bench)->ArgNames({"MiB"}), mebibytes);
+    }
+  }
   const Sizes lengths = short_mode ? Sizes{{64}} : Sizes{{1024}, {4096}};
   for (const auto& entry : sbp::builtin_method_entries()) {
     auto typical = entry.tests.typical;
@@ -310,7 +370,8 @@ int main(int argc, char** argv) {
     const auto model = sbp::build_model(source, sbp::parse_dtype(flags.dtype), kSeed);
     model->to(device);
 
-    Bench bench{*model, device};
+    Bench bench{*model, device,
+                flags.offload_dir.empty() ? std::filesystem::temp_directory_path().string() : flags.offload_dir};
     register_benchmarks(bench, flags.short_mode);
     const auto provenance = sbp::collect_provenance(command, sbp::describe_device(device));
     benchmark::AddCustomContext("device", sbp::describe_device(device));
@@ -323,6 +384,9 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("omp_wait_policy", wait_policy ? wait_policy : "unset");
     benchmark::AddCustomContext("torch_version", provenance.torch_version);
     benchmark::AddCustomContext("commit", provenance.commit);
+    benchmark::AddCustomContext("machine", provenance.machine);
+    benchmark::AddCustomContext("date_utc", provenance.date_utc);
+    benchmark::AddCustomContext("offload_dir", bench.offload_dir);
     benchmark::AddCustomContext("command", provenance.command);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

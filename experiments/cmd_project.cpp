@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -201,6 +202,18 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--host-bytes-per-node", a.host_bytes_per_node, "with --sp and --offload: the host memory of a node "
                  "of 8 devices; a T whose offload tier does not fit it is host-bound")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--disk-bytes-per-node", a.disk_bytes_per_node, "with --sp and --offload checkpoints: node-local "
+                 "disk (NVMe) of a node of 8 devices for the checkpoints the host cannot hold, whole layers, the last "
+                 "ones first; 0 = no disk tier (the default)")
+      ->capture_default_str();
+  app.add_option("--disk-read-bandwidth", a.disk_read_bandwidth, "with --disk-bytes-per-node: the node's disk read "
+                 "rate in bytes/s, shared by its 8 devices; a layer's checkpoints read back are timed against its "
+                 "backward's compute (the stall factor)")
+      ->capture_default_str();
+  app.add_option("--device-flops", a.device_flops, "with --disk-bytes-per-node: the device's FLOP/s for the "
+                 "backward's compute (default 989e12, an H100 SXM's dense bf16 peak: a real step's lower rate makes "
+                 "the stall smaller, so the default is the disk's worst case)")
+      ->capture_default_str();
   add_pack_option(app, a.pack);
   add_output_options(app, a.output, "results folder");
 }
@@ -292,6 +305,22 @@ int project_command(const ProjectArgs& a, const std::string& command_line) {
   if (a.pack.packed() && (a.sp > 0 || !a.offload.kinds.empty()))
     throw InputError(std::string("--pack with ") + (a.sp > 0 ? "--sp" : "--offload") + ": packed rows are projected "
                      "for Table 3 and --world only");
+  // CLI11's range checks let NaN and Inf through: a byte count or a rate must be a finite number.
+  // (--host-bytes-per-node nan made every row host-bound at T = 0 and ended in an internal error.)
+  for (const auto& [flag, x, positive] :
+       {std::tuple{"--disk-bytes-per-node", a.disk_bytes_per_node, false},
+        {"--disk-read-bandwidth", a.disk_read_bandwidth, false}, {"--device-flops", a.device_flops, true},
+        {"--host-bytes-per-node", a.host_bytes_per_node, true}})
+    if (!std::isfinite(x) || x < 0 || (x == 0 && positive))
+      throw InputError(fmt::format("{} {}: not a finite {} number", flag, x, positive ? "positive" : "non-negative"));
+  if (a.disk_bytes_per_node > 0 && (a.sp == 0 || !a.offload.checkpoints()))
+    throw InputError("--disk-bytes-per-node needs --sp N and --offload with checkpoints (the disk tier holds the "
+                     "offloaded checkpoints the host cannot)");
+  if (a.disk_bytes_per_node > 0 && !(a.disk_read_bandwidth > 0))
+    throw InputError("--disk-read-bandwidth: a disk tier (--disk-bytes-per-node) needs its read rate in bytes/s, "
+                     "e.g. 2.5e10");
+  if (a.disk_bytes_per_node == 0 && a.disk_read_bandwidth > 0)
+    throw InputError("--disk-read-bandwidth needs --disk-bytes-per-node (the disk tier it times)");
   if (a.sp > 0) return project_sequence_parallel(a, command_line);
   if (a.nproc > 0) throw InputError("--nproc " + std::to_string(a.nproc) + " needs --sp N");
   if (!a.world_sizes.empty()) return project_data_parallel(a, command_line, errors, error_dirs);

@@ -161,6 +161,10 @@ struct ProjectArgs {
   SequenceScheme sp_scheme = SequenceScheme::allgather;
   // The host memory of a node of 8 devices, which the offload tier must fit (ALST's nodes had 1.9 TB per 8 H100s).
   double host_bytes_per_node = 2e12;
+  // The third tier (issue #61): node-local disk of a node of 8 devices for the checkpoints the host cannot hold, read
+  // back at this many bytes per second per node; 0 bytes: no disk tier. The device's rate (FLOP/s) against which a
+  // layer's read is timed: its backward's compute (the stall factor).
+  double disk_bytes_per_node = 0, disk_read_bandwidth = 0, device_flops = 989e12;
   // --pack: SFT's rows packed with sequences of these lengths, drawn at every T (Table 3 and --world).
   LengthDistribution pack;
 };

@@ -55,9 +55,14 @@ std::int64_t max_projected_seq(const BackpropMethod& method, Workload w, std::in
 
 std::int64_t max_projected_seq_where(const BackpropMethod& method, Workload w, std::int64_t multiple,
                                      const std::function<bool(const MemoryEstimate&)>& fits_estimate) {
+  return max_projected_seq_of(std::move(w), multiple,
+                              [&](const Workload& at) { return fits_estimate(training_memory(method, at)); });
+}
+
+std::int64_t max_projected_seq_of(Workload w, std::int64_t multiple, const std::function<bool(const Workload&)>& fits_at) {
   const auto fits = [&](std::int64_t k) {
     w.seq_len = k * multiple;
-    return fits_estimate(training_memory(method, w));
+    return fits_at(w);
   };
   std::int64_t lo = 1, hi = kProjectionCeiling / multiple;
   if (!fits(lo)) return 0;

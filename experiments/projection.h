@@ -38,5 +38,8 @@ std::int64_t max_projected_seq(const BackpropMethod& method, Workload w, std::in
 // The same bisection for any bound that grows with T: the largest T whose training step's estimate `fits`.
 std::int64_t max_projected_seq_where(const BackpropMethod& method, Workload w, std::int64_t multiple,
                                      const std::function<bool(const MemoryEstimate&)>& fits);
+// The same for a bound that needs the workload itself (the disk tier places the checkpoints per T): the largest T
+// for which `fits` holds of the workload at that T (seq_len set).
+std::int64_t max_projected_seq_of(Workload w, std::int64_t multiple, const std::function<bool(const Workload&)>& fits);
 
 }  // namespace sbp

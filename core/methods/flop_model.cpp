@@ -1,5 +1,7 @@
 #include "core/methods/flop_model.h"
 
+#include <algorithm>
+
 namespace sbp {
 
 FlopTerms flop_terms(const Workload& w) {
@@ -62,14 +64,26 @@ double streambp_attention_flops(const Workload& w) {
   return flop_terms(w).attention * (2 + FlopTerms::kAttentionBackward);
 }
 
+namespace {
+// Every layer's backward (steps 1-3), attention's re-forward and backward included.
+double streambp_layers_backward(const FlopTerms& f) {
+  return f.projections(f.kv_base, f.kv_adapters, false)                                    // step 1: K, V
+         + f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true) // step 2
+         + f.projections(f.kv_base, f.kv_adapters, true)                                    // step 3
+         + f.attention * (1 + FlopTerms::kAttentionBackward);                               // step 2's attention
+}
+}  // namespace
+
 double streambp_flops(const Workload& w) {
   const auto f = flop_terms(w);
   return f.projections(f.layer_base, f.layer_adapters, false)                                    // forward
-         + f.projections(f.kv_base, f.kv_adapters, false)                                         // step 1: K, V
-         + f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true)        // step 2
-         + f.projections(f.kv_base, f.kv_adapters, true)                                          // step 3
-         + streambp_attention_flops(w)                                                            // forward + step 2
+         + f.attention                                                                            // its attention
+         + streambp_layers_backward(f)                                                            // steps 1-3
          + f.head * (1 + f.head_backward + (w.statistics_pass ? 1 : 0));                          // streamed head
+}
+
+double streambp_layer_backward_flops(const Workload& w) {
+  return streambp_layers_backward(flop_terms(w)) / double(std::max<std::int64_t>(1, w.config.num_hidden_layers));
 }
 
 }  // namespace sbp

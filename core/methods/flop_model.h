@@ -36,5 +36,9 @@ double mst_flops(const Workload& w);         // checkpointing's, plus the stream
 // checkpointing's forward + re-forward); K/V are projected in the forward, in step 1 and again in step 3.
 double streambp_flops(const Workload& w);
 double streambp_attention_flops(const Workload& w);  // its attention share
+// One decoder layer's backward in StreamBP (steps 1-3: K/V, the chunks' re-forward and backward, the K/V path; its
+// attention's re-forward and backward), the average over the L layers: what the device computes while the next
+// layer's checkpoint comes back (the disk tier's stall factor, `project --disk-bytes-per-node`).
+double streambp_layer_backward_flops(const Workload& w);
 
 }  // namespace sbp

@@ -259,6 +259,10 @@ struct TierTimeline {
 };
 // What the offload tier holds at its own peak during a step (empty without offload): the features' tier terms.
 std::vector<MemoryTerm> offload_host_terms(const Workload& w);
+// What the third tier (node-local disk) holds at its peak: the checkpoints beyond an Offload's host_layers, written by
+// the forward and read back by the backward (empty without a disk tier); their bytes.
+std::vector<MemoryTerm> offload_disk_terms(const Workload& w);
+std::int64_t offload_disk_bytes(const Workload& w);
 // A training step's moments beside its BP (core/training/training_memory.h): the update's, those the features add
 // around it, and the offload tier's terms beside the BP's.
 struct StepMoments {

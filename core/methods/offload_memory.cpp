@@ -2,6 +2,7 @@
 // (its size), one process's parameter fetches, and what the offload tier holds at its own peak.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/methods/memory_terms.h"
@@ -32,12 +33,14 @@ void Offload::add_moments(const Workload& w, bool streamed, std::vector<MemoryEs
 void Offload::add_tier_terms(const Sizes& z, TierTimeline& tier) const {
   const auto btd = z.B * z.T * z.d * z.s;
   const auto head = z.kept(z.head_group), layer = z.kept(z.layer_grad), embedding = z.kept(z.embedding_group);
+  // With a disk tier the host keeps only H[0..k) (the rest is offload_disk_terms'); k = L: all of them.
+  const auto k = checkpoint_host_layers(z.L);
   for (auto& instant : tier.instants) {
     const auto l = instant.layer;
-    if (kind == OffloadKind::checkpoints && l == z.L)
+    if (kind == OffloadKind::checkpoints && l == z.L && k == z.L)
       instant.terms.push_back({"layer checkpoints H[0..L-1]", z.L * btd});
     else if (kind == OffloadKind::checkpoints && l >= 0)
-      instant.terms.push_back({"layer checkpoints H[0.." + std::to_string(l) + ")", l * btd});
+      instant.terms.push_back({"layer checkpoints H[0.." + std::to_string(std::min(l, k)) + ")", std::min(l, k) * btd});
     else if (kind == OffloadKind::gradients && l == z.L)
       instant.terms.push_back({"gradients of the head", head});
     else if (kind == OffloadKind::gradients && l < 0)
@@ -55,6 +58,10 @@ void Offload::add_tier_terms(const Sizes& z, TierTimeline& tier) const {
 void Offload::add_step_moments(const Workload& w, const Sizes&, StepMoments& step) const {
   if (kind == OffloadKind::optimizer && w.optimizer_state_bytes > 0)
     step.host.push_back({"optimizer states", w.optimizer_state_bytes});
+}
+
+std::int64_t Offload::checkpoint_host_layers(std::int64_t L) const {
+  return host_layers < 0 ? L : std::min(host_layers, L);
 }
 
 namespace memory {
@@ -83,6 +90,27 @@ std::vector<MemoryTerm> offload_host_terms(const Workload& w) {
     if constexpr (requires { f.add_tier_terms(z, tier); }) f.add_tier_terms(z, tier);
   });
   return tier.peak();
+}
+
+std::vector<MemoryTerm> offload_disk_terms(const Workload& w) {
+  const Sizes z(w);
+  std::vector<MemoryTerm> out;
+  for_each_feature(w, [&](const auto& f) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(f)>, Offload>)
+      if (f.kind == OffloadKind::checkpoints && f.checkpoint_host_layers(z.L) < z.L) {
+        // The forward writes them in layer order; from the end of the forward until the backward reads each back,
+        // the disk holds all of H[k..L-1]: its peak. A layer is placed whole (no checkpoint is split across tiers).
+        const auto k = f.checkpoint_host_layers(z.L);
+        out.push_back({"layer checkpoints H[" + std::to_string(k) + "..L-1]", (z.L - k) * z.B * z.T * z.d * z.s});
+      }
+  });
+  return out;
+}
+
+std::int64_t offload_disk_bytes(const Workload& w) {
+  std::int64_t n = 0;
+  for (const auto& t : offload_disk_terms(w)) n += t.bytes;
+  return n;
 }
 
 }  // namespace memory

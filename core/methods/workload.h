@@ -54,6 +54,11 @@ struct Workload;
 // One kind of state in the offload tier (core/offload/offload_kind.h); offload_memory.cpp.
 struct Offload {
   OffloadKind kind;
+  // Checkpoints only: the third tier (node-local disk, issue #61). The host keeps layers [0, host_layers) of the
+  // offloaded checkpoints and the disk the rest (offload_disk_terms); -1: every one on the host. On the CPU the file
+  // tier is the disk (its files' blocks, file_tier.cpp): its model is host_layers = 0.
+  std::int64_t host_layers = -1;
+  std::int64_t checkpoint_host_layers(std::int64_t L) const;  // host_layers, or L for -1
   void size(memory::Sizes&) const;
   void add_moments(const Workload&, bool streamed, std::vector<MemoryEstimate>&) const;
   void add_tier_terms(const memory::Sizes&, memory::TierTimeline&) const;

@@ -1,5 +1,6 @@
-# The micro-benchmarks in CI mode (--short): every family runs, the JSON Google Benchmark writes parses and carries
-# each family and its provenance, no row is an error; a device that is not there is a usage error (exit 2).
+# The micro-benchmarks in CI mode (--short): every family runs (the file tier's copies too), the JSON Google Benchmark
+# writes parses and carries each family and its provenance, no row is an error; a device that is not there is a usage
+# error (exit 2).
 # ctest-binary: streambp_bench
 # ctest-timeout: 60
 source "$(dirname "$0")/../support/cli_common.sh"
@@ -16,8 +17,15 @@ assert (context["device"], context["preset"], context["dtype"]) == ("cpu", "tiny
 rows = r["benchmarks"]
 for row in rows:
     assert not row.get("error_occurred"), row
+    if row["name"].startswith("file_tier/"):  # the offload tier's copies: bytes, not tokens or FLOPs
+        assert row["real_time"] > 0 and row["bytes_per_second"] > 0 and row["tensor_bytes"] == 2**20, row
+        continue
     assert row["real_time"] > 0 and row["tokens_per_second"] > 0 and row["flop_per_second"] > 0, row
 names = [row["name"] for row in rows]
+assert {n.split("/")[1] for n in names if n.startswith("file_tier/")} == {"store", "fetch", "store_synced",
+                                                                          "fetch_cold"}, names
+for key in ["machine", "date_utc", "offload_dir"]:
+    assert context.get(key) not in ("", None), (key, context.get(key))
 for family in ["head_chunk", "layer_chunk", "attention_chunk", "kv_chunk"]:
     assert any(n.split("/")[0] == family for n in names), (family, names)
 # Every method of the catalogue, one whole step each (step/<method>/T:64 in --short mode).

@@ -203,3 +203,47 @@ TEST_CASE("the FLOP model counts each packed sequence causal triangle and not th
     CHECK(relative_gap(counted, method->flops(blind)) > 1e-3);
   }
 }
+
+TEST_CASE("StreamBP's FLOP model of one layer's backward is the work between two layers' gradient events",
+          "[flops][disk]") {
+  // The disk tier's stall factor (project --disk-bytes-per-node) times a layer's checkpoint read against the work
+  // of that layer's backward: steps 1-3 of ARCHITECTURE.md §4, from the event of the layer after it (or the head's)
+  // to its own. Counted op by op as above, layer by layer; full training and LoRA.
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  constexpr std::int64_t T = 64;
+  const std::string spec = sbp::streambp_entry().tests.typical(T);
+  for (const std::string lora : {"", "rank=4"}) {
+    sbp::Model model(config, at::kFloat, 3);
+    if (!lora.empty()) model.add_lora(sbp::parse_lora_spec(lora), 4);
+    const auto batch = sbp::random_sft_batch(config, {2, T, 0.0, 0.0, 5});
+    sbp::SftObjective objective;
+    auto method = sbp::make_method(spec);
+    const auto workload = sbp::make_workload(model, objective.prepare(batch, config), batch);
+    std::vector<std::pair<std::string, double>> events;  // the work counted when each group's gradients were ready
+    {
+      WorkCounter counter;
+      const auto total = [&] {
+        return counter.matmul_flops() + counter.attention_forward_flops() + counter.attention_backward_flops();
+      };
+      auto subscription =
+          method->on_gradient_ready([&](const sbp::GradientGroup& g) { events.push_back({g.name, total()}); });
+      method->step(model, objective, batch);
+    }
+    model.zero_grad();
+    const double modelled = sbp::streambp_layer_backward_flops(workload);
+    const auto f = sbp::flop_terms(workload);
+    const double without_reforward = modelled - f.attention / double(config.num_hidden_layers);
+    int layers = 0;
+    // Under LoRA the head has no trainable tensor and so no event: the last layer's backward has no start there.
+    for (std::size_t i = 1; i < events.size(); ++i) {
+      if (events[i].first.rfind("layer.", 0) != 0) continue;
+      const double counted = events[i].second - events[i - 1].second;
+      INFO("lora=" << lora << " " << events[i - 1].first << " -> " << events[i].first << ": counted " << counted
+                   << ", model " << modelled);
+      CHECK(relative_gap(counted, modelled) < 1e-9);
+      CHECK(relative_gap(counted, without_reforward) > 1e-3);  // negative control: attention's re-forward left out
+      ++layers;
+    }
+    CHECK(layers == config.num_hidden_layers - (lora.empty() ? 0 : 1));
+  }
+}

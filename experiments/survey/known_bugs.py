@@ -6,8 +6,10 @@ A bug with two survey entries ("buggy", "fixed": names in implementations.json) 
 newest results/survey/survey-*.csv that has that entry (so `make survey SURVEY_ARGS="--only A B"` refreshes one bug).
 It is "recalled" when the buggy pin fails (conform names the worst tensor) and the fixed pin passes. A bug the harness
 cannot run, or runs without seeing, says why ("not_caught"; "buggy_pin" and "buggy_verdict" for a pin that ran and
-passed). Writes results/survey/known-bugs.csv and known-bugs.md (temp file, then rename);
-exits 1 when an entry that should recall a bug does not (missed, or the fixed pin fails too).
+passed). A bug recalled so far only by a reproduction of its own (experiments/survey/repro/) gives that script's
+measured verdicts ("repro": its command; "needs": the survey rows it lacks). Writes results/survey/known-bugs.csv
+and known-bugs.md (temp file, then rename); exits 1 when an entry that should recall a bug does not (missed, or the
+fixed pin fails too).
 
 Usage: known_bugs.py [--survey results/survey] [--bugs experiments/survey/known_bugs.json] [--manifest ...]
 """
@@ -66,6 +68,13 @@ def table_row(bug, rows, entries):
     buggy_entry, fixed_entry = bug.get("buggy", ""), bug.get("fixed", "")
     row = {"library": bug["library"], "reference": bug["reference"], "bug": bug["bug"],
            "buggy_entry": buggy_entry, "fixed_entry": fixed_entry, "reason": bug.get("not_caught", "")}
+    if not buggy_entry and bug.get("repro"):
+        # recalled by a reproduction with the library alone (experiments/survey/repro/), before the survey has rows
+        # for its pins: its measured verdicts, its command, and the rows it still needs ("needs")
+        row.update({k: bug.get(k, "") for k in ("buggy_pin", "buggy_verdict", "worst_tensor", "buggy_error",
+                                                "fixed_pin", "fixed_verdict", "fixed_error")},
+                   recall="reproduced, no survey row yet", reason=bug.get("needs", ""), command=bug["repro"])
+        return row
     if not buggy_entry:
         # a pin that runs but cannot show the bug (it passes) states its verdict ("buggy_verdict") and its reason
         row.update(buggy_pin=bug.get("buggy_pin", ""), fixed_pin=bug.get("fixed_pin", ""), recall="not caught",
@@ -125,7 +134,8 @@ def markdown(table):
             r.get("fixed_verdict", ""), r["recall"], f"`{r['command']}`" if r.get("command") else ""))
     lines += ["", "What each bug is, and why one is not caught:", ""]
     for r in table:
-        reason = f" **Not caught:** {r['reason']}." if r["reason"] else ""
+        label = "Survey rows needed" if r["recall"].startswith("reproduced") else "Not caught"
+        reason = f" **{label}:** {r['reason']}." if r["reason"] else ""
         lines.append(f"- **{r['library']}, {r['reference']}**: {r['bug']}.{reason}")
     commits = sorted({r["commit"] for r in table if r.get("commit")})
     machines = sorted({r["machine"] for r in table if r.get("machine")})

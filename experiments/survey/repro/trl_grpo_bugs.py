@@ -65,7 +65,7 @@ BUGS = {
                "GRPOConfig.temperature (0.9 by default): every token's log-prob, ratio and gradient is off",
         "pins": [entry("0.15.2", T451, "buggy"), entry("0.16.0", T451, "fixed")],
         # one micro-batch of the whole generation batch: these releases generate per micro-batch
-        "settings": dict(scale_rewards="group", beta=0.04, temperature=0.9, per_device_train_batch_size=4,
+        "settings": dict(scale_rewards=True, beta=0.04, temperature=0.9, per_device_train_batch_size=4,
                          gradient_accumulation_steps=1, reward_weights=[1.0, 1.0]),
         # each release's only loss: 0.15.2 the mean of the rows' token means, 0.16.0 the token mean (PR #2881)
         "loss_type": {"0.15.2": "grpo", "0.16.0": "bnpo"},

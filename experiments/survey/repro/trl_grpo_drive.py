@@ -7,7 +7,8 @@ What differs between trl releases is in `Api` below, and nothing else:
     test by TRL's own unfused log-softmax on the fp64 logits (rl.trl_fp64_head); earlier releases compute the
     log-probs from the model's logits themselves, so only the positions are given (each row its unpadded sequence's,
     cumsum(attention_mask) - 1: HF's RoPE table is fp32, the same function in exact arithmetic);
-  - the method that computes them (`_get_per_token_logps_and_entropies`, `_get_per_token_logps` before 0.18);
+  - the methods that compute them (`_get_per_token_logps_and_entropies`, `_get_per_token_logps` before 0.18) and
+    the advantages and mask (`_generate_and_score_completions`, `_prepare_inputs` before 0.16);
   - the shuffle of the generation batch (`shuffle_sequence_dict`, absent before 0.18: one micro-batch per generation);
   - the reward functions' arguments (`completion_ids` since 0.18; before, the decoded completion text alone);
   - the settings: GRPOConfig takes those of the case it has; the others are what the release does without an option
@@ -44,6 +45,8 @@ class Api:
     fused_head = hasattr(trl_utils, "FusedCausalLMOutput")
     logps_method = ("_get_per_token_logps_and_entropies" if hasattr(trl.GRPOTrainer, "_get_per_token_logps_and_entropies")
                     else "_get_per_token_logps")
+    score_method = ("_generate_and_score_completions" if hasattr(trl.GRPOTrainer, "_generate_and_score_completions")
+                    else "_prepare_inputs")  # before 0.16 generation and scoring are _prepare_inputs itself
     shuffles = hasattr(grpo_module, "shuffle_sequence_dict")
     config_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     dtype_kwarg = "dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype"
@@ -113,13 +116,13 @@ def run_trl(model_dir, case, work):
     if getattr(trainer, "ref_model", None) is not None:
         Api.install_head(trainer.ref_model, temperature)
 
-    score = trainer._generate_and_score_completions
+    score = getattr(trainer, Api.score_method)
 
     def recording_score(inputs):
         out = score(inputs)
         record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
         return out
-    trainer._generate_and_score_completions = recording_score
+    setattr(trainer, Api.score_method, recording_score)
     logps = getattr(trainer, Api.logps_method)
     record.first_logps = None
 

@@ -71,16 +71,31 @@ BUGS = {
         "loss_type": {"0.15.2": "grpo", "0.16.0": "bnpo"},
         "fails_at": "token_logps",
     },
+    "pads-attended": {
+        "reference": "huggingface/trl PR #2708",
+        "bug": "the log-probs are computed without the attention mask: the prompts' left pads are attended (and the "
+               "positions count them), so every row shorter than the longest prompt has the wrong log-probs",
+        "pins": [entry("0.14.0", T451, "buggy"), entry("0.15.0", T451, "fixed")],
+        # temperature 1: both releases take the log-probs at temperature 1 (PR #3029 came in 0.16.0)
+        "settings": dict(loss_type="grpo", scale_rewards=True, beta=0.04, temperature=1.0,
+                         per_device_train_batch_size=4, gradient_accumulation_steps=1, reward_weights=[1.0, 1.0]),
+        # 0.14.0 counts prompts per device, not completions (PR #2776 changed it in 0.15.0)
+        "overrides": {"0.14.0": {"per_device_train_batch_size": 2}},
+        # 0.14.0 has no hook for its advantages or log-probs (all inside compute_loss): its gradients are judged,
+        # and the buggy pin runs a second time with the mask its pads give handed to the model (the diagnosis)
+        "fails_at": "gradient",
+        "diagnose": "mask_from_pads",
+    },
 }
 
 
 def first_failure(r):
     """The first stage (in the step's order) outside the fixed pin's bounds, and its error; None when all agree."""
-    if r["advantages"] > STAGE_RTOL:
+    if r["advantages"] is not None and r["advantages"] > STAGE_RTOL:  # None: a stage the release has no hook for
         return "advantages", r["advantages"]
     if r["completion_mask_mismatches"]:
         return "completion_mask", float(r["completion_mask_mismatches"])
-    if r["token_logps"] > STAGE_RTOL:
+    if r["token_logps"] is not None and r["token_logps"] > STAGE_RTOL:
         return "token_logps", r["token_logps"]
     if r["optimizer_steps"] != r["case_steps"]:
         return "optimizer steps", float(r["optimizer_steps"])
@@ -98,8 +113,14 @@ def inner(bug, version, binary, model_dir):
     settings = dict(spec["settings"])
     if "loss_type" in spec:
         settings["loss_type"] = spec["loss_type"][version]
+    overrides = spec.get("overrides", {}).get(version)
     with tempfile.TemporaryDirectory() as work:
-        pins.emit(trl_grpo_drive.run(binary, model_dir, settings, work))
+        result = trl_grpo_drive.run(binary, model_dir, settings, Path(work) / "run", overrides)
+        if spec.get("diagnose") == "mask_from_pads" and version == spec["pins"][0]["requirements"][0].split("==")[1]:
+            diagnosis = trl_grpo_drive.run(binary, model_dir, settings, Path(work) / "diagnosis", overrides, True)
+            result["diagnosis"] = {"what": "the same run, the model handed the attention mask of its pad tokens",
+                                   "gradients": diagnosis["gradients"]}
+        pins.emit(result)
 
 
 def run_pin(pin, bug, binary, model_dir):
@@ -118,8 +139,13 @@ def run_pin(pin, bug, binary, model_dir):
 def describe(r):
     grads = ", ".join(f"step {g['step']} {g['error']:.2e} ({g['worst_tensor']})" for g in r["gradients"])
     declared = f"; declared (no option at this pin): {r['declared']}" if r["declared"] else ""
-    return (f"advantages {r['advantages']:.1e}, completion_mask {r['completion_mask_mismatches']} mismatches, "
-            f"token_logps {r['token_logps']:.1e}, {r['optimizer_steps']} optimizer step(s): {grads}{declared}")
+    overrides = f"; GRPOConfig at this pin: {r['overrides']}" if r["overrides"] else ""
+
+    def num(x, fmt):
+        return "not hooked" if x is None else format(x, fmt)
+    return (f"advantages {num(r['advantages'], '.1e')}, completion_mask {num(r['completion_mask_mismatches'], 'd')} "
+            f"mismatches, token_logps {num(r['token_logps'], '.1e')}, {r['optimizer_steps']} optimizer step(s): "
+            f"{grads}{declared}{overrides}")
 
 
 def main():
@@ -150,6 +176,10 @@ def main():
                 print(f"  {pin['tag']} trl {r['trl']} (transformers {r['transformers']}, torch {r['torch']}, "
                       f"{r['settings']['loss_type']}): {verdict} [{'as expected' if good else 'NOT as expected'}]\n"
                       f"    {describe(r)}")
+                if "diagnosis" in r:
+                    g = max(r["diagnosis"]["gradients"], key=lambda g: g["error"])
+                    print(f"    diagnosis, {r['diagnosis']['what']}: largest gradient error {g['error']:.2e} "
+                          f"(step {g['step']} {g['worst_tensor']})")
     print("recalled: every buggy pin fails where its bug acts, every fixed pin passes" if ok else "NOT recalled")
     return 0 if ok else 1
 

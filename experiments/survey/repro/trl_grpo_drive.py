@@ -43,12 +43,15 @@ class Api:
     """The release-dependent parts of the drive (see the module docstring)."""
 
     fused_head = hasattr(trl_utils, "FusedCausalLMOutput")
-    logps_method = ("_get_per_token_logps_and_entropies" if hasattr(trl.GRPOTrainer, "_get_per_token_logps_and_entropies")
-                    else "_get_per_token_logps")
+    # None: 0.14 generates, scores and takes the log-probs inside compute_loss (only the gradients are judged)
+    logps_method = next((m for m in ("_get_per_token_logps_and_entropies", "_get_per_token_logps")
+                         if hasattr(trl.GRPOTrainer, m)), None)
+    # before 0.16 _prepare_inputs scores; 0.14's _prepare_inputs returns its inputs as they are
     score_method = ("_generate_and_score_completions" if hasattr(trl.GRPOTrainer, "_generate_and_score_completions")
-                    else "_prepare_inputs")  # before 0.16 generation and scoring are _prepare_inputs itself
+                    else "_prepare_inputs" if logps_method else None)
     shuffles = hasattr(grpo_module, "shuffle_sequence_dict")
     config_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    mask_from_pads = False  # a diagnosis: hand a model call without an attention mask the one its pad tokens give
     dtype_kwarg = "dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype"
 
     @staticmethod
@@ -59,10 +62,24 @@ class Api:
         forward = type(model).forward
 
         def with_positions(*args, **kwargs):
+            if Api.mask_from_pads and kwargs.get("attention_mask") is None:  # the diagnosis of PR #2708 only
+                ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+                kwargs["attention_mask"] = (ids != parity.PAD).long()
             if kwargs.get("position_ids") is None and kwargs.get("attention_mask") is not None:
                 kwargs["position_ids"] = (kwargs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
             return forward(model, *args, **kwargs)
         model.forward = with_positions
+
+    @staticmethod
+    def generate(case, record):
+        """rl.generate_stand_in; for 0.14, which asks for all of a prompt's completions at once
+        (num_return_sequences), each prompt row repeated that many times first."""
+        stand_in = rl.generate_stand_in(case, record)
+
+        def generate(input_ids, attention_mask, generation_config=None, **kwargs):
+            n = getattr(generation_config, "num_return_sequences", None) or 1
+            return stand_in(input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0))
+        return generate
 
     @staticmethod
     def reward_functions(case):
@@ -90,18 +107,19 @@ class Api:
         return rl.recorded_shuffle(grpo_module, record) if Api.shuffles else contextlib.nullcontext()
 
 
-def run_trl(model_dir, case, work):
+def run_trl(model_dir, case, work, overrides=None):
     s = case.settings
     record = rl.Record()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa",
                                                               **{Api.dtype_kwarg: torch.float64})
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = parity.EOS, parity.PAD
-    model.generate = rl.generate_stand_in(case, record)
+    model.generate = Api.generate(case, record)
     spg = s.get("steps_per_generation") or s["gradient_accumulation_steps"]
     steps = spg * s.get("num_iterations", 1) // s["gradient_accumulation_steps"]
     oracle_only = {"learning_rate", "eos_token_id", "pad_token_id"}
     given = {k: v for k, v in s.items() if k not in oracle_only and k in Api.config_fields}
     declared = {k: v for k, v in s.items() if k not in oracle_only and k not in Api.config_fields}
+    given.update(overrides or {})  # a field whose meaning the release defines otherwise (0.14: prompts per device)
     config = trl.GRPOConfig(output_dir=str(work / "trl"), report_to=[], use_cpu=True, save_strategy="no",
                             logging_steps=1000, max_steps=steps, max_grad_norm=0.0, seed=3, **given)
     optimizer = torch.optim.SGD(model.parameters(), lr=s.get("learning_rate", 0.0))
@@ -116,15 +134,16 @@ def run_trl(model_dir, case, work):
     if getattr(trainer, "ref_model", None) is not None:
         Api.install_head(trainer.ref_model, temperature)
 
-    score = getattr(trainer, Api.score_method)
+    record.advantages = record.mask = record.first_logps = None
+    if Api.score_method:
+        score = getattr(trainer, Api.score_method)
 
-    def recording_score(inputs):
-        out = score(inputs)
-        record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
-        return out
-    setattr(trainer, Api.score_method, recording_score)
-    logps = getattr(trainer, Api.logps_method)
-    record.first_logps = None
+        def recording_score(inputs):
+            out = score(inputs)
+            record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
+            return out
+        setattr(trainer, Api.score_method, recording_score)
+    logps = getattr(trainer, Api.logps_method) if Api.logps_method else None
 
     def recording_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         out = logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
@@ -132,7 +151,8 @@ def run_trl(model_dir, case, work):
             lp = out[0] if isinstance(out, tuple) else out
             record.first_logps = (lp.detach().clone(), attention_mask[:, -logits_to_keep:].clone())
         return out
-    setattr(trainer, Api.logps_method, recording_logps)
+    if logps:
+        setattr(trainer, Api.logps_method, recording_logps)
     torch.set_default_dtype(torch.float64)
     try:
         with Api.shuffle(record):
@@ -150,15 +170,18 @@ def compare(record, steps, ours):
     """Every stage the parity test judges, as numbers: the advantages, the completion mask, the first micro-batch's
     log-probs (relative max errors), and each step's gradient (normwise, per tensor)."""
     rows = torch.tensor(record.rows)
-    adv = relative(record.advantages, ours["advantages"][rows])
-    mask_ours = ours["completion_mask"][rows][:, :record.mask.shape[1]]
-    mask_mismatch = int((record.mask.to(mask_ours.dtype) != mask_ours).sum())
-    lp, scored = record.first_logps
-    order = record.permutation or list(range(len(record.rows)))
-    first = torch.tensor([record.rows[j] for j in order[:lp.shape[0]]])
-    lp_ours = ours["token_logps"][first][:, :lp.shape[1]]
-    where = scored.bool()
-    logps = relative(lp[where], lp_ours[where])
+    adv = mask_mismatch = logps = None  # a stage the release gives no hook for (0.14) is not judged
+    if record.advantages is not None:
+        adv = relative(record.advantages, ours["advantages"][rows])
+        mask_ours = ours["completion_mask"][rows][:, :record.mask.shape[1]]
+        mask_mismatch = int((record.mask.to(mask_ours.dtype) != mask_ours).sum())
+    if record.first_logps is not None:
+        lp, scored = record.first_logps
+        order = record.permutation or list(range(len(record.rows)))
+        first = torch.tensor([record.rows[j] for j in order[:lp.shape[0]]])
+        lp_ours = ours["token_logps"][first][:, :lp.shape[1]]
+        where = scored.bool()
+        logps = relative(lp[where], lp_ours[where])
     gradients = []
     for k, grads in enumerate(record.gradients, start=1):
         errors = {n: (parity.normwise_error(g, ours[f"step{k}/{n}"]) if f"step{k}/{n}" in ours else float("inf"))
@@ -169,12 +192,14 @@ def compare(record, steps, ours):
             "gradients": gradients, "optimizer_steps": len(record.gradients), "case_steps": steps}
 
 
-def run(binary, model_dir, settings, work):
-    """The case's settings through this venv's TRL and through the oracle; the comparison and its provenance."""
+def run(binary, model_dir, settings, work, overrides=None, mask_from_pads=False):
+    """The case's settings through this venv's TRL and through the oracle; the comparison and its provenance.
+    mask_from_pads: the diagnosis of a release that calls the model without an attention mask (see Api)."""
     parity.patch_rms_norms()
+    Api.mask_from_pads = mask_from_pads
     work = Path(work)
     case = parity.base_case(settings)
-    record, steps, declared = run_trl(model_dir, case, work)
+    record, steps, declared = run_trl(model_dir, case, work, overrides)
     case_file, out = work / "case.json", work / "oracle.safetensors"
     case_file.write_text(json.dumps(rl.with_micro_batches(case, record).to_json()))
     p = subprocess.run([str(binary), "rl-step", "--load", str(model_dir), "--case", str(case_file), "--out", str(out),
@@ -183,5 +208,5 @@ def run(binary, model_dir, settings, work):
         raise RuntimeError(f"streambp rl-step: exit {p.returncode}\n{p.stdout}{p.stderr}")
     result = compare(record, steps, parity.load_file(str(out)))
     result.update(trl=trl.__version__, transformers=transformers.__version__, torch=torch.__version__,
-                  declared=declared, settings=case.settings, fused_head=Api.fused_head)
+                  declared=declared, overrides=overrides or {}, settings=case.settings, fused_head=Api.fused_head)
     return result

@@ -29,7 +29,8 @@ import pins  # noqa: E402
 AGREE, STAGE_RTOL, DIFFER = 1e-13, 1e-12, 1e-6
 T456 = ["transformers==4.56.2", "accelerate==1.10.1", "datasets==4.1.1"]   # trl 0.22.x needs >= 4.55
 T451 = ["transformers==4.51.3", "accelerate==1.6.0", "datasets==3.5.0"]    # the first with Qwen3
-T523 = ["transformers==5.23.0", "accelerate==1.16.0", "datasets==5.2.0", "requests==2.32.5"]  # the harness venv's own, and what trl 1.8 imports
+# the harness venv's own, and requests, which trl 1.8 imports
+T523 = ["transformers==5.23.0", "accelerate==1.16.0", "datasets==5.2.0", "requests==2.32.5"]
 
 
 def entry(version, stack, tag):
@@ -143,8 +144,9 @@ def describe(r):
 
     def num(x, fmt):
         return "not hooked" if x is None else format(x, fmt)
-    return (f"advantages {num(r['advantages'], '.1e')}, completion_mask {num(r['completion_mask_mismatches'], 'd')} "
-            f"mismatches, token_logps {num(r['token_logps'], '.1e')}, {r['optimizer_steps']} optimizer step(s): "
+    mask = r["completion_mask_mismatches"]
+    return (f"advantages {num(r['advantages'], '.1e')}, completion_mask "
+            f"{'not hooked' if mask is None else f'{mask} mismatches'}, token_logps {num(r['token_logps'], '.1e')}, {r['optimizer_steps']} optimizer step(s): "
             f"{grads}{declared}{overrides}")
 
 

@@ -3,20 +3,22 @@ docs/rl-steps.md), at whichever trl the running venv has: the drive of tests/ora
 tokenizer, the adapter side of verify/conform/streambp_conform/rl.py), made to run at older releases too.
 
 What differs between trl releases is in `Api` below, and nothing else:
-  - the loss's log-probs: 1.10 and later call the model with a fused LM head (fp32 tiles), replaced as in the parity
-    test by TRL's own unfused log-softmax on the fp64 logits (rl.trl_fp64_head); earlier releases compute the
-    log-probs from the model's logits themselves, so only the positions are given (each row its unpadded sequence's,
-    cumsum(attention_mask) - 1: HF's RoPE table is fp32, the same function in exact arithmetic);
-  - the methods that compute them (`_get_per_token_logps_and_entropies`, `_get_per_token_logps` before 0.18) and
+  - the loss's log-probs: releases after 1.9 (1.16.0 among them) call the model with a fused LM head (fp32 tiles),
+    replaced as in the parity test by TRL's own unfused log-softmax on the fp64 logits (rl.trl_fp64_head); 1.9 and
+    earlier compute the log-probs from the model's logits themselves, so only the positions are given (each row its
+    unpadded sequence's, cumsum(attention_mask) - 1: HF's RoPE table is fp32, the same function in exact arithmetic);
+  - the methods that compute them (`_get_per_token_logps_and_entropies`, `_get_per_token_logps` before 0.20) and
     the advantages and mask (`_generate_and_score_completions`, `_prepare_inputs` before 0.16);
-  - the shuffle of the generation batch (`shuffle_sequence_dict`, absent before 0.18: one micro-batch per generation);
+  - the shuffle of the generation batch (`shuffle_sequence_dict`; `shuffle_tensor_dict` in 0.18 and 0.19; none before:
+    one micro-batch per generation), and 0.14's one `generate` call for all of a prompt's completions;
   - the reward functions' arguments (`completion_ids` since 0.18; before, the decoded completion text alone);
   - the settings: GRPOConfig takes those of the case it has; the others are what the release does without an option
     (its one loss, its one reward scaling), which the case states for the oracle and the result lists as `declared`.
 The case's settings are always the oracle's: a release's behaviour is judged against what its own documentation
 and options say it computes.
 
-Used by trl_grpo_bugs.py, in each pin's venv: run(binary, model_dir, settings, work) -> the comparison, a dict.
+Used by trl_grpo_bugs.py, in each pin's venv: run(binary, model_dir, settings, work, overrides) -> the comparison, a
+dict. Run at trl 0.14.0, 0.15.0, 0.15.2, 0.16.0, 0.22.1, 0.22.2, 1.8.0, 1.9.0 and the harness's 1.16.0.
 """
 import contextlib
 import dataclasses
@@ -49,9 +51,10 @@ class Api:
     # before 0.16 _prepare_inputs scores; 0.14's _prepare_inputs returns its inputs as they are
     score_method = ("_generate_and_score_completions" if hasattr(trl.GRPOTrainer, "_generate_and_score_completions")
                     else "_prepare_inputs" if logps_method else None)
-    shuffles = hasattr(grpo_module, "shuffle_sequence_dict")
+    shuffle_name = next((n for n in ("shuffle_sequence_dict", "shuffle_tensor_dict") if hasattr(grpo_module, n)), None)
     config_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     mask_from_pads = False  # a diagnosis: hand a model call without an attention mask the one its pad tokens give
+    # from_pretrained's dtype argument: `torch_dtype` before transformers 4.56
     dtype_kwarg = "dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype"
 
     @staticmethod
@@ -104,7 +107,9 @@ class Api:
 
     @staticmethod
     def shuffle(record):
-        return rl.recorded_shuffle(grpo_module, record) if Api.shuffles else contextlib.nullcontext()
+        if Api.shuffle_name is None:
+            return contextlib.nullcontext()
+        return rl.recorded_shuffle(grpo_module, record, Api.shuffle_name)
 
 
 def run_trl(model_dir, case, work, overrides=None):

@@ -123,8 +123,8 @@ def train(case, model_dir, layout="case", hooks=None, seed=3):
     model.generate = rl.generate_stand_in(case, record)
     steps = optimizer_steps(case)
     fields = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}
-    work = tempfile.mkdtemp(prefix="streambp-trl-grpo-")
-    config = trl.GRPOConfig(output_dir=str(Path(work) / "trl"), report_to=[], use_cpu=True, save_strategy="no",
+    work = tempfile.TemporaryDirectory(prefix="streambp-trl-grpo-")  # TRL's output_dir: nothing is saved there
+    config = trl.GRPOConfig(output_dir=str(Path(work.name) / "trl"), report_to=[], use_cpu=True, save_strategy="no",
                             logging_steps=1000, max_steps=steps, max_grad_norm=0.0, seed=seed,
                             **p.config_kwargs(s, fields))
     optimizer = torch.optim.SGD(model.parameters(), lr=s.get("learning_rate", 0.0))
@@ -163,6 +163,7 @@ def train(case, model_dir, layout="case", hooks=None, seed=3):
             trainer.train()
     finally:
         torch.set_default_dtype(torch.float32)
+        work.cleanup()
     if len(record.gradients) != steps:
         raise RuntimeError(f"TRL took {len(record.gradients)} optimizer steps, the case has {steps}")
     return record

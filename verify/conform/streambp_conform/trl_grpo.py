@@ -116,6 +116,11 @@ def train(case, model_dir, layout="case", hooks=None, seed=3):
 
     hooks = hooks or Hooks()
     p = pin(trl.__version__)
+    for where, name in ((grpo_module, p.shuffle), (trl.GRPOTrainer, p.score), (trl.GRPOTrainer, p.logps),
+                        (trl.GRPOTrainer, p.compute_loss)):
+        if not hasattr(where, name):  # a release this Pin does not describe: say so rather than run another path
+            raise NotExpressible(f"TRL {trl.__version__} has no {getattr(where, '__name__', where)}.{name}: "
+                                 "describe the release in streambp_conform.trl_grpo.pin()")
     s = case.settings
     record = rl.Record()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")

@@ -34,6 +34,7 @@
 #include "experiments/results_table.h"
 #include "verify/conform_packed.h"
 #include "verify/conformance.h"
+#include "verify/rl_step_oracle.h"
 #include "core/io/input_error.h"
 
 namespace sbp {
@@ -71,8 +72,10 @@ struct Returned {
 };
 
 // `dtype`: the case's, every returned tensor's; `micro_batches`: the case's count (0: one pass), which result.json must
-// report.
-Returned read_returned(const fs::path& dir, const ChildRun& run, c10::ScalarType dtype, std::size_t micro_batches = 0) {
+// report; `with_loss`: result.json's loss is read (an rl_step case's is not judged: trainers report their step's loss
+// in scalings of their own).
+Returned read_returned(const fs::path& dir, const ChildRun& run, c10::ScalarType dtype, std::size_t micro_batches = 0,
+                       bool with_loss = true) {
   Returned r;
   if (!run.outcome.empty()) {
     const auto tail = last_line(dir / "impl.log");
@@ -98,6 +101,7 @@ Returned read_returned(const fs::path& dir, const ChildRun& run, c10::ScalarType
     r.problem = "wrote no result.json";
     return r;
   }
+  if (!with_loss) return r;
   try {
     std::ifstream in(result);
     r.loss = result_loss(std::string(std::istreambuf_iterator<char>(in), {}));
@@ -154,7 +158,8 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
                  "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
-  app.add_option("--cases", a.cases, "a case set: ci, quick, full or survey; or a JSON file of cases (docs/conformance.md)");
+  app.add_option("--cases", a.cases, "a case set: ci, quick, full, survey or rl (whole RL steps, docs/rl-steps.md); or a JSON file of cases "
+                 "(docs/conformance.md)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
       ->delimiter(',')->check(CLI::IsMember(objective_names()));
   app.add_option("--dtypes", a.dtypes, "only these dtypes, comma-separated (fp64,fp32,bf16)")
@@ -243,7 +248,8 @@ std::vector<ConformCase> select_cases(const ConformArgs& a) {
 void print_case_list(const std::vector<ConformCase>& cases) {
   auto list = nlohmann::json::array();
   for (const auto& c : cases)
-    list.push_back({{"name", c.name}, {"id", conform_case_id(c)}, {"description", c.description}, {"objective", c.objective},
+    list.push_back({{"name", c.name}, {"id", conform_case_id(c)}, {"kind", conform_kind(c)},
+                    {"description", c.description}, {"objective", c.objective},
                     {"dtype", dtype_name(c.dtype)}, {"lora", c.lora}, {"batch", c.batch.batch_size},
                     {"seq", c.batch.seq_len}, {"ranks", c.ranks}, {"parallel", parallel_name(c.parallel)},
                     {"micro_batches", c.micro_batches}, {"pack_lengths", c.pack_lengths},
@@ -286,6 +292,7 @@ class ConformRun {
 
  private:
   bool run_case(const ConformCase& c);
+  bool run_rl_step_case(const ConformCase& c);
   std::optional<ConformVerdict> judge(const ConformCase& c, const Objective& objective, const fs::path& dir,
                                       const Batch& batch, const TensorList& reference, double reference_loss,
                                       const Returned& got, ChildRun& base_run);
@@ -346,6 +353,7 @@ int ConformRun::run() {
 // written with the oracle's answer; then the implementation's run, judged. False when Ctrl-C stopped a child (the
 // case then has no row).
 bool ConformRun::run_case(const ConformCase& c) {
+  if (c.rl_step) return run_rl_step_case(c);
   const bool kept = !a_.judge_dir.empty();  // --judge: the kept directory's files as they are
   const auto dir = kept ? fs::path(a_.judge_dir) : work_.path() / c.name;
   auto objective = make_objective(c.objective);
@@ -383,6 +391,47 @@ bool ConformRun::run_case(const ConformCase& c) {
     if (!kept) fs::remove_all(dir);
     fs::remove_all(work_.path() / (c.name + ".baseline"));
   }
+  return true;
+}
+
+// A whole RL step (issue #60): the policy at generation time (a seeded fp64 model) and case.json, the oracle's step
+// on them (verify/rl_step_oracle.h), then the implementation's trainer, judged at every optimizer step and at each
+// stage it returns (judge_rl_step). False when Ctrl-C stopped the child.
+bool ConformRun::run_rl_step_case(const ConformCase& c) {
+  const bool kept = !a_.judge_dir.empty();
+  const auto dir = kept ? fs::path(a_.judge_dir) : work_.path() / c.name;
+  const auto objective = make_objective(c.objective);
+  if (kept) {
+    for (const auto* output : {"grads.safetensors", "result.json"}) fs::remove(dir / output);
+  } else {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    save_model_dir(Model(c.config, c10::kDouble, c.batch.seed), dir / "model");
+    write_file_atomically(dir / "case.json", case_json(c, *objective).dump(2) + "\n");
+  }
+  auto policy = load_model_dir(dir / "model", at::kDouble);
+  const auto reference = run_rl_step(*policy, *c.rl_step, rl_step_stages(), "standard", c.name);
+  const double reference_loss = reference.losses.empty() ? 0 : reference.losses.front();  // step 1's, for the row
+
+  const auto run = run_child(impl_, dir, a_.timeout);
+  if (run.interrupted) return false;
+  if (failed_run_.empty() && !run.outcome.empty() && run.exit_status != kNotExpressible)
+    failed_run_ = failed_run_note("the implementation", impl_, dir, run.outcome, harness_python());
+  if (run.exit_status == kNotExpressible) {
+    record_not_expressible(c, *objective, reference_loss, run, "");
+    if (!kept) fs::remove_all(dir);
+    return true;
+  }
+  const auto got = read_returned(dir, run, c10::kDouble, 0, /*with_loss=*/false);
+  ConformVerdict verdict;
+  if (got.problem.empty()) {
+    verdict = judge_rl_step(*c.rl_step, reference, got.grads, kExactRtol);
+  } else {
+    verdict.rule = "fp64 RL step";
+    verdict.problem = got.problem;
+  }
+  record_verdict(c, *objective, reference_loss, got, verdict, run, ChildRun{}, "");
+  if (verdict.passed && verdict.problem.empty() && !kept) fs::remove_all(dir);
   return true;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,10 +14,12 @@
 #include "core/io/safetensors.h"
 #include "core/model/config.h"
 #include "core/objectives/batch.h"
+#include "core/objectives/rl_step.h"
 
 namespace sbp {
 
 class Objective;
+struct RlStepResult;
 
 constexpr const char* kConformProtocol = "streambp-conform/1";
 
@@ -44,7 +47,15 @@ struct ConformCase {
   // SFT rows packed with several sequences each (issue #59; verify/conform_packed.h): each row's sequence lengths, a
   // row shorter than T padded after its last sequence. Empty: one sequence per row (batch's pad_fraction).
   std::vector<std::vector<std::int64_t>> pack_lengths;
+  // A whole RL trainer step (issue #60, docs/rl-steps.md): the case is the generation batch (prompts, raw
+  // completions, rewards, TRL's settings, the micro-batch layout) and the model the policy at generation time; the
+  // implementation runs its trainer from there and returns the gradient at every optimizer step. case.json's `kind`
+  // is then "rl_step" (else "batch"), `objective` the GRPO objective of its settings, and `batch` unused.
+  std::optional<RlStepCase> rl_step;
 };
+
+// case.json's "kind": "batch" (a loss on a batch: every case before issue #60) or "rl_step".
+const char* conform_kind(const ConformCase& c);
 
 // What a step of several micro-batches is judged against. union_batch: the promise of accumulation, the objective
 // over the union of the micro-batches normalised by the step's totals (HF/TRL's num_items_in_batch). micro_means: the
@@ -63,6 +74,9 @@ std::vector<Batch> micro_batch_split(const ConformCase& c, const Batch& batch);
 // when they agree, else what is wrong (missing, not an integer, another count).
 std::string result_micro_batches_problem(const std::string& text, std::size_t expected);
 
+// "rl": whole RL steps (rl_step cases only: each a generation batch of prompts of uneven lengths, completions with an
+// EOS inside, after their end or missing (truncated), weighted rewards, and TRL's settings: several loss_types,
+// scale_rewards, steps_per_generation > 1, num_iterations > 1, a micro-batch layout that mixes groups).
 // "ci" (8 of quick's cases: a pull request's minute for HF), "quick" (a few seconds of harness work, every kind of
 // case once), "full" (the whole matrix), "survey" (sequences
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
@@ -74,7 +88,7 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 // key takes the quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is
 // neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
-// The built-in sets' names: ci, quick, full, survey. A name is one case in every set that holds it.
+// The built-in sets' names: ci, quick, full, survey, rl. A name is one case in every set that holds it.
 const std::vector<std::string>& conform_case_sets();
 // A case's id in reports (conform's JUnit rows, pytest's items): its name and dtype, "sft-lora-fp64".
 std::string conform_case_id(const ConformCase& c);
@@ -120,5 +134,14 @@ ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, doub
 // tests and `verify --gate`.
 ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& baseline, const TensorList& got,
                                    c10::ScalarType dtype);
+
+// An rl_step case's returned tensors against the oracle's step (verify/rl_step_oracle.h): every optimizer step's
+// gradient as "step{k}/<HF name>" (required, exactly those), and, when returned (optional, each judged when there),
+// the trainer's own view of the generation batch in the case's row order: `advantages` [N], `completion_mask`
+// [N, max_completion_length] (1 where the loss scores a token) and `token_logps` [N, max_completion_length] (the
+// generation-time log-prob of each completion token; compared where the loss scores it, the oracle's completion_mask). A stage that departs from the oracle is named first, in the trainer's order (advantages, the mask,
+// the log-probs, then the gradients): the verdict's worst tensor is where the trainer went wrong first, its hint
+// what that usually is and how the gradients came out.
+ConformVerdict judge_rl_step(const RlStepCase& c, const RlStepResult& oracle, const TensorList& got, double rtol);
 
 }  // namespace sbp

@@ -32,6 +32,7 @@ ROOT = HERE.parents[1]
 ADAPTERS = ROOT / "verify" / "conform" / "survey"
 CACHE = Path(os.environ.get("STREAMBP_CACHE", Path.home() / ".cache" / "streambp")) / "survey"
 TORCH = "torch==2.14.1"  # the harness's: pip takes it from its cache, no download
+CASE_SETS = ("ci", "quick", "full", "survey", "rl")  # conform's built-in sets (an entry's "cases" may name one)
 
 COLUMNS = ["commit", "date", "machine", "threads", "torch_version", "implementation", "library", "version", "setting", "objective", "dtype",
            "status", "verdict", "cases", "passed", "judged", "not_expressible", "worst_tensor", "worst", "rule",
@@ -195,7 +196,9 @@ def ratio(mine, theirs):
 
 def path_words(case):
     """The training path of a listed case (conform --list-cases) as a row's setting: packed rows, its micro-batches
-    and its head."""
+    and its head; a whole RL step (kind rl_step) its own settings, each case a row."""
+    if case.get("kind") == "rl_step":
+        return ["a whole RL step: " + case["description"]]
     words = ["packed rows"] if case.get("pack_lengths") else []
     words += [f"{len(case['micro_batches'])} micro-batches"] if case.get("micro_batches") else []
     return words + ["tied head" if case.get("tied", True) else "untied head"]
@@ -275,7 +278,7 @@ def main(argv):
         entries = [e for e in entries if e["name"] in args.only or e["name"] == "hf"]
     # conform runs from the checkout: a relative --out or cases file is the caller's
     out = Path(args.out).resolve()
-    if args.cases not in ("quick", "full", "survey"):
+    if args.cases not in CASE_SETS:
         args.cases = str(Path(args.cases).resolve())
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
@@ -331,8 +334,11 @@ def main(argv):
 
 
 def entry_cases(entry, cases):
-    """The cases an entry runs: its own file (relative to the checkout) when the survey's matrix cannot hold its
-    path, e.g. a DPO step of micro-batches on a model its pinned transformers loads; else the survey's."""
+    """The cases an entry runs: its own set (conform's rl: whole RL steps) or file (relative to the checkout) when the
+    survey's matrix cannot hold its path, e.g. a DPO step of micro-batches on a model its pinned transformers loads;
+    else the survey's."""
+    if entry.get("cases") in CASE_SETS:
+        return entry["cases"]
     return str(ROOT / entry["cases"]) if entry.get("cases") else cases
 
 

@@ -1,8 +1,8 @@
 """Whole GRPO steps: TRL's own GRPOTrainer.train() (the pinned trl, 1.16.0) against our RL step oracle
 (`streambp rl-step`, verify/rl_step_oracle.h, docs/rl-steps.md), in fp64, on hand-made tiny cases.
 
-The adapter's side is the package's (verify/conform/streambp_conform/rl.py); this script is its complete example on
-TRL. TRL runs its own code from the generation batch to the optimizer: left-padding, masking after the first EOS, the
+The adapter's side is the package's (verify/conform/streambp_conform/rl.py, and trl_grpo.py, which drives TRL; the
+conform adapter verify/conform/survey/trl_grpo.py runs the same driver). TRL runs its own code from the generation batch to the optimizer: left-padding, masking after the first EOS, the
 rewards' weights, the advantages (scale_rewards), the micro-batches (steps_per_generation, gradient accumulation,
 num_iterations, its shuffle), old log-probs, the clipped objective, the KL term and each loss_type's normaliser. Only
 these are replaced, and nothing else:
@@ -20,12 +20,12 @@ these are replaced, and nothing else:
     cases' rewards and weights are exact in fp32, so nothing is rounded.
 TRL shuffles the generation batch before cutting it into micro-batches: the script records TRL's permutation and
 hands it to our oracle as the case's micro_batches. The gradient TRL's optimizer receives at every optimizer step
-must equal ours (normwise <= 1e-10 per tensor), and TRL's advantages, completion mask and per-token log-probs (of its
-first micro-batch, before any update) ours.
+must equal ours (normwise <= 1e-10 per tensor), and TRL's advantages, completion mask and per-token log-probs at
+generation time (TRL's own log-prob pass over the generation batch it hands its loss, where the loss scores) ours.
 
 Negative controls (CTest): STREAMBP_RL_FAULT scales the gradient TRL handed the optimizer at its last step, and the
-script must fail naming that step and a tensor (rl_step_parity_fault). STREAMBP_RL_TRL_BUG plants a bug in the trainer,
-in what TRL's _generate_and_score_completions hands its loss: `eos` drops each row's EOS from the completion mask
+script must fail naming that step and a tensor (rl_step_parity_fault). STREAMBP_RL_TRL_BUG plants a bug in the trainer
+(tests/support/rl_trainer_bugs.py), in what TRL's _generate_and_score_completions hands its loss: `eos` drops each row's EOS from the completion mask
 (rl_step_parity_eos_fault), `advantages` normalises the advantages over the whole batch instead of the group
 (rl_step_parity_advantages_fault), `pads` attends the prompts' left pads (rl_step_parity_pads_fault); each must fail
 naming that tensor. A fault run stops at its first failure.
@@ -49,14 +49,11 @@ try:
     import torch
     import transformers
     import trl
-    from datasets import Dataset
     from safetensors.torch import load_file
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from trl import GRPOConfig, GRPOTrainer
-    import trl.trainer.grpo_trainer as grpo_module
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verify" / "conform"))
-    from streambp_conform import rl
+    from streambp_conform import rl, trl_grpo
+    import rl_trainer_bugs
 except ImportError as e:  # an oracle that cannot run fails: a CI without its oracles is not green
     print(f"FAIL: missing oracle dependency: {e} (make installs transformers and trl into the venv)")
     sys.exit(1)
@@ -102,43 +99,6 @@ def fail(msg):
         sys.exit(1)  # a negative control has shown what it must
 
 
-def planted_bug(out):
-    """STREAMBP_RL_TRL_BUG: a known trainer bug planted in TRL's generation batch (see the module docstring)."""
-    bug = os.environ.get("STREAMBP_RL_TRL_BUG")
-    if bug == "eos":
-        mask = out["completion_mask"]
-        last = mask.sum(1) - 1  # the kept completion's last token: its EOS, unless truncated
-        ends_with_eos = out["completion_ids"].gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1) == EOS
-        rows = (ends_with_eos & (last >= 0)).nonzero().flatten()
-        mask[rows, last[rows]] = 0
-    elif bug == "advantages":
-        a = out["advantages"]  # TRL's group-normalised advantages, normalised again over the whole batch
-        out["advantages"] = (a - a.mean()) / (a.std() + 1e-4)
-    elif bug == "pads":
-        out["prompt_mask"] = torch.ones_like(out["prompt_mask"])  # the left pads attended
-    elif bug:
-        raise SystemExit(f"unknown STREAMBP_RL_TRL_BUG={bug!r} (eos, advantages, pads)")
-    return out
-
-
-def tokenizer(vocab_size):
-    """A word-level tokenizer whose token i is the word "w{i}" (the special ones have names that are no prefix of a
-    word: TRL's tokenizer matches special tokens inside words): prompts are written as text and read back exactly."""
-    vocab = {word(i): i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=word(UNK)))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=word(PAD), eos_token=word(EOS),
-                                                unk_token=word(UNK))
-
-
-def word(i):
-    return {PAD: "<pad>", EOS: "<eos>", UNK: "<unk>"}.get(i, f"w{i}")
-
-
-def text(ids):
-    return " ".join(word(i) for i in ids)
-
-
 def base_case(settings):
     """The case file's content before TRL runs: its settings in GRPOConfig's names, plus what the oracle needs."""
     s = dict({"use_bias_correction_kl": False}, **settings, num_generations=2, max_completion_length=MAX_COMPLETION,
@@ -146,53 +106,12 @@ def base_case(settings):
     return rl.RlCase(PROMPTS, COMPLETIONS, REWARDS, s)
 
 
-def run_trl(model_dir, case, work):
-    """TRL's GRPOTrainer.train() on the case, through streambp_conform.rl (the adapter's side of docs/rl-steps.md)."""
-    s = case.settings
-    record = rl.Record()
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, PAD
-    model.generate = rl.generate_stand_in(case, record)
-    spg = s.get("steps_per_generation") or s["gradient_accumulation_steps"]
-    steps = spg * s.get("num_iterations", 1) // s["gradient_accumulation_steps"]
-    oracle_only = ("learning_rate", "eos_token_id", "pad_token_id")
-    config = GRPOConfig(output_dir=str(work / "trl"), report_to=[], use_cpu=True, save_strategy="no",
-                        logging_steps=1000, max_steps=steps, max_grad_norm=0.0, seed=3,
-                        **{k: v for k, v in s.items() if k not in oracle_only})
-    optimizer = torch.optim.SGD(model.parameters(), lr=s.get("learning_rate", 0.0))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    dataset = Dataset.from_dict({"prompt": [text(p) for p in PROMPTS]})
-    trainer = GRPOTrainer(model=model, args=config, train_dataset=dataset,
-                          processing_class=tokenizer(model.config.vocab_size),
-                          reward_funcs=rl.reward_functions(case, text), optimizers=(optimizer, schedule),
-                          callbacks=[rl.optimizer_gradients(model, record)])
-    model.forward = rl.trl_fp64_head(model, config.temperature)  # after TRL installed its fused head
-    if trainer.ref_model is not None:
-        trainer.ref_model.forward = rl.trl_fp64_head(trainer.ref_model, config.temperature)
-
-    score = trainer._generate_and_score_completions
-
-    def recording_score(inputs):  # TRL's advantages and completion mask, for the comparison of those stages
-        out = planted_bug(score(inputs))
-        record.advantages, record.mask = out["advantages"].detach().clone(), out["completion_mask"].detach().clone()
-        return out
-    trainer._generate_and_score_completions = recording_score
-    logps = trainer._get_per_token_logps_and_entropies
-    record.first_logps = None
-
-    def recording_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        out = logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        if kwargs.get("compute_entropy") and record.first_logps is None:  # the loss's pass of the first micro-step
-            record.first_logps = (out[0].detach().clone(), attention_mask[:, -logits_to_keep:].clone())
-        return out
-    trainer._get_per_token_logps_and_entropies = recording_logps
-    torch.set_default_dtype(torch.float64)
-    try:
-        with rl.recorded_shuffle(grpo_module, record):
-            trainer.train()
-    finally:
-        torch.set_default_dtype(torch.float32)
-    return record, steps
+def run_trl(model_dir, case):
+    """TRL's GRPOTrainer.train() on the case through the package's driver (streambp_conform.trl_grpo), TRL's own
+    shuffle recorded; STREAMBP_RL_TRL_BUG plants a trainer bug (tests/support/rl_trainer_bugs.py)."""
+    bug = os.environ.get("STREAMBP_RL_TRL_BUG")
+    hooks = rl_trainer_bugs.hooks(bug, EOS) if bug else None
+    return trl_grpo.train(case, model_dir, layout="trl", hooks=hooks), trl_grpo.optimizer_steps(case)
 
 
 def compare(i, settings, record, steps, ours):
@@ -203,16 +122,16 @@ def compare(i, settings, record, steps, ours):
     err = ((record.advantages - adv_ours).abs().max() / adv_ours.abs().max()).item()
     if not err <= ADV_RTOL:
         fail(f"{what}: advantages differ from TRL's by {err:.3e}")
-    mask_ours = ours["completion_mask"][trl_rows][:, :record.mask.shape[1]]
-    if not torch.equal(record.mask.to(mask_ours.dtype), mask_ours):
+    mask = record.completion_mask
+    mask_ours = ours["completion_mask"][trl_rows][:, :mask.shape[1]]
+    if not torch.equal(mask.to(mask_ours.dtype), mask_ours):
         fail(f"{what}: completion_mask differs from TRL's")
-    lp, scored = record.first_logps  # TRL's per-token log-probs of its first micro-batch, before any update
-    first_rows = torch.tensor([record.rows[j] for j in record.permutation[:lp.shape[0]]])
-    lp_ours = ours["token_logps"][first_rows][:, :lp.shape[1]]
-    where = scored.bool()
+    # TRL's per-token log-probs of the generation batch at generation time, where the loss scores
+    lp, lp_ours = record.token_logps, ours["token_logps"][trl_rows][:, :record.token_logps.shape[1]]
+    where = mask_ours[:, :lp.shape[1]].bool()
     lp_err = ((lp - lp_ours)[where].abs().max() / lp_ours[where].abs().max()).item()
     if not lp_err <= ADV_RTOL:
-        fail(f"{what}: token_logps differ from TRL's by {lp_err:.3e} (its first micro-batch)")
+        fail(f"{what}: token_logps differ from TRL's by {lp_err:.3e}")
     if len(record.gradients) != steps:
         fail(f"{what}: TRL took {len(record.gradients)} optimizer steps, the case has {steps}")
     eps = os.environ.get("STREAMBP_RL_FAULT")
@@ -249,7 +168,7 @@ def main():
             return 1
         for i, settings in enumerate(CASES):
             case = base_case(settings)
-            record, steps = run_trl(model_dir, case, work / f"case{i}")
+            record, steps = run_trl(model_dir, case)
             case_file, out = work / f"case{i}.json", work / f"case{i}.safetensors"
             case_file.write_text(json.dumps(rl.with_micro_batches(case, record).to_json()))
             p = subprocess.run([binary, "rl-step", "--load", model_dir, "--case", case_file, "--out", out],

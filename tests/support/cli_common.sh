@@ -76,14 +76,15 @@ ctrl_c() {
   kill -INT "$pid"
 }
 
-# warm_adapters PYTHON: the conform adapters that call streambp_conform.warm.delegate() (the shipped HF ones) run in
-# workers forked from one server in PYTHON, its imports done once instead of once per case (cli_conform_warm.sh: the
-# same verdicts as cold). The server stops when the test ends; its log is $WORK/warm.log.
+# warm_adapters PYTHON [MODULE ...]: the conform adapters that call streambp_conform.warm.delegate() (the shipped HF
+# ones) run in workers forked from one server in PYTHON, its imports (the MODULEs, else the server's default ones) done
+# once instead of once per case (cli_conform_warm.sh: the same verdicts as cold). The server stops when the test ends;
+# its log is $WORK/warm.log.
 warm_adapters() {
   local sock=$WORK/warm.sock
   (( ${#sock} < 100 )) || sock=$(mktemp -u /tmp/sbp_warm_XXXXXX.sock)  # a socket's path has at most 107 bytes
   PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../verify/conform" && pwd)${PYTHONPATH:+:$PYTHONPATH}" \
-    "$1" -m streambp_conform serve "$sock" 2>"$WORK/warm.log" &
+    "$1" -m streambp_conform serve "$sock" "${@:2}" 2>"$WORK/warm.log" &
   WARM_PID=$!
   trap 'kill "$WARM_PID" 2>/dev/null; wait "$WARM_PID" 2>/dev/null; rm -rf "$WORK"' EXIT
   for _ in $(seq 1200); do

@@ -152,6 +152,7 @@ TEST_CASE("a case file that names two cases alike is bad input naming both", "[c
 TEST_CASE("every case set has packed cases whose rows are what their pack_lengths say", "[conform][packed]") {
   bool straddles = false, single = false, ragged = false, micro_packs = false;
   for (const auto& set : sbp::conform_case_sets()) {
+    if (set == "rl") continue;  // whole RL steps only (issue #60): no batch of rows to pack
     int packed = 0;
     for (const auto& c : sbp::conform_cases(set)) {
       if (c.pack_lengths.empty()) continue;

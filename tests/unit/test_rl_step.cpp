@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/objectives/rl_step.h"
+#include "verify/conformance.h"
 #include "tests/support/faulty_rl_step.h"
 #include "tests/support/test_support.h"
 #include "verify/grad_compare.h"
@@ -256,4 +258,62 @@ TEST_CASE("rl step: TRL's bias-corrected KL changes the step only after an updat
                     Catch::Contains("kl=k3_ratio is defined here for importance=token only"));
   const auto grpo = sbp::make_objective("grpo:beta=0.1,kl=k3_ratio");
   CHECK(sbp::make_objective(grpo->spec())->spec() == grpo->spec());
+}
+
+// conform's rl set (issue #60): the judge of an rl_step case (verify/conformance.h) on the oracle's own step and on
+// each known bug's (tests/support/faulty_rl_step.h), as an implementation would return them: every bug is named at
+// the tensor where it shows first, and a missing optimizer step is a protocol problem.
+TEST_CASE("rl step: conform's rl cases pass their own oracle and name each planted bug's tensor",
+          "[rl-step][conform]") {
+  std::map<std::string, sbp::ConformCase> cases;
+  for (auto& c : sbp::conform_cases("rl")) cases.emplace(c.name, c);
+  REQUIRE(cases.size() == 5);
+  const auto step = [](const sbp::ConformCase& c, const sbp::RlStepStages& stages) {
+    sbp::Model model(c.config, at::kDouble, c.batch.seed);
+    return sbp::run_rl_step(model, *c.rl_step, stages);
+  };
+  const auto returned = [](const sbp::RlStepResult& r) {  // as the protocol has them: every tensor float64
+    auto tensors = sbp::rl_step_tensors(r);
+    for (auto& t : tensors) t.tensor = t.tensor.to(at::kDouble);
+    return tensors;
+  };
+  for (const auto& [name, c] : cases) {
+    INFO(name);
+    const auto oracle = step(c, sbp::rl_step_stages());
+    const auto verdict = sbp::judge_rl_step(*c.rl_step, oracle, returned(oracle), 1e-10);
+    CHECK(verdict.passed);
+    CHECK(verdict.problem == "");
+  }
+  struct Planted {
+    std::string bug, case_name, tensor_prefix;
+    sbp::RlStepStages stages;
+  };
+  const std::vector<Planted> planted = {
+      {"pads attended", "rl-dapo-group-ga2", "token_logps", sbp::test::pads_attended_stages()},
+      {"EOS mask off by one", "rl-dapo-group-ga2", "completion_mask", sbp::test::eos_mask_off_by_one_stages()},
+      {"advantages over the batch", "rl-dapo-group-ga2", "advantages", sbp::test::batch_normalised_advantages_stages()},
+      {"dapo's normaliser per micro-batch", "rl-dapo-group-ga2", "step1/",
+       sbp::test::per_micro_batch_normaliser_stages()},
+      {"old_logps from the current pass", "rl-grpo-batch-spg2", "step2/",
+       sbp::test::old_logps_from_current_pass_stages()},
+  };
+  for (const auto& p : planted) {
+    INFO(p.bug);
+    const auto& c = cases.at(p.case_name);
+    const auto oracle = step(c, sbp::rl_step_stages());
+    const auto verdict = sbp::judge_rl_step(*c.rl_step, oracle, returned(step(c, p.stages)), 1e-10);
+    CHECK_FALSE(verdict.passed);
+    CHECK(verdict.problem.empty());
+    CHECK(verdict.worst_tensor.rfind(p.tensor_prefix, 0) == 0);
+    CHECK(verdict.worst > 1e-6);
+  }
+  // Only the gradients: the stages are optional; a missing optimizer step is named.
+  const auto& c = cases.at("rl-grpo-batch-spg2");
+  const auto oracle = step(c, sbp::rl_step_stages());
+  sbp::TensorList first_step_only;
+  for (const auto& t : returned(oracle))
+    if (t.name.rfind("step1/", 0) == 0) first_step_only.push_back(t);
+  const auto missing = sbp::judge_rl_step(*c.rl_step, oracle, first_step_only, 1e-10);
+  CHECK_FALSE(missing.passed);
+  CHECK_THAT(missing.problem, Catch::Contains("tensor 'step2/model.norm.weight' missing"));
 }

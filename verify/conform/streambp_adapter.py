@@ -45,6 +45,10 @@ def main():
     args = parser.parse_args()
     case_dir = args.case_dir
     case = json.loads((case_dir / "case.json").read_text())
+    if case.get("kind", "batch") != "batch":  # a whole RL step (conform's rl set): no batch to hand `run` or `train`
+        print(f"{case_dir.name}: kind {case['kind']}: this adapter runs a trainer's step on a batch (the harness's RL "
+              "step is its oracle, `streambp rl-step`)", file=sys.stderr)
+        sys.exit(3)  # not expressible (protocol.py)
     ranks, parallel = case.get("ranks", 1), case.get("parallel", "data")
     micro = case.get("micro_batches") or []
     method = args.method

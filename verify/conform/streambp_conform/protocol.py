@@ -79,6 +79,11 @@ class Case:
     cu_seqlens: "torch.Tensor" = None  # noqa: F821
     sequences: list = None
     max_length: int = None
+    # A whole RL step (case.json kind "rl_step", docs/rl-steps.md): the generation batch as a streambp_conform.rl.RlCase
+    # (prompts, raw completions, rewards, TRL's settings, the micro-batch layout); `batch` is then empty and the model
+    # the policy at generation time. The step returns every optimizer step's gradient as "step{k}/<HF name>"
+    # (rl.returned_tensors), optionally with the trainer's advantages, completion_mask and token_logps.
+    rl: "rl.RlCase" = None  # noqa: F821
 
     @property
     def model_dir(self):
@@ -195,14 +200,38 @@ def _packed_fields(batch, meta, case_dir):
                 max_length=int(meta.get("max_length") or lengths.max()))
 
 
-def read_case(case_dir, accumulates=False, distributed=True, objectives=None, packs=True):
+def _rl_step_case(case_dir, meta):
+    """An rl_step case: its generation batch (case.json "rl_step") and the fp64 policy in model/."""
+    from streambp_conform import rl
+
+    try:
+        step = rl.RlCase.from_json(meta["rl_step"])
+    except (KeyError, TypeError) as e:
+        raise CaseError(f"case.json: kind rl_step without a well-formed \"rl_step\" ({e})")
+    objective = dict(meta["objective"])
+    return Case(case_dir, meta.get("case", case_dir.name), _dtypes()[meta["dtype"]],
+                Objective(objective.pop("name"), objective), False, 0, {}, rl=step)
+
+
+def read_case(case_dir, accumulates=False, distributed=True, objectives=None, packs=True, rl_steps=False):
     """The case. Declined (NotExpressible) before torch loads: a micro-batch case unless the caller `accumulates` (runs
     the step's micro-batches into one gradient normalised by the step's totals), a case of several ranks unless it is
     `distributed`, a packed case unless it `packs` (attends within each sequence: Case.position_ids, cu_seqlens),
-    an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one)."""
+    an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one), a whole RL step
+    (kind rl_step: Case.rl) unless the caller runs `rl_steps`, and (when it does) every case of another kind."""
     objectives = objective_names(objectives)
     case_dir = Path(case_dir)
     meta = _meta(case_dir)
+    kind = meta.get("kind", "batch")  # absent in files written before the protocol had kinds: a batch
+    if kind not in ("batch", "rl_step"):
+        raise CaseError(f"case.json: kind {kind!r} (batch or rl_step)")
+    if (kind == "rl_step") != bool(rl_steps):
+        raise NotExpressible(
+            "a whole RL step (kind rl_step: generations, rewards and a trainer's settings): this adapter does not "
+            "declare RL steps: run(..., rl_steps=True)" if kind == "rl_step" else
+            "a loss on a batch (kind batch): this adapter runs whole RL steps (kind rl_step) only")
+    if kind == "rl_step":
+        return _rl_step_case(case_dir, meta)
     if meta.get("packed") and not packs:
         rows = meta.get("sequences") or []
         raise NotExpressible(f"packed rows ({sum(len(r) for r in rows)} sequences in {len(rows)} rows): this adapter "
@@ -305,13 +334,16 @@ def write_outputs(case, loss, grads, seconds=None, micro_batches=None):
     _replace_atomically(case.dir / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result) + "\n"))
 
 
-def run(step, argv=None, accumulates=False, distributed=False, objectives=None, usage=None, packs=False):
+def run(step, argv=None, accumulates=False, distributed=False, objectives=None, usage=None, packs=False,
+        rl_steps=False):
     """The adapter's command line, CASE_DIR: read the case, call step(case) -> (loss, {name: gradient}) or a Result,
     write the outputs; returns the exit status (0 written; 2 a bad case or usage; 3 NotExpressible; 1 any other
     exception, its traceback and then one line naming the case). `accumulates`: step runs a micro-batch case's
     micro-batches (micro_case) as its trainer does; `distributed`: step runs case.ranks processes itself; `packs`:
     step keeps each packed sequence to itself (position_ids or cu_seqlens; streambp_conform.hf.model_inputs), where
-    an adapter that never heard of packing would attend across them. Otherwise
+    an adapter that never heard of packing would attend across them; `rl_steps`: step runs a trainer on a whole RL
+    step (Case.rl) and returns its optimizer steps' gradients (streambp_conform.rl.returned_tensors), and declines
+    every other case. Otherwise
     such cases are declined before torch loads, as are objectives not in `objectives` (sft, grpo, dpo in any case;
     None: any; an unknown name exits 2 on every case). Gradients may carry PEFT's in-memory names; they are saved as
     PEFT's files name them, in the case dtype."""
@@ -326,7 +358,7 @@ def run(step, argv=None, accumulates=False, distributed=False, objectives=None, 
         return BAD_CASE
     name = Path(argv[0]).name
     try:
-        case = read_case(argv[0], accumulates, distributed, objectives, packs)
+        case = read_case(argv[0], accumulates, distributed, objectives, packs, rl_steps)
         name = case.name
         start = time.perf_counter()
         out = step(case)

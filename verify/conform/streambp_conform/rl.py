@@ -1,16 +1,22 @@
-"""What a trainer that generates needs to be judged by the RL step oracle (`streambp rl-step`, docs/rl-steps.md):
-generation and the reward models replaced by a case's values, and the gradient read where the optimizer receives it.
+"""What a trainer that generates needs to be judged by the RL step oracle (`streambp rl-step`, `streambp conform
+--cases rl`, docs/rl-steps.md): generation and the reward models replaced by a case's values, the case's micro-batch
+layout in place of the trainer's shuffle, and the gradient read where the optimizer receives it.
 
-    from streambp_conform import rl
+    from streambp_conform import rl, run
 
-    case = rl.read_rl_case("case.json")
-    record = rl.Record()
-    model.generate = rl.generate_stand_in(case, record)          # the case's raw completions, after TRL's prompts
-    reward_funcs = rl.reward_functions(case, tokenizer.decode)    # one function per reward column
-    trainer = GRPOTrainer(..., reward_funcs=reward_funcs, callbacks=[rl.optimizer_gradients(model, record)])
-    with rl.recorded_shuffle(trl.trainer.grpo_trainer, record):  # TRL's permutation of the generation batch
-        trainer.train()
-    case_with_layout = rl.with_micro_batches(case, record)        # the micro-batches TRL ran, as case rows
+    def step(case):                                               # a conform rl_step case: case.rl is the RlCase
+        record = rl.Record()
+        model.generate = rl.generate_stand_in(case.rl, record)    # the case's raw completions, after TRL's prompts
+        reward_funcs = rl.reward_functions(case.rl, tokenizer.decode)  # one function per reward column
+        trainer = GRPOTrainer(..., reward_funcs=reward_funcs, callbacks=[rl.optimizer_gradients(model, record)])
+        with rl.case_layout(trl.trainer.grpo_trainer, case.rl, record):  # the case's micro-batches, in order
+            trainer.train()
+        return 0.0, rl.returned_tensors(case.rl, record)          # step{k}/<name>, and the stages recorded
+
+    run(step, rl_steps=True)
+
+`recorded_shuffle` instead keeps the trainer's own shuffle and records it (`with_micro_batches` turns it into a case
+for `streambp rl-step`). streambp_conform.trl_grpo drives TRL's GRPOTrainer so, whole.
 
 Everything else is the trainer's own code: its padding, its EOS mask, its advantages, its micro-batches, its loss.
 torch and transformers are imported where used, not with the package.
@@ -51,10 +57,13 @@ class RlCase:
         return {"prompts": self.prompts, "completions": self.completions, "rewards": self.rewards,
                 "micro_batches": self.micro_batches, "settings": self.settings}
 
+    @classmethod
+    def from_json(cls, j):
+        return cls(j["prompts"], j["completions"], j["rewards"], j.get("settings", {}), j.get("micro_batches", []))
+
 
 def read_rl_case(path):
-    j = json.loads(Path(path).read_text())
-    return RlCase(j["prompts"], j["completions"], j["rewards"], j.get("settings", {}), j.get("micro_batches", []))
+    return RlCase.from_json(json.loads(Path(path).read_text()))
 
 
 class Record:
@@ -64,6 +73,9 @@ class Record:
 
     def __init__(self):
         self.rows, self.permutation, self.gradients = [], None, []
+        # The trainer's own view of the generation batch, in its row order (None: not recorded): advantages [N],
+        # completion_mask [N, C'] and per-token log-probs at generation time [N, C'], C' its completions' width.
+        self.advantages = self.completion_mask = self.token_logps = None
 
 
 def generate_stand_in(case, record):
@@ -131,6 +143,61 @@ def recorded_shuffle(module, record, name="shuffle_sequence_dict"):
         setattr(module, name, shuffle)
 
 
+def _permuted(d, permutation):
+    """Every sequence-like value of a generation batch dict in `permutation`'s order (0-d tensors and None as they are)."""
+    import torch
+
+    def permute(v):
+        if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+            return v
+        if isinstance(v, torch.Tensor):
+            return v[permutation]
+        return [v[i] for i in permutation.tolist()]
+    return {k: permute(v) for k, v in d.items()}
+
+
+@contextlib.contextmanager
+def case_layout(module, case, record, name="shuffle_sequence_dict"):
+    """While alive, `module.name` (the trainer's shuffle of the generation batch before it cuts it into micro-batches)
+    puts the generation batch in the order of the case's micro_batches instead of a random one: the trainer then runs
+    the case's micro-batches, in order (as case rows: record.rows maps the generated rows to them)."""
+    import torch
+
+    shuffle = getattr(module, name)
+
+    def layout(d):
+        order = [r for micro in case.micro_batches for r in micro] or list(range(len(record.rows)))
+        if sorted(order) != sorted(record.rows):
+            raise ValueError(f"the case's micro_batches {case.micro_batches} are not the generated rows {record.rows}")
+        record.permutation = [record.rows.index(r) for r in order]
+        return _permuted(d, torch.tensor(record.permutation))
+    setattr(module, name, layout)
+    try:
+        yield
+    finally:
+        setattr(module, name, shuffle)
+
+
+def returned_tensors(case, record):
+    """What an rl_step case returns (docs/conformance.md): the gradient of every optimizer step as "step{k}/<name>",
+    and the stages the record holds (advantages, completion_mask, token_logps), put in the case's row order and padded
+    to max_completion_length (zeros: a kept completion is never longer)."""
+    import torch
+
+    out = {f"step{k}/{n}": g for k, grads in enumerate(record.gradients, start=1) for n, g in grads.items()}
+    C = case.settings["max_completion_length"]
+    to_case = torch.tensor([record.rows.index(r) for r in range(len(case.completions))])
+    for key in ("advantages", "completion_mask", "token_logps"):
+        v = getattr(record, key)
+        if v is None:
+            continue
+        v = v.detach().to(torch.float64)[to_case]
+        if v.ndim == 2:
+            v = torch.nn.functional.pad(v[:, :C], (0, C - min(C, v.size(1))))
+        out[key] = v
+    return out
+
+
 def with_micro_batches(case, record):
     """The case with the micro-batches the trainer ran, as case rows (its permutation cut into micro-batches)."""
     B = case.settings["per_device_train_batch_size"]
@@ -145,16 +212,16 @@ def trl_fp64_head(model, temperature):
     where TRL's fused head rounds every logit tile to fp32. Each row gets the positions of its unpadded sequence
     (HF's RoPE table is fp32, so positions shifted by left padding differ by rounding: 5e-8 on the parity cases).
     Install it after the trainer has installed its fused head: `model.forward = trl_fp64_head(model, temperature)`."""
-    from trl.trainer.utils import FusedCausalLMOutput, selective_log_softmax_and_entropy
-
     forward = type(model).forward
 
     def head(*args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if not fused_lm_head:
-            return forward(model, *args, **({"labels": labels} if labels is not None else {}), **kwargs)
-        kwargs.pop("use_cache", None)
         if kwargs.get("position_ids") is None and kwargs.get("attention_mask") is not None:
             kwargs["position_ids"] = (kwargs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        if not fused_lm_head:  # a pin without the fused head: its own log-softmax on the fp64 logits is exact
+            return forward(model, *args, **({"labels": labels} if labels is not None else {}), **kwargs)
+        from trl.trainer.utils import FusedCausalLMOutput, selective_log_softmax_and_entropy
+
+        kwargs.pop("use_cache", None)
         logits = forward(model, *args, use_cache=False, **kwargs).logits[:, :-1]
         shifted = labels[:, 1:]
         mask = shifted != -100

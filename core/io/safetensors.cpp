@@ -437,7 +437,13 @@ std::map<std::string, std::string> read_weight_map(const fs::path& index) {
   std::map<std::string, std::string> shard_of;
   for (const auto& [name, shard] : weight_map->items()) {
     if (!shard.is_string()) fail_tensor(index, name, "shard file name is not a string");
-    shard_of.emplace(name, shard.get<std::string>());
+    const std::string file = shard.get<std::string>();
+    // A plain name in the index's own folder: a path ("/x", "../x", "a/b") would read a file outside the checkpoint,
+    // and an error about it would name that file instead of the folder.
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos) {
+      fail_tensor(index, name, "shard file name '" + file + "' is not a file name in the checkpoint's folder");
+    }
+    shard_of.emplace(name, file);
   }
   return shard_of;
 }

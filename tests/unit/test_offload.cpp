@@ -268,7 +268,9 @@ TEST_CASE("a file tier that leaks a checkpoint's file fails the disk check", "[o
   CHECK(std::abs(double(tier.peak_disk_bytes()) / double(disk) - 1) > 0.03);
 }
 
-TEST_CASE("a split tier keeps H[0..k) on the host and H[k..L-1] on disk, as the models place them, on the same bits",
+// (No brackets in the name: CTest's batches pass it to Catch2 as a test spec, where "[" opens a tag.)
+TEST_CASE("a split tier keeps the first k layers' checkpoints on the host and the rest on disk, as the models place "
+          "them, on the same bits",
           "[offload][disk]") {
   // The run-time third tier (core/offload/split_tier.h) with a host budget of k checkpoints: both of its tiers are file
   // tiers here, in two folders, each measured on disk; the model with Offload::host_layers = k says what each holds.

@@ -351,6 +351,17 @@ TEST_CASE("safetensors folders with a broken index or shards are rejected naming
     write_bytes(index, nlohmann::json({{"weight_map", {{"a", first}, {"b", first}}}}).dump());
     CHECK(dir_error(dir.path()).find("tensor 'c'") != std::string::npos);
   }
+  SECTION("a shard named by a path, not a file name in the folder (a fuzz finding: the error named the path alone)") {
+    sbp::write_safetensors_dir(dir.path(), tensors, 200);
+    for (const std::string& shard : std::vector<std::string>{"/" + second, "../" + second, "sub/" + second, "", ".."}) {
+      write_bytes(index, nlohmann::json({{"weight_map", {{"a", first}, {"b", shard}, {"c", second}}}}).dump());
+      const std::string message = dir_error(dir.path());
+      INFO(shard << ": " << message);
+      CHECK(starts_with(message, index.string() + ": "));
+      CHECK(message.find("tensor 'b'") != std::string::npos);
+      CHECK(message.find("not a file name") != std::string::npos);
+    }
+  }
   SECTION("an index that is not JSON or has no weight map") {
     write_bytes(index, "{\"weight_map\": ");
     CHECK(starts_with(dir_error(dir.path()), index.string() + ": "));

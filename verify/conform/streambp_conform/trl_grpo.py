@@ -104,9 +104,9 @@ def version_tuple(version):
 
 
 def pin(version):
-    """The Pin of a TRL release: 1.16.0 and the releases with its names (1.8.0, 1.9.0, 0.22.x run the rl set), and
-    the first GRPOTrainers (0.14.0-0.16.0), which have one loss and one micro-batch per generation. A release this
-    does not describe is found out by train(): a missing name is NotExpressible."""
+    """The Pin of a TRL release: 1.16.0 and the releases with its names (0.22.x, 1.8.0, 1.9.0, 1.9.1 run the rl
+    set), and the first GRPOTrainers (0.14.0-0.16.0), which have one loss and one micro-batch per generation. A
+    release this does not describe is found out by train(): a missing name is NotExpressible."""
     v = version_tuple(version)
     if v >= (0, 20):
         return Pin()

@@ -277,9 +277,10 @@ ConformCase rl_case(std::string name, std::string description, const std::string
 
 // Several loss_types and scale_rewards, an optimizer step of two micro-batches, steps_per_generation > 1 (two
 // optimizer steps of one generation batch, old log-probs from generation time), num_iterations > 1, the KL term with
-// and without TRL's bias correction, sequence importance, masked truncated completions.
+// and without TRL's bias correction, sequence importance, masked truncated completions (dr_grpo's and dapo's
+// normalisers), one micro-batch at temperatures 0.9 and 1.
 std::vector<ConformCase> rl_cases() {
-  const std::string two = "[[4, 1, 5], [0, 2, 3]]";
+  const std::string two = "[[4, 1, 5], [0, 2, 3]]", one = "[[0, 1, 2, 3, 4, 5]]";
   return {
       rl_case("rl-dapo-group-ga2", "dapo, scale_rewards group, beta 0.04, temperature 0.9: one optimizer step of 2 "
               "micro-batches (gradient_accumulation_steps 2)", R"("loss_type": "dapo", "scale_rewards": "group",
@@ -303,6 +304,25 @@ std::vector<ConformCase> rl_cases() {
               "scale_rewards": "group", "beta": 0.04, "use_bias_correction_kl": true, "per_device_train_batch_size": 3,
               "gradient_accumulation_steps": 1, "steps_per_generation": 2, "learning_rate": 0.02,
               "reward_weights": [1.0, 0.5])", two, 45),
+      rl_case("rl-dapo-masktrunc-ga2", "dapo, mask_truncated_completions, beta 0: one optimizer step of 2 "
+              "micro-batches, dapo's normaliser the step's kept tokens (the truncated completions' masked)",
+              R"("loss_type": "dapo", "scale_rewards": "group", "beta": 0.0, "mask_truncated_completions": true,
+              "per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "reward_weights": [1.0, 0.5])",
+              two, 46),
+      // One micro-batch of the whole generation batch, as the first GRPOTrainers (0.14-0.16) run it: they generate
+      // per micro-batch and have one loss each (grpo before 0.16, bnpo in 0.16).
+      rl_case("rl-grpo-one-t09", "grpo, scale_rewards group, beta 0.04, temperature 0.9: one micro-batch of all 6 "
+              "completions", R"("loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "temperature": 0.9,
+              "per_device_train_batch_size": 6, "gradient_accumulation_steps": 1, "reward_weights": [1.0, 1.0])",
+              one, 47),
+      rl_case("rl-bnpo-one-t09", "bnpo, scale_rewards group, beta 0.04, temperature 0.9: one micro-batch of all 6 "
+              "completions", R"("loss_type": "bnpo", "scale_rewards": "group", "beta": 0.04, "temperature": 0.9,
+              "per_device_train_batch_size": 6, "gradient_accumulation_steps": 1, "reward_weights": [1.0, 1.0])",
+              one, 48),
+      rl_case("rl-grpo-one-t1", "grpo, scale_rewards group, beta 0.04, temperature 1: one micro-batch of all 6 "
+              "completions", R"("loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "temperature": 1.0,
+              "per_device_train_batch_size": 6, "gradient_accumulation_steps": 1, "reward_weights": [1.0, 1.0])",
+              one, 49),
   };
 }
 

@@ -127,7 +127,7 @@ def run_conform(streambp, entry, python, cases, out_dir):
     impl = " ".join([shlex.quote(python), shlex.quote(str(ADAPTERS / entry["adapter"]))] +
                     [shlex.quote(a) for a in entry.get("args", [])]) if entry.get("adapter") else entry["impl"]
     command = [streambp, "conform", "--impl", impl, "--cases", cases, "--out", str(out_dir)]
-    for flag in ("objectives", "dtypes", "accumulation"):
+    for flag in ("objectives", "dtypes", "accumulation", "only"):  # only: the entry's cases of its case set
         if entry.get(flag):
             command += [f"--{flag}", entry[flag] if flag == "accumulation" else ",".join(entry[flag])]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **entry.get("env", {}))

@@ -1,5 +1,5 @@
 # `streambp conform --cases rl` (issue #60, docs/rl-steps.md): whole GRPO trainer steps judged at every optimizer step.
-# (a) TRL 1.16.0's GRPOTrainer through its own train() (verify/conform/survey/trl_grpo.py) passes the 5 cases, its
+# (a) TRL 1.16.0's GRPOTrainer through its own train() (verify/conform/survey/trl_grpo.py) passes the 9 cases, its
 #     advantages, completion mask and generation-time log-probs judged beside the gradients; CSV and JUnit rows;
 # (b) the negative controls (tests/support/conform_rl_faults.py: one known trainer bug planted in TRL each): pads
 #     attended, the EOS mask off by one, advantages over the batch instead of the group, dapo's normaliser per
@@ -34,15 +34,16 @@ PY
 
 # (a)
 "$STREAMBP" conform --impl "$trl_grpo" --cases rl --junit rl.xml --out pass >pass.txt 2>&1 || fail "TRL:\n$(cat pass.txt)"
-grep -q "5 of 5 case(s) passed" pass.txt || fail "$(cat pass.txt)"
-for c in rl-dapo-group-ga2 rl-grpo-batch-spg2 rl-bnpo-none-iter2-sequence rl-dr_grpo-masktrunc-ga2 rl-dapo-kl-spg2; do
+grep -q "9 of 9 case(s) passed" pass.txt || fail "$(cat pass.txt)"
+for c in rl-dapo-group-ga2 rl-grpo-batch-spg2 rl-bnpo-none-iter2-sequence rl-dr_grpo-masktrunc-ga2 rl-dapo-kl-spg2 \
+    rl-dapo-masktrunc-ga2 rl-grpo-one-t09 rl-bnpo-one-t09 rl-grpo-one-t1; do
   check pass "$c" passed 'step[12]/model\..*'
 done
 python3 - rl.xml <<'PY' || fail "JUnit:\n$(cat rl.xml)"
 import sys, xml.etree.ElementTree as ET
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
 names = sorted((c.get("classname"), c.get("name")) for c in cases)
-assert len(names) == 5 and all(k == "streambp.conform.grpo" and n.startswith("rl-") and n.endswith("-fp64")
+assert len(names) == 9 and all(k == "streambp.conform.grpo" and n.startswith("rl-") and n.endswith("-fp64")
                                for k, n in names), names
 PY
 

@@ -267,7 +267,7 @@ TEST_CASE("rl step: conform's rl cases pass their own oracle and name each plant
           "[rl-step][conform]") {
   std::map<std::string, sbp::ConformCase> cases;
   for (auto& c : sbp::conform_cases("rl")) cases.emplace(c.name, c);
-  REQUIRE(cases.size() == 5);
+  REQUIRE(cases.size() == 9);
   const auto step = [](const sbp::ConformCase& c, const sbp::RlStepStages& stages) {
     sbp::Model model(c.config, at::kDouble, c.batch.seed);
     return sbp::run_rl_step(model, *c.rl_step, stages);

@@ -2,7 +2,8 @@
 """Known GRPOTrainer bugs of TRL, each fixed in a release, recalled by the harness's RL step oracle (issue #60 item 4):
 TRL's own GRPOTrainer.train() at the last release with the bug and at the first with the fix, on one whole-step case
 (tests/oracle/rl_step_parity.py's prompts, completions and rewards, in fp64 on the tiny Qwen3), against
-`build/streambp rl-step`. The drive is trl_grpo_drive.py (what differs between releases is in its `Api`).
+`build/streambp rl-step`. The drive is the survey's (verify/conform/streambp_conform/trl_grpo.py: what differs
+between releases is in its `Pin`), with TRL's own shuffle recorded.
 
 One command (the harness venv's python; each pin's venv is made as the survey makes its entries', on first use):
     ~/.cache/streambp/venv-torch-2.14.1/bin/python experiments/survey/repro/trl_grpo_bugs.py [--bug NAME ...]
@@ -80,8 +81,6 @@ BUGS = {
         # temperature 1: both releases take the log-probs at temperature 1 (PR #3029 came in 0.16.0)
         "settings": dict(loss_type="grpo", scale_rewards=True, beta=0.04, temperature=1.0,
                          per_device_train_batch_size=4, gradient_accumulation_steps=1, reward_weights=[1.0, 1.0]),
-        # 0.14.0 counts prompts per device, not completions (PR #2776 changed it in 0.15.0)
-        "overrides": {"0.14.0": {"per_device_train_batch_size": 2}},
         # 0.14.0 has no hook for its advantages or log-probs (all inside compute_loss): its gradients are judged,
         # and the buggy pin runs a second time with the mask its pads give handed to the model (the diagnosis)
         "fails_at": "gradient",
@@ -106,19 +105,91 @@ def first_failure(r):
     return None
 
 
+def relative(a, b):
+    import torch
+    return float((a - b).abs().max() / b.abs().max().clamp(min=torch.finfo(torch.float64).tiny))
+
+
+def compare(record, steps, ours):
+    """Every stage as numbers: TRL's advantages and generation-time log-probs (relative max errors), its completion
+    mask (mismatches), each step's gradient (normwise, per tensor); None for a stage the release gives no hook for."""
+    import torch
+    sys.path.insert(0, str(ROOT / "tests" / "oracle"))
+    from parity_metrics import normwise_error
+
+    rows = torch.tensor(record.rows)
+    adv = mask_mismatch = logps = None
+    if record.advantages is not None:
+        adv = relative(record.advantages, ours["advantages"][rows])
+        mask_ours = ours["completion_mask"][rows][:, :record.completion_mask.shape[1]]
+        mask_mismatch = int((record.completion_mask.to(mask_ours.dtype) != mask_ours).sum())
+        lp_ours = ours["token_logps"][rows][:, :record.token_logps.shape[1]]
+        where = mask_ours.bool()
+        logps = relative(record.token_logps[where], lp_ours[where])
+    gradients = []
+    for k, grads in enumerate(record.gradients, start=1):
+        errors = {n: (normwise_error(g, ours[f"step{k}/{n}"]) if f"step{k}/{n}" in ours else float("inf"))
+                  for n, g in grads.items()}
+        worst = max(errors, key=errors.get)
+        gradients.append({"step": k, "worst_tensor": worst, "error": errors[worst]})
+    return {"advantages": adv, "completion_mask_mismatches": mask_mismatch, "token_logps": logps,
+            "gradients": gradients, "optimizer_steps": len(record.gradients), "case_steps": steps}
+
+
+def run_case(binary, model_dir, settings, work, hooks=None):
+    """The case's settings through this venv's TRL (the survey's driver) and through the oracle: the comparison."""
+    import dataclasses
+    import torch
+    import transformers
+    import trl
+    sys.path.insert(0, str(ROOT / "tests" / "oracle"))
+    sys.path.insert(0, str(ROOT / "verify" / "conform"))
+    import rl_step_parity as parity  # its case (prompts, completions, rewards) and RMSNorm patch
+    from safetensors.torch import load_file
+    from streambp_conform import rl, trl_grpo
+
+    parity.patch_rms_norms()
+    work.mkdir(parents=True)
+    case = parity.base_case(settings)
+    record = trl_grpo.train(case, model_dir, layout="trl", hooks=hooks)
+    case_file, out = work / "case.json", work / "oracle.safetensors"
+    case_file.write_text(json.dumps(rl.with_micro_batches(case, record).to_json()))
+    p = subprocess.run([str(binary), "rl-step", "--load", str(model_dir), "--case", str(case_file), "--out", str(out),
+                        "--force"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"streambp rl-step: exit {p.returncode}\n{p.stdout}{p.stderr}")
+    result = compare(record, trl_grpo.optimizer_steps(case), load_file(str(out)))
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    declared = {k: v for k, v in settings.items() if k not in fields and k not in trl_grpo.ORACLE_ONLY}
+    result.update(trl=trl.__version__, transformers=transformers.__version__, torch=torch.__version__,
+                  declared=declared, settings=case.settings)
+    return result
+
+
+def pads_mask(args, kwargs):
+    """The diagnosis of PR #2708: a model call without an attention mask handed the one its pad tokens give."""
+    if kwargs.get("attention_mask") is None:
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        kwargs = dict(kwargs, attention_mask=(ids != PARITY_PAD).long())
+    return kwargs
+
+
+PARITY_PAD = 0  # tests/oracle/rl_step_parity.py's pad token
+
+
 def inner(bug, version, binary, model_dir):
-    sys.path.insert(0, str(HERE))
-    import trl_grpo_drive
+    sys.path.insert(0, str(ROOT / "verify" / "conform"))
+    from streambp_conform import trl_grpo
 
     spec = BUGS[bug]
     settings = dict(spec["settings"])
     if "loss_type" in spec:
         settings["loss_type"] = spec["loss_type"][version]
-    overrides = spec.get("overrides", {}).get(version)
     with tempfile.TemporaryDirectory() as work:
-        result = trl_grpo_drive.run(binary, model_dir, settings, Path(work) / "run", overrides)
+        result = run_case(binary, model_dir, settings, Path(work) / "run")
         if spec.get("diagnose") == "mask_from_pads" and version == spec["pins"][0]["requirements"][0].split("==")[1]:
-            diagnosis = trl_grpo_drive.run(binary, model_dir, settings, Path(work) / "diagnosis", overrides, True)
+            diagnosis = run_case(binary, model_dir, settings, Path(work) / "diagnosis",
+                                 trl_grpo.Hooks(model_call=pads_mask))
             result["diagnosis"] = {"what": "the same run, the model handed the attention mask of its pad tokens",
                                    "gradients": diagnosis["gradients"]}
         pins.emit(result)
@@ -140,14 +211,13 @@ def run_pin(pin, bug, binary, model_dir):
 def describe(r):
     grads = ", ".join(f"step {g['step']} {g['error']:.2e} ({g['worst_tensor']})" for g in r["gradients"])
     declared = f"; declared (no option at this pin): {r['declared']}" if r["declared"] else ""
-    overrides = f"; GRPOConfig at this pin: {r['overrides']}" if r["overrides"] else ""
 
     def num(x, fmt):
         return "not hooked" if x is None else format(x, fmt)
     mask = r["completion_mask_mismatches"]
     return (f"advantages {num(r['advantages'], '.1e')}, completion_mask "
             f"{'not hooked' if mask is None else f'{mask} mismatches'}, token_logps {num(r['token_logps'], '.1e')}, {r['optimizer_steps']} optimizer step(s): "
-            f"{grads}{declared}{overrides}")
+            f"{grads}{declared}")
 
 
 def main():

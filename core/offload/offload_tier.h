@@ -52,6 +52,9 @@ class OffloadTier {
     }
   };
   std::shared_ptr<Bytes> bytes_ = std::make_shared<Bytes>();
+  // A tier over other tiers (split_tier.cpp, the tests' metered tier): `t`, another tier's tensor, under a view that
+  // counts its bytes here too; the view's deleter holds `t` (its memory lives until the view dies) and this counter.
+  at::Tensor counted(at::Tensor t);
 };
 
 // The tier of a run on `device`: memory-mapped files in `dir` for the CPU (file_tier.cpp), pinned host memory for

@@ -28,29 +28,27 @@ class SplitTier final : public OffloadTier {
   OffloadTier& where(std::size_t bytes) {
     return host_->held_bytes() + std::int64_t(bytes) <= host_bytes_ ? *host_ : *disk_;
   }
-  // The sub-tier's tensor under a view that counts its bytes here too: the deleter holds the sub-tier's tensor (its
-  // memory lives until this view dies) and this tier's counter.
-  at::Tensor counted(at::Tensor t) {
-    const auto bytes = std::int64_t(t.nbytes());
-    if (bytes == 0) return t;
-    bytes_->add(bytes);
-    void* data = t.data_ptr();
-    const auto sizes = t.sizes().vec();
-    const auto options = t.options();
-    return at::from_blob(
-        data, sizes,
-        [held = std::move(t), counter = bytes_, bytes](void*) mutable {
-          held.reset();
-          counter->add(-bytes);
-        },
-        options);
-  }
-
   std::unique_ptr<OffloadTier> host_, disk_;
   std::int64_t host_bytes_;
 };
 
 }  // namespace
+
+at::Tensor OffloadTier::counted(at::Tensor t) {
+  const auto bytes = std::int64_t(t.nbytes());
+  if (bytes == 0) return t;
+  bytes_->add(bytes);
+  void* data = t.data_ptr();
+  const auto sizes = t.sizes().vec();
+  const auto options = t.options();
+  return at::from_blob(
+      data, sizes,
+      [held = std::move(t), counter = bytes_, bytes](void*) mutable {
+        held.reset();
+        counter->add(-bytes);
+      },
+      options);
+}
 
 std::unique_ptr<OffloadTier> make_split_tier(std::unique_ptr<OffloadTier> host, std::unique_ptr<OffloadTier> disk,
                                              std::int64_t host_bytes) {

@@ -67,24 +67,6 @@ at::Tensor DiskMeteredTier::zeros(at::IntArrayRef sizes, c10::ScalarType dtype) 
   return counted(std::move(t));
 }
 
-// The real tier's tensor under a view that counts its bytes in this tier too (held_bytes, peak_bytes): the deleter
-// holds the real tensor until the view dies.
-at::Tensor DiskMeteredTier::counted(at::Tensor t) {
-  const auto bytes = std::int64_t(t.nbytes());
-  if (bytes == 0) return t;
-  bytes_->add(bytes);
-  void* data = t.data_ptr();
-  const auto sizes = t.sizes().vec();
-  const auto options = t.options();
-  return at::from_blob(
-      data, sizes,
-      [held = std::move(t), counter = bytes_, bytes](void*) mutable {
-        held.reset();
-        counter->add(-bytes);
-      },
-      options);
-}
-
 void DiskMeteredTier::measure() {
   const auto [bytes, files] = measure_dir(dir_);
   if (bytes > peak_disk_) {

@@ -31,7 +31,6 @@ class DiskMeteredTier final : public OffloadTier {
 
  private:
   void measure();
-  at::Tensor counted(at::Tensor t);
   std::unique_ptr<OffloadTier> real_;
   std::filesystem::path dir_;
   bool leak_second_;

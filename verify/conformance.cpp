@@ -18,7 +18,7 @@
 #include "core/objectives/objective.h"
 #include "verify/conform_packed.h"
 #include "verify/grad_compare.h"
-#include "verify/rl_step_oracle.h"
+#include "verify/conform_rl.h"
 #include "core/io/input_error.h"
 
 namespace sbp {
@@ -248,84 +248,6 @@ std::vector<ConformCase> survey_cases() {
   return cases;
 }
 
-// One generation batch for the whole-RL-step cases (issue #60): 3 prompts of lengths 3, 5 and 2, G = 2 completions
-// each in TRL's order. Row 0 stops at an EOS and generates on (the tail must be masked), rows 1 and 5 are truncated at
-// max_completion_length (no EOS), row 2 is a lone EOS, rows 3 and 4 end at theirs: kept lengths 3, 5, 1, 2, 4, 5.
-// Two reward functions, every value exact in fp32 (TRL builds its reward table in torch's default dtype).
-constexpr const char* kRlGenerations = R"("prompts": [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]],
-  "completions": [[7, 9, 1, 4, 4], [11, 12, 13, 14, 15], [1, 30, 31], [21, 1], [40, 41, 42, 1], [50, 51, 52, 53, 54]],
-  "rewards": [[1.0, 0.5], [0.0, 1.0], [0.25, 0.0], [2.0, 0.5], [0.5, 0.5], [1.5, 0.0]])";
-
-// A whole RL step on tiny's Qwen3 shape in fp64: the generations above, `settings` (TRL's GRPOConfig names beside
-// the shared ones) and a micro-batch layout. Two micro-batches of 3 rows hold 14 and 6 completion tokens and mix the
-// prompts' groups, so a normaliser per micro-batch and a group taken as a micro-batch both show.
-ConformCase rl_case(std::string name, std::string description, const std::string& settings,
-                    const std::string& micro_batches, std::uint64_t seed) {
-  const auto text = fmt::format(R"({{{}, "micro_batches": {},
-  "settings": {{"num_generations": 2, "max_completion_length": 5, "eos_token_id": 1, "pad_token_id": 0, {}}}}})",
-                                kRlGenerations, micro_batches, settings);
-  ConformCase c;
-  c.name = std::move(name);
-  c.description = std::move(description);
-  c.config = variant(false, true, false, true);
-  c.rl_step = parse_rl_step_case(text, "rl case " + c.name);
-  c.objective = rl_objective_spec(c.rl_step->settings);
-  c.batch = {c.rl_step->rows(), 0, 0, 0, seed, c.rl_step->settings.num_generations};
-  check_rl_step_case(*c.rl_step, c.config, "rl case " + c.name);
-  return c;
-}
-
-// Several loss_types and scale_rewards, an optimizer step of two micro-batches, steps_per_generation > 1 (two
-// optimizer steps of one generation batch, old log-probs from generation time), num_iterations > 1, the KL term with
-// and without TRL's bias correction, sequence importance, masked truncated completions (dr_grpo's and dapo's
-// normalisers), one micro-batch at temperatures 0.9 and 1.
-std::vector<ConformCase> rl_cases() {
-  const std::string two = "[[4, 1, 5], [0, 2, 3]]", one = "[[0, 1, 2, 3, 4, 5]]";
-  return {
-      rl_case("rl-dapo-group-ga2", "dapo, scale_rewards group, beta 0.04, temperature 0.9: one optimizer step of 2 "
-              "micro-batches (gradient_accumulation_steps 2)", R"("loss_type": "dapo", "scale_rewards": "group",
-              "beta": 0.04, "temperature": 0.9, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 2,
-              "reward_weights": [1.0, 0.5])", two, 41),
-      rl_case("rl-grpo-batch-spg2", "grpo, scale_rewards batch: steps_per_generation 2, two optimizer steps of one "
-              "generation batch (SGD 0.02 between them; old_logps from generation time)", R"("loss_type": "grpo",
-              "scale_rewards": "batch", "beta": 0.0, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 1,
-              "steps_per_generation": 2, "learning_rate": 0.02, "reward_weights": [1.0, 0.5])", two, 42),
-      rl_case("rl-bnpo-none-iter2-sequence", "bnpo, scale_rewards none, sequence importance, epsilon_high 0.28, beta "
-              "0.04: num_iterations 2, each optimizer step 2 micro-batches (SGD 0.02)", R"("loss_type": "bnpo",
-              "scale_rewards": "none", "beta": 0.04, "importance_sampling_level": "sequence", "epsilon_high": 0.28,
-              "use_bias_correction_kl": false, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 2,
-              "num_iterations": 2, "learning_rate": 0.02, "reward_weights": [0.5, 2.0])", two, 43),
-      rl_case("rl-dr_grpo-masktrunc-ga2", "dr_grpo, scale_rewards true (group), mask_truncated_completions: one "
-              "optimizer step of 2 micro-batches", R"("loss_type": "dr_grpo", "scale_rewards": true, "beta": 0.0,
-              "mask_truncated_completions": true, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 2,
-              "reward_weights": [1.0, 1.0])", two, 44),
-      rl_case("rl-dapo-kl-spg2", "dapo, beta 0.04 with TRL's default use_bias_correction_kl: steps_per_generation 2, "
-              "two optimizer steps (SGD 0.02), the KL term's gradient non-zero at the second", R"("loss_type": "dapo",
-              "scale_rewards": "group", "beta": 0.04, "use_bias_correction_kl": true, "per_device_train_batch_size": 3,
-              "gradient_accumulation_steps": 1, "steps_per_generation": 2, "learning_rate": 0.02,
-              "reward_weights": [1.0, 0.5])", two, 45),
-      rl_case("rl-dapo-masktrunc-ga2", "dapo, mask_truncated_completions, beta 0: one optimizer step of 2 "
-              "micro-batches, dapo's normaliser the step's kept tokens (the truncated completions' masked)",
-              R"("loss_type": "dapo", "scale_rewards": "group", "beta": 0.0, "mask_truncated_completions": true,
-              "per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "reward_weights": [1.0, 0.5])",
-              two, 46),
-      // One micro-batch of the whole generation batch, as the first GRPOTrainers (0.14-0.16) run it: they generate
-      // per micro-batch and have one loss each (grpo before 0.16, bnpo in 0.16).
-      rl_case("rl-grpo-one-t09", "grpo, scale_rewards group, beta 0.04, temperature 0.9: one micro-batch of all 6 "
-              "completions", R"("loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "temperature": 0.9,
-              "per_device_train_batch_size": 6, "gradient_accumulation_steps": 1, "reward_weights": [1.0, 1.0])",
-              one, 47),
-      rl_case("rl-bnpo-one-t09", "bnpo, scale_rewards group, beta 0.04, temperature 0.9: one micro-batch of all 6 "
-              "completions", R"("loss_type": "bnpo", "scale_rewards": "group", "beta": 0.04, "temperature": 0.9,
-              "per_device_train_batch_size": 6, "gradient_accumulation_steps": 1, "reward_weights": [1.0, 1.0])",
-              one, 48),
-      rl_case("rl-grpo-one-t1", "grpo, scale_rewards group, beta 0.04, temperature 1: one micro-batch of all 6 "
-              "completions", R"("loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "temperature": 1.0,
-              "per_device_train_batch_size": 6, "gradient_accumulation_steps": 1, "reward_weights": [1.0, 1.0])",
-              one, 49),
-  };
-}
-
 std::vector<ConformCase> file_cases(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw InputError("--cases " + file + ": cannot read it");
@@ -410,23 +332,6 @@ std::vector<ConformCase> file_cases(const std::string& file) {
   return out;
 }
 
-// An rl_step case's settings as case.json states them: every key resolved (no default left to the reader), in TRL's
-// GRPOConfig names and values, beside the oracle's own (eos_token_id, pad_token_id, learning_rate: plain SGD's).
-nlohmann::json rl_step_settings_json(const RlStepCase& r) {
-  const auto& o = r.settings;
-  auto weights = o.reward_weights;
-  if (weights.empty()) weights.assign(std::size_t(r.rewards.size(1)), 1.0);
-  return {{"num_generations", o.num_generations}, {"per_device_train_batch_size", o.per_device_train_batch_size},
-          {"gradient_accumulation_steps", o.gradient_accumulation_steps},
-          {"steps_per_generation", o.generation_steps()}, {"num_iterations", o.num_iterations},
-          {"max_completion_length", o.max_completion_length}, {"scale_rewards", o.scale_rewards},
-          {"loss_type", o.loss_type}, {"importance_sampling_level", o.importance_sampling_level}, {"beta", o.beta},
-          {"epsilon", o.epsilon}, {"epsilon_high", o.epsilon_upper()}, {"temperature", o.temperature},
-          {"mask_truncated_completions", o.mask_truncated_completions},
-          {"use_bias_correction_kl", o.use_bias_correction_kl}, {"reward_weights", weights},
-          {"eos_token_id", o.eos_token_id}, {"pad_token_id", o.pad_token_id}, {"learning_rate", o.learning_rate}};
-}
-
 double number(const Spec& spec, const std::string& key) { return std::stod(spec.options.at(key)); }
 
 }  // namespace
@@ -447,78 +352,13 @@ std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "ci") return ci_cases();
   if (which == "full") return full_cases();
   if (which == "survey") return survey_cases();
-  if (which == "rl") return rl_cases();
+  if (which == "rl") return rl_cases(variant(false, true, false, true));
   if (!std::filesystem::exists(which)) {
     const auto nearest = nearest_name(which, conform_case_sets());
     throw InputError("--cases " + which + ": neither a case set (ci, quick, full, survey, rl) nor a file" +
                                 (nearest.empty() ? "" : " (did you mean " + nearest + "?)"));
   }
   return file_cases(which);
-}
-
-namespace {
-
-// result.json as JSON. Python's json.dumps writes a non-finite float as a bare NaN, Infinity or -Infinity, which JSON
-// does not have: quote those tokens (outside strings); result_loss reads a quoted one back as its number.
-nlohmann::json python_json(const std::string& text) {
-  std::string quoted;
-  bool in_string = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      quoted += c;
-      if (c == '\\' && i + 1 < text.size()) quoted += text[++i];
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    bool replaced = false;
-    for (const std::string token : {"NaN", "Infinity", "-Infinity"})
-      if (text.compare(i, token.size(), token) == 0) {
-        quoted += '"' + token + '"';
-        i += token.size() - 1;
-        replaced = true;
-        break;
-      }
-    if (!replaced) quoted += c;
-  }
-  return nlohmann::json::parse(quoted);
-}
-
-}  // namespace
-
-double result_loss(const std::string& text) {
-  const auto loss = python_json(text).at("loss");
-  if (loss.is_string()) {
-    const auto word = loss.get<std::string>();
-    if (word == "NaN") return std::numeric_limits<double>::quiet_NaN();
-    if (word == "Infinity") return std::numeric_limits<double>::infinity();
-    if (word == "-Infinity") return -std::numeric_limits<double>::infinity();
-  }
-  return loss.get<double>();
-}
-
-double result_worker_cpu_seconds(const std::string& text) {
-  try {
-    const auto j = python_json(text);
-    if (!j.contains("cpu_seconds") || !j["cpu_seconds"].is_number()) return 0;
-    const double seconds = j["cpu_seconds"].get<double>();
-    return std::isfinite(seconds) && seconds > 0 ? seconds : 0;
-  } catch (const nlohmann::json::exception&) {
-    return 0;
-  }
-}
-
-ImplementationProvenance result_provenance(const std::string& text) {
-  ImplementationProvenance p;
-  try {
-    const auto j = python_json(text);
-    if (j.contains("python") && j["python"].is_string()) p.python = j["python"].get<std::string>();
-    if (j.contains("torch_version") && j["torch_version"].is_string())
-      p.torch_version = j["torch_version"].get<std::string>();
-  } catch (const nlohmann::json::exception&) {
-  }
-  return p;
 }
 
 Accumulation parse_accumulation(const std::string& name) {
@@ -547,18 +387,6 @@ std::vector<Batch> micro_batch_split(const ConformCase& c, const Batch& batch) {
   for (const auto& rows : c.micro_batches)
     out.push_back(batch.select_rows(at::tensor(rows, at::TensorOptions().dtype(at::kLong))));
   return out;
-}
-
-std::string result_micro_batches_problem(const std::string& text, std::size_t expected) {
-  const auto j = python_json(text);
-  const auto how = fmt::format("the case's step is {} micro-batches (case.json micro_batches): an implementation "
-                               "runs them and says how many ran (README: Conformance)", expected);
-  if (!j.contains("micro_batches")) return "result.json has no \"micro_batches\"; " + how;
-  const auto& v = j["micro_batches"];
-  if (!v.is_number_integer()) return "result.json: \"micro_batches\" is " + v.dump() + ", not an integer; " + how;
-  if (v.get<std::int64_t>() != std::int64_t(expected))
-    return fmt::format("result.json: {} micro-batches ran; {}", v.get<std::int64_t>(), how);
-  return "";
 }
 
 nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
@@ -596,21 +424,7 @@ nlohmann::json case_json(const ConformCase& c, const Objective& objective) {
                             "adapter/adapter_model.safetensors), in the model dtype; result.json: {\"loss\": ...}"}};
   out["kind"] = conform_kind(c);
   if (c.rl_step) {
-    const auto& r = *c.rl_step;
-    std::vector<std::vector<double>> rewards;
-    const auto table = r.rewards.contiguous();
-    for (std::int64_t i = 0; i < table.size(0); ++i) {
-      const auto row = table[i];
-      rewards.emplace_back(row.data_ptr<double>(), row.data_ptr<double>() + row.numel());
-    }
-    out["rl_step"] = {{"prompts", r.prompts}, {"completions", r.completions}, {"rewards", rewards},
-                      {"micro_batches", r.micro_batches}, {"settings", rl_step_settings_json(r)}};
-    out["returns"] = "grads.safetensors: for every optimizer step k (1, 2, ...) of the generation batch, the gradient "
-                     "the optimizer receives (no clipping) as step{k}/<HF name>, in float64; optionally the trainer's "
-                     "own advantages [N], completion_mask [N, max_completion_length] and token_logps [N, "
-                     "max_completion_length] (generation time), in the case's row order, each judged when there; "
-                     "result.json: {} or {\"loss\": ...} (recorded, not judged). The trainer runs the case's "
-                     "micro_batches in order, its completions and rewards (streambp_conform.rl)";
+    add_rl_step_case_json(c, out);
     return out;
   }
   add_packed_case_json(c, out);  // only in a packed case
@@ -668,27 +482,19 @@ std::string dtype_problem(const TensorList& got, c10::ScalarType dtype) {
                      named);
 }
 
-namespace {
-
-// What a judge's problems call its inputs.
-constexpr const char* kConformOracle = "the harness's fp64 oracle";
-constexpr const char* kConformCandidate = "the implementation's gradients";
-
-std::string joined(const std::vector<std::string>& items) {
+std::string join_problems(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& p : items) out += (out.empty() ? "" : "; ") + p;
   return out;
 }
 
-}  // namespace
-
 ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol) {
   ConformVerdict v;
   v.rule = fmt::format("fp64: normwise <= {:.0e} vs the oracle", rtol);
-  v.problem = joined(protocol_problems(oracle, got));
+  v.problem = join_problems(protocol_problems(oracle, got));
   if (!v.problem.empty()) return v;
   const auto cmp = compare_gradients(oracle, got, {kConformOracle, kConformCandidate});
-  v.problem = joined(cmp.problems);  // the oracle's non-finite entries (the candidate's are protocol problems above)
+  v.problem = join_problems(cmp.problems);  // the oracle's non-finite entries (the candidate's are protocol problems above)
   if (!v.problem.empty()) return v;
   if (const auto* w = cmp.worst()) v.worst_tensor = w->name, v.worst = w->normwise_rel;
   v.passed = cmp.passed(rtol);
@@ -702,123 +508,19 @@ ConformVerdict judge_low_precision(const TensorList& oracle, const TensorList& b
                        "scale <= {:.1f} x the baseline's run error, vs the fp64 oracle (allowance {}x at large n)",
                        dtype_name(dtype), low_precision_noise_scale(dtype) * gaussian_quantile(kLowPrecisionFalseFailure),
                        low_precision_noise_scale(dtype));
-  v.problem = joined(protocol_problems(oracle, got));
+  v.problem = join_problems(protocol_problems(oracle, got));
   if (!v.problem.empty()) return v;
   if (const auto base = protocol_problems(oracle, baseline); !base.empty()) {
-    v.problem = "the baseline's gradients: " + joined(base);
+    v.problem = "the baseline's gradients: " + join_problems(base);
     return v;
   }
   const auto verdict = low_precision_rule(compare_gradients(oracle, baseline, {kConformOracle, "the baseline's gradients"}),
                                           compare_gradients(oracle, got, {kConformOracle, kConformCandidate}), dtype);
-  v.problem = joined(verdict.problems);  // the oracle's non-finite entries
+  v.problem = join_problems(verdict.problems);  // the oracle's non-finite entries
   if (!v.problem.empty()) return v;
   v.worst = verdict.worst_ratio;
   v.worst_tensor = verdict.worst_tensor;
   v.passed = verdict.passed();
-  return v;
-}
-
-}  // namespace sbp
-
-namespace sbp {
-
-ConformVerdict judge_rl_step(const RlStepCase& c, const RlStepResult& oracle, const TensorList& got, double rtol) {
-  ConformVerdict v;
-  v.rule = fmt::format("fp64 RL step: every optimizer step's gradient normwise <= {:.0e} vs the oracle; advantages and "
-                       "token_logps <= {:.0e}, completion_mask exact, when returned", rtol, rtol);
-  TensorList gradients;
-  for (std::size_t k = 0; k < oracle.gradients.size(); ++k)
-    for (const auto& g : oracle.gradients[k]) gradients.push_back({fmt::format("step{}/{}", k + 1, g.name), g.tensor});
-  // The trainer's own view of the generation batch, each judged when returned, in the order the trainer makes them.
-  const std::vector<std::pair<std::string, at::Tensor>> stages = {{"advantages", oracle.advantages},
-                                                                  {"completion_mask", oracle.completion_mask},
-                                                                  {"token_logps", oracle.token_logps}};
-  auto expected = gradients;
-  std::map<std::string, at::Tensor> returned;
-  for (const auto& t : got) returned[t.name] = t.tensor;
-  bool stages_returned = false;
-  for (const auto& [name, tensor] : stages)
-    if (returned.count(name)) expected.push_back({name, tensor}), stages_returned = true;
-  v.problem = joined(protocol_problems(expected, got));
-  if (!v.problem.empty()) {
-    if (std::none_of(got.begin(), got.end(), [](const NamedTensor& t) { return t.name.rfind("step", 0) == 0; }))
-      v.problem += fmt::format("; an rl_step case returns every optimizer step's gradient as step{{k}}/<HF name> ({} "
-                               "optimizer step(s) here)", oracle.gradients.size());
-    return v;
-  }
-  // Where the loss scores a token: where the generation-time log-probs matter (a trainer may compute the others under
-  // another attention mask: TRL masks a truncated completion's attention under mask_truncated_completions).
-  const auto scored = oracle.completion_mask.to(at::kBool);
-  std::string first_stage, stage_words;
-  double first_error = 0;
-  for (const auto& [name, tensor] : stages) {
-    if (!returned.count(name) || !first_stage.empty()) continue;
-    const auto mine = tensor.to(at::kDouble), theirs = returned.at(name).to(at::kDouble);
-    double error = 0;
-    std::string words;
-    if (name == "completion_mask") {
-      const auto wrong = (mine != theirs).sum().item<std::int64_t>();
-      error = double(wrong) / double(mine.numel());
-      if (wrong > 0) {
-        const auto at = (mine != theirs).nonzero()[0];
-        words = fmt::format("completion_mask differs at {} of {} entries (first: row {} token {}: the oracle {}, the "
-                            "trainer {}): the EOS mask (the first EOS scored, nothing after it) or truncation "
-                            "(mask_truncated_completions)", wrong, mine.numel(), at[0].item<std::int64_t>(),
-                            at[1].item<std::int64_t>(), mine.index({at[0], at[1]}).item<double>(),
-                            theirs.index({at[0], at[1]}).item<double>());
-      }
-    } else {
-      const auto where = name == "token_logps" ? scored : at::ones_like(mine, at::kBool);
-      const auto a = mine.masked_select(where), b = theirs.masked_select(where);
-      error = ((a - b).abs().max() / at::clamp_min(a.abs().max(), 1e-300)).item<double>();
-      if (std::isnan(error)) error = std::numeric_limits<double>::infinity();
-      if (!(error <= rtol))
-        words = name == "advantages"
-                    ? fmt::format("advantages {:.1e} off (normwise): the rewards' weights, or scale_rewards' "
-                                  "normalisation ({}: over the {}; std Bessel-corrected, + 1e-4)", error,
-                                  c.settings.scale_rewards, c.settings.scale_rewards == "batch" ? "whole generation "
-                                  "batch's std, each group's mean" : c.settings.scale_rewards == "none" ? "group's "
-                                  "mean only" : "prompt's group of num_generations")
-                    : fmt::format("token_logps {:.1e} off (normwise, on the scored tokens): the log-probs at "
-                                  "generation time: pads attended (the attention mask of left-padded prompts), "
-                                  "positions shifted by the padding, or the temperature", error);
-    }
-    if (!words.empty()) first_stage = name, first_error = error, stage_words = words;
-  }
-  TensorList got_gradients;
-  for (const auto& t : got)
-    if (t.name.rfind("step", 0) == 0) got_gradients.push_back(t);
-  const auto cmp = compare_gradients(gradients, got_gradients, {kConformOracle, kConformCandidate});
-  v.problem = joined(cmp.problems);
-  if (!v.problem.empty()) return v;
-  const auto* w = cmp.worst();
-  const bool gradients_pass = cmp.passed(rtol);
-  if (!first_stage.empty()) {
-    v.worst_tensor = first_stage, v.worst = first_error;
-    v.hint = fmt::format("the trainer departs first at {}; ", stage_words) +
-             (w ? fmt::format("its gradients then at {} ({:.1e} normwise)", w->name, w->normwise_rel) : "");
-    return v;
-  }
-  if (w) v.worst_tensor = w->name, v.worst = w->normwise_rel;
-  v.passed = gradients_pass;
-  if (!gradients_pass && w) {
-    // The first optimizer step whose gradient is off: a later one alone is what happens between optimizer steps.
-    std::size_t first_step = 0;
-    for (const auto& t : cmp.tensors)
-      if (!(t.normwise_rel <= rtol)) {
-        first_step = std::size_t(std::stoul(t.name.substr(4, t.name.find('/') - 4)));
-        break;
-      }
-    v.hint = first_step > 1
-                 ? fmt::format("step 1 agrees, step {} departs: what the trainer carries between optimizer steps "
-                               "(old_logps from the wrong pass: the current weights' instead of generation time's; "
-                               "the update itself, e.g. clipping or the learning rate)", first_step)
-                 : fmt::format("the first optimizer step departs with the stages{} agreeing: the loss's aggregation "
-                               "(loss_type {}'s normaliser: per micro-batch or over the generation batch; "
-                               "gradient_accumulation_steps), the micro-batch layout (the case's micro_batches, in "
-                               "order), the clipped objective or the KL term", stages_returned ? "" : " not returned, or",
-                               c.settings.loss_type);
-  }
   return v;
 }
 

@@ -127,6 +127,10 @@ std::vector<std::string> protocol_problems(const TensorList& expected, const Ten
 // master gradient in a bf16 case, an fp32 result of an fp64 case) would be judged as if it were the dtype's, so it is a
 // protocol problem naming the tensors, not a verdict on their values. Empty when all match.
 std::string dtype_problem(const TensorList& got, c10::ScalarType dtype);
+// What a judge's problems call its inputs, and its problems in one line ("; " between them).
+inline constexpr const char* kConformOracle = "the harness's fp64 oracle";
+inline constexpr const char* kConformCandidate = "the implementation's gradients";
+std::string join_problems(const std::vector<std::string>& items);
 // fp64: every tensor within `rtol` (normwise, ARCHITECTURE.md §8) of the oracle.
 ConformVerdict judge_exact(const TensorList& oracle, const TensorList& got, double rtol);
 // fp32/bf16: every tensor's l2 error against the fp64 oracle within the low-precision rule's allowance x the

@@ -17,6 +17,7 @@
 #include "core/model/gemm.h"
 #include "core/io/dtype.h"
 #include "core/io/safetensors.h"
+#include "core/methods/memory_terms.h"
 #include "core/methods/streambp.h"
 #include "core/offload/offload_tier.h"
 #include "experiments/commands.h"
@@ -105,14 +106,18 @@ void print_terms(const MemoryEstimate& est) {
   for (const auto& t : est.terms) fmt::print("            {:<{}}  {:>10}\n", t.name, width, format_bytes(t.bytes, unit));
 }
 
-// The offload tier beside the device's peak: what the tier held at its own peak against the model's host terms.
-void print_offload(const OffloadOptions& o, const OffloadTier& tier, const MemoryEstimate& est) {
-  const auto host = est.host_bytes();
+// The offload tier beside the device's peak: what the tier held at its own peak against the model's host terms and,
+// with --offload-host-bytes, its disk terms (the split tier counts both parts).
+void print_offload(const OffloadOptions& o, const OffloadTier& tier, const MemoryEstimate& est,
+                   const std::vector<MemoryTerm>& disk) {
+  auto host = est.host_bytes();
+  for (const auto& t : disk) host += t.bytes;
   fmt::print("offload   {} in {}: {} held at the tier's peak, {} analytic{}\n", o.describe(), tier.describe(),
              format_bytes(tier.peak_bytes()), format_bytes(host),
              tier.peak_bytes() == host ? " (exact)" : fmt::format(" ({:+d} bytes)", tier.peak_bytes() - host));
   const auto unit = column_unit(est.host, [](const MemoryTerm& t) { return t.bytes; });
   for (const auto& t : est.host) fmt::print("  host    {}  {}\n", t.name, format_bytes(t.bytes, unit));
+  for (const auto& t : disk) fmt::print("  disk    {}  {}\n", t.name, format_bytes(t.bytes, unit));
 }
 
 // What the console and the record say of a step: a finished step is `unchecked`, as run compares no gradient
@@ -134,7 +139,7 @@ const char* chunk_attention_name(const Model& model) {
 
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
-                   const MemoryEstimate& est, const OffloadTier* tier) {
+                   const MemoryEstimate& est, const OffloadTier* tier, const std::vector<MemoryTerm>& disk) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.setup.source.describe(), model.config().num_parameters() / 1e6,
              precision_name(model.dtype(), model.grad_dtype()));
   if (model.lora().enabled()) {
@@ -178,7 +183,7 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
                format_bytes(est.total_bytes()), est.moment);
   }
   print_terms(est);
-  if (tier) print_offload(a.offload, *tier, est);
+  if (tier) print_offload(a.offload, *tier, est, disk);
   const auto unit = column_unit(m.phase_peaks, [](const PhasePeak& p) { return p.peak_bytes; });
   for (const auto& p : m.phase_peaks)
     fmt::print("  phase   {:<12} peak {:>12}  {}  x{}\n", p.name, format_bytes(p.peak_bytes, unit),
@@ -389,6 +394,10 @@ void write_run_record(const RunRecord& r) {
                       {"cuda", {{"available", r.cuda}, {"reason", r.cuda_reason}}},
                       {"provenance", to_json(r.prov)}};
   j.update(memory_record(&est, a.offload.describe(), r.tier));
+  // With --offload-host-bytes the tier's peak (host_peak_bytes) holds both parts: the model's disk part beside its
+  // host part.
+  j["model_disk_bytes"] = r.tier && a.offload.host_bytes >= 0 ? nlohmann::json(memory::offload_disk_bytes(r.workload))
+                                                               : nlohmann::json();
   write_file_atomically(a.json, j.dump(2) + "\n");
 }
 
@@ -447,7 +456,8 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   std::string cuda_reason;
   const bool cuda = print_device(device, cuda_reason);
   const auto est = method->memory_model(workload);
-  print_summary(a, *model, batch, *objective, *method, reference, m, est, tier.get());
+  print_summary(a, *model, batch, *objective, *method, reference, m, est, tier.get(),
+                memory::offload_disk_terms(workload));
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));

@@ -15,6 +15,7 @@
 #include "baselines/methods.h"
 #include "core/methods/workload.h"
 #include "core/offload/offload_tier.h"
+#include "core/offload/split_tier.h"
 #include "experiments/cli_checks.h"
 #include "core/io/input_error.h"
 
@@ -203,7 +204,11 @@ std::string OffloadOptions::describe() const {
 }
 
 void OffloadOptions::add_to(Workload& w) const {
-  for (const auto kind : kinds) w.add(Offload{kind});
+  for (const auto kind : kinds) {
+    Offload feature{kind};
+    if (kind == OffloadKind::checkpoints) feature.host_bytes = host_bytes;
+    w.add(feature);
+  }
 }
 
 void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& what) {
@@ -216,9 +221,20 @@ void add_offload_options(CLI::App& app, OffloadOptions& o, const std::string& wh
   app.add_option("--offload-dir", o.dir, "the CPU tier's folder: each offloaded tensor a memory-mapped file there, "
                  "unnamed (nothing is left behind) and reserved up front (a full disk is an error naming the folder); "
                  "default: the system's temporary folder")->check(CLI::ExistingDirectory);
+  app.add_option("--offload-host-bytes", o.host_bytes,
+                 "a third tier (with --offload checkpoints and --offload-dir): the layer checkpoints stored first stay "
+                 "in host memory up to this many bytes (CUDA: pinned; the CPU: memory-mapped files in /dev/shm), the "
+                 "rest go to memory-mapped files in --offload-dir (node-local disk), a whole layer each; the same "
+                 "bits as without it (docs/offload.md)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 void check_offload_kinds(const OffloadOptions& o, bool training, int ranks, int zero_stage) {
+  if (o.host_bytes >= 0 && (o.kinds.size() != 1 || !o.checkpoints()))
+    throw InputError("--offload-host-bytes: splits the layer checkpoints between host and disk; use it with "
+                     "--offload checkpoints alone (given: --offload " + o.describe() + ")");
+  if (o.host_bytes >= 0 && o.dir.empty())
+    throw InputError("--offload-host-bytes: name the disk tier's folder with --offload-dir (node-local disk)");
   if (o.parameters() && !training)
     throw InputError("--offload params: no optimizer step here (train, or maxlen --optimizer, update "
                                 "parameters that live in the tier)");
@@ -237,7 +253,14 @@ std::unique_ptr<OffloadTier> make_offload(const OffloadOptions& o, c10::Device d
   if (o.optimizer() && !training)
     throw InputError("--offload optimizer: no optimizer step here (train, or maxlen --optimizer, keep "
                                 "optimizer states)");
-  return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
+  if (o.host_bytes < 0)
+    return make_offload_tier(device, o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir);
+  // The host part on the CPU: memory-mapped files in RAM (/dev/shm), outside the metered pool as pinned memory is
+  // outside a GPU's; where there is no /dev/shm, the system's temporary folder.
+  std::error_code ec;
+  const auto host_dir = std::filesystem::is_directory("/dev/shm", ec) ? std::string("/dev/shm")
+                                                                      : std::filesystem::temp_directory_path().string();
+  return make_split_tier(make_offload_tier(device, host_dir), make_file_tier(o.dir), o.host_bytes);
 }
 
 Subscription offload_backprop(const OffloadOptions& o, BackpropMethod& method, OffloadTier* tier) {

@@ -90,13 +90,16 @@ void add_offload_kinds_option(CLI::App& app, std::vector<OffloadKind>& kinds, co
 struct OffloadOptions {
   std::vector<OffloadKind> kinds;  // in the order given (the results' offload column keeps it)
   std::string dir;                 // empty: the system's temporary folder
+  // --offload-host-bytes: the checkpoints stored first stay in host memory up to this many bytes, the rest go to
+  // memory-mapped files in `dir` (node-local disk), whole layers each (the third tier, issue #61); -1: no split.
+  std::int64_t host_bytes = -1;
   bool has(OffloadKind kind) const;
   bool checkpoints() const { return has(OffloadKind::checkpoints); }
   bool optimizer() const { return has(OffloadKind::optimizer); }
   bool gradients() const { return has(OffloadKind::gradients); }
   bool parameters() const { return has(OffloadKind::parameters); }
   std::string describe() const;  // "checkpoints,optimizer", "" without offload: the results' offload column
-  void add_to(Workload& w) const;  // each kind as the memory models' Offload feature
+  void add_to(Workload& w) const;  // each kind as the memory models' Offload feature (checkpoints with host_bytes)
 };
 // `what` says what the command does with it (for --offload's help).
 void add_offload_options(CLI::App& app, OffloadOptions& options, const std::string& what);

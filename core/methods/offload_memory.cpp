@@ -34,7 +34,7 @@ void Offload::add_tier_terms(const Sizes& z, TierTimeline& tier) const {
   const auto btd = z.B * z.T * z.d * z.s;
   const auto head = z.kept(z.head_group), layer = z.kept(z.layer_grad), embedding = z.kept(z.embedding_group);
   // With a disk tier the host keeps only H[0..k) (the rest is offload_disk_terms'); k = L: all of them.
-  const auto k = checkpoint_host_layers(z.L);
+  const auto k = checkpoint_host_layers(z);
   for (auto& instant : tier.instants) {
     const auto l = instant.layer;
     if (kind == OffloadKind::checkpoints && l == z.L && k == z.L)
@@ -60,8 +60,9 @@ void Offload::add_step_moments(const Workload& w, const Sizes&, StepMoments& ste
     step.host.push_back({"optimizer states", w.optimizer_state_bytes});
 }
 
-std::int64_t Offload::checkpoint_host_layers(std::int64_t L) const {
-  return host_layers < 0 ? L : std::min(host_layers, L);
+std::int64_t Offload::checkpoint_host_layers(const Sizes& z) const {
+  if (host_bytes >= 0) return std::min(host_bytes / (z.B * z.T * z.d * z.s), z.L);
+  return host_layers < 0 ? z.L : std::min(host_layers, z.L);
 }
 
 namespace memory {
@@ -97,10 +98,10 @@ std::vector<MemoryTerm> offload_disk_terms(const Workload& w) {
   std::vector<MemoryTerm> out;
   for_each_feature(w, [&](const auto& f) {
     if constexpr (std::is_same_v<std::decay_t<decltype(f)>, Offload>)
-      if (f.kind == OffloadKind::checkpoints && f.checkpoint_host_layers(z.L) < z.L) {
+      if (f.kind == OffloadKind::checkpoints && f.checkpoint_host_layers(z) < z.L) {
         // The forward writes them in layer order; from the end of the forward until the backward reads each back,
         // the disk holds all of H[k..L-1]: its peak. A layer is placed whole (no checkpoint is split across tiers).
-        const auto k = f.checkpoint_host_layers(z.L);
+        const auto k = f.checkpoint_host_layers(z);
         out.push_back({"layer checkpoints H[" + std::to_string(k) + "..L-1]", (z.L - k) * z.B * z.T * z.d * z.s});
       }
   });

@@ -58,7 +58,11 @@ struct Offload {
   // offloaded checkpoints and the disk the rest (offload_disk_terms); -1: every one on the host. On the CPU the file
   // tier is the disk (its files' blocks, file_tier.cpp): its model is host_layers = 0.
   std::int64_t host_layers = -1;
-  std::int64_t checkpoint_host_layers(std::int64_t L) const;  // host_layers, or L for -1
+  // Or a host budget in bytes (a run's --offload-host-bytes): the layers whose checkpoints fit in it, whole, in the
+  // order the forward stores them (core/offload/split_tier.h); -1: none, host_layers says.
+  std::int64_t host_bytes = -1;
+  // k of z.L: host_layers, or host_bytes over one checkpoint's bytes, or z.L when neither is set.
+  std::int64_t checkpoint_host_layers(const memory::Sizes& z) const;
   void size(memory::Sizes&) const;
   void add_moments(const Workload&, bool streamed, std::vector<MemoryEstimate>&) const;
   void add_tier_terms(const memory::Sizes&, memory::TierTimeline&) const;

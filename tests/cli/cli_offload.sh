@@ -5,6 +5,8 @@
 # (b) train: 3 AdamW steps end on the same weights bit for bit with and without offload: the checkpoints, the
 #     optimizer's states, the gradients, the parameters, all of them; one process, 2 ranks at ZeRO-1, 2 and 3 (and
 #     ZeRO-3's parameter slices); resumed from offloaded states and parameters;
+# (a') --offload-host-bytes (the third tier, issue #61): the first k layers' checkpoints in host memory and the rest in
+#     --offload-dir, bitwise the run without offload, the tier's peak the model's host and disk parts together;
 # (c) maxlen records the tier's bytes beside every probe;
 # (d) bad input exits 2 naming the flag, the method or the folder, before any work; a folder that fills up mid-run
 #     (a file-size limit stands in for a full disk) stops the run with the folder named and nothing half-written.
@@ -70,6 +72,26 @@ assert r["offload"] == sys.argv[1] and r["host_peak_bytes"] == r["model_host_byt
 PY
 done
 echo "ok: the gradients offloaded (standard BP; StreamBP with its checkpoints), bitwise, the tier as modelled"
+
+# (a') six layers' checkpoints of [2, 61, 64] fp32 (31232 bytes each): a budget of 2.5 of them keeps 2 on the host.
+mkdir -p disk
+common=(--config six.json --method streambp:layer_chunk=16,head_chunk=24 --batch 2 --seq 61 --seed 3 --threads 1)
+"$STREAMBP" run "${common[@]}" --save-grads split-plain.safetensors >/dev/null
+"$STREAMBP" run "${common[@]}" --offload checkpoints --offload-dir disk --offload-host-bytes 78080 \
+  --save-grads split.safetensors --json split.json >split.txt || fail "run --offload-host-bytes:\n$(cat split.txt)"
+"$STREAMBP" compare split-plain.safetensors split.safetensors --rtol 0 >/dev/null ||
+  fail "--offload-host-bytes: the gradients differ from the run without offload"
+grep -q "^offload   checkpoints in .* up to 78080 bytes, then memory-mapped files in disk.*(exact)" split.txt ||
+  fail "--offload-host-bytes: the split tier is not reported against its model:\n$(cat split.txt)"
+grep -q "^  host    layer checkpoints H\[0..2)" split.txt && grep -q "^  disk    layer checkpoints H\[2..L-1\]" split.txt ||
+  fail "--offload-host-bytes: not 2 layers on the host and 4 on disk:\n$(cat split.txt)"
+python3 - <<'PY' || fail "--offload-host-bytes: the record's tier bytes:\n$(cat split.json)"
+import json
+r = json.load(open("split.json"))
+assert r["model_host_bytes"] == 2 * 31232 and r["model_disk_bytes"] == 4 * 31232, r
+assert r["host_peak_bytes"] == r["model_host_bytes"] + r["model_disk_bytes"], r
+PY
+echo "ok: --offload-host-bytes keeps 2 layers' checkpoints on the host and 4 on disk, bitwise, as modelled"
 
 # (b)
 train=(train --preset tiny --method mst:mini_seq=4 --batch 4 --seq 48 --steps 3 --optimizer adamw:lr=1e-3 --threads 1)
@@ -161,6 +183,10 @@ expect_exit_2 "a folder that does not exist" "--offload-dir.*no-such-dir" \
   "$STREAMBP" "${base[@]}" --offload checkpoints --offload-dir no-such-dir
 expect_exit_2 "a folder that takes no files" "--offload-dir /proc: cannot create a file there" \
   "$STREAMBP" "${base[@]}" --offload checkpoints --offload-dir /proc
+expect_exit_2 "a split without a disk folder" "--offload-host-bytes: name the disk tier's folder with --offload-dir" \
+  "$STREAMBP" "${base[@]}" --offload checkpoints --offload-host-bytes 1000
+expect_exit_2 "a split of other kinds" "--offload-host-bytes: splits the layer checkpoints .* --offload checkpoints,grads" \
+  "$STREAMBP" "${base[@]}" --offload checkpoints,grads --offload-dir "$WORK" --offload-host-bytes 1000
 status=0
 (ulimit -f 8; "$STREAMBP" "${base[@]}" --seq 256 --offload checkpoints --offload-dir "$WORK" --json full.json) \
   >full.txt 2>&1 || status=$?

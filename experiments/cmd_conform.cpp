@@ -522,11 +522,18 @@ void ConformRun::record_verdict(const ConformCase& c, const Objective& objective
                judged_against, run.provenance.python, run.provenance.torch_version, base_run.provenance.python,
                base_run.provenance.torch_version}});
   // A packed case's usual mistakes (docs/packing.md), each shown by tests/support/conform_packing_faults.py.
+  // A packed GRPO case's own (docs/packing.md "GRPO on packed rows"): a per-sequence term taken per row (pack).
+  const bool grpo = c.objective.rfind("grpo", 0) == 0;
   const auto packed_words = compared && !c.pack_lengths.empty()
                                 ? std::string("; a packed case: usually attention across a sequence boundary (a mask "
                                               "from attention_mask alone, position_ids ignored), positions not "
                                               "restarted per sequence (about 1e-7 in fp64: RoPE's larger angles "
-                                              "rounded), or a sequence's first label kept")
+                                              "rounded), ") +
+                                      (grpo ? "or a per-sequence term of GRPO taken per row (pack): the advantage "
+                                              "(one per pack instead of one per sequence), grpo's token mean or the "
+                                              "sequence-level ratio over the whole pack, the count of completions "
+                                              "(grpo, dr_grpo) the rows'"
+                                            : "or a sequence's first label kept")
                                 : std::string();
   const auto words =
       pass ? std::string() : failure_words(c.dtype, verdict, compared, loss_rel) + micro_words + packed_words;

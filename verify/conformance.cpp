@@ -117,19 +117,37 @@ std::vector<ConformCase> quick_cases() {
                                   variant(true, false, true, false), c10::kDouble, "sft", ragged(3, 37, 14)),
                         {{9, 28}, {1, 1, 35}, {20, 6}}),
             {{0, 2}, {1}}),
+      // Packed GRPO (verl's remove-padding layout): each sequence one completion with its own advantage, in groups of
+      // 4 sequences across rows. The 21-token completion at [2, 23) crosses the head tiles at 8 and 16 and the layer
+      // tile at 16; the 2-token sequences have a completion of one token; rows full (GRPO's packs have no padding);
+      // prompts drawn per sequence. The sequence ratio and grpo's mean are per sequence, so a ratio, an advantage or
+      // a mean per row (per pack) fails.
+      packed_case(make_case("grpo-packed", "GRPO on packed rows (each sequence one completion, its own advantage): "
+                            "per-sequence means and importance, a KL term, a completion across tile boundaries, "
+                            "completions of one token", tiny, c10::kDouble,
+                            "grpo:beta=0.04,loss_type=grpo,importance=sequence", {3, 37, 0.0, 0.0, 15, 4}),
+                  {{2, 21, 14}, {17, 2, 18}, {11, 26}}),
+      // Two packs with different boundaries in one micro-batch, then one: grpo's mean over the step's 7 sequences,
+      // not each micro-batch's; Qwen2-style.
+      micro(packed_case(make_case("grpo-packed-micro2", "GRPO over 2 micro-batches of packed rows (2 packs with "
+                                  "different boundaries, then 1), MHA, bias, untied lm_head",
+                                  variant(true, false, true, false), c10::kDouble, "grpo:loss_type=grpo",
+                                  {3, 37, 0.0, 0.0, 16, 3}),
+                        {{12, 25}, {2, 2, 33}, {30, 7}}),
+            {{0, 2}, {1}}),
   };
 }
 
 // A pull request's matrix (issue #47): quick's cases a CI cannot skip, ~1 minute for HF on 2 cores. T = 37 runs
 // several tiles of the suggested chunks (3 layer, 5 head, the last short) over a ragged batch; fp64 at 1e-10 for each
 // objective, both model families and tied/untied heads; LoRA; one low-precision case (bf16: the rule runs the
-// baseline too); one micro-batch step; one packed case. Left to quick/full: T = 2, fp32, the sequence-parallel
+// baseline too); one micro-batch step; packed rows of SFT and of GRPO. Left to quick/full: T = 2, fp32, the sequence-parallel
 // cases, the other GRPO loss types and importance levels, temperature, the architecture grid, LoRA per objective.
 std::vector<ConformCase> ci_cases() {
   std::vector<ConformCase> out;
   for (auto& c : quick_cases())
     for (const auto* name : {"sft-gqa-qknorm-tied", "sft-mha-bias-untied", "grpo-beta0.04-grpo-token",
-                             "dpo-3pairs-ls0.1", "sft-lora", "sft-bf16", "sft-micro3", "sft-packed"})
+                             "dpo-3pairs-ls0.1", "sft-lora", "sft-bf16", "sft-micro3", "sft-packed", "grpo-packed"})
       if (c.name == name) out.push_back(c);
   return out;
 }
@@ -185,6 +203,12 @@ std::vector<ConformCase> full_cases() {
                                         c10::kDouble, "sft", ragged(3, 37, seed++), kLora), packs));
   cases.push_back(packed_case(make_case("sft-packed-bf16", "packed rows in bf16 (the last one ragged)", tiny,
                                         c10::kBFloat16, "sft", ragged(3, 37, seed++)), packs));
+  // Packed GRPO under LoRA (the reference the base with adapters disabled, on packed rows) with dr_grpo's count of
+  // sequences; GRPO rows are full.
+  cases.push_back(packed_case(make_case("grpo-packed-lora-dr_grpo", "GRPO dr_grpo on packed rows under LoRA, a KL "
+                                        "term against the base model", tiny, c10::kDouble,
+                                        "grpo:beta=0.04,loss_type=dr_grpo", {3, 37, 0.0, 0.0, seed++, 3}, kLora),
+                              {{4, 21, 12}, {2, 30, 5}, {16, 2, 2, 17}}));
   return cases;
 }
 
@@ -235,6 +259,14 @@ std::vector<ConformCase> survey_cases() {
                                         {{1, 64, 100, 135}, {200, 1, 99}, {30, 30, 240}}),
                             {{0, 2}, {1}}));
   cases.push_back(packed);
+  // Packed GRPO where tiling happens: the 130-token completion at [2, 132) crosses the tiles at 64 and 128, the
+  // 250-token one four of them; 2-token sequences (a completion of one token); per-sequence means and ratio.
+  cases.push_back(tiled(packed_case(make_case("grpo-qwen3-T300-packed", "GRPO on packed rows (each sequence one "
+                                              "completion, its own advantage), per-sequence means and importance, "
+                                              "a KL term, T = 300", qwen3, c10::kDouble,
+                                              "grpo:beta=0.04,loss_type=grpo,importance=sequence",
+                                              {3, 300, 0.0, 0.0, 34, 3}),
+                                    {{2, 130, 100, 68}, {250, 2, 48}, {37, 263}})));
   auto ranks = tiled(make_case("sft-qwen3-T300-2ranks", "2 ranks (the implementation's own processes), their "
                                "gradients together the whole batch's", qwen3, c10::kDouble, "sft", ragged(4, 300, 29)));
   ranks.ranks = 2;

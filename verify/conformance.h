@@ -44,8 +44,9 @@ struct ConformCase {
   // The optimizer step's micro-batches (issue #45): each the batch's rows it holds (DPO: its chosen rows, then their
   // rejected rows in the same order). Empty: the step is the whole batch in one pass.
   std::vector<std::vector<std::int64_t>> micro_batches;
-  // SFT rows packed with several sequences each (issue #59; verify/conform_packed.h): each row's sequence lengths, a
-  // row shorter than T padded after its last sequence. Empty: one sequence per row (batch's pad_fraction).
+  // Rows packed with several sequences each (issue #59; verify/conform_packed.h): each row's sequence lengths; SFT: a
+  // row shorter than T padded after its last sequence; GRPO: each sequence one completion with its own advantage,
+  // rows full. Empty: one sequence per row (batch's pad_fraction).
   std::vector<std::vector<std::int64_t>> pack_lengths;
   // A whole RL trainer step (issue #60, docs/rl-steps.md): the case is the generation batch (prompts, raw
   // completions, rewards, TRL's settings, the micro-batch layout) and the model the policy at generation time; the
@@ -77,14 +78,14 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 // "rl": whole RL steps (rl_step cases only: each a generation batch of prompts of uneven lengths, completions with an
 // EOS inside, after their end or missing (truncated), weighted rewards, and TRL's settings: several loss_types,
 // scale_rewards, steps_per_generation > 1, num_iterations > 1, a micro-batch layout that mixes groups).
-// "ci" (8 of quick's cases: a pull request's minute for HF), "quick" (a few seconds of harness work, every kind of
+// "ci" (9 of quick's cases: a pull request's minute for HF), "quick" (a few seconds of harness work, every kind of
 // case once), "full" (the whole matrix), "survey" (sequences
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
 // ranks), or a JSON file: an array of {"name", "preset", "dtype", "objective", "lora", "batch", "seq", "pad_fraction",
 // "prompt_fraction", "group", "seed", "layer_chunk", "head_chunk", and optionally "qk_norm", "attention_bias",
 // "tie_word_embeddings", "num_key_value_heads", "ranks", "parallel" (data or sequence), "micro_batches",
-// "pack_lengths" (SFT's packed rows: each row's sequence lengths; "batch" its row count, "seq" its longest row by
-// default)} (a missing
+// "pack_lengths" (SFT's or GRPO's packed rows: each row's sequence lengths; "batch" its row count, "seq" its longest
+// row by default; GRPO's rows all full)} (a missing
 // key takes the quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is
 // neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);

@@ -9,11 +9,15 @@
 # (c) malformed micro_batches in a --cases file exit 2 naming the case and the rows;
 # (d) packed rows (issue #59; tests/support/conform_packing_faults.py), on the ci set's packed case (HF passes it in
 #     cli_conform_hf.sh): attention across the boundaries (attention_mask only), positions not restarted (the
-#     block-diagonal mask kept), one separator label kept: each fails naming a tensor, at least 5x beyond the bar.
+#     block-diagonal mask kept), one separator label kept: each fails naming a tensor, at least 5x beyond the bar;
+#     packed GRPO (quick's grpo-packed, per-sequence means and ratio, and grpo-packed-micro2, 2 micro-batches of
+#     packs): HF's packed path with per-sequence terms passes both (grpo-packed in cli_conform_hf.sh), and each
+#     per-row (per-pack) term fails both naming a tensor: one advantage per pack (row-advantage), each pack counted
+#     as one completion (pack-normaliser).
 # Usage: cli_conform_paths.sh BINARY PYTHON
 # ctest-needs-python
 # ctest-timeout: 900
-# ctest-cost: 30
+# ctest-cost: 40
 source "$(dirname "$0")/../support/cli_common.sh"
 PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -102,4 +106,15 @@ for fault in cross-boundary positions separator; do
   verdicts "packed-$fault" sft-packed ""
   grep -q "a packed case: usually attention across a sequence boundary" "packed-$fault.txt" ||
     fail "packing fault $fault: no packed hint:\n$(cat "packed-$fault.txt")"
+done
+# HF passes grpo-packed in cli_conform_hf.sh (the ci set); here its micro-batches of packs
+run packed-grpo hf quick --only grpo-packed-micro2
+[[ $(cat packed-grpo.status) -eq 0 ]] || fail "HF on packed GRPO:\n$(cat packed-grpo.txt packed-grpo.log)"
+verdicts packed-grpo grpo-packed-micro2 grpo-packed-micro2
+for fault in row-advantage pack-normaliser; do
+  run "packed-$fault" "$PY $SRC/tests/support/conform_packing_faults.py $fault" quick --only grpo-packed,grpo-packed-micro2
+  [[ $(cat "packed-$fault.status") -eq 1 ]] || fail "packed GRPO fault $fault: exit $(cat "packed-$fault.status")"
+  verdicts "packed-$fault" "grpo-packed grpo-packed-micro2" ""
+  [[ $(grep -c "or a per-sequence term of GRPO taken per row (pack)" "packed-$fault.txt") -ge 2 ]] ||
+    fail "packed GRPO fault $fault: no packed GRPO hint:\n$(cat "packed-$fault.txt")"
 done

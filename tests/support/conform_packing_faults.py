@@ -8,6 +8,12 @@
                   fp32: ~1e-7, far above the fp64 bar);
   separator       HF's packed path, but the first label of one sequence (row 0's second) kept: the last token of the
                   sequence before it is trained to predict it, as TRL before PR #4170 did.
+Packed GRPO's (docs/packing.md "GRPO on packed rows"), HF's packed path with TRL's formulas (losses.py) but one
+per-sequence term per row (pack):
+  row-advantage   each completion token takes its row's first sequence's advantage (one advantage per pack, as a
+                  padded layout gives them);
+  pack-normaliser each pack counted as one completion: grpo's token mean (and the sequence-level ratio) over the
+                  whole pack, grpo's and dr_grpo's count of completions the step's rows.
 Usage: PYTHON conform_packing_faults.py MODE CASE_DIR
 """
 import sys
@@ -23,7 +29,8 @@ import torch  # noqa: E402
 import losses  # noqa: E402
 import protocol  # noqa: E402
 
-MODES = ("cross-boundary", "positions", "separator")
+MODES = ("cross-boundary", "positions", "separator", "row-advantage", "pack-normaliser")
+GRPO_MODES = ("row-advantage", "pack-normaliser")
 
 
 def block_causal_mask(position_ids):
@@ -64,16 +71,25 @@ def main(argv):
         return original(b)
 
     losses.batch_inputs = inputs
+    if mode == "row-advantage":
+        losses.position_advantages = lambda case, dtype: (
+            case.batch["advantages"].to(dtype)[case.sequence_ids[:, :1]].expand(-1, case.sequence_ids.size(1) - 1))
+    elif mode == "pack-normaliser":
+        rows_of = lambda case: torch.arange(case.sequence_ids.size(0)).unsqueeze(1).expand(-1, case.sequence_ids.size(1) - 1)  # noqa: E731
+        losses.completion_groups = lambda case: (rows_of(case), case.sequence_ids.size(0))
+        losses.step_completions = lambda step: step["input_ids"].size(0)
 
     def step(case):
         if not case.packed or len(case.sequences[0]) < 2:
             raise protocol.NotExpressible("the packing faults need a packed case whose row 0 holds 2 sequences")
+        if (mode in GRPO_MODES) != losses.packed_grpo(case):
+            raise protocol.NotExpressible(f"{mode}: a fault of packed {'GRPO' if mode in GRPO_MODES else 'SFT'} rows")
         model, trainable = protocol.load_model(case)
         wrong = replace(case, batch=faulty_batch(mode, case))
         loss, grads, seconds = protocol.run_step(wrong, model, trainable, losses.loss)
         return protocol.Result(loss, grads, seconds)
 
-    return protocol.run(step, argv[1:], accumulates=True, packs=True)
+    return protocol.run(step, argv[1:], accumulates=True, packs=("sft", "grpo"))
 
 
 if __name__ == "__main__":

@@ -365,3 +365,51 @@ def test_packed_cases_are_declined_unless_declared_and_give_both_boundary_forms(
     save_file({**batch, "cu_seqlens": cu}, str(folder / "batch.safetensors"))
     assert torch.equal(protocol.read_case(folder, accumulates=True).position_ids, position_ids)
     assert set(hf.model_inputs(protocol.read_case(tmp_path / "packed", accumulates=True))) >= {"position_ids"}
+
+
+def test_packed_grpo_cases_are_declared_by_name_and_cut_per_sequence(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from streambp_conform import hf
+
+    # two full rows of 6, GRPO's packed layout: [2, 4] and [3, 1, 2]; one advantage per sequence (5), cu_seqlens order
+    position_ids = torch.tensor([[0, 1, 0, 1, 2, 3], [0, 1, 2, 0, 0, 1]])
+    folder = write_case(tmp_path / "packed-grpo", objective="grpo")
+    meta = json.loads((folder / "case.json").read_text())
+    meta.update(packed=True, sequences=[[2, 4], [3, 1, 2]], max_length=4, per_sequence=["advantages"],
+                micro_batches=[[1], [0]])
+    (folder / "case.json").write_text(json.dumps(meta))
+    advantages = torch.tensor([0.5, -1.0, 2.0, 0.25, -0.75], dtype=torch.float64)
+    batch = {"input_ids": torch.arange(12).reshape(2, 6), "attention_mask": torch.ones(2, 6).long(),
+             "completion_mask": (position_ids > 0).long(), "advantages": advantages}
+    save_file({**batch, "position_ids": position_ids}, str(folder / "batch.safetensors"))
+
+    def step(_):
+        raise AssertionError("declined before the step")
+
+    # packs=True is SFT's packed rows, as when adapters first declared it: packed GRPO is declared by name
+    for packs in (True, False, ("sft",)):
+        assert protocol.run(step, [str(folder)], accumulates=True, packs=packs) == protocol.NOT_EXPRESSIBLE
+        assert "5 sequences in 2 rows, one completion and advantage each): this adapter does not declare packed " \
+               "GRPO rows: run(..., packs=(\"sft\", \"grpo\"))" in capsys.readouterr().err
+    with pytest.raises(protocol.NotExpressible, match="packed GRPO rows"):
+        protocol.read_case(folder, accumulates=True)  # read_case's default packs=True: SFT's
+    assert protocol.run(step, [str(folder)], accumulates=True, packs="dpo") == protocol.BAD_CASE
+    assert "run(packs=...): packs ['dpo']: dpo has no packed layout" in capsys.readouterr().err
+    # the objective first: an SFT-only adapter says so rather than naming packing
+    assert protocol.run(step, [str(folder)], accumulates=True, objectives="sft", packs=True) == protocol.NOT_EXPRESSIBLE
+    assert "objective grpo: this adapter implements SFT only" in capsys.readouterr().err
+
+    case = protocol.read_case(folder, accumulates=True, packs=("sft", "grpo"))
+    assert case.per_sequence == ("advantages",) and torch.equal(case.batch["advantages"], advantages)
+    assert case.sequence_ids.tolist() == [[0, 0, 1, 1, 1, 1], [2, 2, 2, 3, 4, 4]]
+    part = protocol.micro_case(case, [1])  # row 1's three sequences take their advantages with them
+    assert part.batch["advantages"].tolist() == [2.0, 0.25, -0.75] and part.sequence_ids.tolist() == [[0, 0, 0, 1, 2, 2]]
+    assert torch.equal(part.union["advantages"], advantages)  # the step's batch whole
+    assert set(hf.model_inputs(case, [1])) == {"input_ids", "position_ids", "use_cache"}
+    # a per-sequence tensor of another length (one per row, as a padded case has them) is a bad case, named
+    save_file({**batch, "advantages": advantages[:2], "position_ids": position_ids}, str(folder / "batch.safetensors"))
+    with pytest.raises(protocol.CaseError, match=r"'advantages' is per packed sequence \(case.json per_sequence\): "
+                                                 r"shape \(2,\), expected \(5,\)"):
+        protocol.read_case(folder, accumulates=True, packs=("sft", "grpo"))

@@ -3,6 +3,7 @@
 // cannot pass it by accident; the case-set checks and result.json's micro-batch count name what is wrong.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,18 +11,25 @@
 
 #include <ATen/ATen.h>
 
+#include "core/model/lora.h"
+#include "core/model/model.h"
 #include "core/objectives/objective.h"
+#include "core/objectives/packed_batch.h"
+#include "experiments/batches.h"
+#include "tests/support/test_support.h"
 #include "verify/conform_packed.h"
 #include "verify/conformance.h"
+#include "verify/grad_compare.h"
 #include <nlohmann/json.hpp>
 
 namespace {
 
-// What the objective normalises a micro-batch by: its scored tokens (SFT; GRPO bnpo/dapo) or its rows.
+// What the objective normalises a micro-batch by: its scored tokens (SFT; GRPO bnpo/dapo) or its rows (packed GRPO:
+// its sequences).
 std::int64_t target_count(const sbp::ConformCase& c, const sbp::Batch& micro) {
   const bool by_rows = c.objective.rfind("dpo", 0) == 0 || c.objective.find("loss_type=grpo") != std::string::npos ||
                        c.objective.find("dr_grpo") != std::string::npos;
-  if (by_rows) return micro.batch_size();
+  if (by_rows) return micro.packed ? micro.packed->sequences() : micro.batch_size();  // packed GRPO: its sequences
   const auto scored = micro.has("labels") ? micro.field("labels").slice(1, 1).ne(-100)
                                           : micro.field("completion_mask").slice(1, 1).ne(0);
   return scored.sum().item<std::int64_t>();
@@ -151,33 +159,46 @@ TEST_CASE("a case file that names two cases alike is bad input naming both", "[c
 // what DataCollatorWithFlattening would have made of their sequences (plus a ragged tail's padding).
 TEST_CASE("every case set has packed cases whose rows are what their pack_lengths say", "[conform][packed]") {
   bool straddles = false, single = false, ragged = false, micro_packs = false;
+  bool grpo_straddles = false, grpo_single_token_completion = false, grpo_micro_packs = false;
   for (const auto& set : sbp::conform_case_sets()) {
     if (set == "rl") continue;  // whole RL steps only (issue #60): no batch of rows to pack
-    int packed = 0;
+    int packed = 0, packed_grpo = 0;
     for (const auto& c : sbp::conform_cases(set)) {
       if (c.pack_lengths.empty()) continue;
       ++packed;
       INFO(set << ": " << c.name);
       REQUIRE(sbp::pack_lengths_problem(c).empty());
       const auto objective = sbp::make_objective(c.objective);
-      const auto b = sbp::conform_batch(c, *objective);
+      auto b = sbp::conform_batch(c, *objective);
       REQUIRE(b.packed);
       sbp::validate_tokens(b, c.config, c.name);
-      objective->prepare(b, c.config);  // the separators -100 (it throws naming a kept one)
+      const bool grpo = c.objective.rfind("grpo", 0) == 0;
+      if (grpo) {  // its old (and reference) log-probs, as conform completes the batch before writing it
+        sbp::Model model(c.config, c10::kDouble, c.batch.seed);
+        sbp::complete_batch(model, *objective, b, "random batch", true, "", c10::kDouble, c.batch.seed);
+      }
+      objective->prepare(b, c.config);  // the separators -100, no completion on a first token (throws naming them)
       const auto T = c.batch.seq_len;
-      const auto labels = b.field("labels");
+      packed_grpo += grpo;
+      // GRPO: each sequence one completion (completion_mask), its own advantage; SFT: labels as the collator's
+      const auto labels = grpo ? b.field("completion_mask") : b.field("labels");
+      if (grpo) CHECK(b.field("advantages").sizes() == at::IntArrayRef{b.packed->sequences()});
       for (std::size_t r = 0; r < c.pack_lengths.size(); ++r) {
         const auto row = std::int64_t(r);
         std::int64_t start = 0;
         for (const auto L : c.pack_lengths[r]) {
           CHECK(b.packed->sequence_start(row, start) == start);
           CHECK(b.packed->sequence_end(row, start) == start + L);
-          CHECK(labels[row][start].item<std::int64_t>() == -100);
+          CHECK(labels[row][start].item<std::int64_t>() == (grpo ? 0 : -100));
+          const auto completion = grpo ? labels[row].slice(0, start, start + L).sum().item<std::int64_t>() : 0;
           for (const auto chunk : {c.layer_chunk, c.head_chunk})
-            if ((start + L - 1) / chunk > start / chunk) straddles = true;
+            if ((start + L - 1) / chunk > start / chunk) (grpo ? grpo_straddles : straddles) = true;
+          if (grpo) CHECK(completion >= 1);  // every packed sequence a completion
+          grpo_single_token_completion = grpo_single_token_completion || (grpo && completion == 1);
           single = single || L == 1;
           start += L;
         }
+        if (grpo) CHECK(start == T);  // GRPO's rows are full
         CHECK(b.attention_mask[row].sum().item<std::int64_t>() == start);  // the padding after the last sequence only
         if (start < T) {
           ragged = true;
@@ -188,18 +209,23 @@ TEST_CASE("every case set has packed cases whose rows are what their pack_length
       if (!c.micro_batches.empty())
         for (const auto& rows : c.micro_batches)
           if (rows.size() >= 2 && c.pack_lengths[std::size_t(rows[0])] != c.pack_lengths[std::size_t(rows[1])])
-            micro_packs = true;
+            (grpo ? grpo_micro_packs : micro_packs) = true;
       const auto j = sbp::case_json(c, *objective);
       CHECK(j.at("packed") == true);
+      // the tensors one value per sequence, named for readers (an SFT case.json stays as it was)
+      CHECK(j.value("per_sequence", nlohmann::json()) ==
+            (grpo ? nlohmann::json::array({"advantages"}) : nlohmann::json()));
       CHECK(j.at("sequences").get<std::vector<std::vector<std::int64_t>>>() == c.pack_lengths);
       const auto cu = b.packed->cu_seqlens().to(at::kLong);
       CHECK(j.at("max_length").get<std::int64_t>() == (cu.slice(0, 1) - cu.slice(0, 0, -1)).max().item<std::int64_t>());
     }
     INFO(set);
     CHECK(packed >= 1);
-    if (set == "ci") CHECK(packed == 1);
+    CHECK(packed_grpo >= 1);
+    if (set == "ci") CHECK((packed == 2 && packed_grpo == 1));
   }
   CHECK((straddles && single && ragged && micro_packs));
+  CHECK((grpo_straddles && grpo_single_token_completion && grpo_micro_packs));
   // The survey's packed case suits the two recalled bugs: every target but each sequence's first (TRL PR #4170) and
   // a micro-batch of two packs with different boundaries (Liger PR #477), fp32.
   const auto survey = sbp::conform_cases("survey");
@@ -226,8 +252,41 @@ TEST_CASE("a case file's pack_lengths are checked and named", "[conform][packed]
   CHECK_THROWS_WITH(cases(R"([{"name": "p", "pack_lengths": [[3, 0]]}])"),
                     Catch::Contains("pack_lengths[0][1]: length 0"));
   CHECK_THROWS_WITH(cases(R"([{"name": "p", "objective": "dpo", "pack_lengths": [[3], [3]]}])"),
-                    Catch::Contains("packed rows are SFT only"));
+                    Catch::Contains("packed rows are SFT or GRPO (DPO refuses packed rows"));
+  const auto grpo = cases(R"([{"name": "p", "objective": "grpo:loss_type=grpo", "group": 2, "pack_lengths": [[3, 5], [6, 2]]}])");
+  REQUIRE(grpo.size() == 1);
+  CHECK(grpo[0].batch.seq_len == 8);
+  CHECK_THROWS_WITH(cases(R"([{"name": "p", "objective": "grpo", "pack_lengths": [[3, 5], [2, 1]]}])"),
+                    Catch::Contains("pack_lengths[1]: 3 tokens for T = 8: a packed GRPO row is full"));
   CHECK_THROWS_WITH(cases(R"([{"name": "p", "batch": 3, "pack_lengths": [[3], [3]]}])"),
                     Catch::Contains("pack_lengths has 2 rows, batch says 3"));
   std::filesystem::remove(file);
+}
+
+// The oracle of a packed GRPO case (issue #59): the harness's fp64 standard BP on the packed batch, as conform writes
+// and judges it (its log-probs completed as `conform` completes them), equals standard BP on the same completions one
+// per right-padded row (padded_sequences: the first oracle of every packed step, test_packed_grpo.cpp's gate), loss
+// and every tensor.
+TEST_CASE("a packed GRPO case's oracle is the padded completions' gradient", "[conform][packed]") {
+  int checked = 0;
+  std::set<std::string> seen;
+  for (const auto* set : {"quick", "full", "survey"})
+    for (const auto& c : sbp::conform_cases(set)) {
+      if (c.pack_lengths.empty() || c.objective.rfind("grpo", 0) != 0 || !seen.insert(c.name).second) continue;
+      INFO(set << ": " << c.name);
+      REQUIRE(c.dtype == c10::kDouble);
+      sbp::Model model(c.config, c.dtype, c.batch.seed);
+      if (!c.lora.empty()) model.add_lora(sbp::parse_lora_spec(c.lora), c.batch.seed + 1);
+      const auto objective = sbp::make_objective(c.objective);
+      auto batch = sbp::conform_batch(c, *objective);
+      sbp::complete_batch(model, *objective, batch, "random batch", true, "", c.dtype, c.batch.seed);
+      const auto packed = sbp::test::run_step(model, "standard", *objective, batch);
+      const auto padded = sbp::test::run_step(model, "standard", *objective, sbp::padded_sequences(batch));
+      CHECK(std::abs(packed.loss - padded.loss) <= 1e-12 * std::abs(padded.loss));
+      const auto cmp = sbp::compare_gradients(padded.gradients, packed.gradients);
+      INFO((cmp.worst() ? cmp.worst()->name : std::string()) << " " << (cmp.worst() ? cmp.worst()->normwise_rel : 0.0));
+      CHECK(cmp.passed(1e-10));
+      ++checked;
+    }
+  CHECK(checked == 4);  // quick's two, full's LoRA dr_grpo, the survey's T = 300
 }

@@ -97,6 +97,43 @@ def reference(model, case, what):
     return lp if what == "grpo" else lp.sum(-1)  # grpo [B, T] per token; dpo [2P] row sums
 
 
+# Packed GRPO (docs/packing.md "GRPO on packed rows", verl's remove-padding layout): each packed sequence is one
+# completion with its own advantage (batch["advantages"] [n], cu_seqlens order), and every per-row term of TRL's
+# formulas is per sequence: the advantage, the sequence-level ratio's mean log-ratio, grpo's token mean and the count
+# of completions grpo and dr_grpo divide by. The hooks below are what a packed path gets wrong
+# (tests/support/conform_packing_faults.py replaces them); a padded case never calls them.
+
+def completion_groups(case):
+    """A packed case's (group of each scored position [B, T-1], number of groups): which completion token t + 1 of
+    each row belongs to, i.e. its sequence (Case.sequence_ids, shifted like the log-probs), over the batch's n."""
+    ids = case.sequence_ids
+    return ids[:, 1:], int(case.cu_seqlens.numel()) - 1
+
+
+def position_advantages(case, dtype):
+    """[B, T-1]: each scored position's advantage, its sequence's (batch["advantages"] [n], one per sequence)."""
+    return case.batch["advantages"].to(dtype)[case.sequence_ids[:, 1:]]
+
+
+def step_completions(step):
+    """How many completions the step's batch holds (grpo's and dr_grpo's count): its packed sequences, the segments
+    of position_ids (GRPO's packed rows are full)."""
+    return int((step["position_ids"] == 0).sum())
+
+
+def group_mean(values, mask, groups, n):
+    """[n]: each group's mean of `values` over its masked positions (0 for a group without any)."""
+    flat = groups.reshape(-1)
+    sums = torch.zeros(n, dtype=values.dtype).index_add(0, flat, (values * mask).reshape(-1))
+    counts = torch.zeros(n, dtype=values.dtype).index_add(0, flat, mask.reshape(-1))
+    return sums / counts.clamp(min=1.0)
+
+
+def packed_grpo(case):
+    """True for a packed GRPO case: its advantages per sequence (case.json per_sequence)."""
+    return case.packed and "advantages" in getattr(case, "per_sequence", ())
+
+
 def grpo_per_token(model, case):
     """TRL GRPOTrainer._compute_loss up to the normalisation: (per-token loss [B, T-1], mask [B, T-1], options)."""
     b, o = case.batch, grpo_options(case.objective)
@@ -111,13 +148,17 @@ def grpo_per_token(model, case):
     # One update per generation (no old_logps): the old policy is the current one, detached (ratio 1, gradient not).
     old = b["old_logps"][:, 1:].to(dt) if "old_logps" in b else logps.detach()
     log_ratio = logps - old
+    packed = packed_grpo(case)
     if o["level"] == "token":
         log_w = log_ratio
+    elif packed:  # one ratio per packed sequence, broadcast onto its tokens
+        groups, n = completion_groups(case)
+        log_w = group_mean(log_ratio, mask, groups, n)[groups]
     else:  # one ratio per sequence: exp of the mean log-ratio over its completion tokens
         log_w = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     coef_1 = torch.exp(log_w)
     coef_2 = torch.clamp(coef_1, 1 - o["eps_low"], 1 + o["eps_high"])
-    adv = b["advantages"].to(dt).unsqueeze(1)
+    adv = position_advantages(case, dt) if packed else b["advantages"].to(dt).unsqueeze(1)
     per_token = -torch.min(coef_1 * adv, coef_2 * adv)
     if ref is not None:  # k3 estimator of KL(policy || reference)
         r = ref[:, 1:].to(dt)
@@ -128,7 +169,13 @@ def grpo_per_token(model, case):
 def grpo_loss(model, case):
     per_token, mask, o = grpo_per_token(model, case)
     step = step_batch(case)  # the normalisers' batch: on a micro-batch, the whole step's
-    rows = step["input_ids"].size(0)
+    if packed_grpo(case):  # completions are sequences: the step's count of them is its segments' (rows full)
+        rows = step_completions(step)
+        if o["loss_type"] == "grpo":
+            groups, n = completion_groups(case)
+            return group_mean(per_token, mask, groups, n).sum() / rows
+    else:
+        rows = step["input_ids"].size(0)
     if o["loss_type"] == "grpo":  # mean over sequences of each sequence's token mean
         return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / rows
     if o["loss_type"] in ("bnpo", "dapo"):  # dapo: the generation batch's token count = this batch's (one process)

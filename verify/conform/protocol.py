@@ -96,7 +96,8 @@ def main(argv, loss_fn, usage, accumulates=False, packs=False):
     """The HF adapters' command line, [--gradient-checkpointing] CASE_DIR, on streambp_conform.run (exit 0 with the
     outputs written, 2 a case this adapter cannot run, 3 NotExpressible). `accumulates`: loss_fn normalises a
     micro-batch by the step's totals (Case.union), so micro-batch cases run (run_step); `packs`: loss_fn hands the
-    model packed rows' boundaries (losses.forward_logits does), so packed cases run."""
+    model packed rows' boundaries (losses.forward_logits does), so packed cases run: True SFT's, ("sft", "grpo") also
+    packed GRPO's per-sequence terms (streambp_conform.protocol.packed_objectives)."""
     args = [a for a in argv if a != "--gradient-checkpointing"]
 
     def step(case):

@@ -76,5 +76,7 @@ def model_inputs(case, rows=None):
     b = case.batch
     if rows is not None:
         index = rows if isinstance(rows, slice) else torch.as_tensor(rows, dtype=torch.long)
-        b = {k: (v[index] if isinstance(index, slice) else v.index_select(0, index)) for k, v in b.items()}
+        per_sequence = getattr(case, "per_sequence", ())  # packed GRPO's advantages [n]: not per row, not an input
+        b = {k: (v[index] if isinstance(index, slice) else v.index_select(0, index)) for k, v in b.items()
+             if k not in per_sequence}
     return batch_inputs(b)

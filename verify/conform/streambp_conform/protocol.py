@@ -20,6 +20,7 @@ NOT_EXPRESSIBLE = 3  # the harness reports the case N/A, neither passed nor fail
 BAD_CASE = 2
 DTYPE_NAMES = ("float64", "float32", "bfloat16")
 OBJECTIVE_NAMES = ("sft", "grpo", "dpo")
+PACKED_OBJECTIVES = ("sft", "grpo")  # DPO has no packed layout (its pairs would be matched across packs)
 
 
 class CaseError(Exception):
@@ -79,6 +80,10 @@ class Case:
     cu_seqlens: "torch.Tensor" = None  # noqa: F821
     sequences: list = None
     max_length: int = None
+    # A packed GRPO case (verl's remove-padding layout, docs/packing.md): each packed sequence one completion, and the
+    # batch tensors named here (case.json "per_sequence": advantages) hold one value per sequence in cu_seqlens order,
+    # [n], where a padded case holds one per row. sequence_ids gives each position's sequence.
+    per_sequence: tuple = ()
     # A whole RL step (case.json kind "rl_step", docs/rl-steps.md): the generation batch as a streambp_conform.rl.RlCase
     # (prompts, raw completions, rewards, TRL's settings, the micro-batch layout); `batch` is then empty and the model
     # the policy at generation time. The step returns every optimizer step's gradient as "step{k}/<HF name>"
@@ -104,6 +109,14 @@ class Case:
     def chunks(self):
         return Chunks(self.layer_chunk, self.head_chunk)
 
+    @property
+    def sequence_ids(self):
+        """A packed case's [B, T] int64: each position's segment of cu_seqlens (its sequence's index in the
+        per-sequence tensors, counted over the batch row after row; a ragged row's padding is a segment too)."""
+        if not self.packed:
+            raise CaseError("sequence_ids: not a packed case")
+        return segment_ids(self.position_ids)
+
 
 @dataclass
 class Result:
@@ -113,6 +126,30 @@ class Result:
     grads: dict
     seconds: float = None
     micro_batches: int = None
+
+
+def packed_objectives(packs):
+    """run()'s and read_case()'s `packs` as the set of objectives whose packed rows the caller runs. True means SFT's:
+    the only packed rows the protocol had when adapters first declared it, so an adapter written then is never handed
+    packed GRPO rows it would read per row; packed GRPO is declared by name, packs=("sft", "grpo"). False or None:
+    none. A name that has no packed layout (dpo) or is no objective is the caller's mistake: ValueError."""
+    if packs is None or packs is False:
+        return set()
+    if packs is True:
+        return {"sft"}
+    names = {str(o).lower() for o in ([packs] if isinstance(packs, str) else packs)}
+    wrong = sorted(names - set(PACKED_OBJECTIVES))
+    if wrong:
+        raise ValueError(f"packs {sorted(names)}: {', '.join(wrong)} has no packed layout (packed rows are "
+                         f"{' and '.join(o.upper() for o in PACKED_OBJECTIVES)}'s)")
+    return names
+
+
+def segment_ids(position_ids):
+    """[B, T] int64: each token's segment (a run of position_ids from 0) over the batch, row after row, from 0."""
+    import torch
+
+    return (position_ids.reshape(-1) == 0).cumsum(0).sub(1).reshape(position_ids.shape).to(torch.long)
 
 
 def _dtypes():
@@ -196,8 +233,14 @@ def _packed_fields(batch, meta, case_dir):
         raise CaseError("batch.safetensors: cu_seqlens and position_ids describe different sequences")
     sequences = meta.get("sequences") or _sequences_of(pos, batch["attention_mask"])
     lengths = derived[1:] - derived[:-1]
+    per_sequence = tuple(meta.get("per_sequence") or ())
+    for name in per_sequence:  # one value per segment of cu_seqlens
+        if name not in batch or tuple(batch[name].shape) != (lengths.numel(),):
+            shape = tuple(batch[name].shape) if name in batch else "missing"
+            raise CaseError(f"batch.safetensors: {name!r} is per packed sequence (case.json per_sequence): shape "
+                            f"{shape}, expected ({lengths.numel()},)")
     return dict(packed=True, position_ids=pos, cu_seqlens=derived, sequences=sequences,
-                max_length=int(meta.get("max_length") or lengths.max()))
+                max_length=int(meta.get("max_length") or lengths.max()), per_sequence=per_sequence)
 
 
 def _rl_step_case(case_dir, meta):
@@ -216,10 +259,13 @@ def _rl_step_case(case_dir, meta):
 def read_case(case_dir, accumulates=False, distributed=True, objectives=None, packs=True, rl_steps=False):
     """The case. Declined (NotExpressible) before torch loads: a micro-batch case unless the caller `accumulates` (runs
     the step's micro-batches into one gradient normalised by the step's totals), a case of several ranks unless it is
-    `distributed`, a packed case unless it `packs` (attends within each sequence: Case.position_ids, cu_seqlens),
-    an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one), a whole RL step
-    (kind rl_step: Case.rl) unless the caller runs `rl_steps`, and (when it does) every case of another kind."""
+    `distributed`, an objective not in `objectives` (names, any case; None: any; ValueError for an unknown one), a
+    packed case unless it `packs` that objective's packed rows (attends within each sequence: Case.position_ids,
+    cu_seqlens; True: SFT's; packed GRPO's per-sequence advantages need packs=("sft", "grpo"): packed_objectives), a
+    whole RL step (kind rl_step: Case.rl) unless the caller runs `rl_steps`, and (when it does) every case of another
+    kind."""
     objectives = objective_names(objectives)
+    packs = packed_objectives(packs)
     case_dir = Path(case_dir)
     meta = _meta(case_dir)
     kind = meta.get("kind", "batch")  # absent in files written before the protocol had kinds: a batch
@@ -232,13 +278,17 @@ def read_case(case_dir, accumulates=False, distributed=True, objectives=None, pa
             "a loss on a batch (kind batch): this adapter runs whole RL steps (kind rl_step) only")
     if kind == "rl_step":
         return _rl_step_case(case_dir, meta)
-    if meta.get("packed") and not packs:
-        rows = meta.get("sequences") or []
-        raise NotExpressible(f"packed rows ({sum(len(r) for r in rows)} sequences in {len(rows)} rows): this adapter "
-                             "does not declare packed rows: run(..., packs=True)")
     if objectives is not None and meta["objective"]["name"] not in objectives:
         raise NotExpressible(f"objective {meta['objective']['name']}: this adapter implements "
                              f"{' and '.join(sorted(o.upper() for o in objectives))} only")
+    if meta.get("packed") and meta["objective"]["name"] not in packs:
+        rows = meta.get("sequences") or []
+        where = f"{sum(len(r) for r in rows)} sequences in {len(rows)} rows"
+        if meta["objective"]["name"] != "grpo":
+            raise NotExpressible(f"packed rows ({where}): this adapter does not declare packed rows: "
+                                 "run(..., packs=True)")
+        raise NotExpressible(f"packed GRPO rows ({where}, one completion and advantage each): this adapter does not "
+                             "declare packed GRPO rows: run(..., packs=(\"sft\", \"grpo\"))")
     micro = meta.get("micro_batches")
     if micro is not None and not accumulates:
         raise NotExpressible(f"{len(micro)} micro-batches: this adapter runs one batch per optimizer step")
@@ -263,11 +313,16 @@ def read_case(case_dir, accumulates=False, distributed=True, objectives=None, pa
 
 def micro_case(case, rows):
     """The Case of one micro-batch: its rows of every batch tensor, and the whole step's batch as `union`; a packed
-    case's boundaries those of its rows."""
+    case's boundaries those of its rows, and its per-sequence tensors (advantages) those of the rows' sequences."""
     import torch
 
     index = torch.tensor(rows, dtype=torch.long)
-    part = replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items()}, union=case.batch)
+    part = replace(case, batch={k: v.index_select(0, index) for k, v in case.batch.items() if k not in case.per_sequence},
+                   union=case.batch)
+    if case.per_sequence:  # each row's sequences are a run of segments: row r's start at the row's first segment
+        first = torch.cat([torch.zeros(1, dtype=torch.long), (case.position_ids == 0).sum(1).cumsum(0)])
+        sequences = torch.cat([torch.arange(int(first[r]), int(first[r + 1])) for r in rows])
+        part.batch.update({k: case.batch[k].index_select(0, sequences) for k in case.per_sequence})
     if case.packed:
         part.position_ids = part.batch["position_ids"]
         part.cu_seqlens = cu_seqlens_from_position_ids(part.position_ids)
@@ -341,7 +396,9 @@ def run(step, argv=None, accumulates=False, distributed=False, objectives=None, 
     exception, its traceback and then one line naming the case). `accumulates`: step runs a micro-batch case's
     micro-batches (micro_case) as its trainer does; `distributed`: step runs case.ranks processes itself; `packs`:
     step keeps each packed sequence to itself (position_ids or cu_seqlens; streambp_conform.hf.model_inputs), where
-    an adapter that never heard of packing would attend across them; `rl_steps`: step runs a trainer on a whole RL
+    an adapter that never heard of packing would attend across them: True for SFT's packed rows, ("sft", "grpo")
+    also for packed GRPO's, whose per-sequence tensors (Case.per_sequence: advantages) the step reads by
+    Case.sequence_ids; `rl_steps`: step runs a trainer on a whole RL
     step (Case.rl) and returns its optimizer steps' gradients (streambp_conform.rl.returned_tensors), and declines
     every other case. Otherwise
     such cases are declined before torch loads, as are objectives not in `objectives` (sft, grpo, dpo in any case;
@@ -355,6 +412,11 @@ def run(step, argv=None, accumulates=False, distributed=False, objectives=None, 
         objectives = objective_names(objectives)
     except ValueError as e:  # the adapter's own mistake: every case fails with it, none is quietly N/A
         print(f"{Path(sys.argv[0]).name}: run(objectives=...): {e}", file=sys.stderr)
+        return BAD_CASE
+    try:
+        packed_objectives(packs)
+    except ValueError as e:
+        print(f"{Path(sys.argv[0]).name}: run(packs=...): {e}", file=sys.stderr)
         return BAD_CASE
     name = Path(argv[0]).name
     try:

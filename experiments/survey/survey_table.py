@@ -85,10 +85,10 @@ def column(r, path):
         return "RL step"
     if "LoRA" in path:
         return "LoRA"
+    if "packed rows" in path:  # before micro-batches (the packed case is a step of micro-batches of packs too) and
+        return "packed"  # ranks (a packed case split over sequence ranks, cases-alst-packed.json, is judged on packing)
     if "ranks" in path:
         return "ranks"
-    if "packed rows" in path:  # before micro-batches: the packed case is a step of micro-batches of packs too
-        return "packed"
     if "micro-batches" in path:
         return "micro-batches"
     if r["objective"] in ("grpo", "dpo"):

@@ -25,6 +25,9 @@ its tokens' CE sum over the micro-batch's target count, the share DeepSpeed's Ze
 sequence ranks' gradients and divides by the data-parallel size only: stage_1_and_2.py line 1688, stage3.py 1878).
 The loss written is the micro-batches' losses weighted by their target counts (the step's token mean).
 CE in the case dtype upcast to at least fp32 (HF's loss_function would round fp64 logits to fp32).
+A packed case (issue #59): each rank's shard of the case's position_ids, restarting at 0 per sequence as ArcticTraining's
+pack_samples writes them (data/sft_factory.py pack_sft_batch), in place of the row's global positions, and no mask
+(its collator passes none); the attention is DeepSpeed's UlyssesSPAttentionHF on SDPA, as for every case.
 """
 import math
 import os
@@ -86,7 +89,7 @@ def worker(case_dir):
     ds_common.init_distributed_gloo()
     rank, sp = dist.get_rank(), dist.get_world_size()
     try:
-        case = protocol.read_case(case_dir, packs=False)  # packed rows: not declared
+        case = protocol.read_case(case_dir, packs=True)  # packed rows: position_ids restarting per sequence
         B, T = case.batch["input_ids"].shape
         if ACCUM > B:
             raise protocol.CaseError(f"--accum={ACCUM} micro-batches for {B} rows")
@@ -129,7 +132,10 @@ def worker(case_dir):
         extra = rows_per_micro - len(rows)
         ids = F.pad(input_ids[rows], (0, 0, 0, extra), value=0)[:, mine]
         labels = F.pad(shift_labels[rows], (0, 0, 0, extra), value=-100)[:, mine]
-        pos = torch.arange(c * rank, c * (rank + 1)).expand(rows_per_micro, c).contiguous()
+        if case.packed:  # as pack_sft_batch writes them, restarting per sample; a short micro-batch's extra rows 0..
+            pos = F.pad(F.pad(case.position_ids, (0, Tp - T), value=0)[rows], (0, 0, 0, extra), value=0)[:, mine]
+        else:
+            pos = torch.arange(c * rank, c * (rank + 1)).expand(rows_per_micro, c).contiguous()
         hidden = lm.model(input_ids=ids, position_ids=pos).last_hidden_state  # [b, c, H]
         if LOSS == "share":  # the convention DeepSpeed's SP reduction expects: the rank's share of the mean
             n = (shift_labels[rows] != -100).sum()  # the micro-batch's targets over all ranks

@@ -80,7 +80,7 @@ void check_group(std::int64_t group, std::int64_t count, const char* what, bool 
 
 GrpoObjective::GrpoObjective(const Spec& spec) {
   spec.check_keys({"beta", "epsilon_low", "epsilon_high", "loss_type", "temperature", "importance", "max_completion_length",
-                   "kl", "row_epsilon"});
+                   "kl"});
   Options o;
   o.beta = spec.get_double("beta", o.beta, 0.0, 1e6);
   o.epsilon_low = spec.get_double("epsilon_low", o.epsilon_low, 0.0, 1.0);
@@ -90,7 +90,6 @@ GrpoObjective::GrpoObjective(const Spec& spec) {
   o.importance = spec.get_choice("importance", o.importance, {"token", "sequence"});
   o.max_completion_length = spec.get_int("max_completion_length", o.max_completion_length, 1);
   o.kl = spec.get_choice("kl", o.kl, {"k3", "k3_ratio"});
-  o.row_epsilon = spec.get_double("row_epsilon", o.row_epsilon, 0.0, 1e-3);
   if (o.kl == "k3_ratio" && o.importance != "token")
     throw InputError("grpo: kl=k3_ratio is defined here for importance=token only (with sequence importance TRL "
                      "broadcasts the row's ratio onto every token's KL, a row term this objective does not have yet)");
@@ -103,8 +102,7 @@ std::string GrpoObjective::spec() const {
                      "max_completion_length={}",
                      o.beta, o.epsilon_low, o.epsilon_high, o.loss_type, o.temperature, o.importance,
                      o.max_completion_length) +
-         (o.kl == "k3" ? "" : ",kl=" + o.kl) +  // named when not the default, so that older specs stay canonical
-         (o.row_epsilon == 0.0 ? "" : fmt::format(",row_epsilon={}", o.row_epsilon));
+         (o.kl == "k3" ? "" : ",kl=" + o.kl);  // named when not the default, so that older specs stay canonical
 }
 
 Batch GrpoObjective::random_batch(const ModelConfig& config, const RandomBatchOptions& o) const {
@@ -258,7 +256,7 @@ Objective::Fields GrpoObjective::prepare_fields(const Batch& b, const ModelConfi
   // grpo and dr_grpo count completions (TRL's per_token_loss.size(0)): rows, or packed sequences; bnpo and dapo
   // count completion tokens, whatever the layout.
   if (options_.loss_type == "grpo")
-    state->weights = 1.0 / (rows_normaliser(step_totals, n) * (counts.clamp_min(1.0) + options_.row_epsilon));
+    state->weights = 1.0 / (rows_normaliser(step_totals, n) * counts.clamp_min(1.0));
   else if (options_.loss_type == "dr_grpo")
     state->weights = at::full({n}, 1.0 / (rows_normaliser(step_totals, n) * double(options_.max_completion_length)),
                               counts.options());

@@ -26,8 +26,6 @@ class GrpoObjective : public Objective {
     std::string loss_type = "dapo", importance = "token";
     std::string kl = "k3";  // or k3_ratio: the k3 KL times the token's importance ratio (TRL's use_bias_correction_kl)
     std::int64_t max_completion_length = 256;
-    // grpo's per-row token mean divides by (tokens + row_epsilon): 0 in TRL; verl's seq-mean-token-mean adds 1e-8
-    double row_epsilon = 0.0;
   };
 
   explicit GrpoObjective(const Spec& spec);

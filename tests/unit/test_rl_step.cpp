@@ -153,7 +153,7 @@ TEST_CASE("rl step: verl's declared loss_agg_mode and advantages' epsilon", "[rl
   CHECK(steps[0].scale == 5.0);  // dr_grpo's form times max_completion_length
   CHECK_THAT(sbp::rl_objective_spec(c.settings), Catch::Contains("loss_type=dr_grpo"));
   c.settings.loss_agg_mode = "seq-mean-token-mean";
-  CHECK_THAT(sbp::rl_objective_spec(c.settings), Catch::Contains("loss_type=grpo") && Catch::Contains("row_epsilon=1e-08"));
+  CHECK_THAT(sbp::rl_objective_spec(c.settings), Catch::Contains("loss_type=grpo"));
   // verl's GRPO estimator: std + 1e-6 (TRL: + 1e-4), read from the case.
   const auto parsed = sbp::parse_rl_step_case(
       R"({"prompts": [[5]], "completions": [[1], [2, 1]], "rewards": [[1], [0]],
@@ -168,11 +168,8 @@ TEST_CASE("rl step: verl's declared loss_agg_mode and advantages' epsilon", "[rl
   unknown.settings.loss_agg_mode = "token-sum";  // verl's, but no GRPO normaliser: refused, not guessed
   CHECK_THROWS_WITH(sbp::check_rl_step_case(unknown, sbp::test::tiny_config(), "case.json"),
                     Catch::Contains("loss_agg_mode must be"));
-  // The whole step: verl's seq-mean-token-mean (+ 1e-8 per row) is not TRL's grpo at 1e-10, and the planted bug (verl's
-  // token-mean taken per micro-batch, 5 and 6 tokens instead of the step's 11) fails at step 1 naming a gradient.
-  auto verl_grpo = small_case("grpo");
-  verl_grpo.settings.loss_agg_mode = "seq-mean-token-mean";
-  CHECK_THAT(first_problem(run(small_case("grpo")), run(verl_grpo)), Catch::StartsWith("step 1 gradient"));
+  // The whole step: the planted bug (verl's token-mean taken per micro-batch, 5 and 6 tokens instead of the step's 11)
+  // fails at step 1 naming a gradient, and TRL's advantages (std + 1e-4) fail on advantages.
   auto verl_dapo = small_case("dapo");
   verl_dapo.settings.loss_agg_mode = "token-mean";
   verl_dapo.settings.advantage_epsilon = 1e-6;

@@ -1,8 +1,8 @@
 """The adapters that read case.json themselves, before the package's read_case or before torchrun (which reports a
 rank's exit 3 as 1), report a whole RL step (kind rl_step, conform --cases rl / rl-verl) N/A: exit 3 with a reason
 naming the case, not a crash or another case's reason (issue #60). Each launcher runs on a case directory that holds
-only case.json and model/config.json, so an adapter that got past the refusal would fail on the missing batch or
-start torchrun: the test is also what it would cost (none imports torch before its refusal).
+case.json alone (no model/, no batch), so the refusal must come before anything else is read: an adapter that got
+past it fails at once, before torchrun starts (the whole test: about 1 s; none imports torch before its refusal).
 Its negative control: streambp_conform.protocol.declines_rl_step leaves a batch case (kind batch, or no kind, as
 files before the protocol had kinds) to the adapter, and STREAMBP_TEST_RL_KIND=batch writes the fake case as a batch:
 every launcher then goes past the RL refusal and the test fails naming it.
@@ -29,13 +29,12 @@ LAUNCHERS = [[CONFORM / "hf_sp_adapter.py"], [CONFORM / "survey" / "verl_ulysses
 
 def fake_case(root, kind):
     case = root / "rl-dapo-group-ga2"
-    (case / "model").mkdir(parents=True)
+    case.mkdir(parents=True)
     meta = {"protocol": "streambp-conform/1", "dtype": "float64", "objective": {"name": "grpo", "loss_type": "dapo"},
             "rl_step": {"prompts": [[5]], "completions": [[1], [2, 1]], "rewards": [[1.0], [0.0]], "settings": {}}}
     if kind:
         meta["kind"] = kind
     (case / "case.json").write_text(json.dumps(meta))
-    (case / "model" / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
     return case
 
 

@@ -89,7 +89,7 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 // key takes the quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is
 // neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
-// The built-in sets' names: ci, quick, full, survey, rl. A name is one case in every set that holds it.
+// The built-in sets' names: ci, quick, full, survey, rl, rl-verl. A name is one case in every set that holds it.
 const std::vector<std::string>& conform_case_sets();
 // A case's id in reports (conform's JUnit rows, pytest's items): its name and dtype, "sft-lora-fp64".
 std::string conform_case_id(const ConformCase& c);

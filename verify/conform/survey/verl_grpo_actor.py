@@ -35,6 +35,7 @@ A setting verl's actor has no counterpart for is NotExpressible, naming it: scal
 normalises per group or not at all), sequence importance (the vanilla loss's ratio is per token), bnpo over several
 micro-batches (no per-micro-batch token count), mask_truncated_completions, TRL's bias-corrected KL once the policy
 has moved (verl's KL estimators have no importance-ratio factor), and a mini-batch that is not whole prompts.
+VERL_GRPO_FAULT=no-std: the negative control (norm_adv_by_std_in_grpo flipped: the row fails at advantages).
 """
 import contextlib
 import os
@@ -211,8 +212,11 @@ def step(case):
     order = [r for micro in case.rl.micro_batches for r in micro] or list(range(len(case.rl.completions)))
     td, uid = rollout_batch(case, order)
     rewards = scores_at_last_token(case, order, td["response_mask"])
+    # VERL_GRPO_FAULT=no-std (the negative control): verl's own estimator with norm_adv_by_std_in_grpo flipped, the
+    # Dr. GRPO switch set against the case; the row must fail naming advantages
+    norm_by_std = v["norm_by_std"] != (os.environ.get("VERL_GRPO_FAULT") == "no-std")
     advantages, _ = get_adv_estimator_fn("grpo")(token_level_rewards=rewards, response_mask=td["response_mask"],
-                                                 index=uid, norm_adv_by_std_in_grpo=v["norm_by_std"])
+                                                 index=uid, norm_adv_by_std_in_grpo=norm_by_std)
     temperature = s.get("temperature", 1.0)
     beta = s.get("beta", 0.0)
     engine = engine_for(model)

@@ -14,6 +14,7 @@
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/objectives/rl_step.h"
+#include "verify/conform_rl.h"
 #include "verify/conformance.h"
 #include "tests/support/faulty_rl_step.h"
 #include "tests/support/test_support.h"
@@ -178,6 +179,19 @@ TEST_CASE("rl step: verl's declared loss_agg_mode and advantages' epsilon", "[rl
   CHECK_THAT(first_problem(expected, run(verl_dapo, sbp::test::per_micro_batch_normaliser_stages())),
              Catch::StartsWith("step 1 gradient"));
   CHECK_THAT(first_problem(expected, run(small_case("dapo"))), Catch::Contains("advantages"));  // TRL's 1e-4
+  // conform's rl-verl set: every rl case, named <case>-verl, its loss_type's counterpart declared where verl has one.
+  const auto verl = sbp::rl_verl_cases(sbp::test::tiny_config());
+  std::map<std::string, std::string> modes;
+  for (const auto& v : verl) {
+    CHECK(v.rl_step->settings.advantage_epsilon == 1e-6);
+    modes[v.name] = v.rl_step->settings.loss_agg_mode;
+  }
+  CHECK(verl.size() == 9);
+  CHECK(modes.at("rl-dapo-group-ga2-verl") == "token-mean");
+  CHECK(modes.at("rl-grpo-one-t1-verl") == "seq-mean-token-mean");
+  CHECK(modes.at("rl-dr_grpo-masktrunc-ga2-verl") == "seq-mean-token-sum-norm");
+  CHECK(modes.at("rl-bnpo-one-t09-verl") == "token-mean");     // one micro-batch: bnpo's count is the step's
+  CHECK(modes.at("rl-bnpo-none-iter2-sequence-verl").empty());  // two micro-batches: verl has no bnpo
 }
 
 TEST_CASE("rl step: a bad case is refused naming what is wrong", "[rl-step]") {

@@ -49,7 +49,8 @@ nlohmann::json rl_step_settings_json(const RlStepCase& r) {
   const auto& o = r.settings;
   auto weights = o.reward_weights;
   if (weights.empty()) weights.assign(std::size_t(r.rewards.size(1)), 1.0);
-  nlohmann::json out = {{"num_generations", o.num_generations}, {"per_device_train_batch_size", o.per_device_train_batch_size},
+  nlohmann::json out = {
+      {"num_generations", o.num_generations}, {"per_device_train_batch_size", o.per_device_train_batch_size},
           {"gradient_accumulation_steps", o.gradient_accumulation_steps},
           {"steps_per_generation", o.generation_steps()}, {"num_iterations", o.num_iterations},
           {"max_completion_length", o.max_completion_length}, {"scale_rewards", o.scale_rewards},
@@ -58,10 +59,9 @@ nlohmann::json rl_step_settings_json(const RlStepCase& r) {
           {"mask_truncated_completions", o.mask_truncated_completions},
           {"use_bias_correction_kl", o.use_bias_correction_kl}, {"reward_weights", weights},
           {"eos_token_id", o.eos_token_id}, {"pad_token_id", o.pad_token_id}, {"learning_rate", o.learning_rate}};
-  if (!o.loss_agg_mode.empty() || o.advantage_epsilon != RlStepSettings{}.advantage_epsilon) {  // a declaration
-    if (!o.loss_agg_mode.empty()) out["loss_agg_mode"] = o.loss_agg_mode;                      // (as_verl): TRL's
-    out["advantage_epsilon"] = o.advantage_epsilon;  // cases keep TRL's names alone
-  }
+  // A library's declaration (as_verl) only: TRL's cases keep GRPOConfig's names alone, which TRL's adapter passes on.
+  if (!o.loss_agg_mode.empty()) out["loss_agg_mode"] = o.loss_agg_mode;
+  if (o.advantage_epsilon != RlStepSettings{}.advantage_epsilon) out["advantage_epsilon"] = o.advantage_epsilon;
   return out;
 }
 

@@ -281,21 +281,17 @@ std::vector<RlMicroStep> rl_micro_steps(const RlStepCase& c, const Batch& rows) 
 
 std::string rl_objective_spec(const RlStepSettings& s) {
   const bool ratio_kl = s.beta > 0 && s.use_bias_correction_kl;
-  if (!s.loss_agg_mode.empty()) {  // verl's aggregation in the GRPO objective's terms (totals from rl_micro_steps)
-    const auto form = s.loss_agg_mode == "token-mean" ? "dapo" : s.loss_agg_mode == "seq-mean-token-mean" ? "grpo"
-                                                                                                       : "dr_grpo";
-    // verl's seq-mean-token-mean divides each row's token sum by (its token count + 1e-8), the count an integer
-    // tensor: the sum is promoted to fp32, where 1e-8 is below half an ulp of any count >= 1, so the divisor is the
-    // count exactly (measured: verl's gradient is this one's to 2e-15, one with + 1e-8 in fp64 is 8e-9 off).
-    return fmt::format("grpo:beta={},epsilon_low={},epsilon_high={},loss_type={},temperature={},importance={},"
-                       "max_completion_length={}",
-                       s.beta, s.epsilon, s.epsilon_upper(), form, s.temperature, s.importance_sampling_level,
-                       s.max_completion_length) +
-           (ratio_kl ? ",kl=k3_ratio" : "");
-  }
+  // A declared loss_agg_mode (verl's) in the GRPO objective's terms; its totals come from rl_micro_steps. verl's
+  // seq-mean-token-mean divides each row's token sum by (its token count + 1e-8), the count an integer tensor:
+  // count + 1e-8 is then an fp32 tensor, where 1e-8 is below half an ulp of any count >= 1: the divisor is the count
+  // (measured: verl's gradient is this one's to 2e-15, one with + 1e-8 in fp64 is 8e-9 off): grpo's form.
+  const std::string form = s.loss_agg_mode.empty()                      ? s.loss_type
+                           : s.loss_agg_mode == "token-mean"            ? "dapo"
+                           : s.loss_agg_mode == "seq-mean-token-mean"   ? "grpo"
+                                                                        : "dr_grpo";
   return fmt::format("grpo:beta={},epsilon_low={},epsilon_high={},loss_type={},temperature={},importance={},"
                      "max_completion_length={}",
-                     s.beta, s.epsilon, s.epsilon_upper(), s.loss_type, s.temperature, s.importance_sampling_level,
+                     s.beta, s.epsilon, s.epsilon_upper(), form, s.temperature, s.importance_sampling_level,
                      s.max_completion_length) +
          (ratio_kl ? ",kl=k3_ratio" : "");
 }

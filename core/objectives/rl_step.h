@@ -82,8 +82,8 @@ struct KeptCompletion {
 KeptCompletion keep_completion(const std::vector<std::int64_t>& raw, std::int64_t eos_token_id);
 
 // Rewards [N, F] combined with the weights (sum_f w_f r_f), minus the mean of the prompt's group of G, divided by
-// (std + 1e-4) of the group ("group"), of the whole generation batch ("batch"), or not ("none"); std Bessel-corrected.
-// TRL 1.16.0's sum_then_normalize. [N] fp64.
+// (std + epsilon) of the group ("group"), of the whole generation batch ("batch"), or not ("none"); std
+// Bessel-corrected. TRL 1.16.0's sum_then_normalize (epsilon 1e-4; verl's GRPO estimator 1e-6). [N] fp64.
 at::Tensor rl_advantages(const at::Tensor& rewards, const std::vector<double>& weights, std::int64_t group,
                          const std::string& scale_rewards, double epsilon = 1e-4);
 

@@ -158,7 +158,8 @@ void add_conform_options(CLI::App& app, ConformArgs& a) {
                  "argument), or a shipped adapter: hf (HF Transformers standard BP; PEFT for LoRA) or "
                  "hf-checkpointing (HF gradient checkpointing); required unless --list-cases");
   app.add_option("--baseline", a.baseline, "the low-precision cases' yardstick in the same dtype: a command or hf");
-  app.add_option("--cases", a.cases, "a case set: ci, quick, full, survey or rl (whole RL steps, docs/rl-steps.md); or a JSON file of cases "
+  app.add_option("--cases", a.cases, "a case set: ci, quick, full, survey, rl (whole RL steps, docs/rl-steps.md) or rl-verl (the rl "
+                 "cases declared as verl documents them); or a JSON file of cases "
                  "(docs/conformance.md)");
   app.add_option("--objectives", a.objectives, "only these objectives, comma-separated (sft,grpo,dpo)")
       ->delimiter(',')->check(CLI::IsMember(objective_names()));

@@ -49,7 +49,8 @@ nlohmann::json rl_step_settings_json(const RlStepCase& r) {
   const auto& o = r.settings;
   auto weights = o.reward_weights;
   if (weights.empty()) weights.assign(std::size_t(r.rewards.size(1)), 1.0);
-  return {{"num_generations", o.num_generations}, {"per_device_train_batch_size", o.per_device_train_batch_size},
+  nlohmann::json out = {
+      {"num_generations", o.num_generations}, {"per_device_train_batch_size", o.per_device_train_batch_size},
           {"gradient_accumulation_steps", o.gradient_accumulation_steps},
           {"steps_per_generation", o.generation_steps()}, {"num_iterations", o.num_iterations},
           {"max_completion_length", o.max_completion_length}, {"scale_rewards", o.scale_rewards},
@@ -58,6 +59,32 @@ nlohmann::json rl_step_settings_json(const RlStepCase& r) {
           {"mask_truncated_completions", o.mask_truncated_completions},
           {"use_bias_correction_kl", o.use_bias_correction_kl}, {"reward_weights", weights},
           {"eos_token_id", o.eos_token_id}, {"pad_token_id", o.pad_token_id}, {"learning_rate", o.learning_rate}};
+  // A library's declaration (as_verl) only: TRL's cases keep GRPOConfig's names alone, which TRL's adapter passes on.
+  if (!o.loss_agg_mode.empty()) out["loss_agg_mode"] = o.loss_agg_mode;
+  if (o.advantage_epsilon != RlStepSettings{}.advantage_epsilon) out["advantage_epsilon"] = o.advantage_epsilon;
+  return out;
+}
+
+// The rl set as verl 0.9.1 documents its actor update (issue #60: "where a library documents another normalisation,
+// it declares it"): each case's loss_type by the loss_agg_mode that is its counterpart, normalised as verl's agg_loss
+// does over the optimizer step's mini-batch (dapo -> token-mean, grpo -> seq-mean-token-mean, dr_grpo ->
+// seq-mean-token-sum-norm with loss_scale_factor max_completion_length; bnpo, a per-micro-batch token count verl
+// does not have, -> token-mean only where one micro-batch is the optimizer step and the two agree), and the GRPO
+// estimator's std term (verl's compute_grpo_outcome_advantage adds 1e-6 where TRL adds 1e-4). Everything else is the
+// case as TRL states it: what verl cannot express its adapter declines.
+ConformCase as_verl(ConformCase c) {
+  auto& o = c.rl_step->settings;
+  if (o.loss_type == "dapo") o.loss_agg_mode = "token-mean";
+  if (o.loss_type == "grpo") o.loss_agg_mode = "seq-mean-token-mean";
+  if (o.loss_type == "dr_grpo") o.loss_agg_mode = "seq-mean-token-sum-norm";
+  if (o.loss_type == "bnpo" && o.gradient_accumulation_steps == 1) o.loss_agg_mode = "token-mean";
+  o.advantage_epsilon = 1e-6;
+  c.name += "-verl";
+  c.description += "; declared as verl 0.9.1 documents it (" +
+                   (o.loss_agg_mode.empty() ? "no loss_agg_mode for " + o.loss_type : "loss_agg_mode " + o.loss_agg_mode) +
+                   ", advantages' std + 1e-6)";
+  c.objective = rl_objective_spec(o);
+  return c;
 }
 
 }  // namespace
@@ -113,6 +140,12 @@ std::vector<ConformCase> rl_cases(const ModelConfig& config) {
   };
 }
 
+
+std::vector<ConformCase> rl_verl_cases(const ModelConfig& config) {
+  std::vector<ConformCase> out;
+  for (auto& c : rl_cases(config)) out.push_back(as_verl(std::move(c)));
+  return out;
+}
 
 void add_rl_step_case_json(const ConformCase& c, nlohmann::json& out) {
 const auto& r = *c.rl_step;
@@ -185,10 +218,10 @@ ConformVerdict judge_rl_step(const RlStepCase& c, const RlStepResult& oracle, co
       if (!(error <= rtol))
         words = name == "advantages"
                     ? fmt::format("advantages {:.1e} off (normwise): the rewards' weights, or scale_rewards' "
-                                  "normalisation ({}: over the {}; std Bessel-corrected, + 1e-4)", error,
+                                  "normalisation ({}: over the {}; std Bessel-corrected, + {:g})", error,
                                   c.settings.scale_rewards, c.settings.scale_rewards == "batch" ? "whole generation "
                                   "batch's std, each group's mean" : c.settings.scale_rewards == "none" ? "group's "
-                                  "mean only" : "prompt's group of num_generations")
+                                  "mean only" : "prompt's group of num_generations", c.settings.advantage_epsilon)
                     : fmt::format("token_logps {:.1e} off (normwise, on the scored tokens): the log-probs at "
                                   "generation time: pads attended (the attention mask of left-padded prompts), "
                                   "positions shifted by the padding, or the temperature", error);

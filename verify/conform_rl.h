@@ -14,6 +14,9 @@ namespace sbp {
 
 // The rl set: whole RL steps on one generation batch, each a TRL-named setting, on the model `config`.
 std::vector<ConformCase> rl_cases(const ModelConfig& config);
+// The rl set declared as verl 0.9.1 documents its actor update ("rl-verl": loss_agg_mode, its advantages' epsilon),
+// each case named <rl case>-verl.
+std::vector<ConformCase> rl_verl_cases(const ModelConfig& config);
 // case.json's rl_step keys and returns for an rl_step case (`out` holds the batch case's keys already).
 void add_rl_step_case_json(const ConformCase& c, nlohmann::json& out);
 

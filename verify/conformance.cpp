@@ -373,7 +373,7 @@ const char* parallel_name(ConformParallel p) { return p == ConformParallel::sequ
 const char* conform_kind(const ConformCase& c) { return c.rl_step ? "rl_step" : "batch"; }
 
 const std::vector<std::string>& conform_case_sets() {
-  static const std::vector<std::string> sets = {"ci", "quick", "full", "survey", "rl"};
+  static const std::vector<std::string> sets = {"ci", "quick", "full", "survey", "rl", "rl-verl"};
   return sets;
 }
 
@@ -385,9 +385,10 @@ std::vector<ConformCase> conform_cases(const std::string& which) {
   if (which == "full") return full_cases();
   if (which == "survey") return survey_cases();
   if (which == "rl") return rl_cases(variant(false, true, false, true));
+  if (which == "rl-verl") return rl_verl_cases(variant(false, true, false, true));
   if (!std::filesystem::exists(which)) {
     const auto nearest = nearest_name(which, conform_case_sets());
-    throw InputError("--cases " + which + ": neither a case set (ci, quick, full, survey, rl) nor a file" +
+    throw InputError("--cases " + which + ": neither a case set (ci, quick, full, survey, rl, rl-verl) nor a file" +
                                 (nearest.empty() ? "" : " (did you mean " + nearest + "?)"));
   }
   return file_cases(which);

@@ -77,7 +77,8 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 
 // "rl": whole RL steps (rl_step cases only: each a generation batch of prompts of uneven lengths, completions with an
 // EOS inside, after their end or missing (truncated), weighted rewards, and TRL's settings: several loss_types,
-// scale_rewards, steps_per_generation > 1, num_iterations > 1, a micro-batch layout that mixes groups).
+// scale_rewards, steps_per_generation > 1, num_iterations > 1, a micro-batch layout that mixes groups); "rl-verl": the
+// same cases declared as verl documents its actor update (loss_agg_mode, its advantages' epsilon; conform_rl.h).
 // "ci" (9 of quick's cases: a pull request's minute for HF), "quick" (a few seconds of harness work, every kind of
 // case once), "full" (the whole matrix), "survey" (sequences
 // longer than the suggested tiles, so that a tiled implementation runs several; Qwen3- and Llama-shaped models; 2
@@ -89,7 +90,7 @@ std::string result_micro_batches_problem(const std::string& text, std::size_t ex
 // key takes the quick matrix's default). Throws naming the file and key, or naming the case sets when `which` is
 // neither a set nor a file.
 std::vector<ConformCase> conform_cases(const std::string& which);
-// The built-in sets' names: ci, quick, full, survey, rl. A name is one case in every set that holds it.
+// The built-in sets' names: ci, quick, full, survey, rl, rl-verl. A name is one case in every set that holds it.
 const std::vector<std::string>& conform_case_sets();
 // A case's id in reports (conform's JUnit rows, pytest's items): its name and dtype, "sft-lora-fp64".
 std::string conform_case_id(const ConformCase& c);

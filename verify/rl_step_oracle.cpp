@@ -22,7 +22,8 @@ namespace sbp {
 RlStepStages rl_step_stages() {
   RlStepStages s;
   s.advantages = [](const RlStepCase& c) {
-    return rl_advantages(c.rewards, c.settings.reward_weights, c.settings.num_generations, c.settings.scale_rewards);
+    return rl_advantages(c.rewards, c.settings.reward_weights, c.settings.num_generations, c.settings.scale_rewards,
+                         c.settings.advantage_epsilon);
   };
   s.rows = rl_rows;
   s.micro_steps = rl_micro_steps;

@@ -63,7 +63,7 @@ RlStepCase parse_rl_step_case(const std::string& text, const std::string& source
       "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
       "num_iterations", "max_completion_length", "scale_rewards", "loss_type", "importance_sampling_level", "beta",
       "epsilon", "epsilon_high", "temperature", "mask_truncated_completions", "reward_weights", "eos_token_id",
-      "pad_token_id", "learning_rate", "use_bias_correction_kl"};
+      "pad_token_id", "learning_rate", "use_bias_correction_kl", "loss_agg_mode", "advantage_epsilon"};
   for (const auto& [k, v] : s.items())
     if (!setting_keys.count(k)) throw InputError(fmt::format("{}: unknown setting '{}'", source, k));
   auto& o = c.settings;
@@ -90,6 +90,8 @@ RlStepCase parse_rl_step_case(const std::string& text, const std::string& source
   o.eos_token_id = get_or(s, "eos_token_id", o.eos_token_id, where);
   o.pad_token_id = get_or(s, "pad_token_id", o.pad_token_id, where);
   o.learning_rate = get_or(s, "learning_rate", o.learning_rate, where);
+  o.loss_agg_mode = get_or(s, "loss_agg_mode", o.loss_agg_mode, where);
+  o.advantage_epsilon = get_or(s, "advantage_epsilon", o.advantage_epsilon, where);
   return c;
 }
 
@@ -119,6 +121,13 @@ void check_rl_step_case(const RlStepCase& c, const ModelConfig& config, const st
   if (!member(losses, o.loss_type))
     bad("settings.loss_type must be grpo, bnpo, dr_grpo or dapo (the losses this oracle documents), got " + o.loss_type);
   if (!member(levels, o.importance_sampling_level)) bad("settings.importance_sampling_level must be token or sequence");
+  static const std::vector<std::string> aggregations = {"", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                                        "seq-mean-token-sum-norm"};
+  if (!member(aggregations, o.loss_agg_mode))
+    bad("settings.loss_agg_mode must be token-mean, seq-mean-token-mean, seq-mean-token-sum or "
+        "seq-mean-token-sum-norm (verl's), got " + o.loss_agg_mode);
+  if (!(o.advantage_epsilon > 0 && o.advantage_epsilon < 1))
+    bad(fmt::format("settings.advantage_epsilon must be in (0, 1), got {}", o.advantage_epsilon));
   if (!(o.beta >= 0) || !(o.epsilon >= 0 && o.epsilon <= 1) || !(o.temperature > 0) || !std::isfinite(o.learning_rate))
     bad("settings: beta >= 0, 0 <= epsilon <= 1, temperature > 0 and a finite learning_rate are required");
   if (o.beta > 0 && o.use_bias_correction_kl && o.importance_sampling_level == "sequence")
@@ -178,7 +187,7 @@ KeptCompletion keep_completion(const std::vector<std::int64_t>& raw, std::int64_
 }
 
 at::Tensor rl_advantages(const at::Tensor& rewards, const std::vector<double>& weights, std::int64_t group,
-                         const std::string& scale_rewards) {
+                         const std::string& scale_rewards, double epsilon) {
   const auto N = rewards.size(0), F = rewards.size(1);
   auto w = at::ones({F}, at::kDouble);
   for (std::size_t f = 0; f < weights.size(); ++f) w[std::int64_t(f)] = weights[f];
@@ -187,9 +196,9 @@ at::Tensor rl_advantages(const at::Tensor& rewards, const std::vector<double>& w
   const auto mean = grouped.mean(1, /*keepdim=*/true).expand({N / group, group}).reshape({N});
   auto advantages = combined - mean;
   if (scale_rewards == "group")
-    advantages = advantages / (grouped.std(1, /*unbiased=*/true, true).expand({N / group, group}).reshape({N}) + 1e-4);
+    advantages = advantages / (grouped.std(1, /*unbiased=*/true, true).expand({N / group, group}).reshape({N}) + epsilon);
   else if (scale_rewards == "batch")  // the batch's std, but still each group's mean (TRL 1.16.0)
-    advantages = advantages / (combined.std(/*unbiased=*/true) + 1e-4);
+    advantages = advantages / (combined.std(/*unbiased=*/true) + epsilon);
   return advantages;
 }
 
@@ -251,7 +260,15 @@ std::vector<RlMicroStep> rl_micro_steps(const RlStepCase& c, const Batch& rows) 
     std::int64_t tokens = 0;
     for (const auto r : m.rows) tokens += tokens_of_row[r].item<std::int64_t>();
     m.totals.rows = B * GA;  // grpo, dr_grpo: the micro-batch's mean over rows, / GA
-    if (o.loss_type == "bnpo") {
+    if (o.loss_agg_mode == "token-mean") {  // verl: the optimizer step's (mini-batch's) kept tokens
+      std::int64_t step_tokens = 0;
+      for (std::int64_t k = step - step % GA; k < step - step % GA + GA; ++k)
+        for (const auto r : micro[std::size_t(k % spg)]) step_tokens += tokens_of_row[r].item<std::int64_t>();
+      m.totals.tokens = std::max<std::int64_t>(1, step_tokens);
+    } else if (o.loss_agg_mode == "seq-mean-token-sum") {  // dr_grpo's form without its / max_completion_length
+      m.scale = double(o.max_completion_length);
+    } else if (!o.loss_agg_mode.empty()) {  // seq-mean-token-mean, -token-sum-norm: the step's rows, as grpo, dr_grpo
+    } else if (o.loss_type == "bnpo") {
       m.totals.tokens = std::max<std::int64_t>(1, tokens) * GA;
     } else if (o.loss_type == "dapo") {  // num_items_in_batch * GA / spg: the generation batch's tokens, and a scale
       m.totals.tokens = generation_tokens;
@@ -264,9 +281,17 @@ std::vector<RlMicroStep> rl_micro_steps(const RlStepCase& c, const Batch& rows) 
 
 std::string rl_objective_spec(const RlStepSettings& s) {
   const bool ratio_kl = s.beta > 0 && s.use_bias_correction_kl;
+  // A declared loss_agg_mode (verl's) in the GRPO objective's terms; its totals come from rl_micro_steps. verl's
+  // seq-mean-token-mean divides each row's token sum by (its token count + 1e-8), the count an integer tensor:
+  // count + 1e-8 is then an fp32 tensor, where 1e-8 is below half an ulp of any count >= 1: the divisor is the count
+  // (measured: verl's gradient is this one's to 2e-15, one with + 1e-8 in fp64 is 8e-9 off): grpo's form.
+  const std::string form = s.loss_agg_mode.empty()                      ? s.loss_type
+                           : s.loss_agg_mode == "token-mean"            ? "dapo"
+                           : s.loss_agg_mode == "seq-mean-token-mean"   ? "grpo"
+                                                                        : "dr_grpo";
   return fmt::format("grpo:beta={},epsilon_low={},epsilon_high={},loss_type={},temperature={},importance={},"
                      "max_completion_length={}",
-                     s.beta, s.epsilon, s.epsilon_upper(), s.loss_type, s.temperature, s.importance_sampling_level,
+                     s.beta, s.epsilon, s.epsilon_upper(), form, s.temperature, s.importance_sampling_level,
                      s.max_completion_length) +
          (ratio_kl ? ",kl=k3_ratio" : "");
 }

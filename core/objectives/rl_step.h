@@ -43,6 +43,12 @@ struct RlStepSettings {
   std::vector<double> reward_weights;  // one per reward function (empty: 1 each)
   std::int64_t eos_token_id = 1, pad_token_id = 0;
   double learning_rate = 0.0;  // plain SGD (no momentum, no decay) between the optimizer steps of the case
+  // A library that documents another normaliser declares it (issue #60): verl's actor names its aggregation
+  // loss_agg_mode (token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm), each over the
+  // optimizer step's mini-batch, and then replaces loss_type's. Empty: TRL's loss_type.
+  std::string loss_agg_mode;
+  // The advantages' std term: (r - mean) / (std + advantage_epsilon). TRL's 1e-4; verl's GRPO estimator 1e-6.
+  double advantage_epsilon = 1e-4;
 
   std::int64_t generation_steps() const { return steps_per_generation > 0 ? steps_per_generation : gradient_accumulation_steps; }
   double epsilon_upper() const { return epsilon_high >= 0 ? epsilon_high : epsilon; }
@@ -76,10 +82,10 @@ struct KeptCompletion {
 KeptCompletion keep_completion(const std::vector<std::int64_t>& raw, std::int64_t eos_token_id);
 
 // Rewards [N, F] combined with the weights (sum_f w_f r_f), minus the mean of the prompt's group of G, divided by
-// (std + 1e-4) of the group ("group"), of the whole generation batch ("batch"), or not ("none"); std Bessel-corrected.
-// TRL 1.16.0's sum_then_normalize. [N] fp64.
+// (std + epsilon) of the group ("group"), of the whole generation batch ("batch"), or not ("none"); std
+// Bessel-corrected. TRL 1.16.0's sum_then_normalize (epsilon 1e-4; verl's GRPO estimator 1e-6). [N] fp64.
 at::Tensor rl_advantages(const at::Tensor& rewards, const std::vector<double>& weights, std::int64_t group,
-                         const std::string& scale_rewards);
+                         const std::string& scale_rewards, double epsilon = 1e-4);
 
 // The rows the policy scores, one per completion: its prompt, its kept completion, right pads (pad_token_id) that
 // nothing attends (ARCHITECTURE.md §3), and the GRPO objective's fields: completion_mask (0 on a truncated
@@ -98,7 +104,10 @@ struct RlMicroStep {
 // Every micro-step of the case, in TRL's order, from the rows' completion_mask (rl_rows). The normalisers are
 // TRL 1.16.0's _compute_loss: grpo and bnpo per micro-batch (its rows, its tokens), divided by the accumulation
 // steps; dr_grpo by rows x max_completion_length, divided likewise; dapo by the generation batch's tokens
-// (num_items_in_batch) x gradient_accumulation_steps / steps_per_generation.
+// (num_items_in_batch) x gradient_accumulation_steps / steps_per_generation. A declared loss_agg_mode (verl 0.9.1's
+// agg_loss with its global batch info) normalises over the optimizer step instead: token-mean by its kept tokens,
+// the seq-mean modes by its rows (ppo_mini_batch_size x n); -token-sum-norm also by max_completion_length (its
+// loss_scale_factor), -token-sum not.
 std::vector<RlMicroStep> rl_micro_steps(const RlStepCase& c, const Batch& rows);
 std::int64_t rl_optimizer_steps(const RlStepCase& c);
 

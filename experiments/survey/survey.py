@@ -32,7 +32,7 @@ ROOT = HERE.parents[1]
 ADAPTERS = ROOT / "verify" / "conform" / "survey"
 CACHE = Path(os.environ.get("STREAMBP_CACHE", Path.home() / ".cache" / "streambp")) / "survey"
 TORCH = "torch==2.14.1"  # the harness's: pip takes it from its cache, no download
-CASE_SETS = ("ci", "quick", "full", "survey", "rl")  # conform's built-in sets (an entry's "cases" may name one)
+CASE_SETS = ("ci", "quick", "full", "survey", "rl", "rl-verl")  # conform's built-in sets (an entry's "cases" may name one)
 
 COLUMNS = ["commit", "date", "machine", "threads", "torch_version", "implementation", "library", "version", "setting", "objective", "dtype",
            "status", "verdict", "cases", "passed", "judged", "not_expressible", "worst_tensor", "worst", "rule",

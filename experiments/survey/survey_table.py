@@ -110,6 +110,8 @@ def cell(r):
 
 
 def label(r, path, mixed_dtypes):
+    if "a whole RL step" in path:  # an rl set's rows differ by their case, which names the setting
+        return r["cases"] + (f", {r['dtype']}" if mixed_dtypes else "")
     words = [w.replace(" head", "").replace("the sequence split", "seq") for w in path.split(", ")
              if w.endswith("head") or "ranks" in w or w == "the sequence split"]
     return ", ".join(words + ([r["dtype"]] if mixed_dtypes else []))

@@ -14,6 +14,7 @@
 #include "core/model/model.h"
 #include "core/objectives/objective.h"
 #include "core/objectives/rl_step.h"
+#include "verify/conform_rl.h"
 #include "verify/conformance.h"
 #include "tests/support/faulty_rl_step.h"
 #include "tests/support/test_support.h"
@@ -129,6 +130,68 @@ TEST_CASE("rl step: each loss_type's normaliser over the micro-steps", "[rl-step
   CHECK(steps[3].iteration == 1);
   CHECK(steps[3].rows == std::vector<std::int64_t>{1, 2});
   CHECK(steps[0].scale == 2.0);
+}
+
+TEST_CASE("rl step: verl's declared loss_agg_mode and advantages' epsilon", "[rl-step]") {
+  // verl 0.9.1's agg_loss normalises over the optimizer step's mini-batch: token-mean by its kept tokens (micro-batches
+  // {0, 3} and {1, 2}: 5 + 6 = 11 in one step of GA 2; each its own in steps of GA 1), the seq-mean modes by its rows.
+  auto c = small_case("dapo");
+  c.settings.loss_agg_mode = "token-mean";
+  auto steps = sbp::rl_micro_steps(c, sbp::rl_rows(c, at::zeros({4}, at::kDouble)));
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].totals.tokens == 11);
+  CHECK(steps[1].totals.tokens == 11);
+  CHECK(steps[0].scale == 1.0);
+  c.settings.gradient_accumulation_steps = 1;  // two optimizer steps of one micro-batch: not TRL's dapo (11 / 2 each)
+  c.settings.steps_per_generation = 2;
+  steps = sbp::rl_micro_steps(c, sbp::rl_rows(c, at::zeros({4}, at::kDouble)));
+  CHECK(steps[0].totals.tokens == 5);
+  CHECK(steps[1].totals.tokens == 6);
+  c = small_case("grpo");
+  c.settings.loss_agg_mode = "seq-mean-token-sum";
+  steps = sbp::rl_micro_steps(c, sbp::rl_rows(c, at::zeros({4}, at::kDouble)));
+  CHECK(steps[0].totals.rows == 4);
+  CHECK(steps[0].scale == 5.0);  // dr_grpo's form times max_completion_length
+  CHECK_THAT(sbp::rl_objective_spec(c.settings), Catch::Contains("loss_type=dr_grpo"));
+  c.settings.loss_agg_mode = "seq-mean-token-mean";
+  CHECK_THAT(sbp::rl_objective_spec(c.settings), Catch::Contains("loss_type=grpo"));
+  // verl's GRPO estimator: std + 1e-6 (TRL: + 1e-4), read from the case.
+  const auto parsed = sbp::parse_rl_step_case(
+      R"({"prompts": [[5]], "completions": [[1], [2, 1]], "rewards": [[1], [0]],
+          "settings": {"loss_agg_mode": "token-mean", "advantage_epsilon": 1e-6}})", "t");
+  CHECK(parsed.settings.advantage_epsilon == 1e-6);
+  CHECK(parsed.settings.loss_agg_mode == "token-mean");
+  const auto centred = at::tensor({0.375, -0.375, -1.0, 1.0}, at::kDouble);
+  const auto group_std = at::tensor({0.375 * std::sqrt(2.0), 0.375 * std::sqrt(2.0), std::sqrt(2.0), std::sqrt(2.0)}, at::kDouble);
+  CHECK(at::allclose(sbp::rl_advantages(small_case("dapo").rewards, {1.0, 0.5}, 2, "group", 1e-6),
+                     centred / (group_std + 1e-6), kRtol, 0));
+  auto unknown = small_case("dapo");
+  unknown.settings.loss_agg_mode = "token-sum";  // verl's, but no GRPO normaliser: refused, not guessed
+  CHECK_THROWS_WITH(sbp::check_rl_step_case(unknown, sbp::test::tiny_config(), "case.json"),
+                    Catch::Contains("loss_agg_mode must be"));
+  // The whole step: the planted bug (verl's token-mean taken per micro-batch, 5 and 6 tokens instead of the step's 11)
+  // fails at step 1 naming a gradient, and TRL's advantages (std + 1e-4) fail on advantages.
+  auto verl_dapo = small_case("dapo");
+  verl_dapo.settings.loss_agg_mode = "token-mean";
+  verl_dapo.settings.advantage_epsilon = 1e-6;
+  const auto expected = run(verl_dapo);
+  CHECK(first_problem(expected, run(verl_dapo)).empty());
+  CHECK_THAT(first_problem(expected, run(verl_dapo, sbp::test::per_micro_batch_normaliser_stages())),
+             Catch::StartsWith("step 1 gradient"));
+  CHECK_THAT(first_problem(expected, run(small_case("dapo"))), Catch::Contains("advantages"));  // TRL's 1e-4
+  // conform's rl-verl set: every rl case, named <case>-verl, its loss_type's counterpart declared where verl has one.
+  const auto verl = sbp::rl_verl_cases(sbp::test::tiny_config());
+  std::map<std::string, std::string> modes;
+  for (const auto& v : verl) {
+    CHECK(v.rl_step->settings.advantage_epsilon == 1e-6);
+    modes[v.name] = v.rl_step->settings.loss_agg_mode;
+  }
+  CHECK(verl.size() == 9);
+  CHECK(modes.at("rl-dapo-group-ga2-verl") == "token-mean");
+  CHECK(modes.at("rl-grpo-one-t1-verl") == "seq-mean-token-mean");
+  CHECK(modes.at("rl-dr_grpo-masktrunc-ga2-verl") == "seq-mean-token-sum-norm");
+  CHECK(modes.at("rl-bnpo-one-t09-verl") == "token-mean");     // one micro-batch: bnpo's count is the step's
+  CHECK(modes.at("rl-bnpo-none-iter2-sequence-verl").empty());  // two micro-batches: verl has no bnpo
 }
 
 TEST_CASE("rl step: a bad case is refused naming what is wrong", "[rl-step]") {

@@ -26,6 +26,8 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the streambp_conform package beside this file (no torch at import)
+from streambp_conform.protocol import declines_rl_step  # noqa: E402
 
 # What a rank is doing, by index (a shared array holds each rank's): named when the run is stopped.
 PHASES = ("starting", "loading the model", "in the target count's all-reduce", "computing its shard's loss and "
@@ -154,6 +156,8 @@ def main(argv, split=None):
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
     case_dir = Path(argv[0])
+    if (declined := declines_rl_step(case_dir)) is not None:  # before its own reading says "parallel"
+        return declined
     try:  # decline before importing torch: a data-parallel case costs no start-up
         meta = json.loads((case_dir / "case.json").read_text())
     except (OSError, ValueError) as e:

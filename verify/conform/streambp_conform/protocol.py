@@ -256,6 +256,22 @@ def _rl_step_case(case_dir, meta):
                 Objective(objective.pop("name"), objective), False, 0, {}, rl=step)
 
 
+def declines_rl_step(case_dir):
+    """For an adapter that reads case.json itself before any torch or torchrun (which reports a rank's exit 3 as 1):
+    NOT_EXPRESSIBLE, with the reason printed naming the case, when the case is a whole RL step (kind rl_step, conform
+    --cases rl or rl-verl) it does not run; None otherwise (a case.json it cannot read is left to its own reading)."""
+    case_dir = Path(case_dir)
+    try:
+        kind = json.loads((case_dir / "case.json").read_text()).get("kind", "batch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if kind != "rl_step":
+        return None
+    print(f"{case_dir.name}: a whole RL step (kind rl_step: generations, rewards and a trainer's settings): this "
+          "adapter runs a loss on a batch, not a trainer's RL step", file=sys.stderr)
+    return NOT_EXPRESSIBLE
+
+
 def read_case(case_dir, accumulates=False, distributed=True, objectives=None, packs=True, rl_steps=False):
     """The case. Declined (NotExpressible) before torch loads: a micro-batch case unless the caller `accumulates` (runs
     the step's micro-batches into one gradient normalised by the step's totals), a case of several ranks unless it is

@@ -37,6 +37,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # verify/conform: the streambp_conform package (no torch at import)
+from streambp_conform.protocol import declines_rl_step  # noqa: E402
 FLAGS = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--") and "=" in a}
 ZERO = int(FLAGS.get("--zero", "2"))
 ACCUM = int(FLAGS.get("--accum", "1"))
@@ -44,6 +46,8 @@ LOSS = FLAGS.get("--loss", "arctic")  # share: DeepSpeed alone, no ArcticTrainin
 
 
 def launch(case_dir):
+    if (declined := declines_rl_step(case_dir)) is not None:  # before torchrun, which reports a rank's 3 as 1
+        return declined
     import json
 
     meta = json.loads((Path(case_dir) / "case.json").read_text())

@@ -19,10 +19,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # verify/conform: the streambp_conform package (no torch at import)
+from streambp_conform.protocol import declines_rl_step  # noqa: E402
 SP = int(os.environ.get("DS_SP", "2"))
 
 
 def launch(case_dir):
+    if (declined := declines_rl_step(case_dir)) is not None:  # before torchrun, which reports a rank's 3 as 1
+        return declined
     import json
 
     global SP

@@ -25,9 +25,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # verify/conform: the streambp_conform package (no torch at import)
+from streambp_conform.protocol import declines_rl_step  # noqa: E402
 
 
 def launch(case_dir, flags):
+    if (declined := declines_rl_step(case_dir)) is not None:  # before torchrun, which reports a rank's 3 as 1
+        return declined
     meta = json.loads((Path(case_dir) / "case.json").read_text())
     if meta.get("lora"):  # said before any process starts (torchrun would report a rank's 3 as 1)
         print(f"{Path(case_dir).name}: LoRA: not wired (ms-swift's tuners wrap the model before SP)", file=sys.stderr)

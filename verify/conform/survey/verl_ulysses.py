@@ -25,9 +25,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # verify/conform: the streambp_conform package (no torch at import)
+from streambp_conform.protocol import declines_rl_step  # noqa: E402
 
 
 def launch(case_dir):
+    if (declined := declines_rl_step(case_dir)) is not None:  # before torchrun, which reports a rank's 3 as 1
+        return declined
     ranks = int(json.loads((Path(case_dir) / "case.json").read_text()).get("ranks", 1))
     sp = ranks if ranks > 1 else int(os.environ.get("VERL_SP", "2"))
     config = json.loads((Path(case_dir) / "model" / "config.json").read_text())

@@ -127,11 +127,11 @@ echo "ok: a command that cannot run: $(grep -m1 "python3 is" nomodule.txt)"
 
 # (c)
 expect_exit_2 "an unknown dtype" "fp16x" "$STREAMBP" conform --impl true --dtypes fp16x
-expect_exit_2 "a mistyped case set" "quik: neither a case set \(ci, quick, full, survey, rl\) nor a file \(did you mean quick\?\)" \
+expect_exit_2 "a mistyped case set" "quik: neither a case set \(ci, quick, full, survey, rl, rl-verl\) nor a file \(did you mean quick\?\)" \
   "$STREAMBP" conform --impl true --cases quik
-expect_exit_2 "a missing cases file" "nope.json: neither a case set \(ci, quick, full, survey, rl\) nor a file$" \
+expect_exit_2 "a missing cases file" "nope.json: neither a case set \(ci, quick, full, survey, rl, rl-verl\) nor a file$" \
   "$STREAMBP" conform --impl true --cases nope.json
-"$STREAMBP" conform --help | grep -q -- "--cases.*quick, full, survey or rl" || fail "conform --help lists no case sets"
+"$STREAMBP" conform --help | grep -q -- "--cases.*quick, full, survey, rl (whole RL steps.*) or rl-verl" || fail "conform --help lists no case sets"
 echo '[{"name": "x", "sequence": 9}]' >bad.json
 expect_exit_2 "an unknown key" "case 0: unknown key 'sequence'" "$STREAMBP" conform --impl true --cases bad.json
 cat >mine.json <<'JSON'

@@ -29,22 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import protocol  # noqa: E402
 import packed_rows  # noqa: E402
 import trainer_step  # noqa: E402
-from protocol import CaseError, NotExpressible  # noqa: E402
+from protocol import NotExpressible  # noqa: E402
 from trl_dpo import tokenizer  # noqa: E402
 
 USAGE = "Usage: llamafactory_sft.py CASE_DIR"
-
-
-def padded_rows(case):
-    """The case's rows cut to their tokens ({"input_ids", "labels"}) and its micro-batches of row indices."""
-    b = case.batch
-    rows = []
-    for r in range(b["input_ids"].size(0)):
-        n = int(b["attention_mask"][r].sum())
-        if not b["attention_mask"][r][:n].all():
-            raise CaseError(f"sft: row {r} is not right-padded")
-        rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
-    return rows, case.micro_batches or [list(range(len(rows)))]
 
 
 def process(processor, sequences):
@@ -92,7 +80,7 @@ def run(case):
     else:
         data_args = DataArguments(template="empty", cutoff_len=T)
         processor = SupervisedDatasetProcessor(template=template, tokenizer=tok, processor=None, data_args=data_args)
-        cut, micro = padded_rows(case)
+        cut, micro = packed_rows.padded_rows(case)
         rows = process(processor, cut)
     collator = SFTDataCollatorWith4DAttentionMask(
         template=template, model=model, pad_to_multiple_of=8, label_pad_token_id=IGNORE_INDEX,

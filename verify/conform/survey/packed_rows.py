@@ -61,3 +61,17 @@ def block_mask(case, dtype):
     allowed = (segment[:, :, None] == segment[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
     mask = torch.zeros((B, T, T), dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
+
+
+def padded_rows(case):
+    """An unpacked case's rows cut to their tokens ({"input_ids", "labels"}: each right-padded row's first
+    attention_mask.sum() positions) and its micro-batches of row indices (all rows when it has none), as the dataset
+    rows a trainer's own collator pads again (trl_sft.py, llamafactory_sft.py)."""
+    b = case.batch
+    rows = []
+    for r in range(b["input_ids"].size(0)):
+        n = int(b["attention_mask"][r].sum())
+        if not b["attention_mask"][r][:n].all():
+            raise CaseError(f"sft: row {r} is not right-padded")
+        rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
+    return rows, case.micro_batches or [list(range(len(rows)))]

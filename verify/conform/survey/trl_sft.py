@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import protocol  # noqa: E402
 import packed_rows  # noqa: E402
 import trainer_step  # noqa: E402
-from protocol import CaseError, NotExpressible  # noqa: E402
+from protocol import NotExpressible  # noqa: E402
 from trl_dpo import tokenizer  # noqa: E402
 
 USAGE = "Usage: trl_sft.py [--padding-free] CASE_DIR"
@@ -42,14 +42,7 @@ def dataset_rows(case):
     """The dataset's rows and the micro-batches of indices into them (one per micro-batch of the case)."""
     if case.packed:
         return packed_rows.sequences(case, language_modeling_form=True)
-    b = case.batch
-    rows = []
-    for r in range(b["input_ids"].size(0)):
-        n = int(b["attention_mask"][r].sum())
-        if not b["attention_mask"][r][:n].all():
-            raise CaseError(f"sft: row {r} is not right-padded")
-        rows.append({"input_ids": b["input_ids"][r][:n].tolist(), "labels": b["labels"][r][:n].tolist()})
-    return rows, case.micro_batches or [list(range(len(rows)))]
+    return packed_rows.padded_rows(case)
 
 
 def run(case, padding_free):

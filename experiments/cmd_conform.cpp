@@ -27,6 +27,7 @@
 #include "core/objectives/catalogue.h"
 #include "experiments/batches.h"
 #include "experiments/commands.h"
+#include "experiments/conform_case_files.h"
 #include "experiments/conform_child.h"
 #include "experiments/conform_diagnosis.h"
 #include "experiments/interrupt.h"
@@ -62,93 +63,6 @@ std::string resolve_command(const std::string& impl) {
   if (impl == "hf") return quoted(python) + " " + quoted(adapter.string());
   if (impl == "hf-checkpointing") return quoted(python) + " " + quoted(adapter.string()) + " --gradient-checkpointing";
   return impl;
-}
-
-// What an implementation returned: gradients and loss, or the first reason they cannot be judged.
-struct Returned {
-  TensorList grads;
-  std::optional<double> loss;
-  std::string problem;
-};
-
-// `dtype`: the case's, every returned tensor's; `micro_batches`: the case's count (0: one pass), which result.json must
-// report; `with_loss`: result.json's loss is read (an rl_step case's is not judged: trainers report their step's loss
-// in scalings of their own).
-Returned read_returned(const fs::path& dir, const ChildRun& run, c10::ScalarType dtype, std::size_t micro_batches = 0,
-                       bool with_loss = true) {
-  Returned r;
-  if (!run.outcome.empty()) {
-    const auto tail = last_line(dir / "impl.log");
-    r.problem = run.outcome + (tail.empty() ? "" : ": " + tail);
-    return r;
-  }
-  const auto grads = dir / "grads.safetensors", result = dir / "result.json";
-  if (!fs::exists(grads)) {
-    r.problem = "wrote no grads.safetensors";
-    return r;
-  }
-  try {
-    r.grads = read_safetensors(grads);
-  } catch (const std::exception& e) {
-    r.problem = std::string("grads.safetensors: ") + e.what();
-    return r;
-  }
-  if (auto problem = dtype_problem(r.grads, dtype); !problem.empty()) {
-    r.problem = "grads.safetensors: " + problem;
-    return r;
-  }
-  if (!fs::exists(result)) {
-    r.problem = "wrote no result.json";
-    return r;
-  }
-  if (!with_loss) return r;
-  try {
-    std::ifstream in(result);
-    r.loss = result_loss(std::string(std::istreambuf_iterator<char>(in), {}));
-    if (std::isnan(*r.loss)) r.problem = "result.json: the loss is NaN";
-    else if (std::isinf(*r.loss)) r.problem = fmt::format("result.json: the loss is {}Infinity", *r.loss < 0 ? "-" : "");
-    else if (micro_batches > 0) {
-      std::ifstream again(result);
-      r.problem = result_micro_batches_problem(std::string(std::istreambuf_iterator<char>(again), {}), micro_batches);
-    }
-  } catch (const std::exception& e) {
-    r.problem = std::string("result.json: ") + e.what();
-  }
-  return r;
-}
-
-// The case's files, as the protocol has them.
-void write_case(const ConformCase& c, const fs::path& dir, const Model& model, const Objective& objective,
-                const Batch& batch) {
-  fs::create_directories(dir);
-  save_model_dir(model, dir / "model");
-  if (!c.lora.empty()) save_adapter_dir(model, dir / "adapter", "model");
-  write_batch_file(batch, dir / "batch.safetensors");
-  write_file_atomically(dir / "case.json", case_json(c, objective).dump(2) + "\n");
-}
-
-// The harness's fp64 standard BP on the case's files (the weights as rounded to the case dtype, read back in fp64).
-// A micro-batch case under union accumulation is the whole batch at once (the union, by its own totals); under
-// micro-means each micro-batch by its own totals, the gradients and losses averaged.
-std::pair<TensorList, double> oracle(const ConformCase& c, const fs::path& dir, const Batch& batch,
-                                     Accumulation accumulation) {
-  auto model = load_model_dir(dir / "model", at::kDouble);
-  if (!c.lora.empty()) apply_lora(*model, {}, (dir / "adapter").string(), c.batch.seed);
-  auto objective = make_objective(c.objective);
-  auto standard = make_method("standard");
-  const auto parts = accumulation == Accumulation::micro_means ? micro_batch_split(c, batch) : std::vector{batch};
-  double loss = 0;
-  for (std::size_t k = 0; k < parts.size(); ++k)
-    loss += standard->step(*model, *objective, parts[k], {.accumulate = k > 0}).loss / double(parts.size());
-  TensorList grads;
-  for (const auto& g : model->gradients()) grads.push_back({g.name, g.tensor.detach().clone() / double(parts.size())});
-  return {grads, loss};
-}
-
-void copy_case(const fs::path& from, const fs::path& to) {
-  fs::create_directories(to);
-  for (const auto* name : {"model", "adapter", "batch.safetensors", "case.json"})
-    if (fs::exists(from / name)) fs::copy(from / name, to / name, fs::copy_options::recursive);
 }
 
 }  // namespace

@@ -33,11 +33,13 @@ APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache lib
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # Bump the stamp name when APT_PACKAGES changes, so existing machines install the new packages.
 DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
-# Bump the stamp name when the venv's package list changes, so existing venvs get the new packages.
+# Bump the stamp name when the venv's package list changes, so existing venvs get the new packages. The venv is made in
+# two steps: torch (all the C++ build needs), then the oracles' packages, which `make test` installs beside the build.
+VENV_TORCH_STAMP := $(VENV)/.streambp-torch.stamp
 VENV_STAMP := $(VENV)/.streambp-venv-4.stamp
 CUDA_FLAGS := $(if $(wildcard $(NVCC)),-DCMAKE_CUDA_COMPILER=$(NVCC),-DSTREAMBP_WITH_CUDA=OFF)
 
-.PHONY: demo test check bench build configure sanitize-build fuzz setup deps venv plots survey clean
+.PHONY: demo test check bench build configure sanitize-build fuzz setup deps venv venv-torch plots survey clean
 
 # Extra demo flags, e.g. make demo DEMO_ARGS="--objective dpo --batch 2" (see build/streambp demo --help).
 DEMO_ARGS ?=
@@ -52,7 +54,10 @@ demo:
 # The main tree's suite, then the sanitized tree's (unit tests under ASan + UBSan, a bounded run of every fuzz target).
 # Both trees always run: a failure in one (its build or its tests) never hides the other's; make fails after both,
 # and the last lines summarise both trees (each tree's ctest output is kept in <tree>/ctest.log).
-test: setup
+# What the build needs first (the Debian packages and torch, at once); the rest of the venv (~30 CPU-s, half a minute of
+# a cold run) installs beside the build (run_suite.sh).
+test:
+	@$(MAKE) --no-print-directory -s -j 2 --output-sync=line deps venv-torch
 	@bash tests/support/run_suite.sh "$(MAKE) --no-print-directory" $(JOBS) $(BUILD) $(SANITIZE_BUILD)
 
 # The edit-compile-test loop: build/ alone and its unit tests that take seconds (the label `check`,
@@ -77,7 +82,7 @@ build: configure
 
 configure: $(BUILD)/CMakeCache.txt
 
-$(BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
+$(BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_TORCH_STAMP)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache $(CUDA_FLAGS) \
 	  -DSTREAMBP_PYTHON=$(VENV)/bin/python \
 	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
@@ -85,7 +90,7 @@ $(BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
 sanitize-build: $(SANITIZE_BUILD)/CMakeCache.txt
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
 
-$(SANITIZE_BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_STAMP)
+$(SANITIZE_BUILD)/CMakeCache.txt: $(DEPS_STAMP) $(VENV_TORCH_STAMP)
 	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=$(CLANG) \
 	  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DSTREAMBP_WITH_CUDA=OFF -DSTREAMBP_SANITIZE=ON \
 	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
@@ -111,11 +116,15 @@ $(DEPS_STAMP):
 	@mkdir -p $(dir $@) && touch $@
 
 # The torch wheel (a CUDA 13 build, ~5.5 GB installed) is on this machine's disk: pip takes it without a download.
-venv: $(VENV_STAMP)
-$(VENV_STAMP):
+venv-torch: $(VENV_TORCH_STAMP)
+$(VENV_TORCH_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (the torch $(TORCH_VERSION) wheel here is for CPython 3.11)"; exit 1; }
-	@echo "making the venv $(VENV): torch $(TORCH_VERSION) and the oracles' packages (a few minutes)"
+	@echo "making the venv $(VENV): torch $(TORCH_VERSION) (a minute or two), then the oracles' packages"
 	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION)
+	@touch $@
+venv: $(VENV_STAMP)
+$(VENV_STAMP): $(VENV_TORCH_STAMP)
 	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2 trl==1.16.0
 	@touch $@
 

@@ -60,34 +60,54 @@ summarize() {
 }
 
 main_tree=$1 sanitized=${2:-}
-# The main tree's build first, alone: a compile error there is the first thing a developer wants to see.
-if ! $make_cmd build; then
-  summary+=("$main_tree/: the build failed (its output is above)")
+# The sanitized tree builds, and runs its fuzz targets, at nice 19 from the start: beside the main tree's build (whose
+# precompiled header and links leave a core idle; on a new machine ~90 core-seconds) and then its tests (python
+# start-ups, ranks waiting on each other), and nice-19 processes take little else. Only the fuzz targets: their fixed
+# runs have no clock (tests/fuzz/run_fuzz.sh), whereas the unit tests' ranks give up on each other after 60 s, which a
+# nice-19 process behind busy cores can exceed.
+bg_dir= bg_pid=
+if [[ -n $sanitized ]]; then
+  bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/streambp-sanitized-XXXXXX")
+  trap 'rm -rf "$bg_dir"' EXIT
+  echo "run_suite: building $sanitized/ and running its fuzz targets at nice 19 beside $main_tree/'s build and tests" \
+    "(output follows them)"
+  (
+    me=$BASHPID  # this subshell (inside a $(...) BASHPID is that one's)
+    if nice -n 19 $make_cmd sanitize-build >"$bg_dir/build.log" 2>&1; then
+      cpu_seconds "$me" >"$bg_dir/build.cpu"
+      echo "$((SECONDS - started))" >"$bg_dir/build.seconds"
+      nice -n 19 ctest --test-dir "$sanitized" --output-on-failure -j "$jobs" -L fuzz >"$sanitized/ctest.log" 2>&1
+      echo $? >"$bg_dir/fuzz.status"
+      echo $(($(cpu_seconds "$me") - $(<"$bg_dir/build.cpu"))) >"$bg_dir/fuzz.cpu"
+      echo "$((SECONDS - started))" >"$bg_dir/fuzz.seconds"
+    fi
+  ) &
+  bg_pid=$!
+fi
+# The venv's oracle packages (transformers, peft, trl: the tests' python) install beside the main build, which needs
+# torch only (make test installed it first): on a new machine that is half a minute the build's idle core takes.
+venv_log=$(mktemp "${TMPDIR:-/tmp}/streambp-venv-XXXXXX")
+$make_cmd -s venv >"$venv_log" 2>&1 &
+venv_pid=$!
+# The main tree's build first: a compile error there is the first thing a developer wants to see.
+build_ok=1
+$make_cmd build || build_ok=
+venv_ok=1
+wait "$venv_pid" || venv_ok=
+cat "$venv_log"
+rm -f "$venv_log"
+if [[ -z $build_ok || -z $venv_ok ]]; then
+  [[ -n $build_ok ]] || summary+=("$main_tree/: the build failed (its output is above)")
+  [[ -n $venv_ok ]] || summary+=("the venv's oracle packages did not install (make venv; its output is above)")
   status=1
-else
-  phase "$main_tree/ built"
-  # The sanitized tree builds, and runs its fuzz targets, at nice 19 while the main tree's tests run: those leave a
-  # core idle for part of their time (python start-ups, ranks waiting on each other), and nice-19 processes take
-  # little else. Only the fuzz targets: their fixed runs have no clock (tests/fuzz/run_fuzz.sh), whereas the unit
-  # tests' ranks give up on each other after 60 s, which a nice-19 process behind busy cores can exceed.
-  bg_dir=
-  if [[ -n $sanitized ]]; then
-    bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/streambp-sanitized-XXXXXX")
-    trap 'rm -rf "$bg_dir"' EXIT
-    echo "run_suite: building $sanitized/ and running its fuzz targets at nice 19 beside $main_tree/'s tests (output follows)"
-    (
-      me=$BASHPID  # this subshell (inside a $(...) BASHPID is that one's)
-      if nice -n 19 $make_cmd sanitize-build >"$bg_dir/build.log" 2>&1; then
-        cpu_seconds "$me" >"$bg_dir/build.cpu"
-        echo "$((SECONDS - started))" >"$bg_dir/build.seconds"
-        nice -n 19 ctest --test-dir "$sanitized" --output-on-failure -j "$jobs" -L fuzz >"$sanitized/ctest.log" 2>&1
-        echo $? >"$bg_dir/fuzz.status"
-        echo $(($(cpu_seconds "$me") - $(<"$bg_dir/build.cpu"))) >"$bg_dir/fuzz.cpu"
-        echo "$((SECONDS - started))" >"$bg_dir/fuzz.seconds"
-      fi
-    ) &
-    bg_pid=$!
+  if [[ -n $bg_pid ]]; then
+    echo "run_suite: waiting for $sanitized/'s build and fuzz targets"
+    wait "$bg_pid"
+    cat "$bg_dir/build.log"
+    [[ -f $bg_dir/fuzz.status ]] && cat "$sanitized/ctest.log"
   fi
+else
+  phase "$main_tree/ built (and the venv's oracle packages installed)"
   log=$main_tree/ctest.log
   ctest --test-dir "$main_tree" --output-on-failure -j "$jobs" -LE alone 2>&1 | tee "$log"
   main_rc=${PIPESTATUS[0]}
@@ -98,9 +118,9 @@ else
     cpu_mark=$(cpu_seconds)  # the sanitized tree's CPU, now this shell's children's, is its own phases'
     cat "$bg_dir/build.log"
     if [[ -f $bg_dir/fuzz.status ]]; then
-      echo "run_suite: $sanitized/ built at $(<"$bg_dir/build.seconds") s ($(<"$bg_dir/build.cpu") CPU-s, beside $main_tree/'s tests)"
+      echo "run_suite: $sanitized/ built at $(<"$bg_dir/build.seconds") s ($(<"$bg_dir/build.cpu") CPU-s, beside $main_tree/'s build and tests)"
       phases+=("$(printf '%6s s %7s CPU-s  %s' "$(<"$bg_dir/build.seconds")" "$(<"$bg_dir/build.cpu")" \
-        "$sanitized/ built (beside the tests above, nice 19)")")
+        "$sanitized/ built (beside the build and tests above, nice 19)")")
       cat "$sanitized/ctest.log"
       phases+=("$(printf '%6s s %7s CPU-s  %s' "$(<"$bg_dir/fuzz.seconds")" "$(<"$bg_dir/fuzz.cpu")" \
         "$sanitized/'s fuzz targets done")")

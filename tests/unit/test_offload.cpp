@@ -115,7 +115,7 @@ class FaultyTier final : public sbp::OffloadTier {
 }  // namespace
 
 TEST_CASE("every method gives the same bits with its checkpoints and gradients offloaded, for every objective, "
-          "dtype and LoRA", "[offload][exactness]") {
+          "dtype and LoRA", "[offload][exactness][grid]") {
   const sbp::test::TempDir dir("sbp_offload_");
   constexpr std::int64_t T = 24;
   for (const std::string& objective_spec : sbp::typical_objective_specs())
@@ -425,7 +425,7 @@ bool same_bits(const sbp::TensorList& a, const sbp::TensorList& b) {
 }  // namespace
 
 TEST_CASE("training steps with the optimizer's states, the gradients, the parameters and the checkpoints offloaded "
-          "end on the same bits", "[offload][training][exactness]") {
+          "end on the same bits", "[offload][training][exactness][grid]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
   struct Set {
     bool checkpoints, states, gradients, parameters = false;
@@ -452,7 +452,7 @@ TEST_CASE("training steps with the optimizer's states, the gradients, the parame
 }
 
 TEST_CASE("training steps of every objective, full and LoRA, with everything offloaded end on the same bits",
-          "[offload][training][exactness]") {
+          "[offload][training][exactness][grid]") {
   const sbp::test::TempDir dir("sbp_offload_train_");
   for (const std::string& objective : sbp::typical_objective_specs())
     for (const std::string lora : {"", "rank=4,alpha=8,init=random"})
@@ -524,7 +524,7 @@ sbp::TensorList trained_at_zero3(const std::string& spec, c10::ScalarType dtype,
 }  // namespace
 
 TEST_CASE("ZeRO-3 with the parameter slices offloaded (alone, and with everything else) ends on the same bits, for "
-          "every method, fp32 and bf16, full and LoRA", "[training][offload][exactness]") {
+          "every method, fp32 and bf16, full and LoRA", "[training][offload][exactness][grid]") {
   const sbp::test::TempDir dir("sbp_zero3_params_");
   for (const auto dtype : {at::kFloat, at::kBFloat16})
     for (const std::string lora : {"", "rank=4,init=random"})
@@ -536,8 +536,15 @@ TEST_CASE("ZeRO-3 with the parameter slices offloaded (alone, and with everythin
           CHECK(same_bits(plain, trained_at_zero3(spec, dtype, lora, tier.get(), all)));
         }
       }
-  // The negative control: the second slice stored comes back as zeros.
+}
+
+TEST_CASE("ZeRO-3 with its parameter slices offloaded to a tier that loses one fails the bitwise check, and to the "
+          "real tier passes", "[training][offload][negative-control]") {
+  const sbp::test::TempDir dir("sbp_zero3_params_");
+  const auto plain = trained_at_zero3("streambp", at::kFloat, "", nullptr, false);
+  const auto tier = sbp::make_file_tier(dir.path().string());
+  CHECK(same_bits(plain, trained_at_zero3("streambp", at::kFloat, "", tier.get(), true)));
+  // The second slice stored comes back as zeros.
   FaultyTier losing(sbp::make_file_tier(dir.path().string()), /*swap=*/false);
-  CHECK_FALSE(same_bits(trained_at_zero3("streambp", at::kFloat, "", nullptr, false),
-                        trained_at_zero3("streambp", at::kFloat, "", &losing, false)));
+  CHECK_FALSE(same_bits(plain, trained_at_zero3("streambp", at::kFloat, "", &losing, false)));
 }

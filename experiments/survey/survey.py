@@ -10,6 +10,7 @@ An entry that cannot run here gets its row all the same, saying why: a library t
 on PyPI and not given (its environment variable), a venv that does not install.
 
 Usage: survey.py --streambp build/streambp [--only NAME ...] [--cases survey] [--out results/survey] [--allow-dirty]
+                 [--no-time-reference]
 """
 import argparse
 import csv
@@ -267,6 +268,9 @@ def main(argv):
     parser.add_argument("--cases", default="survey")
     parser.add_argument("--out", default=str(ROOT / "results" / "survey"))
     parser.add_argument("--manifest", default=str(HERE / "implementations.json"))
+    parser.add_argument("--no-time-reference", action="store_true",
+                        help="leave out the hf entry (the reference of the *_vs_hf columns, which stay empty): for a "
+                             "run that compares verdicts only, such as make test's slices")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="run on uncommitted changes (a test's scratch run); the rows' commit says -dirty")
     args = parser.parse_args(argv)
@@ -276,6 +280,8 @@ def main(argv):
         if unknown:
             parser.error(f"--only: no entry {sorted(unknown)} in {args.manifest}")
         entries = [e for e in entries if e["name"] in args.only or e["name"] == "hf"]
+    if args.no_time_reference:
+        entries = [e for e in entries if e["name"] != "hf"]
     # conform runs from the checkout: a relative --out or cases file is the caller's
     out = Path(args.out).resolve()
     if args.cases not in CASE_SETS:
@@ -293,7 +299,7 @@ def main(argv):
     runs.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     provenance = {"commit": commit, "date": stamp, "machine": "", "threads": "", "torch_version": ""}
-    ranks_by_case, paths_by_case = {}, {}
+    ranks_by_case, paths_by_case, listed = {}, {}, set()
     table, hf_rows = [], []
     for entry in sorted(entries, key=lambda e: e["name"] != "hf"):
         try:
@@ -313,7 +319,8 @@ def main(argv):
                 provenance[key] = rows[0][key]
         if entry["name"] == "hf":
             hf_rows = rows
-        if entry["name"] == "hf" or cases != args.cases:  # an entry's own cases name their paths too
+        if cases not in listed:  # the survey's cases (hf's, when it runs), and an entry's own, which name their paths too
+            listed.add(cases)
             listing = case_ranks(args.streambp, cases)
             ranks_by_case.update({c["name"]: (c.get("ranks", 1), c.get("parallel", "data")) for c in listing})
             paths_by_case.update({c["name"]: path_words(c) for c in listing})

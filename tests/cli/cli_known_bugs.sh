@@ -14,7 +14,8 @@ PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY OMP_NUM_THREADS=1
 
-"$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --cases "$SRC/tests/cli/known_bugs_slice.json" \
+"$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --no-time-reference \
+  --cases "$SRC/tests/cli/known_bugs_slice.json" \
   --only deepspeed-0.17.2-tiled-mlp deepspeed-0.17.3-tiled-mlp --out survey --allow-dirty >survey.txt 2>survey.log ||
   fail "survey.py:\n$(tail -20 survey.log)\n$(cat survey.txt)"
 "$PY" "$SRC/experiments/survey/known_bugs.py" --survey survey >known.txt 2>known.log ||

@@ -19,7 +19,8 @@ export STREAMBP_PYTHON=$PY OMP_NUM_THREADS=1
 export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions
 mkdir -p "$TORCH_EXTENSIONS_DIR"
 
-"$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --cases "$SRC/tests/cli/known_bugs_sp_slice.json" \
+"$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --no-time-reference \
+  --cases "$SRC/tests/cli/known_bugs_sp_slice.json" \
   --only arctic-sft-zero2 deepspeed-ulysses --out survey --allow-dirty >survey.txt 2>survey.log ||
   fail "survey.py:\n$(tail -20 survey.log)\n$(cat survey.txt)"
 python3 - survey/survey-*.csv <<'PY' || fail "the SP slice's verdicts:\n$(cat survey.txt)\n$(tail -20 survey.log)"

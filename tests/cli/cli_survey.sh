@@ -17,7 +17,8 @@ PY=$2
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export STREAMBP_PYTHON=$PY OMP_NUM_THREADS=1
 
-"$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --cases "$SRC/tests/cli/survey_slice.json" \
+"$PY" "$SRC/experiments/survey/survey.py" --streambp "$STREAMBP" --no-time-reference \
+  --cases "$SRC/tests/cli/survey_slice.json" \
   --only deepspeed-tiled deepspeed-tiledloss hf-ddp --out survey --allow-dirty >survey.txt 2>survey.log ||
   fail "survey.py:\n$(tail -20 survey.log)\n$(cat survey.txt)"
 python3 - survey/survey-*.csv "$SRC" "$HOME" <<'PY' || fail "the slice's verdicts:\n$(cat survey.txt)\n$(tail -20 survey.log)"

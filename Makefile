@@ -124,6 +124,7 @@ $(VENV_TORCH_STAMP):
 	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION)
 	@touch $@
 venv: $(VENV_STAMP)
+# torch named again: pip may not move it to satisfy another package's requirement.
 $(VENV_STAMP): $(VENV_TORCH_STAMP)
 	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) matplotlib transformers==5.23.0 peft==0.21.2 trl==1.16.0
 	@touch $@

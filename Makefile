@@ -29,10 +29,10 @@ FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := safetensors safetensors_dir checkpoint adapter spec batch results_csv train_resume
 
 APT_PACKAGES := cmake g++ make catch2 nlohmann-json3-dev libcli11-dev ccache libeigen3-dev libbenchmark-dev binutils \
-  libgloo-dev clang libfuzzer-14-dev
+  libgloo-dev clang libfuzzer-14-dev libdnnl-dev
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # Bump the stamp name when APT_PACKAGES changes, so existing machines install the new packages.
-DEPS_STAMP := $(CACHE)/apt-packages-3.stamp
+DEPS_STAMP := $(CACHE)/apt-packages-4.stamp
 # Bump the stamp name when the venv's package list changes, so existing venvs get the new packages. The venv is made in
 # two steps: torch (all the C++ build needs), then the oracles' packages, which `make test` installs beside the build.
 VENV_TORCH_STAMP := $(VENV)/.streambp-torch.stamp

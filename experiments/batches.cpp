@@ -10,6 +10,7 @@
 #include "core/methods/memory_model.h"
 #include "core/methods/streaming.h"
 #include "core/model/checkpoint_io.h"
+#include "core/model/chunk_attention_kernels.h"
 #include "core/model/gemm.h"
 #include "profiler/calibration.h"
 #include "profiler/cpu_meter.h"
@@ -124,6 +125,10 @@ Workload make_workload(const Model& model, const PreparedObjective& objective, c
   }
   w.threads = at::get_num_threads();
   w.graph_keeps_weight_views = !(model.device().is_cpu() && gemm_paths(model.dtype()).any_widened());
+  if (model.device().is_cpu()) {
+    const auto attention = choose_chunk_attention(c10::DeviceType::CPU, model.dtype());
+    w.narrow_attention_blocks = attention.blocks && attention.blocks->narrow_operands;
+  }
   w.workspaces = machine_workspaces(model.device());
   w.grad_dtype = model.grad_dtype();
   const auto& lora = model.lora();

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/methods/memory_terms.h"
+#include "core/model/chunk_attention_kernels.h"
 #include "core/model/model.h"
 #include "core/io/input_error.h"
 
@@ -31,7 +32,8 @@ std::int64_t loss_peak_bytes(std::int64_t c, const Sizes& z) { return 3 * z.B * 
 
 // fp32/fp64: the whole prefix at once, then the diagonal block of c keys; bf16: tiles of at most kPrefixTile keys
 // upcast to fp32, with their fp32 copies of K and V, then the diagonal block. The kernel runs on fp32 copies of bf16
-// blocks: its scratch is the fp32 kernel's (tiny bf16, c = 128: 256 KiB).
+// blocks: its scratch is the fp32 kernel's (tiny bf16, c = 128: 256 KiB). Where the CPU's bf16 kernel runs
+// (Workload::narrow_attention_blocks) the same tiles stay bf16.
 std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t c, std::int64_t prefix) {
   return key_blocks_backward_bytes(w, w.batch_size, c, prefix);
 }
@@ -40,9 +42,20 @@ std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t rows, std
   const auto kw = w.config.kv_width();
   const bool upcast = z.f > z.s;
   const auto key_block = [&](std::int64_t keys, bool after_first, bool diagonal) {
+    const auto dq_sum = after_first ? rows * c * w.config.q_width() * z.f : 0;
+    if (w.narrow_attention_blocks) {
+      // The bf16 kernel (chunk_attention_bf16.cpp): the tile's K/V in bf16 (dense copies) and their fp32 gradients,
+      // its workers' scratch, and rowsum(dO * O) in fp32. Measured on tiny bf16, B = 1, c = 64, T = 2048 (prefix
+      // tile of 1024 keys): 64 KiB K/V copies, 128 KiB dK/dV, 1 KiB rowsum, 640 KiB scratch per worker.
+      const auto& cfg = w.config;
+      const auto matrices = rows * cfg.num_key_value_heads;
+      const auto group_rows = cfg.num_attention_heads / cfg.num_key_value_heads * c;
+      return rows * keys * kw * 2 * (z.s + z.f) +
+             cpu_bf16_attention_backward_scratch_bytes(matrices, group_rows, keys, w.threads) +
+             rows * cfg.num_attention_heads * c * 4 + dq_sum;
+    }
     return (upcast ? 4 : 2) * rows * keys * kw * z.f +
-           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal, rows) +
-           (after_first ? rows * c * w.config.q_width() * z.f : 0);
+           attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal, rows) + dq_sum;
   };
   const auto tile = upcast ? std::min<std::int64_t>(1024, prefix) : prefix;
   return std::max(prefix > 0 ? key_block(tile, tile < prefix, false) : 0, key_block(c, prefix > 0, true));

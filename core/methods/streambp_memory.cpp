@@ -58,7 +58,10 @@ std::int64_t chunk_moment(const Workload& w, const Sizes& z, std::int64_t c, std
   // dO/dQ blocks, 256 KiB scratch; bf16: the same plus the 16 KiB bf16 gradient and q's fp32 copy, the K/V tile's
   // fp32 copies (112 KiB each).
   const auto q_rows = z.B * c * qw;
-  const auto dq_path = q_rows * (3 * z.f + z.s + (z.f > z.s ? z.f : 0));
+  // The CPU's bf16 kernel (Workload::narrow_attention_blocks) takes q and dO in bf16: o_proj's input gradient, its
+  // contiguous copy and q's, and the block's fp32 dQ (the same run: three 8 KiB blocks and a 16 KiB one).
+  const auto dq_path = w.narrow_attention_blocks ? q_rows * (z.f + 3 * z.s)
+                                                 : q_rows * (3 * z.f + z.s + (z.f > z.s ? z.f : 0));
   const auto attention_moment = z.B * c * (q_path - o_proj_input) + q_rope + 2 * out + fresh_attention +
                                 block_gradients + dq_path;
   return std::max(mlp_moment, attention_moment);

@@ -129,6 +129,10 @@ struct Workload {
   // graph; the widened narrow-dtype linear on the CPU (core/model/gemm.h) saves the parameter itself, which the drop
   // after its use empties. Set from the running machine's GEMM paths (make_workload); true for a GPU.
   bool graph_keeps_weight_views = true;
+  // Whether the CPU's chunk attention runs its bf16 kernel on bf16 operands (core/model/chunk_attention_kernels.h)
+  // rather than fp32 blocks of upcast copies: their copies and scratch differ. Set from the running machine
+  // (make_workload).
+  bool narrow_attention_blocks = false;
   // What the kernel running at a moment allocates beyond its inputs and outputs: the running machine's calibration,
   // or none (projections). The models ask it through workspace_bytes, which refuses to guess when nothing is attached.
   std::shared_ptr<const KernelWorkspaces> workspaces;

@@ -2,11 +2,15 @@
 #include "core/model/chunk_attention_kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include "core/io/input_error.h"
 
 namespace sbp {
 namespace {
@@ -41,7 +45,7 @@ std::vector<KeyBlock> key_blocks(std::int64_t q_start, std::int64_t c, bool tile
 // K/V rows [start, start + length) in the compute dtype, expanded to the query's head count when the kernel needs it
 // (a copy of the tile: GQA heads cannot be expanded as a strided view).
 at::Tensor kv_block(const AttentionKernel& kernel, const at::Tensor& kv, const KeyBlock& b, std::int64_t heads) {
-  auto block = upcast(kv.narrow(2, b.start, b.length));
+  auto block = kernel.narrow_operands ? kv.narrow(2, b.start, b.length) : upcast(kv.narrow(2, b.start, b.length));
   if (!kernel.needs_equal_heads || kv.size(1) == heads) return block;
   const auto group = heads / kv.size(1);
   return block.unsqueeze(2).expand({kv.size(0), kv.size(1), group, b.length, kv.size(3)}).reshape(
@@ -58,7 +62,7 @@ struct PrefixAndDiagonal : torch::autograd::Function<PrefixAndDiagonal> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                             const at::Tensor& v_in, std::int64_t q_start, double scale, const KVGradSums* sums,
                             const AttentionKernel* kernel) {
-    const auto q = upcast(q_in);
+    const auto q = kernel->narrow_operands ? q_in : upcast(q_in);
     const auto heads = q.size(1);
     at::Tensor o, lse;  // the merge so far: [B, n_h, c, hd] and [B, n_h, c], >= fp32
     for (const auto& b : key_blocks(q_start, q.size(2), kernel->tiles_prefix || upcasts(k_in))) {
@@ -87,12 +91,13 @@ struct PrefixAndDiagonal : torch::autograd::Function<PrefixAndDiagonal> {
     const auto saved = ctx->get_saved_variables();
     const auto& k_in = saved[1];
     const auto& v_in = saved[2];
-    const auto q = upcast(saved[0]), o = saved[3].to(upcast(saved[0]).scalar_type());
+    const auto* kernel = reinterpret_cast<const AttentionKernel*>(ctx->saved_data["kernel"].toInt());
+    const auto q = kernel->narrow_operands ? saved[0] : upcast(saved[0]);
+    const auto o = saved[3].to(upcast(saved[0]).scalar_type());
     const auto& lse = saved[4];
     const auto q_start = ctx->saved_data["q_start"].toInt();
     const auto scale = ctx->saved_data["scale"].toDouble();
-    const auto* kernel = reinterpret_cast<const AttentionKernel*>(ctx->saved_data["kernel"].toInt());
-    const auto grad_o = upcast(grads[0]).contiguous();
+    const auto grad_o = kernel->narrow_operands ? grads[0].contiguous() : upcast(grads[0]).contiguous();
     const auto heads = q.size(1), kv_heads = k_in.size(1);
     // With the merged o and lse, P = exp(S - lse) and rowsum(dO * O) are those of the whole softmax, so each
     // block's backward returns its exact part of dQ and the exact dK, dV of its keys: added into the sums, or
@@ -187,6 +192,19 @@ const AttentionKernel& cuda_attention_kernel() {
 namespace {
 // ScopedCpuWholeChunkKernel's kernel, if one is alive.
 const WholeChunkKernel* cpu_whole_chunk_override = nullptr;
+
+// STREAMBP_CPU_BF16_ATTENTION: unset or "bf16" takes the bf16 kernel where it is available, "fp32" pins the fp32
+// blocks (the kernel of every CPU before it, and of CPUs without native bf16 GEMMs still).
+bool cpu_bf16_blocks_wanted() {
+  static const bool wanted = [] {
+    const char* v = std::getenv("STREAMBP_CPU_BF16_ATTENTION");
+    const std::string value = v ? v : "";
+    if (value.empty() || value == "bf16") return true;
+    if (value == "fp32") return false;
+    throw InputError("STREAMBP_CPU_BF16_ATTENTION=" + value + ": expected bf16 (the default) or fp32");
+  }();
+  return wanted;
+}
 }  // namespace
 
 ScopedCpuWholeChunkKernel::ScopedCpuWholeChunkKernel(const WholeChunkKernel& kernel)
@@ -204,8 +222,11 @@ ChunkAttentionChoice choose_chunk_attention(c10::DeviceType device, c10::ScalarT
     return sixteen_bit ? ChunkAttentionChoice{nullptr, &cuda_whole_chunk_kernel()}
                        : ChunkAttentionChoice{&cuda_attention_kernel(), nullptr};
   if (sixteen_bit && cpu_whole_chunk_override) return {nullptr, cpu_whole_chunk_override};
-  // The CPU keeps fp32 blocks for bf16 (issue #18 item 4 moves only CUDA, where fp32 forfeits the tensor cores):
-  // the blocks hand dK/dV to the sums in fp32, with no rounding per chunk.
+  // bf16 blocks on bf16 operands where oneDNN has native bf16 kernels (a property of the CPU and ONEDNN_MAX_CPU_ISA,
+  // never of a timing: the kernel changes the bits). Otherwise the CPU keeps fp32 blocks of upcast copies for bf16
+  // (fp16 too). Both hand dK/dV to the sums in fp32, with no rounding per chunk.
+  if (dtype == at::kBFloat16 && cpu_bf16_blocks_wanted() && cpu_bf16_attention_available())
+    return {&cpu_bf16_attention_kernel(), nullptr};
   return {&cpu_attention_kernel(), nullptr};
 }
 
@@ -252,7 +273,7 @@ std::vector<KeyBlock> block_tiles(const AttentionKernel& kernel, const at::Tenso
 void merge_key_block(SoftmaxState& state, const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                      bool causal, double scale) {
   const auto& kernel = block_kernel(q_in);
-  const auto q = upcast(q_in);
+  const auto q = kernel.narrow_operands ? q_in : upcast(q_in);
   for (const auto& b : block_tiles(kernel, k, k.size(2), causal)) {
     const auto [o_b, lse_b] =
         kernel.forward(q, kv_block(kernel, k, b, q.size(1)), kv_block(kernel, v, b, q.size(1)), b.causal, scale);

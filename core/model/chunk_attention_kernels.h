@@ -37,6 +37,9 @@ struct AttentionKernel {
                                                              const at::Tensor& k, const at::Tensor& v,
                                                              const at::Tensor& o, const at::Tensor& lse, bool causal,
                                                              double scale);
+  // The kernel takes q, k, v and grad_o in their 16-bit dtype (o, lse and its outputs stay >= fp32); otherwise 16-bit
+  // operands are upcast to fp32 for it.
+  bool narrow_operands = false;
 };
 
 // What a whole-chunk forward hands to its backward: the output as the kernel rounded it, its log-sum-exp, and the
@@ -64,6 +67,16 @@ struct WholeChunkKernel {
 // take fp32 and compute a log-sum-exp for any head count, but need equal heads.
 const AttentionKernel& cpu_attention_kernel();
 const AttentionKernel& cuda_attention_kernel();
+// CPU bf16 (chunk_attention_bf16.cpp): bf16 operands, fp32 accumulation and outputs, oneDNN's native bf16 products;
+// GQA native. Only where cpu_bf16_attention_available().
+const AttentionKernel& cpu_bf16_attention_kernel();
+// oneDNN is built in and has native bf16 kernels on this CPU under ONEDNN_MAX_CPU_ISA, and the CPU has AVX-512.
+bool cpu_bf16_attention_available();
+// Its backward's scratch in one call over `matrices` (batch rows x K/V heads) of `rows` queries (a K/V head's query
+// heads x c) by `keys` keys, on `threads` intra-op threads: each worker's scores and their gradient in fp32 and the
+// probabilities in bf16 over a tile of rows (the memory models count it; the other blocks are outputs or copies).
+std::int64_t cpu_bf16_attention_backward_scratch_bytes(std::int64_t matrices, std::int64_t rows, std::int64_t keys,
+                                                       std::int64_t threads);
 
 // CUDA bf16/fp16: flash attention 2 (`_scaled_dot_product_flash_attention` and its backward) with is_causal, which
 // that kernel aligns bottom-right when c != s+c. GQA native; head_dim a multiple of 8, at most 256; sm80 or newer.
@@ -91,6 +104,19 @@ at::Tensor chunk_attention_with(const WholeChunkKernel& kernel, const at::Tensor
 // Tests only: while alive, choose_chunk_attention gives `kernel` for 16-bit queries on the CPU, so that a whole
 // model step on a CPU runs the path CUDA takes in bf16 (through cpu_masked_whole_chunk_kernel). One at a
 // time, not thread-safe.
+// Tests only: while alive, the CPU bf16 kernel splits a K/V head's query rows into tiles of `rows` (0: its scratch
+// budget's own choice), so that small cases take several tiles. One at a time, not thread-safe.
+class ScopedBf16AttentionRowTile {
+ public:
+  explicit ScopedBf16AttentionRowTile(std::int64_t rows);
+  ~ScopedBf16AttentionRowTile();
+  ScopedBf16AttentionRowTile(const ScopedBf16AttentionRowTile&) = delete;
+  ScopedBf16AttentionRowTile& operator=(const ScopedBf16AttentionRowTile&) = delete;
+
+ private:
+  std::int64_t previous_;
+};
+
 class ScopedCpuWholeChunkKernel {
  public:
   explicit ScopedCpuWholeChunkKernel(const WholeChunkKernel& kernel);

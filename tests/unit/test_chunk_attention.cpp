@@ -187,10 +187,14 @@ TEST_CASE("chunk attention runs the flash whole-chunk kernel for 16-bit CUDA que
           "[attention][whole-chunk][cuda]") {
   using c10::DeviceType;
   const auto cuda = DeviceType::CUDA, cpu = DeviceType::CPU;
+  // bf16 on the CPU: the bf16 kernel where oneDNN has native bf16 kernels (a property of this CPU and
+  // ONEDNN_MAX_CPU_ISA), the fp32 blocks elsewhere; fp16 always the fp32 blocks.
+  const auto* cpu_bf16 = sbp::cpu_bf16_attention_available() ? &sbp::cpu_bf16_attention_kernel() : &sbp::cpu_attention_kernel();
   for (const auto dtype : {at::kBFloat16, at::kHalf}) {
     INFO(c10::toString(dtype));
     CHECK(sbp::choose_chunk_attention(cuda, dtype).whole == &sbp::cuda_whole_chunk_kernel());
-    CHECK(sbp::choose_chunk_attention(cpu, dtype).blocks == &sbp::cpu_attention_kernel());
+    CHECK(sbp::choose_chunk_attention(cpu, dtype).blocks ==
+          (dtype == at::kBFloat16 ? cpu_bf16 : &sbp::cpu_attention_kernel()));
   }
   // fp64 goes to the CUDA blocks, whose kernel refuses it with the error of the test below.
   for (const auto dtype : {at::kFloat, at::kDouble}) {
@@ -203,7 +207,7 @@ TEST_CASE("chunk attention runs the flash whole-chunk kernel for 16-bit CUDA que
     CHECK(sbp::choose_chunk_attention(cpu, at::kBFloat16).whole == &sbp::cpu_masked_whole_chunk_kernel());
     CHECK(sbp::choose_chunk_attention(cpu, at::kFloat).blocks == &sbp::cpu_attention_kernel());
   }
-  CHECK(sbp::choose_chunk_attention(cpu, at::kBFloat16).blocks == &sbp::cpu_attention_kernel());
+  CHECK(sbp::choose_chunk_attention(cpu, at::kBFloat16).blocks == cpu_bf16);
   CHECK_THROWS_WITH(sbp::choose_chunk_attention(DeviceType::Meta, at::kFloat), Catch::Contains("no kernel for device"));
 }
 
@@ -217,4 +221,83 @@ TEST_CASE("the CUDA whole-chunk kernel refuses what flash attention cannot run w
   const auto odd_head_dim = at::zeros({1, 2, 4, 12}, at::kBFloat16);
   CHECK_THROWS_WITH(flash.forward(odd_head_dim, odd_head_dim, odd_head_dim, 0.25),
                     Catch::Contains("head_dim a multiple of 8"));
+}
+
+namespace {
+
+// The bf16 operands of an AttentionCase: its tensors rounded to bf16, and the fp64 reference recomputed on the rounded
+// values, so that only the kernel's own arithmetic is judged.
+AttentionCase rounded_to_bf16(const AttentionCase& c) {
+  const auto round = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kDouble); };
+  AttentionCase r = c;
+  r.q = round(c.q), r.k = round(c.k), r.v = round(c.v), r.g = round(c.g);
+  const auto T = r.q.size(2);
+  const auto q = r.q.clone().requires_grad_(), k = r.k.clone().requires_grad_(), v = r.v.clone().requires_grad_();
+  const auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, r.scale, k.size(1) != q.size(1))
+                     .narrow(2, r.s, T - r.s);
+  (o * r.g).sum().backward();
+  r.o = o.detach(), r.dq = q.grad().narrow(2, r.s, T - r.s), r.dk = k.grad(), r.dv = v.grad();
+  return r;
+}
+
+// chunk_attention_with on bf16 tensors; the results widened to fp64. K/V gradients into fp32 sums or into bf16 K/V.
+AttentionResult run_bf16_chunk(const AttentionKernel& kernel, const AttentionCase& c, bool into_sums) {
+  const auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  const auto q = bf16(c.q.narrow(2, c.s, c.q.size(2) - c.s)).requires_grad_();
+  const auto k = bf16(c.k).requires_grad_(!into_sums), v = bf16(c.v).requires_grad_(!into_sums);
+  sbp::KVGradSums sums{at::zeros_like(c.k, at::kFloat), at::zeros_like(c.v, at::kFloat)};
+  const auto o = sbp::chunk_attention_with(kernel, q, k, v, c.s, c.scale, into_sums ? &sums : nullptr);
+  (o.to(at::kDouble) * c.g).sum().backward();
+  const auto wide = [](const at::Tensor& t) { return t.to(at::kDouble); };
+  if (into_sums) return {wide(o.detach()), wide(q.grad()), wide(sums.dK), wide(sums.dV)};
+  return {wide(o.detach()), wide(q.grad()), wide(k.grad()), wide(v.grad())};
+}
+
+// A known bug for the negative control: the diagonal block computed without its causal rule.
+std::pair<at::Tensor, at::Tensor> forward_without_causal_rule(const at::Tensor& q, const at::Tensor& k,
+                                                              const at::Tensor& v, bool, double scale) {
+  return sbp::cpu_bf16_attention_kernel().forward(q, k, v, false, scale);
+}
+
+}  // namespace
+
+// The bound: every output and gradient of the bf16 kernel within 2^-7 normwise of the fp64 reference on the same
+// bf16 values. Its roundings are the probabilities and the scores' gradient before their products (2^-9 relative
+// each) and the final bf16 outputs (2^-9): a few units of 2^-9, whatever the CPU's accumulation order.
+TEST_CASE("the CPU bf16 block kernel is within bf16 roundings of fp64 attention, over prefix tiles and row tiles",
+          "[attention][bf16]") {
+  if (!sbp::cpu_bf16_attention_available()) {
+    WARN("skipped: no native bf16 kernels of oneDNN on this CPU (or no oneDNN in this build)");
+    return;
+  }
+  const AttentionKernel& kernel = sbp::cpu_bf16_attention_kernel();
+  REQUIRE(kernel.narrow_operands);
+  // s = 2500: a prefix of three tiles (1024, 1024, 452) and the diagonal block of 100 queries; GQA and MHA; the
+  // rows of a K/V head in one tile and in tiles of 64 rows (the last one short).
+  for (const auto kv_heads : {2, 4}) {
+    const AttentionCase c = rounded_to_bf16(make_attention_case(2600, 2500, 4, kv_heads));
+    for (const std::int64_t row_tile : {0, 64}) {
+      const sbp::ScopedBf16AttentionRowTile tile(row_tile);
+      for (const bool into_sums : {false, true}) {
+        INFO("kv_heads " << kv_heads << ", row tile " << row_tile << ", into sums " << into_sums);
+        const AttentionResult r = run_bf16_chunk(kernel, c, into_sums);
+        CHECK(relative_error(r.o, c.o) < 0x1p-7);
+        CHECK(relative_error(r.dq, c.dq) < 0x1p-7);
+        CHECK(relative_error(r.dk, c.dk) < 0x1p-7);
+        CHECK(relative_error(r.dv, c.dv) < 0x1p-7);
+      }
+    }
+  }
+}
+
+TEST_CASE("negative control: the bf16 kernel check fails with the diagonal block unmasked", "[attention][bf16][negative]") {
+  if (!sbp::cpu_bf16_attention_available()) {
+    WARN("skipped: no native bf16 kernels of oneDNN on this CPU (or no oneDNN in this build)");
+    return;
+  }
+  AttentionKernel faulty = sbp::cpu_bf16_attention_kernel();
+  faulty.forward = forward_without_causal_rule;
+  const AttentionCase c = rounded_to_bf16(make_attention_case(1200, 1100, 4, 2));
+  CHECK(relative_error(run_bf16_chunk(sbp::cpu_bf16_attention_kernel(), c, true).o, c.o) < 0x1p-7);
+  CHECK(relative_error(run_bf16_chunk(faulty, c, true).o, c.o) > 0x1p-4);
 }

@@ -1,7 +1,11 @@
 # Sourced by the CLI tests (cli_*.sh BINARY): strict mode, the binary as $STREAMBP, the current directory a fresh
 # temporary folder removed on exit, $TMPDIR inside it (whatever the programs under test leave there goes too), and the
 # helpers below.
-set -euo pipefail
+set -Eeuo pipefail
+# A command that fails outside a check stops the test (set -e) without a word of its own; this line names it, its
+# script line and exit code (make test's summary repeats every "FAIL:" line, so a failure in CI's log says where it
+# happened). -E hands the trap to functions and subshells.
+trap 'echo "FAIL: ${BASH_SOURCE[0]##*/}:$LINENO: exit $?: $BASH_COMMAND" >&2' ERR
 STREAMBP=$(realpath "$1")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbp_cli_XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -55,6 +55,13 @@ summarize() {
   skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*\((Skipped|Disabled)\)$' "$log")
   passed=$((total - failed - skipped))
   summary+=("$tree/: $passed passed, $failed failed, $skipped skipped (of $total; log: $log)")
+  # Where each failed test stopped, here at the end of the log where a reader (and CI's excerpt) looks: the CLI tests'
+  # "FAIL: ..." lines (tests/support/cli_common.sh) and Catch2's "file:line: FAILED:", the first 20 of them.
+  if ((failed > 0)); then
+    local said
+    said=$(grep -E '^FAIL: |: FAILED:$' "$log" | cut -c1-300 | head -20) || true
+    [[ -z $said ]] || while read -r line; do summary+=("  $line"); done <<<"$said"
+  fi
   passed_total=$((passed_total + passed)) failed_total=$((failed_total + failed))
   skipped_total=$((skipped_total + skipped))
 }

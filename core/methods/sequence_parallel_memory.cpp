@@ -69,14 +69,19 @@ ShardAttention allgather_attention(const Workload& w, const Sizes& z) {
 }
 
 // The attention backward of the shard's last block (the most keys), as the baselines' graphs run it: o_proj's input
-// gradient, the block's dK/dV over its keys (model dtype), its dO/dQ (fp32) and its key blocks' backward.
+// gradient, the block's dK/dV over its keys (model dtype), its dO/dQ (fp32) and its key blocks' backward. The CPU's
+// bf16 kernel (Workload::narrow_attention_blocks) takes dO and q in bf16, as dense copies, and returns dQ in fp32.
 std::vector<MemoryTerm> allgather_backward(const Workload& w, const Sizes& z) {
   const auto qw = w.config.q_width();
   const auto last = zigzag_shard(z.Tg, 0, int(z.sp)).blocks.back();
   const auto c = last.length();
+  const auto dq_path = w.narrow_attention_blocks ? z.B * c * qw * (z.f + 2 * z.s)
+                                                 : z.B * c * qw * (2 * z.f + (z.f > z.s ? z.f : 0));
   return {{"o_proj's input gradient", z.B * z.T * qw * z.s},
           {"the last block's dK, dV (its keys)", 2 * z.B * last.end * w.config.kv_width() * z.s, true},
-          {"the last block's dO and dQ (fp32), and its q in fp32", z.B * c * qw * (2 * z.f + (z.f > z.s ? z.f : 0))},
+          {w.narrow_attention_blocks ? "the last block's dQ (fp32) and its dO and q (bf16 copies)"
+                                     : "the last block's dO and dQ (fp32), and its q in fp32",
+           dq_path},
           {"the last block's key blocks' backward", key_blocks_backward_bytes(w, c, last.start)}};
 }
 

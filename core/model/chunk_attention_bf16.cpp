@@ -11,6 +11,8 @@
 #include "core/model/chunk_attention_kernels.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -82,21 +84,54 @@ ScoreRows score_rows(const Operands& x, std::int64_t r0, std::int64_t rows, bool
 std::int64_t tile_rows(std::int64_t rows) { return std::min(row_tile(), rows); }
 std::int64_t workers(std::int64_t tasks, std::int64_t threads) { return std::max<std::int64_t>(1, std::min(threads, tasks)); }
 
+// The products of a row tile of `rows` queries starting at r0, in the order the kernel runs them (the scratch is sized
+// from these very shapes). Forward: S = scale · Q Kᵀ, O = P V.
+std::array<onednn::MatmulShape, 2> forward_products(const Operands& x, std::int64_t rows, float scale) {
+  return {rows_by_keys(x, rows, scale), block_by_kv(x, rows, 1.0f)};
+}
+// Backward: S, dV (+)= Pᵀ dO, dP = dO Vᵀ, dQ = scale · dS K, dK (+)= scale · dSᵀ Q; the tiles after the first add
+// into dK, dV.
+std::array<onednn::MatmulShape, 5> backward_products(const Operands& x, std::int64_t rows, std::int64_t r0,
+                                                     float scale) {
+  return {rows_by_keys(x, rows, scale), block_transposed_by_rows(x, rows, 1.0f, r0 > 0), rows_by_keys(x, rows, 1.0f),
+          block_by_kv(x, rows, scale), block_transposed_by_rows(x, rows, scale, r0 > 0)};
+}
+
+// oneDNN's scratchpad for the largest of a call's products, rounded up to a cache line: one per worker, in ATen's
+// memory (the meter and the memory models see it).
+std::int64_t pad_bytes(const Operands& x, float scale, bool backward) {
+  std::size_t bytes = 0;
+  const auto tile = row_tile();
+  // The first tile, the second (the middle ones repeat its shapes) and the last.
+  for (const auto r0 : {std::int64_t(0), tile, (x.rows - 1) / tile * tile}) {
+    if (r0 >= x.rows) continue;
+    const auto rows = std::min(tile, x.rows - r0);
+    if (backward)
+      for (const auto& p : backward_products(x, rows, r0, scale)) bytes = std::max(bytes, onednn::scratchpad_bytes(p));
+    else
+      for (const auto& p : forward_products(x, rows, scale)) bytes = std::max(bytes, onednn::scratchpad_bytes(p));
+  }
+  return (std::int64_t(bytes) + 63) / 64 * 64;
+}
+
 // Every worker's scratch for its row tiles of n keys, allocated before the workers start (so that the peak does not
 // depend on how their allocations interleave): [workers, tile rows x n] scores, their gradient (backward) in fp32 and
-// the probabilities in bf16, a worker's slice by its thread number.
+// the probabilities in bf16, and oneDNN's scratchpad, a worker's slice by its thread number.
 struct Scratch {
-  at::Tensor s, dp, p;
-  std::int64_t stride;
+  at::Tensor s, dp, p, pad;
+  std::int64_t stride, pad_stride;
 
-  Scratch(const Operands& x, std::int64_t tasks, const at::TensorOptions& bf16, bool backward)
-      : stride(tile_rows(x.rows) * x.n), slots(workers(tasks, at::get_num_threads())) {
+  Scratch(const Operands& x, std::int64_t tasks, const at::TensorOptions& bf16, float scale, bool backward)
+      : stride(tile_rows(x.rows) * x.n), pad_stride(pad_bytes(x, scale, backward)),
+        slots(workers(tasks, at::get_num_threads())) {
     s = at::empty({slots, stride}, bf16.dtype(at::kFloat)), p = at::empty({slots, stride}, bf16);
     if (backward) dp = at::empty({slots, stride}, bf16.dtype(at::kFloat));
+    pad = at::empty({slots, pad_stride}, bf16.dtype(at::kByte));
   }
   float* scores() { return s.data_ptr<float>() + slot() * stride; }
   float* score_gradient() { return dp.data_ptr<float>() + slot() * stride; }
   std::uint16_t* probabilities() { return reinterpret_cast<std::uint16_t*>(p.data_ptr()) + slot() * stride; }
+  void* onednn_pad() { return pad.data_ptr<std::uint8_t>() + slot() * pad_stride; }
 
  private:
   std::int64_t slots;
@@ -111,16 +146,18 @@ std::pair<at::Tensor, at::Tensor> bf16_forward(const at::Tensor& q_in, const at:
   auto o = at::empty({x.matrices, x.rows, x.hd}, options), lse = at::empty({x.matrices, x.rows}, options);
   const auto tile = row_tile(), tiles = (x.rows + tile - 1) / tile;
   // Every (matrix, row tile) is independent: one task each.
-  Scratch w(x, x.matrices * tiles, q_in.options(), false);
+  Scratch w(x, x.matrices * tiles, q_in.options(), float(scale), false);
   at::parallel_for(0, x.matrices * tiles, 1, [&](std::int64_t begin, std::int64_t end) {
     float* s = w.scores();
     std::uint16_t* p = w.probabilities();
+    void* pad = w.onednn_pad();
     for (std::int64_t i = begin; i < end; ++i) {
       const auto m = i / tiles, r0 = i % tiles * tile, rows = std::min(tile, x.rows - r0);
       const auto row = m * x.rows + r0;
-      onednn::matmul(rows_by_keys(x, rows, float(scale)), bits(x.q) + row * x.hd, bits(x.k) + m * x.n * x.hd, s);
+      const auto [scores, by_v] = forward_products(x, rows, float(scale));
+      onednn::matmul(scores, bits(x.q) + row * x.hd, bits(x.k) + m * x.n * x.hd, s, pad);
       softmax_rows_forward(score_rows(x, r0, rows, causal), s, f32(lse) + row, p);
-      onednn::matmul(block_by_kv(x, rows, 1.0f), p, bits(x.v) + m * x.n * x.hd, f32(o) + row * x.hd);
+      onednn::matmul(by_v, p, bits(x.v) + m * x.n * x.hd, f32(o) + row * x.hd, pad);
     }
   });
   return {o.view({x.B, x.heads, x.c, x.hd}), lse.view({x.B, x.heads, x.c})};
@@ -140,11 +177,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bf16_backward(const at::Tensor& g
   const auto tile = row_tile();
   const auto fscale = float(scale);
   // One task per matrix: its row tiles add into the same dK, dV.
-  Scratch w(x, x.matrices, q_in.options(), true);
+  Scratch w(x, x.matrices, q_in.options(), fscale, true);
   at::parallel_for(0, x.matrices, 1, [&](std::int64_t begin, std::int64_t end) {
     float* s = w.scores();
     float* dp = w.score_gradient();
     std::uint16_t* p = w.probabilities();
+    void* pad = w.onednn_pad();
     for (std::int64_t m = begin; m < end; ++m) {
       const auto* k = bits(x.k) + m * x.n * x.hd;
       const auto* v = bits(x.v) + m * x.n * x.hd;
@@ -155,13 +193,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bf16_backward(const at::Tensor& g
         const auto shape = score_rows(x, r0, rows, causal);
         const auto* q = bits(x.q) + row * x.hd;
         const auto* dO_rows = bits(dO) + row * x.hd;
-        onednn::matmul(rows_by_keys(x, rows, fscale), q, k, s);
+        const auto [scores, to_dv, to_dp, to_dq, to_dk] = backward_products(x, rows, r0, fscale);
+        onednn::matmul(scores, q, k, s, pad);
         probabilities_from_lse(shape, s, f32(lse) + row, p);
-        onednn::matmul(block_transposed_by_rows(x, rows, 1.0f, r0 > 0), p, dO_rows, dv_m);
-        onednn::matmul(rows_by_keys(x, rows, 1.0f), dO_rows, v, dp);
+        onednn::matmul(to_dv, p, dO_rows, dv_m, pad);
+        onednn::matmul(to_dp, dO_rows, v, dp, pad);
         score_gradient_rows(shape, s, dp, f32(D) + row, p);  // dS, over P's bf16 copy
-        onednn::matmul(block_by_kv(x, rows, fscale), p, k, f32(dq) + row * x.hd);
-        onednn::matmul(block_transposed_by_rows(x, rows, fscale, r0 > 0), p, q, dk_m);
+        onednn::matmul(to_dq, p, k, f32(dq) + row * x.hd, pad);
+        onednn::matmul(to_dk, p, q, dk_m, pad);
       }
     }
   });
@@ -182,8 +221,12 @@ ScopedBf16AttentionRowTile::ScopedBf16AttentionRowTile(std::int64_t rows) : prev
 ScopedBf16AttentionRowTile::~ScopedBf16AttentionRowTile() { row_tile_override = previous_; }
 
 std::int64_t cpu_bf16_attention_backward_scratch_bytes(std::int64_t matrices, std::int64_t rows, std::int64_t keys,
-                                                       std::int64_t threads) {
-  return workers(matrices, threads) * tile_rows(rows) * keys * (4 + 4 + 2);
+                                                       std::int64_t head_dim, std::int64_t threads) {
+  Operands x{};
+  x.rows = rows, x.n = keys, x.hd = head_dim;
+  // The model's scale (Model::attention_scale), so that the primitives asked here are the ones the step runs.
+  const auto scale = float(1.0 / std::sqrt(double(head_dim)));
+  return workers(matrices, threads) * (tile_rows(rows) * keys * (4 + 4 + 2) + pad_bytes(x, scale, true));
 }
 
 bool cpu_bf16_attention_available() { return onednn::bf16_native() && softmax_rows_supported(); }

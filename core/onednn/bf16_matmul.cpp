@@ -4,7 +4,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
-#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -65,6 +64,24 @@ Primitive make(const MatmulShape& s) {
   return {a, b, c, pd.scratchpad_desc(), dnnl::matmul(pd)};
 }
 
+// Primitives are made once per shape (a JIT compilation each); attention calls few shapes, many times. A node's
+// address stays valid as the map grows.
+const Primitive& primitive(const MatmulShape& shape) {
+  static std::mutex mutex;
+  static std::map<Key, Primitive> primitives;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = key_of(shape);
+  auto it = primitives.find(key);
+  if (it == primitives.end()) {
+    try {
+      it = primitives.emplace(key, make(shape)).first;
+    } catch (const dnnl::error& e) {
+      throw std::runtime_error("oneDNN refused a bf16 matmul " + text(shape) + ": " + e.what());
+    }
+  }
+  return it->second;
+}
+
 }  // namespace
 
 bool bf16_native() {
@@ -78,34 +95,15 @@ std::string describe() {
          (bf16_native() ? ", native bf16" : ", no native bf16 on this CPU under ONEDNN_MAX_CPU_ISA");
 }
 
-void matmul(const MatmulShape& shape, const std::uint16_t* a, const std::uint16_t* b, float* c) {
-  // Primitives are made once per shape (a JIT compilation each); attention calls few shapes, many times.
-  static std::mutex mutex;
-  static std::map<Key, Primitive> primitives;
-  Primitive* p = nullptr;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto key = key_of(shape);
-    auto it = primitives.find(key);
-    if (it == primitives.end()) {
-      try {
-        it = primitives.emplace(key, make(shape)).first;
-      } catch (const dnnl::error& e) {
-        throw std::runtime_error("oneDNN refused a bf16 matmul " + text(shape) + ": " + e.what());
-      }
-    }
-    p = &it->second;
-  }
+std::size_t scratchpad_bytes(const MatmulShape& shape) { return primitive(shape).scratchpad.get_size(); }
+
+void matmul(const MatmulShape& shape, const std::uint16_t* a, const std::uint16_t* b, float* c, void* scratchpad) {
+  const auto& p = primitive(shape);
   thread_local dnnl::stream stream(engine());
-  // Each calling thread's scratchpad, kept for its next call: packing blocks, 9-66 KiB at attention's shapes (hd 64
-  // and 128, 64 rows by 1024 keys; P·V's is the largest). Not ATen's memory: neither the harness's meter nor the
-  // memory models count it (~130 KiB on 2 threads, beside the process's RSS).
-  thread_local std::vector<unsigned char> scratchpad;
-  if (scratchpad.size() < p->scratchpad.get_size()) scratchpad.resize(p->scratchpad.get_size());
-  const dnnl::memory am(p->a, engine(), const_cast<std::uint16_t*>(a)), bm(p->b, engine(), const_cast<std::uint16_t*>(b)),
-      cm(p->c, engine(), c), sm(p->scratchpad, engine(), scratchpad.data());
+  const dnnl::memory am(p.a, engine(), const_cast<std::uint16_t*>(a)), bm(p.b, engine(), const_cast<std::uint16_t*>(b)),
+      cm(p.c, engine(), c), sm(p.scratchpad, engine(), scratchpad);
   try {
-    p->matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
     stream.wait();
   } catch (const dnnl::error& e) {
     throw std::runtime_error("oneDNN bf16 matmul " + text(shape) + " failed (status " + std::to_string(int(e.status)) +

@@ -12,6 +12,7 @@
 // shadow the 2.x headers of the library linked here. Pointers and strides only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -34,7 +35,11 @@ struct MatmulShape {
   float alpha = 1.0f;
   bool accumulate = false;
 };
-// Throws std::runtime_error where oneDNN has no native kernel for the shape or is not built in.
-void matmul(const MatmulShape& shape, const std::uint16_t* a, const std::uint16_t* b, float* c);
+// The scratch `matmul` needs for `shape`: oneDNN's packing blocks (up to ~130 KiB at attention's shapes, 0 for some),
+// in the caller's memory so that the caller's allocator (and the harness's meter) sees it. Makes the shape's primitive.
+std::size_t scratchpad_bytes(const MatmulShape& shape);
+// `scratchpad`: at least scratchpad_bytes(shape) bytes, this call's alone while it runs. Throws std::runtime_error
+// where oneDNN has no native kernel for the shape or is not built in.
+void matmul(const MatmulShape& shape, const std::uint16_t* a, const std::uint16_t* b, float* c, void* scratchpad);
 
 }  // namespace sbp::onednn

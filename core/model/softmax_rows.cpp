@@ -91,11 +91,12 @@ SBP_AVX512 void gradient_row(const float* p, const float* dp, std::int64_t keys,
   }
 }
 
-// Rows of every matrix in parallel, a few rows per task (a row is ~1k keys).
+// The rows in parallel, a few per task (a row is ~1k keys). Inside the kernel's own workers this runs inline; it
+// splits the rows when the kernel has a single task (one K/V head's matrix).
 template <class F>
 void for_rows(const ScoreRows& shape, const F& f) {
-  at::parallel_for(0, shape.batch * shape.rows, 8, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) f(i / shape.rows, i % shape.rows, i);
+  at::parallel_for(0, shape.rows, 8, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) f(r);
   });
 }
 
@@ -104,21 +105,18 @@ void for_rows(const ScoreRows& shape, const F& f) {
 bool softmax_rows_supported() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
 
 void softmax_rows_forward(const ScoreRows& shape, float* s, float* lse, std::uint16_t* p) {
-  for_rows(shape, [&](std::int64_t b, std::int64_t r, std::int64_t i) {
-    forward_row(s + i * shape.keys, shape.keys, shape.visible(r), lse + shape.vector_index(b, r), p + i * shape.keys);
-  });
+  const auto n = shape.keys;
+  for_rows(shape, [&](std::int64_t r) { forward_row(s + r * n, n, shape.visible(r), lse + r, p + r * n); });
 }
 
 void probabilities_from_lse(const ScoreRows& shape, float* s, const float* lse, std::uint16_t* p) {
-  for_rows(shape, [&](std::int64_t b, std::int64_t r, std::int64_t i) {
-    recompute_row(s + i * shape.keys, shape.keys, shape.visible(r), lse[shape.vector_index(b, r)], p + i * shape.keys);
-  });
+  const auto n = shape.keys;
+  for_rows(shape, [&](std::int64_t r) { recompute_row(s + r * n, n, shape.visible(r), lse[r], p + r * n); });
 }
 
 void score_gradient_rows(const ScoreRows& shape, const float* p, const float* dp, const float* d, std::uint16_t* ds) {
-  for_rows(shape, [&](std::int64_t b, std::int64_t r, std::int64_t i) {
-    gradient_row(p + i * shape.keys, dp + i * shape.keys, shape.keys, d[shape.vector_index(b, r)], ds + i * shape.keys);
-  });
+  const auto n = shape.keys;
+  for_rows(shape, [&](std::int64_t r) { gradient_row(p + r * n, dp + r * n, n, d[r], ds + r * n); });
 }
 
 }  // namespace sbp

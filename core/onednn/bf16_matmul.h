@@ -25,12 +25,11 @@ bool bf16_native();
 // "oneDNN 2.6.3, avx512_core_bf16" or why there is none: for run records.
 std::string describe();
 
-// C[b] = alpha · op(A)[b] · op(B)[b] (+ C[b] when accumulate), for b < batch, on dense row-major matrices: A is
-// stored [m, k] ([k, m] when a_transposed), B [k, n] ([n, k] when b_transposed), C [m, n] fp32; A and B are bf16 (raw
-// uint16 bits). Dense operands only: oneDNN 2.6's native kernels (brgemm) take no other strides, and its fallback
+// C = alpha · op(A) · op(B) (+ C when accumulate) on dense row-major matrices: A is stored [m, k] ([k, m] when
+// a_transposed), B [k, n] ([n, k] when b_transposed), C [m, n] fp32; A and B are bf16 (raw uint16 bits). Dense operands only: oneDNN 2.6's native kernels (brgemm) take no other strides, and its fallback
 // (gemm:jit) fails inside a process that has loaded libtorch_cpu, whose copies of shared template code it binds to.
 struct MatmulShape {
-  std::int64_t batch = 1, m = 0, n = 0, k = 0;
+  std::int64_t m = 0, n = 0, k = 0;
   bool a_transposed = false, b_transposed = false;
   float alpha = 1.0f;
   bool accumulate = false;

@@ -45,14 +45,15 @@ std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t rows, std
     const auto dq_sum = after_first ? rows * c * w.config.q_width() * z.f : 0;
     if (w.narrow_attention_blocks) {
       // The bf16 kernel (chunk_attention_bf16.cpp): the tile's K/V in bf16 (dense copies) and their fp32 gradients,
-      // its workers' scratch, and rowsum(dO * O) in fp32. Measured on tiny bf16, B = 1, c = 64, T = 2048 (prefix
-      // tile of 1024 keys): 64 KiB K/V copies, 128 KiB dK/dV, 1 KiB rowsum, 640 KiB scratch per worker.
+      // its workers' scratch (oneDNN's scratchpad in it), and rowsum(dO * O) in fp32. Measured on tiny bf16, B = 1,
+      // c = 64, T = 2048 (prefix tile of 1024 keys): 64 KiB K/V copies, 128 KiB dK/dV, 1 KiB rowsum, 640 KiB scratch
+      // per worker before the scratchpad.
       const auto& cfg = w.config;
       const auto matrices = rows * cfg.num_key_value_heads;
       const auto group_rows = cfg.num_attention_heads / cfg.num_key_value_heads * c;
-      return rows * keys * kw * 2 * (z.s + z.f) +
-             cpu_bf16_attention_backward_scratch_bytes(matrices, group_rows, keys, cfg.head_dim, w.threads) +
-             rows * cfg.num_attention_heads * c * 4 + dq_sum;
+      const auto scratch = cpu_bf16_attention_backward_scratch_bytes(matrices, group_rows, keys, cfg.head_dim,
+                                                                     cfg.attention_scale(), w.threads);
+      return rows * keys * kw * 2 * (z.s + z.f) + scratch + rows * cfg.num_attention_heads * c * 4 + dq_sum;
     }
     return (upcast ? 4 : 2) * rows * keys * kw * z.f +
            attention_scratch_bytes(w, compute_dtype(w.dtype), c, keys, diagonal, rows) + dq_sum;

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -221,12 +220,10 @@ ScopedBf16AttentionRowTile::ScopedBf16AttentionRowTile(std::int64_t rows) : prev
 ScopedBf16AttentionRowTile::~ScopedBf16AttentionRowTile() { row_tile_override = previous_; }
 
 std::int64_t cpu_bf16_attention_backward_scratch_bytes(std::int64_t matrices, std::int64_t rows, std::int64_t keys,
-                                                       std::int64_t head_dim, std::int64_t threads) {
+                                                       std::int64_t head_dim, double scale, std::int64_t threads) {
   Operands x{};
   x.rows = rows, x.n = keys, x.hd = head_dim;
-  // The model's scale (Model::attention_scale), so that the primitives asked here are the ones the step runs.
-  const auto scale = float(1.0 / std::sqrt(double(head_dim)));
-  return workers(matrices, threads) * (tile_rows(rows) * keys * (4 + 4 + 2) + pad_bytes(x, scale, true));
+  return workers(matrices, threads) * (tile_rows(rows) * keys * (4 + 4 + 2) + pad_bytes(x, float(scale), true));
 }
 
 bool cpu_bf16_attention_available() { return onednn::bf16_native() && softmax_rows_supported(); }

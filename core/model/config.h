@@ -1,6 +1,7 @@
 // Model configuration of a Qwen3-family dense decoder: named presets and HF config.json in/out.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -28,6 +29,8 @@ struct ModelConfig {
 
   std::int64_t q_width() const { return num_attention_heads * head_dim; }
   std::int64_t kv_width() const { return num_key_value_heads * head_dim; }
+  // Attention's softmax scale, 1/sqrt(head_dim) (Qwen3 and Llama have no other).
+  double attention_scale() const { return 1.0 / std::sqrt(double(head_dim)); }
   std::int64_t num_parameters() const;
   // Throws InputError naming the offending field.
   void validate() const;

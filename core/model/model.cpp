@@ -352,7 +352,7 @@ at::Tensor Model::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return o.transpose(1, 2).reshape({B, c, q.size(1) * q.size(3)});  // [B, c, n_h*hd]
 }
 
-double Model::attention_scale() const { return 1.0 / std::sqrt(double(config_.head_dim)); }
+double Model::attention_scale() const { return config_.attention_scale(); }
 
 AttentionRule Model::attention_rule() const { return {attention_scale(), packed_rows_}; }
 

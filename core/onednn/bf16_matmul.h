@@ -26,16 +26,18 @@ bool bf16_native();
 std::string describe();
 
 // C = alpha · op(A) · op(B) (+ C when accumulate) on dense row-major matrices: A is stored [m, k] ([k, m] when
-// a_transposed), B [k, n] ([n, k] when b_transposed), C [m, n] fp32; A and B are bf16 (raw uint16 bits). Dense operands only: oneDNN 2.6's native kernels (brgemm) take no other strides, and its fallback
-// (gemm:jit) fails inside a process that has loaded libtorch_cpu, whose copies of shared template code it binds to.
+// a_transposed), B [k, n] ([n, k] when b_transposed), C [m, n] fp32; A and B are bf16 (raw uint16 bits). Dense
+// operands only: oneDNN 2.6's native kernels (brgemm) take no other strides, and its fallback (gemm:jit) fails inside
+// a process that has loaded libtorch_cpu, whose copies of shared template code it binds to.
 struct MatmulShape {
   std::int64_t m = 0, n = 0, k = 0;
   bool a_transposed = false, b_transposed = false;
   float alpha = 1.0f;
   bool accumulate = false;
 };
-// The scratch `matmul` needs for `shape`: oneDNN's packing blocks (up to ~130 KiB at attention's shapes, 0 for some),
-// in the caller's memory so that the caller's allocator (and the harness's meter) sees it. Makes the shape's primitive.
+// The scratch `matmul` needs for `shape`: oneDNN's packing blocks (it depends on the library, the CPU and the shape;
+// 0 for some), in the caller's memory so that the caller's allocator (and the harness's meter) sees it. Makes the
+// shape's primitive.
 std::size_t scratchpad_bytes(const MatmulShape& shape);
 // `scratchpad`: at least scratchpad_bytes(shape) bytes, this call's alone while it runs. Throws std::runtime_error
 // where oneDNN has no native kernel for the shape or is not built in.

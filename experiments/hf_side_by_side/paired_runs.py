@@ -143,6 +143,15 @@ def step_record(steps):
             "first_step_seconds": steps[0]["bp_seconds"] + steps[0]["optimizer_seconds"]}
 
 
+def peak_floor(baseline_rss, parameters, dtype):
+    """The least whole-process peak RSS an exact AdamW step of ours can have: our load-only process (binary, weights,
+    batch) plus what the step must add whatever its method, the gradients and AdamW's two states, each the size of the
+    trainable weights in the run dtype (the states in the weights' dtype, as torch keeps them). Activations, the
+    checkpoints and the head's logits come on top, so a peak-RSS goal below floor / the peer's peak cannot be met by
+    any method that keeps those tensors in memory."""
+    return baseline_rss + 3 * parameters * {"fp32": 4, "bf16": 2}[dtype]
+
+
 def loss_check(peer, dtype, ours, theirs, normaliser=None):
     """The first-step losses side by side, on the same weights and batch. HF's loss is ours; the official code's is
     ours times its normaliser's factor (official_train_step.py: targets / unshifted labels, (T - 1) / T at B = 1
@@ -307,6 +316,12 @@ def main():
             ds = s["peak_rss_bytes"] - s["baseline_peak_rss_bytes"]
             dh = h["peak_rss_bytes"] - h["baseline_peak_rss_bytes"]
             cmp[f"peak_rss_above_baseline_ratio_streambp_over_{a.peer}"] = ds / dh if dh > 0 else None
+            parameters = peer_records[dtype].get("parameters")
+            if parameters:
+                floor = peak_floor(s["baseline_peak_rss_bytes"], parameters, dtype)
+                cmp["peak_rss_floor_bytes"] = floor
+                cmp[f"peak_rss_floor_ratio_over_{a.peer}"] = floor / h["peak_rss_bytes"]
+                cmp["rss_goal_reachable"] = floor / h["peak_rss_bytes"] <= goal_rss
         cmp["goal_time_ratio"], cmp["goal_rss_ratio"] = goal_time, goal_rss
         cmp["time_goal_met"] = cmp[f"time_ratio_{a.peer}_over_streambp"] >= goal_time
         cmp["rss_goal_met"] = cmp[f"peak_rss_ratio_streambp_over_{a.peer}"] <= goal_rss
@@ -339,6 +354,9 @@ def main():
               f"(goal <= {cmp['goal_rss_ratio']:g}: "
               f"{'met' if cmp['rss_goal_met'] else 'not met'})"
               + (f", above baseline {extra:.3f}" if extra is not None else "")
+              + (f", floor {cmp[f'peak_rss_floor_ratio_over_{a.peer}']:.3f} (the baseline + gradients + AdamW states"
+                 + ("" if cmp["rss_goal_reachable"] else ": the goal is below it") + ")"
+                 if f"peak_rss_floor_ratio_over_{a.peer}" in cmp else "")
               + (f"; first-step loss relative difference {diff:.1e}" if diff is not None else "; first-step loss")
               + (f" against ours x {cmp['loss_factor']:.8g}" if a.peer == "official" and diff is not None else "")
               + f" ({cmp['loss_check']})")

@@ -8,7 +8,11 @@ what it cannot run, without the paper's code, its venv or a network:
     is ours. Negative control: the official loss taken as ours (the factor forgotten: 1/T off at T = 64) is a
     MISMATCH, and so is a 1e-4 error; no factor is "not comparable", never "ok";
 (c) paired_runs.py --peer official without STREAMBP_OFFICIAL_SRC, or with a checkout at another commit, exits 2 with
-    a message naming the variable (or the pinned commit) and creates no --out.
+    a message naming the variable (or the pinned commit) and creates no --out;
+(d) paired_runs.peak_floor is the load-only baseline plus the gradients and AdamW's two states: 12 bytes a parameter
+    in fp32, 6 in bf16. At 2026-12-03's T = 8192 run (baseline 865,886,208 B, 102,966,784 parameters, the paper's
+    peak 4,154,286,080 B) it is 0.506 of the peer's peak, above the goal's 0.5. Negative control: a floor without one
+    of the states would be 0.407 and the goal would look reachable.
 
 Usage: python tests/cli/cli_side_by_side_official.py BUILD/streambp   (the binary is not used)
 """
@@ -66,6 +70,23 @@ def loss_checks():
     return failures
 
 
+def floor_facts():
+    failures = []
+    for dtype, per_parameter in (("fp32", 12), ("bf16", 6)):
+        got = paired_runs.peak_floor(1000, 10, dtype)
+        if got != 1000 + 10 * per_parameter:
+            failures.append(f"peak_floor(1000, 10, {dtype}) = {got}, wanted {1000 + 10 * per_parameter}")
+    baseline, parameters, peer_peak = 865886208, 102966784, 4154286080
+    ratio = paired_runs.peak_floor(baseline, parameters, "fp32") / peer_peak
+    if not 0.505 < ratio < 0.507:
+        failures.append(f"2026-12-03's floor ratio {ratio:.4f}, wanted 0.506")
+    one_state = (baseline + 8 * parameters) / peer_peak  # negative control: a state forgotten
+    if one_state > 0.5 or ratio <= 0.5:
+        failures.append(f"the floor does not tell a reachable goal from an unreachable one: {ratio:.3f}, "
+                        f"{one_state:.3f} without a state")
+    return failures
+
+
 def refusals():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,10 +107,10 @@ def refusals():
 
 
 def main():
-    failures = normaliser_facts() + loss_checks() + refusals()
+    failures = normaliser_facts() + loss_checks() + floor_facts() + refusals()
     for f in failures:
         print("FAIL:", f)
-    print(f"{'FAILED' if failures else 'passed'}: official loss normaliser, loss check, refusals")
+    print(f"{'FAILED' if failures else 'passed'}: official loss normaliser, loss check, peak floor, refusals")
     return 1 if failures else 0
 
 

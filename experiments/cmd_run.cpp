@@ -84,6 +84,13 @@ RunParts build_run_parts(const RunArgs& a) {
 
 namespace {
 
+// A phase's modelled FLOPs (none: the method does not split its FLOPs by phase, or not this one).
+std::optional<double> flops_of_phase(const std::vector<PhaseFlops>& phase_flops, const std::string& name) {
+  for (const auto& p : phase_flops)
+    if (p.name == name) return p.flops;
+  return std::nullopt;
+}
+
 // Wall time of a phase in the measured step (the meter keys peaks by the same names).
 double phase_seconds(const Measurement& m, const std::string& name) {
   for (const auto& t : m.phases)
@@ -139,7 +146,8 @@ const char* chunk_attention_name(const Model& model) {
 
 void print_summary(const RunArgs& a, const Model& model, const Batch& batch, const Objective& objective,
                    const BackpropMethod& method, const ReferencePass& reference, const Measurement& m,
-                   const MemoryEstimate& est, const OffloadTier* tier, const std::vector<MemoryTerm>& disk) {
+                   const MemoryEstimate& est, const OffloadTier* tier, const std::vector<MemoryTerm>& disk,
+                   const std::vector<PhaseFlops>& phase_flops) {
   fmt::print("model     {} ({:.1f} M parameters, {})\n", a.setup.source.describe(), model.config().num_parameters() / 1e6,
              precision_name(model.dtype(), model.grad_dtype()));
   if (model.lora().enabled()) {
@@ -185,9 +193,15 @@ void print_summary(const RunArgs& a, const Model& model, const Batch& batch, con
   print_terms(est);
   if (tier) print_offload(a.offload, *tier, est, disk);
   const auto unit = column_unit(m.phase_peaks, [](const PhasePeak& p) { return p.peak_bytes; });
-  for (const auto& p : m.phase_peaks)
-    fmt::print("  phase   {:<12} peak {:>12}  {}  x{}\n", p.name, format_bytes(p.peak_bytes, unit),
-               finished ? fmt::format("{:8.3f} s", phase_seconds(m, p.name)) : std::string("       - s"), p.count);
+  for (const auto& p : m.phase_peaks) {
+    // The phase's matrix-product FLOPs over its seconds, where the method models them by phase (StreamBP).
+    const auto flops = flops_of_phase(phase_flops, p.name);
+    const auto seconds = phase_seconds(m, p.name);
+    fmt::print("  phase   {:<12} peak {:>12}  {}  x{}{}\n", p.name, format_bytes(p.peak_bytes, unit),
+               finished ? fmt::format("{:8.3f} s", seconds) : std::string("       - s"), p.count,
+               finished && flops && *flops > 0 && seconds > 0 ? fmt::format("  {:6.1f} GFLOP/s", *flops / seconds / 1e9)
+                                                              : "");
+  }
 }
 
 // The memory check before the step (experiments/memory_check.h): the model's peak of this workload at any T
@@ -353,9 +367,12 @@ void write_run_record(const RunRecord& r) {
   const bool finished = m.finished();
   const auto unless_oom = [&](nlohmann::json value) { return finished ? value : nlohmann::json(); };
   nlohmann::json phases = nlohmann::json::array();
-  for (const auto& p : m.phase_peaks)
+  const auto phase_flops = r.method.phase_flops(r.workload);
+  for (const auto& p : m.phase_peaks) {
+    const auto flops = flops_of_phase(phase_flops, p.name);
     phases.push_back({{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"seconds", unless_oom(phase_seconds(m, p.name))},
-                      {"count", p.count}});
+                      {"count", p.count}, {"flops", flops ? nlohmann::json(*flops) : nlohmann::json()}});
+  }
   nlohmann::json j = {{"status", run_status(m)},
                       {"error", m.error},
                       {"loss", unless_oom(m.loss)},
@@ -456,8 +473,9 @@ int run_command(const RunArgs& a, const std::string& command_line) {
   std::string cuda_reason;
   const bool cuda = print_device(device, cuda_reason);
   const auto est = method->memory_model(workload);
+  const auto phase_flops = method->phase_flops(workload);
   print_summary(a, *model, batch, *objective, *method, reference, m, est, tier.get(),
-                memory::offload_disk_terms(workload));
+                memory::offload_disk_terms(workload), phase_flops);
   print_calibration(workload);
 
   const auto prov = collect_provenance(command_line, describe_device(device));

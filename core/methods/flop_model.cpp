@@ -64,26 +64,28 @@ double streambp_attention_flops(const Workload& w) {
   return flop_terms(w).attention * (2 + FlopTerms::kAttentionBackward);
 }
 
-namespace {
-// Every layer's backward (steps 1-3), attention's re-forward and backward included.
-double streambp_layers_backward(const FlopTerms& f) {
-  return f.projections(f.kv_base, f.kv_adapters, false)                                    // step 1: K, V
-         + f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true) // step 2
-         + f.projections(f.kv_base, f.kv_adapters, true)                                    // step 3
-         + f.attention * (1 + FlopTerms::kAttentionBackward);                               // step 2's attention
+std::vector<PhaseFlops> streambp_phase_flops(const Workload& w) {
+  const auto f = flop_terms(w);
+  return {{"forward", f.projections(f.layer_base, f.layer_adapters, false) + f.attention},
+          {"statistics", w.statistics_pass ? f.head : 0},  // the streamed head's statistics pass: logits only
+          {"head", f.head * (1 + f.head_backward)},
+          {"kv_recompute", f.projections(f.kv_base, f.kv_adapters, false)},  // step 1: K, V
+          {"layer", f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true) +
+                        f.attention * (1 + FlopTerms::kAttentionBackward)},  // step 2, its attention too
+          {"kv_path", f.projections(f.kv_base, f.kv_adapters, true)}};     // step 3
 }
-}  // namespace
 
 double streambp_flops(const Workload& w) {
-  const auto f = flop_terms(w);
-  return f.projections(f.layer_base, f.layer_adapters, false)                                    // forward
-         + f.attention                                                                            // its attention
-         + streambp_layers_backward(f)                                                            // steps 1-3
-         + f.head * (1 + f.head_backward + (w.statistics_pass ? 1 : 0));                          // streamed head
+  double sum = 0;
+  for (const auto& p : streambp_phase_flops(w)) sum += p.flops;
+  return sum;
 }
 
 double streambp_layer_backward_flops(const Workload& w) {
-  return streambp_layers_backward(flop_terms(w)) / double(std::max<std::int64_t>(1, w.config.num_hidden_layers));
+  double steps = 0;  // steps 1-3
+  for (const auto& p : streambp_phase_flops(w))
+    if (p.name == "kv_recompute" || p.name == "layer" || p.name == "kv_path") steps += p.flops;
+  return steps / double(std::max<std::int64_t>(1, w.config.num_hidden_layers));
 }
 
 }  // namespace sbp

@@ -98,6 +98,8 @@ class BackpropMethod {
   virtual MemoryEstimate memory_model(const Workload& workload) const = 0;
   // Analytic matrix-product FLOPs of step(), recomputation included (core/methods/flop_model.h).
   virtual double flops(const Workload& workload) const = 0;
+  // The same FLOPs by the phases that compute them, summing to flops(); empty for a method that does not split them.
+  virtual std::vector<PhaseFlops> phase_flops(const Workload& /*workload*/) const { return {}; }
 
  protected:
   // The method itself: forward + backward of the prepared objective on `batch`, adding the gradients into grad()

@@ -16,6 +16,13 @@ struct PhaseTime {
   int count = 0;  // scopes entered under this name
 };
 
+// The analytic matrix-product FLOPs a method computes inside one phase of a step (core/methods/flop_model.h): its
+// seconds over these give the phase's achieved rate, beside the machine's GEMM rate.
+struct PhaseFlops {
+  std::string name;
+  double flops = 0;
+};
+
 // Receives every phase entry and exit (the CPU memory meter uses it for per-phase peaks), and the start of each
 // decoder layer's work in the forward and the backward (a progress display uses it). At most one; a listener that
 // sits in front of another (experiments/step_progress.h) passes every call on.

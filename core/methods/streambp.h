@@ -31,6 +31,9 @@ class StreamBP : public BackpropMethod {
   bool runs_sequence_shards() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
   double flops(const Workload& workload) const override { return streambp_flops(workload); }
+  std::vector<PhaseFlops> phase_flops(const Workload& workload) const override {
+    return streambp_phase_flops(workload);
+  }
   const Options& options() const { return options_; }
 
   // The two chunk bodies of a layer's streamed backward, written once: the method's loops call them, and the bench

@@ -86,6 +86,7 @@ def main():
         total = sum(rec["bp_seconds_all"])  # the op profile covers every measured step
         step = rec["bp_seconds"]
         phases = {ph["name"]: ph["seconds"] for ph in rec["phases"]}
+        phase_flops = {ph["name"]: ph["flops"] for ph in rec["phases"] if ph.get("flops")}
         phase_sum = sum(phases.values())
         groups = {}
         for op in csv.DictReader(open(ops_csv)):
@@ -101,6 +102,10 @@ def main():
             "gemm_flops_per_second": gemm_rate,
             "ceiling_seconds": flops / gemm_rate,
             "achieved_share_of_gemm_rate": (flops / step) / gemm_rate,
+            # Each phase's modelled FLOPs (the binary's flop model) over its seconds in the op-profiled run.
+            "phase_flops": phase_flops,
+            "phase_achieved_share_of_gemm_rate": {k: f / phases[k] / gemm_rate for k, f in phase_flops.items()
+                                                  if phases.get(k)},
             "sweep_bp_seconds": float(sweep["bp_seconds"]),
             "gemm_paths": next((line.split("bf16 GEMMs", 1)[1].strip() for line in
                                 open(out / f"run-{dtype}.log") if "bf16 GEMMs" in line), ""),
@@ -121,6 +126,8 @@ def main():
     for ph in next(iter(rows.values()))["phases_seconds"]:
         md.append(f"| phase {ph} | " + " | ".join(
             f"{r['phases_seconds'].get(ph, 0):.2f} s ({r['phase_shares'].get(ph, 0):.1%})"
+            + (f", {r['phase_achieved_share_of_gemm_rate'][ph]:.0%} of the GEMM rate"
+               if ph in r["phase_achieved_share_of_gemm_rate"] else "")
             for r in rows.values()) + " |")
     groups = sorted({g for r in rows.values() for g in r["op_group_shares"]})
     for g in groups:
@@ -132,7 +139,8 @@ def main():
     md.append("| achieved share of the GEMM rate | " + " | ".join(
         f"{r['achieved_share_of_gemm_rate']:.0%}" for r in rows.values()) + " |")
     md.append("| bf16 GEMM paths | " + " | ".join(r["gemm_paths"] or "-" for r in rows.values()) + " |")
-    md += ["", "Phase shares are of the phases' summed time; op shares of the measured steps' summed BP time (the op "
+    md += ["", "Phase shares are of the phases' summed time; a phase's share of the GEMM rate is its modelled "
+           "matrix-product FLOPs (core/methods/flop_model.h) over its seconds, in the op-profiled run; op shares of the measured steps' summed BP time (the op "
            "profile counts outermost ops only, so a backward node's time includes the products inside it).", ""]
     (out / "summary.md").write_text("\n".join(md))
     print("\n".join(md))

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <vector>
@@ -22,6 +24,8 @@
 
 #include "baselines/methods.h"
 #include "core/methods/flop_model.h"
+#include "core/methods/phase.h"
+#include "core/methods/streaming.h"
 #include "core/methods/streambp.h"
 #include "core/model/chunk_attention_kernels.h"
 #include "core/model/lora.h"
@@ -245,5 +249,68 @@ TEST_CASE("StreamBP's FLOP model of one layer's backward is the work between two
       ++layers;
     }
     CHECK(layers == config.num_hidden_layers - (lora.empty() ? 0 : 1));
+  }
+}
+
+namespace {
+
+// The work counted inside each phase of a step, by the phase marks the method makes (core/methods/phase.h).
+class PhaseWork final : public sbp::PhaseListener {
+ public:
+  explicit PhaseWork(const WorkCounter& counter) : counter_(counter) { sbp::set_phase_listener(this); }
+  ~PhaseWork() override { sbp::set_phase_listener(nullptr); }
+  void enter_phase(const std::string&) override { start_ = total(); }
+  void leave_phase(const std::string& name) override { work[name] += total() - start_; }
+  std::map<std::string, double> work;
+
+ private:
+  double total() const {
+    return counter_.matmul_flops() + counter_.attention_forward_flops() + counter_.attention_backward_flops();
+  }
+  const WorkCounter& counter_;
+  double start_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("StreamBP's FLOPs by phase are the work each of its phases executes", "[flops]") {
+  // `run` prints each phase's achieved rate from these (the phase profile's per-phase share of the GEMM rate), so
+  // each must be its phase's own work: counted op by op as above, between the phase marks; full training, LoRA, and
+  // DPO, whose head chunks need the statistics pass.
+  sbp::ModelConfig config = sbp::test::tiny_config();
+  constexpr std::int64_t T = 64;
+  const std::string spec = sbp::streambp_entry().tests.typical(T);
+  for (const std::string objective_spec : {"sft", "sft+lora", "dpo"}) {
+    sbp::Model model(config, at::kFloat, 3);
+    if (objective_spec == "sft+lora") model.add_lora(sbp::parse_lora_spec("rank=4"), 4);
+    std::unique_ptr<sbp::Objective> objective = sbp::make_objective(objective_spec == "dpo" ? "dpo" : "sft");
+    auto batch = objective->random_batch(config, {2, T, 0.0, 0.0, 5});
+    if (objective_spec == "dpo")  // the reference's log-probs, before the count (the model's own: any will do)
+      batch = objective->with_reference(batch, sbp::sequence_logps(model, batch, 1.0));
+    auto method = sbp::make_method(spec);
+    const auto workload = sbp::make_workload(model, objective->prepare(batch, config), batch);
+    std::map<std::string, double> counted;
+    {
+      WorkCounter counter;
+      PhaseWork phases(counter);
+      method->step(model, *objective, batch);
+      counted = phases.work;
+    }
+    model.zero_grad();
+    const auto modelled = method->phase_flops(workload);
+    double sum = 0;
+    for (const auto& [name, flops] : modelled) {
+      INFO(objective_spec << " phase " << name << ": counted " << counted[name] << ", model " << flops);
+      CHECK((flops == 0 ? counted[name] == 0 : relative_gap(counted[name], flops) < 1e-9));
+      sum += flops;
+    }
+    CHECK(relative_gap(sum, method->flops(workload)) < 1e-12);
+    CHECK((counted["statistics"] > 0) == (objective_spec == "dpo"));
+    for (const auto& [name, work] : counted)  // every phase that computes has its FLOPs modelled
+      CHECK((work == 0 || std::any_of(modelled.begin(), modelled.end(),
+                                      [&](const sbp::PhaseFlops& p) { return p.name == name; })));
+    // Negative control: step 2's attention re-forward counted in the forward phase instead is seen.
+    const auto f = sbp::flop_terms(workload);
+    CHECK(relative_gap(counted["forward"], modelled[0].flops + f.attention) > 1e-3);
   }
 }

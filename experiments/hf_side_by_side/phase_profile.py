@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Where a StreamBP step's time goes, per dtype, beside this machine's GEMM rate (the ceiling).
 
-For each dtype: `streambp run --op-profile --json` (the step's phases and its outermost ops, shares of the summed BP
-time of the measured steps) and `streambp sweep seq --check-seq 0` at the same point (the step's matrix-product FLOPs
-and a dense 2048^3 GEMM's rate in that dtype, same threads). Writes OUT/summary.md, OUT/summary.json and every raw
+For each dtype: `streambp run --json` (the step's time and its phases, each with its modelled FLOPs), the same with
+`--op-profile` (its outermost ops, shares of the summed BP time of the measured steps: the profile's callbacks slow
+the step, by 1.3x in bf16 at T = 8192 on 2026-12-04, so no time or rate is read from that run) and `streambp sweep
+seq --check-seq 0` at the same point (the step's matrix-product FLOPs and a dense 2048^3 GEMM's rate in that dtype,
+same threads). Writes OUT/summary.md, OUT/summary.json and every raw
 file beside them, with the command that made them.
 
     experiments/hf_side_by_side/phase_profile.py build/streambp --preset qwen3-small --seq 4096 --out results/...
@@ -76,14 +78,16 @@ def main():
     point = ["--preset", a.preset, "--seq", str(a.seq), "--threads", str(a.threads)]
     rows = {}
     for dtype in a.dtypes.split(","):
-        ops_csv, record = out / f"ops-{dtype}.csv", out / f"run-{dtype}.json"
+        ops_csv, record, profiled = out / f"ops-{dtype}.csv", out / f"run-{dtype}.json", out / f"ops-run-{dtype}.json"
         run([a.binary, "run", *point, "--method", "streambp", "--dtype", dtype, "--repeats", str(a.repeats),
-             "--op-profile", str(ops_csv), "--json", str(record)], out / f"run-{dtype}.log")
+             "--json", str(record)], out / f"run-{dtype}.log")
+        run([a.binary, "run", *point, "--method", "streambp", "--dtype", dtype, "--repeats", str(a.repeats),
+             "--op-profile", str(ops_csv), "--json", str(profiled)], out / f"ops-run-{dtype}.log")
         run([a.binary, "sweep", "seq", *point, "--methods", "streambp", "--dtype", dtype, "--repeats", "1",
              "--check-seq", "0", "--out", str(out / f"sweep-{dtype}")], out / f"sweep-{dtype}.log")
-        rec = json.loads(record.read_text())
+        rec, rec_profiled = json.loads(record.read_text()), json.loads(profiled.read_text())
         sweep = next(csv.DictReader(open(next((out / f"sweep-{dtype}").glob("*.csv")))))
-        total = sum(rec["bp_seconds_all"])  # the op profile covers every measured step
+        total = sum(rec_profiled["bp_seconds_all"])  # the op profile covers every measured step
         step = rec["bp_seconds"]
         phases = {ph["name"]: ph["seconds"] for ph in rec["phases"]}
         phase_flops = {ph["name"]: ph["flops"] for ph in rec["phases"] if ph.get("flops")}
@@ -107,6 +111,7 @@ def main():
             "phase_achieved_share_of_gemm_rate": {k: f / phases[k] / gemm_rate for k, f in phase_flops.items()
                                                   if phases.get(k)},
             "sweep_bp_seconds": float(sweep["bp_seconds"]),
+            "op_profiled_bp_seconds": rec_profiled["bp_seconds"],
             "gemm_paths": next((line.split("bf16 GEMMs", 1)[1].strip() for line in
                                 open(out / f"run-{dtype}.log") if "bf16 GEMMs" in line), ""),
         }
@@ -123,6 +128,8 @@ def main():
           f"{summary['provenance']['date'][:19]}Z. Raw files beside this one.", "",
           "| | " + " | ".join(rows) + " |", "|---|" + "---|" * len(rows)]
     md.append("| BP s (median) | " + " | ".join(f"{r['bp_seconds']:.2f}" for r in rows.values()) + " |")
+    md.append("| BP s under the op profile (its ops' run) | " + " | ".join(
+        f"{r['op_profiled_bp_seconds']:.2f}" for r in rows.values()) + " |")
     for ph in next(iter(rows.values()))["phases_seconds"]:
         md.append(f"| phase {ph} | " + " | ".join(
             f"{r['phases_seconds'].get(ph, 0):.2f} s ({r['phase_shares'].get(ph, 0):.1%})"
@@ -140,7 +147,8 @@ def main():
         f"{r['achieved_share_of_gemm_rate']:.0%}" for r in rows.values()) + " |")
     md.append("| bf16 GEMM paths | " + " | ".join(r["gemm_paths"] or "-" for r in rows.values()) + " |")
     md += ["", "Phase shares are of the phases' summed time; a phase's share of the GEMM rate is its modelled "
-           "matrix-product FLOPs (core/methods/flop_model.h) over its seconds, in the op-profiled run; op shares of the measured steps' summed BP time (the op "
+           "matrix-product FLOPs (core/methods/flop_model.h) over its seconds; both from the run without the op "
+           "profile; op shares of the measured steps' summed BP time (the op "
            "profile counts outermost ops only, so a backward node's time includes the products inside it).", ""]
     (out / "summary.md").write_text("\n".join(md))
     print("\n".join(md))

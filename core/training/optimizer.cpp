@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/ForeachUtils.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -62,6 +63,33 @@ at::Tensor in_dtype(const at::Tensor& t, c10::ScalarType dtype) {
 at::Tensor where_states_are(const at::Tensor& t, c10::ScalarType dtype, const at::Tensor& state) {
   if (!state.defined() || state.device() == t.device()) return in_dtype(t, dtype);
   return t.to(state.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// Elements per slice of AdamW's update after its moments. The update's temporaries (denom; the parameter in the state
+// dtype where it is converted) were whole tensors, and the largest, the [V, d] embedding (297 MiB at qwen3-small in
+// fp32), was the peak of a training step whose head chunks are small. Every op of that part (sqrt, div_, add_, mul_,
+// addcdiv_) is element-wise and computes an element the same way in its vector loop and its scalar tail, so slices
+// give torch's bits (tests/oracle/optimizer_oracle.py: its embedding of 77,100 elements spans two slices). 2^16
+// elements: two of ATen's grains, so that a slice still runs on two threads.
+constexpr std::int64_t kUpdateSlice = std::int64_t(1) << 16;
+
+std::int64_t update_slice_elements(std::int64_t numel) { return std::min(numel, kUpdateSlice); }
+
+// f(param, exp_avg, exp_avg_sq) on matching flat slices of a parameter and its moments; the whole tensors in one call
+// where one of them is not contiguous (no flat view).
+template <typename F>
+void for_each_update_slice(const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                           const F& f) {
+  if (!param.is_contiguous() || !exp_avg.is_contiguous() || !exp_avg_sq.is_contiguous()) {
+    f(param, exp_avg, exp_avg_sq);
+    return;
+  }
+  const auto p = param.view(-1), m = exp_avg.view(-1), v = exp_avg_sq.view(-1);
+  const auto n = p.numel();
+  for (std::int64_t s = 0; s < n; s += kUpdateSlice) {
+    const auto len = std::min(kUpdateSlice, n - s);
+    f(p.narrow(0, s, len), m.narrow(0, s, len), v.narrow(0, s, len));
+  }
 }
 
 void check_options(const OptimizerOptions& o) {
@@ -218,13 +246,17 @@ void Optimizer::adamw_update(Slot& slot, const at::Tensor& grad, double lr) {
     slot.exp_avg.lerp_(g, 1 - o.beta1);
     slot.exp_avg_sq.mul_(py_float(o.beta2)).addcmul_(g, g, 1 - o.beta2);
   }
-  at::Tensor denom = slot.exp_avg_sq.sqrt();
-  denom.div_(py_float(bias_correction2_sqrt));  // two statements: one wrapped scalar alive at a time
-  denom.add_(py_float(o.eps));
-  const at::Tensor p = where_states_are(slot.param, dtype, slot.exp_avg);
-  if (slot.weight_decay != 0) p.mul_(py_float(1 - lr * slot.weight_decay));
-  p.addcdiv_(slot.exp_avg, denom, -step_size);
-  if (!p.is_same(slot.param)) slot.param.copy_(p);
+  // The rest a slice at a time (kUpdateSlice): denom and the parameter's converted copy are a slice, not a copy of
+  // the largest tensor.
+  for_each_update_slice(slot.param, slot.exp_avg, slot.exp_avg_sq, [&](const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+    at::Tensor denom = exp_avg_sq.sqrt();
+    denom.div_(py_float(bias_correction2_sqrt));  // two statements: one wrapped scalar alive at a time
+    denom.add_(py_float(o.eps));
+    const at::Tensor p = where_states_are(param, dtype, exp_avg);
+    if (slot.weight_decay != 0) p.mul_(py_float(1 - lr * slot.weight_decay));
+    p.addcdiv_(exp_avg, denom, -step_size);
+    if (!p.is_same(param)) param.copy_(p);
+  });
 }
 
 // torch/optim/sgd.py _single_tensor_sgd (dampening 0, nesterov=False, maximize=False). torch clones the gradient
@@ -334,10 +366,12 @@ OptimizerMemory optimizer_memory(const OptimizerOptions& options, const std::vec
     std::int64_t peak = 0;
     if (adamw) {
       memory.state_bytes += 2 * tensor;
-      // g converted (exp_avg_sq.mul_ wraps a scalar meanwhile); then denom (div_, add_ wrap theirs); then denom and
-      // the converted parameter (its decay mul_ wraps one).
-      peak = std::max({converted + scalar, tensor + scalar,
-                       tensor + converted + (decay && converted ? scalar : 0)});
+      // g converted (exp_avg_sq.mul_ wraps a scalar meanwhile); then, a slice at a time, denom (div_, add_ wrap
+      // theirs); then denom and the converted parameter (its decay mul_ wraps one).
+      const auto slice = update_slice_elements(numel) * std::int64_t(c10::elementSize(state_dtype));
+      const std::int64_t converted_slice = converted ? slice : 0;
+      peak = std::max({converted + scalar, slice + scalar,
+                       slice + converted_slice + (decay && converted ? scalar : 0)});
     } else {
       const bool momentum = options.momentum != 0;
       if (momentum) memory.state_bytes += tensor;

@@ -64,10 +64,12 @@ double streambp_attention_flops(const Workload& w) {
   return flop_terms(w).attention * (2 + FlopTerms::kAttentionBackward);
 }
 
-std::vector<PhaseFlops> streambp_phase_flops(const Workload& w) {
+std::vector<PhaseFlops> streambp_phase_flops(const Workload& w, std::int64_t head_chunk) {
   const auto f = flop_terms(w);
+  // A sequence-parallel rank never holds the whole sequence (as the memory model's statistics moment).
+  const bool statistics = w.statistics_pass && (head_chunk <= 0 || head_chunk < w.seq_len || w.sequence_parallel() > 1);
   return {{"forward", f.projections(f.layer_base, f.layer_adapters, false) + f.attention},
-          {"statistics", w.statistics_pass ? f.head : 0},  // the streamed head's statistics pass: logits only
+          {"statistics", statistics ? f.head : 0},  // the streamed head's statistics pass: logits only
           {"head", f.head * (1 + f.head_backward)},
           {"kv_recompute", f.projections(f.kv_base, f.kv_adapters, false)},  // step 1: K, V
           {"layer", f.projections(f.layer_base - f.kv_base, f.layer_adapters - f.kv_adapters, true) +
@@ -75,9 +77,9 @@ std::vector<PhaseFlops> streambp_phase_flops(const Workload& w) {
           {"kv_path", f.projections(f.kv_base, f.kv_adapters, true)}};     // step 3
 }
 
-double streambp_flops(const Workload& w) {
+double streambp_flops(const Workload& w, std::int64_t head_chunk) {
   double sum = 0;
-  for (const auto& p : streambp_phase_flops(w)) sum += p.flops;
+  for (const auto& p : streambp_phase_flops(w, head_chunk)) sum += p.flops;
   return sum;
 }
 

@@ -35,11 +35,13 @@ double mst_flops(const Workload& w);         // checkpointing's, plus the stream
 // StreamBP: the chunked forward and step 2 score each chunk's queries against its key prefix in full and its
 // diagonal block causally, so each pass is the causal T(T+1)/2 pairs per head whatever the chunk size (as
 // checkpointing's forward + re-forward); K/V are projected in the forward, in step 1 and again in step 3.
-double streambp_flops(const Workload& w);
-// The same by StreamBP's phases (their PhaseClock names): forward, statistics (when the objective needs them), head,
-// kv_recompute (step 1), layer (step 2, attention's re-forward and backward in it) and kv_path (step 3); the
-// embedding's backward is no product. They sum to streambp_flops.
-std::vector<PhaseFlops> streambp_phase_flops(const Workload& w);
+// With head chunks of `head_chunk` tokens: the statistics pass runs where the objective needs it and one chunk does not
+// hold the sequence (streamed_head); 0: wherever the objective needs it.
+double streambp_flops(const Workload& w, std::int64_t head_chunk = 0);
+// The same by StreamBP's phases (their PhaseClock names): forward, statistics, head, kv_recompute (step 1), layer
+// (step 2, attention's re-forward and backward in it) and kv_path (step 3); the embedding's backward is no product.
+// They sum to streambp_flops.
+std::vector<PhaseFlops> streambp_phase_flops(const Workload& w, std::int64_t head_chunk = 0);
 double streambp_attention_flops(const Workload& w);  // its attention share
 // One decoder layer's backward in StreamBP (steps 1-3: K/V, the chunks' re-forward and backward, the K/V path; its
 // attention's re-forward and backward), the average over the L layers: what the device computes while the next

@@ -30,9 +30,9 @@ class StreamBP : public BackpropMethod {
   bool keeps_layer_checkpoints() const override { return true; }
   bool runs_sequence_shards() const override { return true; }
   MemoryEstimate memory_model(const Workload& workload) const override;
-  double flops(const Workload& workload) const override { return streambp_flops(workload); }
+  double flops(const Workload& workload) const override { return streambp_flops(workload, options_.head_chunk); }
   std::vector<PhaseFlops> phase_flops(const Workload& workload) const override {
-    return streambp_phase_flops(workload);
+    return streambp_phase_flops(workload, options_.head_chunk);
   }
   const Options& options() const { return options_; }
 

@@ -162,14 +162,16 @@ TEST_CASE("per-rank memory models of data-parallel training steps (ZeRO 0-3, 2 a
             worst = std::max(worst, std::abs(ratio - 1.0));
             // Negative control: the model of one process (the world size ignored) misses the sharding by far more
             // than the tolerance wherever the optimizer's states are sharded and dominate (full fine-tuning; LoRA's
-            // adapters and their states are a few KiB beside the frozen base).
-            if (world == 3 && stage >= 1 && lora.empty()) {
+            // adapters and their states are a few KiB beside the frozen base; at V = 4096 the embedding's gradient
+            // collective is the peak, and the one-process model's own peak came within 2.6% of it at ZeRO 2 once
+            // AdamW's update ran in slices).
+            if (world == 3 && stage >= 1 && lora.empty() && shape.vocab == 512) {
               CHECK(std::abs(single_ratio - 1.0) > 0.03);
               closest_control = std::min(closest_control, std::abs(single_ratio - 1.0));
               ++negative_controls;
             }
           }
-  CHECK(negative_controls == 3 * 3 * 2);
+  CHECK(negative_controls == 2 * 3 * 2);
   WARN("largest |measured / model - 1| over 96 runs: " << worst << "; the one-process model's smallest miss at "
        "ZeRO 1-3 over 3 ranks: " << closest_control);
 }

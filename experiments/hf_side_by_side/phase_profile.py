@@ -3,7 +3,7 @@
 
 For each dtype: `streambp run --json` (the step's time and its phases, each with its modelled FLOPs), the same with
 `--op-profile` (its outermost ops, shares of the summed BP time of the measured steps: the profile's callbacks slow
-the step, by 1.3x in bf16 at T = 8192 on 2026-12-04, so no time or rate is read from that run) and `streambp sweep
+the step, by 1.4-1.5x in bf16 at T = 8192 on 2026-12-04, so no time or rate is read from that run) and `streambp sweep
 seq --check-seq 0` at the same point (the step's matrix-product FLOPs and a dense 2048^3 GEMM's rate in that dtype,
 same threads). Writes OUT/summary.md, OUT/summary.json and every raw
 file beside them, with the command that made them.

@@ -66,8 +66,7 @@ double streambp_attention_flops(const Workload& w) {
 
 std::vector<PhaseFlops> streambp_phase_flops(const Workload& w, std::int64_t head_chunk) {
   const auto f = flop_terms(w);
-  // A sequence-parallel rank never holds the whole sequence (as the memory model's statistics moment).
-  const bool statistics = w.statistics_pass && (head_chunk <= 0 || head_chunk < w.seq_len || w.sequence_parallel() > 1);
+  const bool statistics = head_chunk <= 0 ? w.statistics_pass : w.runs_statistics_pass(head_chunk);
   return {{"forward", f.projections(f.layer_base, f.layer_adapters, false) + f.attention},
           {"statistics", statistics ? f.head : 0},  // the streamed head's statistics pass: logits only
           {"head", f.head * (1 + f.head_backward)},

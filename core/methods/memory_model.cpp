@@ -243,7 +243,7 @@ std::vector<MemoryEstimate> streamed_head_moments(const Workload& w, std::int64_
                         {"lm_head gradient (fp32 sum + bf16)", z.lm_grad * (z.f + z.g) / z.g},
                         {"objective buffers", objective_bytes(w)}}});
   // DPO's pass 1 (and GRPO's sequence ratio with given old log-probs): logits of one head chunk without a graph.
-  if (w.statistics_pass && (ch < z.T || z.sp > 1))  // a sequence-parallel rank never holds the whole sequence
+  if (w.runs_statistics_pass(ch))
     moments.push_back({"statistics pass",
                        {{"weights", z.weights},
                         {"checkpoints", z.checkpoints(z.L + 1)},

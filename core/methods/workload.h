@@ -160,6 +160,11 @@ struct Workload {
   // Sequence parallelism's ranks per sequence (1: whole sequences).
   int sequence_parallel() const;
   SequenceScheme sequence_scheme() const;  // allgather without sequence parallelism
+  // Whether a streamed head of `head_chunk` tokens runs the statistics pass (streamed_head): the objective needs it
+  // and one chunk does not hold the sequence, which a sequence-parallel rank's never does.
+  bool runs_statistics_pass(std::int64_t head_chunk) const {
+    return statistics_pass && (head_chunk < seq_len || sequence_parallel() > 1);
+  }
 };
 
 }  // namespace sbp

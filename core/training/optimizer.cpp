@@ -248,7 +248,7 @@ void Optimizer::adamw_update(Slot& slot, const at::Tensor& grad, double lr) {
   }
   // The rest a slice at a time (kUpdateSlice): denom and the parameter's converted copy are a slice, not a copy of
   // the largest tensor.
-  for_each_update_slice(slot.param, slot.exp_avg, slot.exp_avg_sq, [&](const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const auto update = [&](const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
     at::Tensor denom = exp_avg_sq.sqrt();
     denom.div_(py_float(bias_correction2_sqrt));  // two statements: one wrapped scalar alive at a time
     denom.add_(py_float(o.eps));
@@ -256,7 +256,8 @@ void Optimizer::adamw_update(Slot& slot, const at::Tensor& grad, double lr) {
     if (slot.weight_decay != 0) p.mul_(py_float(1 - lr * slot.weight_decay));
     p.addcdiv_(exp_avg, denom, -step_size);
     if (!p.is_same(param)) param.copy_(p);
-  });
+  };
+  for_each_update_slice(slot.param, slot.exp_avg, slot.exp_avg_sq, update);
 }
 
 // torch/optim/sgd.py _single_tensor_sgd (dampening 0, nesterov=False, maximize=False). torch clones the gradient

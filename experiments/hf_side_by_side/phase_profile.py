@@ -106,7 +106,7 @@ def main():
             "gemm_flops_per_second": gemm_rate,
             "ceiling_seconds": flops / gemm_rate,
             "achieved_share_of_gemm_rate": (flops / step) / gemm_rate,
-            # Each phase's modelled FLOPs (the binary's flop model) over its seconds in the op-profiled run.
+            # Each phase's modelled FLOPs (the binary's flop model) over its seconds in the run without the op profile.
             "phase_flops": phase_flops,
             "phase_achieved_share_of_gemm_rate": {k: f / phases[k] / gemm_rate for k, f in phase_flops.items()
                                                   if phases.get(k)},

@@ -52,7 +52,7 @@ std::int64_t key_blocks_backward_bytes(const Workload& w, std::int64_t rows, std
       const auto matrices = rows * cfg.num_key_value_heads;
       const auto group_rows = cfg.num_attention_heads / cfg.num_key_value_heads * c;
       const auto scratch = cpu_bf16_attention_backward_scratch_bytes(matrices, group_rows, keys, cfg.head_dim,
-                                                                     cfg.attention_scale(), w.threads);
+                                                                     diagonal, cfg.attention_scale(), w.threads);
       return rows * keys * kw * 2 * (z.s + z.f) + scratch + rows * cfg.num_attention_heads * c * 4 + dq_sum;
     }
     return (upcast ? 4 : 2) * rows * keys * kw * z.f +

@@ -57,58 +57,73 @@ Operands operands(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tens
   return o;
 }
 
-// The three products of one matrix's row tile; a score block is [rows, n].
-onednn::MatmulShape rows_by_keys(const Operands& x, std::int64_t rows, float alpha) {  // S = alpha · X Yᵀ
-  onednn::MatmulShape s;
-  s.m = rows, s.n = x.n, s.k = x.hd, s.b_transposed = true, s.alpha = alpha;
+// The keys a row tile [r0, r0 + rows) computes: all n, or in a causal block (square, n = c) only up to the last key
+// its rows see. The keys past it are masked for every row of the tile, and their products would be exact zeros: a
+// causal block's tiles do about half its work. A tile that wraps from one query head's rows to the next sees them all.
+std::int64_t tile_keys(const Operands& x, std::int64_t r0, std::int64_t rows, bool causal) {
+  if (!causal || r0 / x.c != (r0 + rows - 1) / x.c) return x.n;
+  return (r0 + rows - 1) % x.c + 1;
+}
+
+// The three products of one matrix's row tile; a score block is [rows, keys], dense (row stride keys).
+onednn::MatmulShape rows_by_keys(const Operands& x, std::int64_t rows, std::int64_t keys, float alpha) {
+  onednn::MatmulShape s;  // S = alpha · X Yᵀ
+  s.m = rows, s.n = keys, s.k = x.hd, s.b_transposed = true, s.alpha = alpha;
   return s;
 }
-onednn::MatmulShape block_by_kv(const Operands& x, std::int64_t rows, float alpha) {  // alpha · block · KV
-  onednn::MatmulShape s;
-  s.m = rows, s.n = x.hd, s.k = x.n, s.alpha = alpha;
+onednn::MatmulShape block_by_kv(const Operands& x, std::int64_t rows, std::int64_t keys, float alpha) {
+  onednn::MatmulShape s;  // alpha · block · KV
+  s.m = rows, s.n = x.hd, s.k = keys, s.alpha = alpha;
   return s;
 }
-onednn::MatmulShape block_transposed_by_rows(const Operands& x, std::int64_t rows, float alpha, bool accumulate) {
-  onednn::MatmulShape s;  // dV, dK (+)= alpha · blockᵀ · rows
-  s.m = x.n, s.n = x.hd, s.k = rows, s.a_transposed = true, s.alpha = alpha, s.accumulate = accumulate;
+onednn::MatmulShape block_transposed_by_rows(const Operands& x, std::int64_t rows, std::int64_t keys, float alpha) {
+  onednn::MatmulShape s;  // dV, dK += alpha · blockᵀ · rows (the first keys of dK, dV)
+  s.m = keys, s.n = x.hd, s.k = rows, s.a_transposed = true, s.alpha = alpha, s.accumulate = true;
   return s;
 }
 
-ScoreRows score_rows(const Operands& x, std::int64_t r0, std::int64_t rows, bool causal) {
+ScoreRows score_rows(const Operands& x, std::int64_t r0, std::int64_t rows, std::int64_t keys, bool causal) {
   ScoreRows s;
-  s.rows = rows, s.keys = x.n, s.first_row = r0, s.period = causal ? x.c : 0;
+  s.rows = rows, s.keys = keys, s.first_row = r0, s.period = causal ? x.c : 0;
   return s;
 }
 
 std::int64_t tile_rows(std::int64_t rows) { return std::min(row_tile(), rows); }
 std::int64_t workers(std::int64_t tasks, std::int64_t threads) { return std::max<std::int64_t>(1, std::min(threads, tasks)); }
 
-// The products of a row tile of `rows` queries starting at r0, in the order the kernel runs them (the scratch is sized
-// from these very shapes). Forward: S = scale · Q Kᵀ, O = P V.
-std::array<onednn::MatmulShape, 2> forward_products(const Operands& x, std::int64_t rows, float scale) {
-  return {rows_by_keys(x, rows, scale), block_by_kv(x, rows, 1.0f)};
+// The products of a row tile of `rows` queries over `keys` keys, in the order the kernel runs them (the scratch is
+// sized from these very shapes). Forward: S = scale · Q Kᵀ, O = P V.
+std::array<onednn::MatmulShape, 2> forward_products(const Operands& x, std::int64_t rows, std::int64_t keys,
+                                                    float scale) {
+  return {rows_by_keys(x, rows, keys, scale), block_by_kv(x, rows, keys, 1.0f)};
 }
-// Backward: S, dV (+)= Pᵀ dO, dP = dO Vᵀ, dQ = scale · dS K, dK (+)= scale · dSᵀ Q; the tiles after the first add
-// into dK, dV.
-std::array<onednn::MatmulShape, 5> backward_products(const Operands& x, std::int64_t rows, std::int64_t r0,
+// Backward: S, dV += Pᵀ dO, dP = dO Vᵀ, dQ = scale · dS K, dK += scale · dSᵀ Q. dK and dV start at zero: a causal
+// block's tiles reach different numbers of keys, so no one tile writes them all.
+std::array<onednn::MatmulShape, 5> backward_products(const Operands& x, std::int64_t rows, std::int64_t keys,
                                                      float scale) {
-  return {rows_by_keys(x, rows, scale), block_transposed_by_rows(x, rows, 1.0f, r0 > 0), rows_by_keys(x, rows, 1.0f),
-          block_by_kv(x, rows, scale), block_transposed_by_rows(x, rows, scale, r0 > 0)};
+  return {rows_by_keys(x, rows, keys, scale), block_transposed_by_rows(x, rows, keys, 1.0f),
+          rows_by_keys(x, rows, keys, 1.0f), block_by_kv(x, rows, keys, scale),
+          block_transposed_by_rows(x, rows, keys, scale)};
 }
 
 // oneDNN's scratchpad for the largest of a call's products, rounded up to a cache line: one per worker, in ATen's
 // memory (the meter and the memory models see it).
-std::int64_t pad_bytes(const Operands& x, float scale, bool backward) {
+std::int64_t pad_bytes(const Operands& x, float scale, bool backward, bool causal) {
   std::size_t bytes = 0;
   const auto tile = row_tile();
-  // The first tile, the second (the middle ones repeat its shapes) and the last.
-  for (const auto r0 : {std::int64_t(0), tile, (x.rows - 1) / tile * tile}) {
-    if (r0 >= x.rows) continue;
-    const auto rows = std::min(tile, x.rows - r0);
+  const auto add = [&](std::int64_t r0) {
+    const auto rows = std::min(tile, x.rows - r0), keys = tile_keys(x, r0, rows, causal);
     if (backward)
-      for (const auto& p : backward_products(x, rows, r0, scale)) bytes = std::max(bytes, onednn::scratchpad_bytes(p));
+      for (const auto& p : backward_products(x, rows, keys, scale)) bytes = std::max(bytes, onednn::scratchpad_bytes(p));
     else
-      for (const auto& p : forward_products(x, rows, scale)) bytes = std::max(bytes, onednn::scratchpad_bytes(p));
+      for (const auto& p : forward_products(x, rows, keys, scale)) bytes = std::max(bytes, onednn::scratchpad_bytes(p));
+  };
+  if (causal) {
+    for (std::int64_t r0 = 0; r0 < x.rows; r0 += tile) add(r0);  // their key counts differ
+  } else {
+    // The first tile, the second (the middle ones repeat its shapes) and the last.
+    for (const auto r0 : {std::int64_t(0), tile, (x.rows - 1) / tile * tile})
+      if (r0 < x.rows) add(r0);
   }
   return (std::int64_t(bytes) + 63) / 64 * 64;
 }
@@ -120,8 +135,8 @@ struct Scratch {
   at::Tensor s, dp, p, pad;
   std::int64_t stride, pad_stride;
 
-  Scratch(const Operands& x, std::int64_t tasks, const at::TensorOptions& bf16, float scale, bool backward)
-      : stride(tile_rows(x.rows) * x.n), pad_stride(pad_bytes(x, scale, backward)),
+  Scratch(const Operands& x, std::int64_t tasks, const at::TensorOptions& bf16, float scale, bool backward, bool causal)
+      : stride(tile_rows(x.rows) * x.n), pad_stride(pad_bytes(x, scale, backward, causal)),
         slots(workers(tasks, at::get_num_threads())) {
     s = at::empty({slots, stride}, bf16.dtype(at::kFloat)), p = at::empty({slots, stride}, bf16);
     if (backward) dp = at::empty({slots, stride}, bf16.dtype(at::kFloat));
@@ -145,17 +160,17 @@ std::pair<at::Tensor, at::Tensor> bf16_forward(const at::Tensor& q_in, const at:
   auto o = at::empty({x.matrices, x.rows, x.hd}, options), lse = at::empty({x.matrices, x.rows}, options);
   const auto tile = row_tile(), tiles = (x.rows + tile - 1) / tile;
   // Every (matrix, row tile) is independent: one task each.
-  Scratch w(x, x.matrices * tiles, q_in.options(), float(scale), false);
+  Scratch w(x, x.matrices * tiles, q_in.options(), float(scale), false, causal);
   at::parallel_for(0, x.matrices * tiles, 1, [&](std::int64_t begin, std::int64_t end) {
     float* s = w.scores();
     std::uint16_t* p = w.probabilities();
     void* pad = w.onednn_pad();
     for (std::int64_t i = begin; i < end; ++i) {
       const auto m = i / tiles, r0 = i % tiles * tile, rows = std::min(tile, x.rows - r0);
-      const auto row = m * x.rows + r0;
-      const auto [scores, by_v] = forward_products(x, rows, float(scale));
+      const auto row = m * x.rows + r0, keys = tile_keys(x, r0, rows, causal);
+      const auto [scores, by_v] = forward_products(x, rows, keys, float(scale));
       onednn::matmul(scores, bits(x.q) + row * x.hd, bits(x.k) + m * x.n * x.hd, s, pad);
-      softmax_rows_forward(score_rows(x, r0, rows, causal), s, f32(lse) + row, p);
+      softmax_rows_forward(score_rows(x, r0, rows, keys, causal), s, f32(lse) + row, p);
       onednn::matmul(by_v, p, bits(x.v) + m * x.n * x.hd, f32(o) + row * x.hd, pad);
     }
   });
@@ -172,11 +187,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bf16_backward(const at::Tensor& g
   auto lse = lse_in.to(at::kFloat).contiguous();
   auto D = (dO.to(at::kFloat) * o.reshape({x.matrices, x.rows, x.hd})).sum(-1).contiguous();  // rowsum(dO * O), merged
   auto dq = at::empty({x.matrices, x.rows, x.hd}, options);
-  auto dk = at::empty({x.matrices, x.n, x.hd}, options), dv = at::empty({x.matrices, x.n, x.hd}, options);
+  auto dk = at::zeros({x.matrices, x.n, x.hd}, options), dv = at::zeros({x.matrices, x.n, x.hd}, options);
   const auto tile = row_tile();
   const auto fscale = float(scale);
   // One task per matrix: its row tiles add into the same dK, dV.
-  Scratch w(x, x.matrices, q_in.options(), fscale, true);
+  Scratch w(x, x.matrices, q_in.options(), fscale, true, causal);
   at::parallel_for(0, x.matrices, 1, [&](std::int64_t begin, std::int64_t end) {
     float* s = w.scores();
     float* dp = w.score_gradient();
@@ -188,11 +203,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bf16_backward(const at::Tensor& g
       auto* dk_m = f32(dk) + m * x.n * x.hd;
       auto* dv_m = f32(dv) + m * x.n * x.hd;
       for (std::int64_t r0 = 0; r0 < x.rows; r0 += tile) {
-        const auto rows = std::min(tile, x.rows - r0), row = m * x.rows + r0;
-        const auto shape = score_rows(x, r0, rows, causal);
+        const auto rows = std::min(tile, x.rows - r0), row = m * x.rows + r0, keys = tile_keys(x, r0, rows, causal);
+        const auto shape = score_rows(x, r0, rows, keys, causal);
         const auto* q = bits(x.q) + row * x.hd;
         const auto* dO_rows = bits(dO) + row * x.hd;
-        const auto [scores, to_dv, to_dp, to_dq, to_dk] = backward_products(x, rows, r0, fscale);
+        const auto [scores, to_dv, to_dp, to_dq, to_dk] = backward_products(x, rows, keys, fscale);
         onednn::matmul(scores, q, k, s, pad);
         probabilities_from_lse(shape, s, f32(lse) + row, p);
         onednn::matmul(to_dv, p, dO_rows, dv_m, pad);
@@ -220,10 +235,11 @@ ScopedBf16AttentionRowTile::ScopedBf16AttentionRowTile(std::int64_t rows) : prev
 ScopedBf16AttentionRowTile::~ScopedBf16AttentionRowTile() { row_tile_override = previous_; }
 
 std::int64_t cpu_bf16_attention_backward_scratch_bytes(std::int64_t matrices, std::int64_t rows, std::int64_t keys,
-                                                       std::int64_t head_dim, double scale, std::int64_t threads) {
+                                                       std::int64_t head_dim, bool causal, double scale,
+                                                       std::int64_t threads) {
   Operands x{};
-  x.rows = rows, x.n = keys, x.hd = head_dim;
-  return workers(matrices, threads) * (tile_rows(rows) * keys * (4 + 4 + 2) + pad_bytes(x, float(scale), true));
+  x.rows = rows, x.n = keys, x.hd = head_dim, x.c = keys;  // a causal block is square
+  return workers(matrices, threads) * (tile_rows(rows) * keys * (4 + 4 + 2) + pad_bytes(x, float(scale), true, causal));
 }
 
 bool cpu_bf16_attention_available() { return onednn::bf16_native() && softmax_rows_supported(); }

@@ -73,12 +73,14 @@ const AttentionKernel& cpu_bf16_attention_kernel();
 // oneDNN is built in and has native bf16 kernels on this CPU under ONEDNN_MAX_CPU_ISA, and the CPU has AVX-512.
 bool cpu_bf16_attention_available();
 // Its backward's scratch in one call over `matrices` (batch rows x K/V heads) of `rows` queries (a K/V head's query
-// heads x c) by `keys` keys, at the softmax `scale` of the step (its products are oneDNN primitives of that scale), on
+// heads x c) by `keys` keys (`causal`: the diagonal block, keys = c, whose row tiles reach fewer keys and so run
+// products of other shapes), at the softmax `scale` of the step (its products are oneDNN primitives of that scale), on
 // `threads` intra-op threads: each worker's scores and their gradient in fp32, the probabilities in bf16 over a tile
 // of rows, and oneDNN's scratchpad for its products (asked of oneDNN: it depends on the library and the CPU). The
 // memory models count it; the other blocks are outputs or copies.
 std::int64_t cpu_bf16_attention_backward_scratch_bytes(std::int64_t matrices, std::int64_t rows, std::int64_t keys,
-                                                       std::int64_t head_dim, double scale, std::int64_t threads);
+                                                       std::int64_t head_dim, bool causal, double scale,
+                                                       std::int64_t threads);
 
 // CUDA bf16/fp16: flash attention 2 (`_scaled_dot_product_flash_attention` and its backward) with is_causal, which
 // that kernel aligns bottom-right when c != s+c. GQA native; head_dim a multiple of 8, at most 256; sm80 or newer.

@@ -105,11 +105,21 @@ def git(*args):
         return None
 
 
-def provenance(a, python):
-    versions = subprocess.run([python, "-c", "import json, torch, transformers, safetensors; print(json.dumps({"
-                               "'torch': torch.__version__, 'transformers': transformers.__version__, "
-                               "'safetensors': safetensors.__version__, 'torch_default_threads': torch.get_num_threads()}))"],
-                              capture_output=True, text=True, check=True).stdout
+def peer_versions(python):
+    """The peer interpreter's torch, transformers and safetensors, or a clear error (exit 2) if it lacks them."""
+    proc = subprocess.run([python, "-c", "import json, torch, transformers, safetensors; print(json.dumps({"
+                           "'torch': torch.__version__, 'transformers': transformers.__version__, "
+                           "'safetensors': safetensors.__version__, 'torch_default_threads': torch.get_num_threads()}))"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        fail(f"the peer's python {python} cannot import torch, transformers and safetensors ({last}): run this "
+             "script with the harness venv's python (~/.cache/streambp/venv-torch-<version>/bin/python, which make "
+             "test makes) or pass --python")
+    return json.loads(proc.stdout)
+
+
+def provenance(a, python, versions):
     cpu = lscpu()
     return {
         "commit": git("rev-parse", "HEAD"),
@@ -121,7 +131,7 @@ def provenance(a, python):
         "cpus": cpu.get("CPU(s)"),
         "load_average_at_start": os.getloadavg(),
         "python": python,
-        f"{a.peer}_side": json.loads(versions),
+        f"{a.peer}_side": versions,
         "binary": os.path.abspath(a.binary),
         "threads": a.threads,
     }
@@ -213,6 +223,7 @@ def main():
     if os.path.exists(a.out):
         fail(f"--out {a.out} exists; results are never overwritten")
     python = peer_python(a.peer, a.python)  # before --out: a peer that cannot run leaves nothing behind
+    versions = peer_versions(python)
     os.makedirs(a.out)
     if os.getloadavg()[0] > 0.5:
         print(f"warning: load average {os.getloadavg()[0]:.2f}: the machine is not idle, the times will not mean much",
@@ -228,7 +239,7 @@ def main():
         settings.update({"official_logits_chunk_size": a.official_head_chunk,
                          "official_checkpoint_chunk_size": a.official_layer_chunk or -(-a.seq // 3),
                          "official_stream_checkpoint": True, "official_attn_implementation": "sdpa"})
-    summary = {"command": shlex.join(sys.argv), "provenance": provenance(a, python), "settings": settings}
+    summary = {"command": shlex.join(sys.argv), "provenance": provenance(a, python, versions), "settings": settings}
 
     # The shared inputs, written once by our binary without a step (--model-only).
     model_dir, data_dir = os.path.join(a.out, "model"), os.path.join(a.out, "data")

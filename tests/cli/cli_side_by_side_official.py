@@ -8,7 +8,8 @@ what it cannot run, without the paper's code, its venv or a network:
     is ours. Negative control: the official loss taken as ours (the factor forgotten: 1/T off at T = 64) is a
     MISMATCH, and so is a 1e-4 error; no factor is "not comparable", never "ok";
 (c) paired_runs.py --peer official without STREAMBP_OFFICIAL_SRC, or with a checkout at another commit, exits 2 with
-    a message naming the variable (or the pinned commit) and creates no --out;
+    a message naming the variable (or the pinned commit) and creates no --out; so does a peer interpreter that cannot
+    import torch and transformers (--python /bin/false), naming it;
 (d) paired_runs.peak_floor is the load-only baseline plus the gradients and AdamW's two states: 12 bytes a parameter
     in fp32, 6 in bf16. At 2026-12-03's T = 8192 run (baseline 865,886,208 B, 102,966,784 parameters, the paper's
     peak 4,154,286,080 B) it is 0.506 of the peer's peak, above the goal's 0.5. Negative control: a floor without one
@@ -103,6 +104,13 @@ def refusals():
             if done.returncode != 2 or words not in done.stderr or out.exists():
                 failures.append(f"--peer official, STREAMBP_OFFICIAL_SRC={source}: exit {done.returncode}, "
                                 f"--out made: {out.exists()}, stderr {done.stderr[-300:]!r} (wanted 2 naming {words})")
+        # A peer interpreter without torch and transformers (here one that exits 1: the system python of a machine
+        # whose only torch is the venv's) is named with the way out, before --out is made.
+        done = subprocess.run([sys.executable, str(SIDE / "paired_runs.py"), "unused-binary", "--python", "/bin/false",
+                               "--out", str(out)], capture_output=True, text=True)
+        if done.returncode != 2 or "/bin/false cannot import torch" not in done.stderr or out.exists():
+            failures.append(f"--python /bin/false: exit {done.returncode}, --out made: {out.exists()}, "
+                            f"stderr {done.stderr[-300:]!r} (wanted 2 naming the interpreter)")
     return failures
 
 
